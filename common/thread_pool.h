@@ -1,0 +1,57 @@
+// A fixed pool of worker threads for data-parallel kernels.
+//
+// The CPU kernels and the GEMM wrapper split their work over one process-wide pool sized to
+// the machine's cores. OpenBLAS itself runs single-threaded inside each slice, so BLAS threads
+// and pool threads never compete for the same cores.
+#ifndef CARPOOL_COMMON_THREAD_POOL_H_
+#define CARPOOL_COMMON_THREAD_POOL_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace carpool {
+
+class ThreadPool {
+ public:
+  // `num_threads` counts the calling thread: a pool of 1 runs everything inline.
+  explicit ThreadPool(int num_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int num_threads() const { return num_threads_; }
+
+  // Calls fn(begin, end) over disjoint ranges covering [0, n), at most num_threads() of them,
+  // and returns when all have finished. The split depends only on n and num_threads(), never on
+  // timing, so results are reproducible. Not reentrant: fn must not call ParallelFor.
+  // Thread-safe: concurrent callers are serialized.
+  void ParallelFor(int64_t n, const std::function<void(int64_t, int64_t)>& fn);
+
+  // The process-wide pool (one thread per hardware core unless SetDefaultThreads was called
+  // before first use).
+  static ThreadPool* Default();
+  static void SetDefaultThreads(int num_threads);
+
+ private:
+  void WorkerLoop(int index);
+
+  const int num_threads_;
+  std::vector<std::thread> threads_;
+  std::mutex call_mu_;  // serializes ParallelFor callers
+  std::mutex mu_;
+  std::condition_variable work_cv_;
+  std::condition_variable done_cv_;
+  const std::function<void(int64_t, int64_t)>* fn_ = nullptr;  // guarded by mu_
+  int64_t n_ = 0;                                               // guarded by mu_
+  uint64_t generation_ = 0;                                     // guarded by mu_
+  int pending_ = 0;                                             // guarded by mu_
+  bool stop_ = false;                                           // guarded by mu_
+};
+
+}  // namespace carpool
+
+#endif  // CARPOOL_COMMON_THREAD_POOL_H_

@@ -1,0 +1,66 @@
+// fp32 CPU kernels. Each splits its work over carpool::ThreadPool::Default() where that pays,
+// and each has a float64 twin in kernels/reference/ that its test compares against.
+//
+// Shapes use T = number of tokens (rows), H = hidden size, D = head_dim.
+// Unless stated, outputs may not alias inputs.
+#ifndef CARPOOL_KERNELS_CPU_CPU_KERNELS_H_
+#define CARPOOL_KERNELS_CPU_CPU_KERNELS_H_
+
+#include <cstdint>
+
+#include "kernels/kernel_params.h"
+
+namespace carpool::kernels::cpu {
+
+// y[M,N] = x[M,K] · w[N,K]^T (+ bias[N] when bias != nullptr).
+// w is stored as [out_features, in_features], as checkpoints store linear layers.
+// The N dimension is split over the thread pool and each slice calls single-threaded OpenBLAS
+// sgemm, so row m of y depends only on row m of x (batch-invariant).
+void Linear(const float* x, const float* w, const float* bias, float* y, int64_t m, int64_t n,
+            int64_t k);
+
+// out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight, for t in [0, T), rows of width h.
+// out may alias x.
+void RmsNorm(const float* x, const float* weight, float eps, float* out, int64_t t, int64_t h);
+
+// In place: residual[t] += x[t]; then out[t] = RmsNorm(residual[t]). out may alias x.
+void AddRmsNorm(const float* x, float* residual, const float* weight, float eps, float* out,
+                int64_t t, int64_t h);
+
+// Rotate-half rotary embedding, in place, on the first `rotary_dim` features of every head.
+// x: [T, num_heads, head_dim]; positions: [T]; inv_freq: [rotary_dim / 2].
+// For pair i < rotary_dim/2: angle = position * inv_freq[i];
+//   x'[i] = x[i] cos - x[i + rotary_dim/2] sin;  x'[i + rotary_dim/2] = x[i + rotary_dim/2] cos + x[i] sin.
+void RotaryEmbedding(float* x, const int32_t* positions, const float* inv_freq, int64_t t,
+                     int num_heads, int head_dim, int rotary_dim);
+
+// out[t, i] = silu(gate[t, i]) * up[t, i]; all [T, inter]. out may alias gate or up.
+void SiluMul(const float* gate, const float* up, float* out, int64_t t, int64_t inter);
+
+// out[t] = table[ids[t]], rows of width h. REQUIRES: 0 <= ids[t] < table rows.
+void EmbeddingGather(const float* table, const int32_t* ids, float* out, int64_t t, int64_t h);
+
+// Writes k and v rows ([T, num_kv_heads, head_dim]) into their cache slots.
+// slots[t] < 0 means "do not store" (padding).
+void WriteKvCache(const float* k, const float* v, const int64_t* slots, int64_t t,
+                  const KvCacheLayout& layout, float* key_cache, float* value_cache);
+
+// Paged attention for a mixed batch of prefill chunks and decodes (see AttentionSeq).
+// q, out: [total query tokens, num_heads, head_dim]. Query head h reads kv head
+// h / (num_heads / num_kv_heads). Softmax in fp32 with a running max (online).
+void PagedAttention(const float* q, const float* key_cache, const float* value_cache,
+                    const AttentionParams& params, float* out);
+
+// Decode-only fast path: every seq has query_len == 1. Same contract as PagedAttention.
+void PagedAttentionDecode(const float* q, const float* key_cache, const float* value_cache,
+                          const AttentionParams& params, float* out);
+
+// In place log-softmax of each row of x ([rows, n]).
+void LogSoftmax(float* x, int64_t rows, int64_t n);
+
+// Index of the largest element (the lowest index among equals).
+int64_t Argmax(const float* x, int64_t n);
+
+}  // namespace carpool::kernels::cpu
+
+#endif  // CARPOOL_KERNELS_CPU_CPU_KERNELS_H_

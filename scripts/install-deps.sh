@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs every Debian package carpool needs to build, test and run.
+# Idempotent: asks dpkg first and calls apt-get only for what is missing.
+# This file is the one place that names the project's Debian packages.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config ccache git
+  libabsl-dev
+  libopenblas-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  nlohmann-json3-dev
+  libzmq3-dev cppzmq-dev
+  libprotobuf-dev protobuf-compiler
+  libopenmpi-dev openmpi-bin
+  libcpp-httplib-dev
+  python3 python3-zmq python3-protobuf python3-numpy python3-pytest python3-matplotlib
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

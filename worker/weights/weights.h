@@ -1,0 +1,77 @@
+// Llama-family weights in fp32, from a Hugging Face folder or a synthetic preset.
+//
+// F32 tensors of a safetensors file are used in place from the memory map; F16 and BF16 ones
+// are converted once into owned fp32 buffers. Linear weights keep the checkpoint layout
+// [out_features, in_features].
+#ifndef CARPOOL_WORKER_WEIGHTS_WEIGHTS_H_
+#define CARPOOL_WORKER_WEIGHTS_WEIGHTS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/weights/model_config.h"
+
+namespace carpool::worker {
+
+// A read-only fp32 tensor. data() stays valid as long as the LlamaWeights that holds it.
+class Tensor {
+ public:
+  Tensor() = default;
+  // A view of memory owned elsewhere (a mapped file kept alive by LlamaWeights).
+  static Tensor View(const float* data, std::vector<int64_t> shape);
+  // Owns its values.
+  static Tensor Owned(std::vector<float> values, std::vector<int64_t> shape);
+
+  const float* data() const { return data_; }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  int64_t numel() const;
+  bool empty() const { return data_ == nullptr; }
+
+ private:
+  const float* data_ = nullptr;
+  std::vector<int64_t> shape_;
+  std::shared_ptr<std::vector<float>> owned_;
+};
+
+struct LayerWeights {
+  Tensor input_norm;                     // [H]
+  Tensor q_proj, k_proj, v_proj;         // [heads*D, H], [kv*D, H], [kv*D, H]
+  Tensor q_bias, k_bias, v_bias;         // empty unless config.attention_bias
+  Tensor o_proj;                         // [H, heads*D]
+  Tensor post_attention_norm;            // [H]
+  Tensor gate_proj, up_proj;             // [I, H]
+  Tensor down_proj;                      // [H, I]
+};
+
+class MappedFile;  // defined in safetensors.h
+
+struct LlamaWeights {
+  ModelConfig config;
+  Tensor embed_tokens;                   // [V, H]
+  std::vector<LayerWeights> layers;
+  Tensor final_norm;                     // [H]
+  Tensor lm_head;                        // [V, H]; the same data as embed_tokens when tied
+  std::vector<std::shared_ptr<MappedFile>> files;  // keeps View tensors alive
+
+  // Bytes of the tensors, as fp32.
+  int64_t ParameterBytes() const;
+};
+
+// `spec` is "synthetic:<preset>" or a folder with config.json and model.safetensors (or
+// model.safetensors.index.json plus shards). Errors: NOT_FOUND (no such folder or file),
+// INVALID_ARGUMENT (bad config, missing tensor, shape mismatch, truncated or malformed file),
+// UNIMPLEMENTED (architecture or dtype not supported). Each message names the file and tensor.
+absl::StatusOr<std::unique_ptr<LlamaWeights>> LoadWeights(const std::string& spec);
+
+// Presets: "tiny" (a few MB, vocab 258 for the byte tokenizer), "small" (~100M parameters),
+// "1b" and "8b" (Llama 3 shapes; generated lazily, meant for GPUs).
+absl::StatusOr<ModelConfig> SyntheticConfig(const std::string& preset);
+// Deterministic random weights for `config` from `seed`; same config + seed, same values.
+std::unique_ptr<LlamaWeights> SyntheticWeights(const ModelConfig& config, uint64_t seed);
+
+}  // namespace carpool::worker
+
+#endif  // CARPOOL_WORKER_WEIGHTS_WEIGHTS_H_
