@@ -1,0 +1,24 @@
+// The `carpool` command line: subcommands over the engine (and, later, the cluster).
+#include <cstring>
+#include <iostream>
+
+#include "client/generate_command.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: carpool <command> [flags]\n"
+    "commands:\n"
+    "  generate   run prompts through an in-process engine (carpool generate --help)\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "help") == 0) {
+    std::cout << kUsage;
+    return argc < 2 ? 2 : 0;
+  }
+  if (std::strcmp(argv[1], "generate") == 0) return carpool::client::RunGenerate(argc, argv, 2);
+  std::cerr << "carpool: unknown command '" << argv[1] << "'\n" << kUsage;
+  return 2;
+}

@@ -1,0 +1,306 @@
+#include "client/generate_command.h"
+
+#include <cmath>
+#include <fstream>
+#include <iostream>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/flags.h"
+#include "common/status.h"
+#include "worker/engine_flags.h"
+
+namespace carpool::client {
+namespace {
+
+using nlohmann::json;
+using worker::EngineRequest;
+using worker::SamplingParams;
+
+// Reads an optional numeric field; errors name it.
+template <typename T>
+absl::Status ReadNumber(const json& obj, const char* key, T* out) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_number()) {
+    return absl::InvalidArgumentError(absl::StrCat("\"", key, "\" must be a number"));
+  }
+  if constexpr (std::is_integral_v<T>) {
+    if (!it->is_number_integer()) {
+      return absl::InvalidArgumentError(absl::StrCat("\"", key, "\" must be an integer"));
+    }
+  }
+  *out = it->get<T>();
+  return absl::OkStatus();
+}
+
+absl::Status ReadIdList(const json& obj, const char* key, std::vector<int32_t>* out) {
+  auto it = obj.find(key);
+  if (it == obj.end()) return absl::OkStatus();
+  if (!it->is_array()) {
+    return absl::InvalidArgumentError(absl::StrCat("\"", key, "\" must be an array of ints"));
+  }
+  out->clear();
+  for (const json& v : *it) {
+    if (!v.is_number_integer()) {
+      return absl::InvalidArgumentError(absl::StrCat("\"", key, "\" must hold only integers"));
+    }
+    const int64_t id = v.get<int64_t>();
+    if (id < INT32_MIN || id > INT32_MAX) {
+      return absl::InvalidArgumentError(absl::StrCat("\"", key, "\" holds ", id,
+                                                     ", outside the int32 range"));
+    }
+    out->push_back(static_cast<int32_t>(id));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadSampling(const json& obj, SamplingParams* p) {
+  RETURN_IF_ERROR(ReadNumber(obj, "max_tokens", &p->max_tokens));
+  RETURN_IF_ERROR(ReadNumber(obj, "temperature", &p->temperature));
+  RETURN_IF_ERROR(ReadNumber(obj, "top_p", &p->top_p));
+  RETURN_IF_ERROR(ReadNumber(obj, "top_k", &p->top_k));
+  RETURN_IF_ERROR(ReadNumber(obj, "min_p", &p->min_p));
+  RETURN_IF_ERROR(ReadNumber(obj, "logprobs", &p->logprobs));
+  if (obj.contains("seed") && !obj["seed"].is_null()) {
+    if (!obj["seed"].is_number_integer()) {
+      return absl::InvalidArgumentError("\"seed\" must be an integer");
+    }
+    p->seed = obj["seed"].get<uint64_t>();
+    p->has_seed = true;
+  }
+  if (obj.contains("ignore_eos")) {
+    if (!obj["ignore_eos"].is_boolean()) {
+      return absl::InvalidArgumentError("\"ignore_eos\" must be true or false");
+    }
+    p->ignore_eos = obj["ignore_eos"].get<bool>();
+  }
+  return ReadIdList(obj, "stop_token_ids", &p->stop_token_ids);
+}
+
+}  // namespace
+
+absl::StatusOr<EngineRequest> ParsePromptLine(const std::string& line,
+                                              const SamplingParams& defaults,
+                                              const worker::Tokenizer* tokenizer, bool add_bos) {
+  json obj = json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (obj.is_discarded()) return absl::InvalidArgumentError("line is not valid JSON");
+  if (!obj.is_object()) return absl::InvalidArgumentError("line must be a JSON object");
+  EngineRequest request;
+  request.sampling = defaults;
+  const bool has_text = obj.contains("prompt");
+  const bool has_ids = obj.contains("prompt_ids");
+  if (has_text == has_ids) {
+    return absl::InvalidArgumentError("line needs exactly one of \"prompt\" and \"prompt_ids\"");
+  }
+  if (has_text) {
+    if (!obj["prompt"].is_string()) {
+      return absl::InvalidArgumentError("\"prompt\" must be a string");
+    }
+    if (tokenizer == nullptr) {
+      return absl::InvalidArgumentError(
+          "this model has no tokenizer: use \"prompt_ids\" instead of \"prompt\"");
+    }
+    ASSIGN_OR_RETURN(request.prompt_tokens,
+                     tokenizer->Encode(obj["prompt"].get<std::string>(), add_bos));
+  } else {
+    RETURN_IF_ERROR(ReadIdList(obj, "prompt_ids", &request.prompt_tokens));
+  }
+  RETURN_IF_ERROR(ReadSampling(obj, &request.sampling));
+  return request;
+}
+
+json CompletionToJson(const worker::Completion& c, const worker::Tokenizer* tokenizer,
+                      int top_logprobs) {
+  json out;
+  out["tokens"] = c.tokens;
+  out["text"] = tokenizer != nullptr ? json(tokenizer->Decode(c.tokens)) : json(nullptr);
+  json logprobs = json::array();
+  json tops = json::array();
+  for (const worker::SampleResult& s : c.logprobs) {
+    logprobs.push_back(s.logprob);
+    json top = json::array();
+    for (const worker::TokenLogprob& t : s.top_logprobs) {
+      top.push_back({{"token", t.token}, {"logprob", t.logprob}});
+    }
+    tops.push_back(std::move(top));
+  }
+  out["logprobs"] = std::move(logprobs);
+  if (top_logprobs > 0) out["top_logprobs"] = std::move(tops);
+  out["finish_reason"] = worker::FinishReasonName(c.finish_reason);
+  out["usage"] = {{"prompt_tokens", c.prompt_tokens},
+                  {"completion_tokens", static_cast<int>(c.tokens.size())},
+                  {"cached_prompt_tokens", c.cached_prompt_tokens}};
+  const auto ms = [&](int64_t t) { return t > 0 ? (t - c.timings.arrival) / 1000.0 : 0.0; };
+  out["timings"] = {{"queue_ms", ms(c.timings.first_scheduled)},
+                    {"ttft_ms", ms(c.timings.first_token)},
+                    {"total_ms", ms(c.timings.finished)}};
+  return out;
+}
+
+json ErrorToJson(const absl::Status& status, int line) {
+  json out;
+  if (line > 0) out["line"] = line;
+  out["error"] = {{"code", absl::StatusCodeToString(status.code())},
+                  {"message", std::string(status.message())}};
+  return out;
+}
+
+}  // namespace carpool::client
+
+namespace carpool::client {
+namespace {
+
+struct GenerateFlags {
+  worker::EngineOptions engine;
+  worker::SamplingParams sampling;
+  std::string prompt;
+  std::string prompt_ids;
+  std::string prompts_file;
+  std::string stop_token_ids;
+  int64_t seed = -1;
+  bool json = false;
+  bool add_bos = true;
+  bool help = false;
+};
+
+void RegisterGenerateFlags(FlagParser* p, GenerateFlags* f) {
+  worker::RegisterEngineFlags(p, &f->engine);
+  p->AddString("prompt", &f->prompt, "prompt text (models with a tokenizer)");
+  p->AddString("prompt-ids", &f->prompt_ids, "prompt as comma-separated token ids");
+  p->AddString("prompts-file", &f->prompts_file,
+               "JSONL file, one {\"prompt\": ...} or {\"prompt_ids\": [...]} per line");
+  p->AddInt("max-tokens", &f->sampling.max_tokens, "tokens to generate (default 16)");
+  p->AddFloat("temperature", &f->sampling.temperature, "0 = greedy (default 1)");
+  p->AddInt("top-k", &f->sampling.top_k, "keep the k most likely tokens (default off)");
+  p->AddFloat("top-p", &f->sampling.top_p, "nucleus mass in (0, 1] (default 1)");
+  p->AddFloat("min-p", &f->sampling.min_p, "drop tokens below min-p x top prob (default 0)");
+  p->AddFloat("repetition-penalty", &f->sampling.repetition_penalty, "(default 1)");
+  p->AddFloat("presence-penalty", &f->sampling.presence_penalty, "(default 0)");
+  p->AddFloat("frequency-penalty", &f->sampling.frequency_penalty, "(default 0)");
+  p->AddInt64("seed", &f->seed, "sampling seed (default: random)");
+  p->AddString("stop-token-ids", &f->stop_token_ids, "comma-separated ids that end generation");
+  p->AddBool("ignore-eos", &f->sampling.ignore_eos, "keep generating past EOS");
+  p->AddInt("logprobs", &f->sampling.logprobs, "top alternatives per token, 0..20 (default 0)");
+  p->AddBool("json", &f->json, "print one JSON object per prompt");
+  p->AddBool("add-bos", &f->add_bos, "prepend BOS to text prompts (default true)");
+  p->AddBool("help", &f->help, "show this help");
+}
+
+int Fail(const absl::Status& status) {
+  std::cerr << "carpool generate: " << status.message() << "\n";
+  return 2;
+}
+
+// The requests to run, one per prompt; a prompt that failed to parse keeps its error.
+absl::StatusOr<std::vector<absl::StatusOr<worker::EngineRequest>>> BuildRequests(
+    const GenerateFlags& f, const worker::Tokenizer* tokenizer) {
+  const int sources = !f.prompt.empty() + !f.prompt_ids.empty() + !f.prompts_file.empty();
+  if (sources != 1) {
+    return absl::InvalidArgumentError(
+        "give exactly one of --prompt, --prompt-ids and --prompts-file");
+  }
+  std::vector<absl::StatusOr<worker::EngineRequest>> requests;
+  if (!f.prompts_file.empty()) {
+    std::ifstream in(f.prompts_file);
+    if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", f.prompts_file));
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      requests.push_back(ParsePromptLine(line, f.sampling, tokenizer, f.add_bos));
+    }
+    return requests;
+  }
+  worker::EngineRequest r;
+  r.sampling = f.sampling;
+  if (!f.prompt_ids.empty()) {
+    RETURN_IF_ERROR(ParseIntList(f.prompt_ids, "--prompt-ids", &r.prompt_tokens));
+  } else {
+    if (tokenizer == nullptr) {
+      return absl::InvalidArgumentError(
+          "this model has no tokenizer yet: pass --prompt-ids instead of --prompt");
+    }
+    ASSIGN_OR_RETURN(r.prompt_tokens, tokenizer->Encode(f.prompt, f.add_bos));
+  }
+  requests.push_back(std::move(r));
+  return requests;
+}
+
+}  // namespace
+
+int RunGenerate(int argc, char** argv, int first) {
+  GenerateFlags f;
+  FlagParser parser;
+  RegisterGenerateFlags(&parser, &f);
+  if (absl::Status s = parser.Parse(argc, argv, first); !s.ok()) return Fail(s);
+  if (f.help) {
+    std::cout << "usage: carpool generate --model SPEC (--prompt TEXT | --prompt-ids IDS | "
+                 "--prompts-file FILE) [flags]\n"
+              << parser.Help();
+    return 0;
+  }
+  if (!parser.positionals().empty()) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("unexpected argument '", parser.positionals()[0], "'")));
+  }
+  if (f.seed >= 0) {
+    f.sampling.seed = static_cast<uint64_t>(f.seed);
+    f.sampling.has_seed = true;
+  }
+  if (!f.stop_token_ids.empty()) {
+    if (absl::Status s = ParseIntList(f.stop_token_ids, "--stop-token-ids",
+                                      &f.sampling.stop_token_ids);
+        !s.ok()) {
+      return Fail(s);
+    }
+  }
+  if (absl::Status s = f.engine.Validate(); !s.ok()) return Fail(s);
+  absl::StatusOr<std::unique_ptr<worker::Tokenizer>> tokenizer =
+      worker::CreateTokenizer(f.engine.model);
+  const worker::Tokenizer* tok = tokenizer.ok() ? tokenizer->get() : nullptr;
+  auto requests = BuildRequests(f, tok);
+  if (!requests.ok()) return Fail(requests.status());
+  const bool batch_mode = !f.prompts_file.empty();
+  // Flag-level sampling errors are reported before loading the model.
+  if (!batch_mode && !requests->front().ok()) return Fail(requests->front().status());
+
+  auto engine = worker::Engine::Create(f.engine);
+  if (!engine.ok()) return Fail(engine.status());
+
+  std::vector<worker::EngineRequest> valid;
+  std::vector<size_t> valid_index;
+  std::vector<absl::StatusOr<worker::Completion>> results;
+  for (size_t i = 0; i < requests->size(); ++i) {
+    auto& r = (*requests)[i];
+    results.push_back(r.ok() ? absl::StatusOr<worker::Completion>(absl::InternalError("pending"))
+                             : absl::StatusOr<worker::Completion>(r.status()));
+    if (r.ok()) {
+      valid.push_back(std::move(*r));
+      valid_index.push_back(i);
+    }
+  }
+  auto done = (*engine)->Generate(std::move(valid));
+  for (size_t j = 0; j < done.size(); ++j) results[valid_index[j]] = std::move(done[j]);
+
+  int exit_code = 0;
+  for (size_t i = 0; i < results.size(); ++i) {
+    const auto& r = results[i];
+    if (!r.ok()) {
+      if (!batch_mode) return Fail(r.status());
+      std::cout << ErrorToJson(r.status(), static_cast<int>(i) + 1).dump() << "\n";
+      exit_code = 1;
+      continue;
+    }
+    const int top = f.sampling.logprobs;
+    if (f.json || batch_mode) {
+      std::cout << CompletionToJson(*r, tok, top).dump() << "\n";
+    } else if (tok != nullptr) {
+      std::cout << tok->Decode(r->tokens) << "\n";
+    } else {
+      std::cout << CompletionToJson(*r, nullptr, 0)["tokens"].dump() << "\n";
+    }
+  }
+  return exit_code;
+}
+
+}  // namespace carpool::client

@@ -1,0 +1,232 @@
+#include "worker/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "common/thread_pool.h"
+
+namespace carpool::worker {
+namespace {
+
+constexpr int64_t kDefaultKvCap = int64_t{1} << 30;
+
+// Blocks for the KV pool, from the options and the model's per-block footprint.
+int64_t KvBlocks(const EngineOptions& o, const ModelConfig& c, int max_model_len) {
+  if (o.num_kv_blocks > 0) return o.num_kv_blocks;
+  const int64_t per_block = LlamaModel::KvBytesPerBlock(c, o.block_size);
+  int64_t bytes = o.kv_cache_memory_bytes;
+  if (bytes <= 0) {
+    const int64_t blocks_per_seq = (max_model_len + o.block_size - 1) / o.block_size;
+    bytes = std::min(kDefaultKvCap,
+                     int64_t{o.scheduler.max_num_seqs} * blocks_per_seq * per_block);
+  }
+  return bytes / per_block;
+}
+
+}  // namespace
+
+absl::Status EngineOptions::Validate() const {
+  if (model.empty()) return absl::InvalidArgumentError("--model is required");
+  if (block_size < 1 || block_size > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--block-size must be in [1, 1024], got ", block_size));
+  }
+  if (num_kv_blocks < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--num-kv-blocks must be >= 0, got ", num_kv_blocks));
+  }
+  if (kv_cache_memory_bytes < 0) {
+    return absl::InvalidArgumentError("--kv-cache-memory must be >= 0");
+  }
+  if (num_threads < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--threads must be >= 0, got ", num_threads));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options,
+                                                       Clock* clock) {
+  RETURN_IF_ERROR(options.Validate());
+  if (options.num_threads > 0) ThreadPool::SetDefaultThreads(options.num_threads);
+  std::unique_ptr<Engine> engine(new Engine());
+  engine->options_ = options;
+  engine->clock_ = clock != nullptr ? clock : Clock::Real();
+  ASSIGN_OR_RETURN(std::unique_ptr<LlamaWeights> weights, LoadWeights(options.model));
+  const ModelConfig config = weights->config;
+
+  SchedulerOptions& sched = engine->options_.scheduler;
+  if (sched.max_model_len <= 0) sched.max_model_len = config.max_position_embeddings;
+  if (sched.max_model_len > config.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-model-len ", sched.max_model_len, " exceeds the model's max_position_embeddings ",
+        config.max_position_embeddings));
+  }
+  sched.clock = engine->clock_;
+
+  const int64_t blocks = KvBlocks(engine->options_, config, sched.max_model_len);
+  if (blocks < 1 || blocks > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV cache of ", blocks, " blocks is out of range; check --num-kv-blocks / "
+                     "--kv-cache-memory"));
+  }
+  KvCacheOptions kv_options;
+  kv_options.num_blocks = static_cast<int>(blocks);
+  kv_options.block_size = options.block_size;
+  kv_options.enable_prefix_caching = options.enable_prefix_caching;
+  ASSIGN_OR_RETURN(engine->kv_cache_, KvCacheManager::Create(kv_options));
+  ASSIGN_OR_RETURN(engine->model_,
+                   LlamaModel::Create(std::move(weights), KvCacheShape{static_cast<int>(blocks),
+                                                                       options.block_size}));
+  ASSIGN_OR_RETURN(engine->scheduler_, CreateScheduler(sched, engine->kv_cache_.get()));
+  engine->sampler_ = std::make_unique<Sampler>(config.vocab_size);
+  engine->next_seed_ = std::random_device{}();
+  return engine;
+}
+
+absl::Status Engine::ValidateRequest(const EngineRequest& r) const {
+  const ModelConfig& c = model_->config();
+  const int max_len = options_.scheduler.max_model_len;
+  if (r.prompt_tokens.empty()) return absl::InvalidArgumentError("prompt is empty");
+  for (size_t i = 0; i < r.prompt_tokens.size(); ++i) {
+    const int32_t id = r.prompt_tokens[i];
+    if (id < 0 || id >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt token ", i, " has id ", id,
+                                                     ", outside the vocabulary [0, ",
+                                                     c.vocab_size, ")"));
+    }
+  }
+  RETURN_IF_ERROR(r.sampling.Validate(c.vocab_size));
+  const int64_t prompt_len = static_cast<int64_t>(r.prompt_tokens.size());
+  if (prompt_len >= max_len) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt is ", prompt_len,
+                                                   " tokens; max_model_len is ", max_len,
+                                                   " and at least one token must be generated"));
+  }
+  if (prompt_len + r.sampling.max_tokens > max_len) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt (", prompt_len, " tokens) + max_tokens (", r.sampling.max_tokens,
+        ") exceeds max_model_len ", max_len));
+  }
+  const int64_t blocks_needed =
+      (prompt_len + r.sampling.max_tokens + options_.block_size - 1) / options_.block_size;
+  if (blocks_needed > model_->kv_shape().num_blocks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request needs ", blocks_needed, " KV blocks but the whole cache has ",
+        model_->kv_shape().num_blocks));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> Engine::Add(EngineRequest request) {
+  RETURN_IF_ERROR(ValidateRequest(request));
+  auto seq = std::make_unique<Sequence>();
+  seq->seq_id = next_id_++;
+  seq->prompt_tokens = std::move(request.prompt_tokens);
+  seq->sampling = std::move(request.sampling);
+  if (!seq->sampling.has_seed) {
+    seq->sampling.has_seed = true;
+    seq->sampling.seed = next_seed_ = next_seed_ * 6364136223846793005ULL + 1442695040888963407ULL;
+  }
+  seq->eos_token_ids = model_->config().eos_token_ids;
+  seq->priority = request.priority;
+  seq->cache_salt = request.cache_salt;
+  seq->arrival_micros = clock_->NowMicros();
+  auto completion = std::make_shared<Completion>();
+  completion->prompt_tokens = static_cast<int>(seq->prompt_tokens.size());
+  completion->timings.arrival = seq->arrival_micros;
+  const int64_t id = seq->seq_id;
+  inflight_[id] = std::move(completion);
+  scheduler_->Add(std::move(seq));
+  return id;
+}
+
+bool Engine::Abort(int64_t request_id) {
+  inflight_.erase(request_id);
+  return scheduler_->Abort(request_id);
+}
+
+StepOutput Engine::RunModel(const BatchPlan& plan) {
+  const int64_t start = Clock::Real()->NowMicros();
+  model_->Forward(plan, &logits_);
+  forward_micros_ += Clock::Real()->NowMicros() - start;
+  StepOutput out;
+  out.samples.resize(plan.seqs.size());
+  const int vocab = model_->config().vocab_size;
+  int row = 0;
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const ScheduledSeq& s = plan.seqs[i];
+    if (!s.sample) continue;
+    SampleInput in;
+    in.logits = logits_.data() + static_cast<int64_t>(row++) * vocab;
+    in.params = &s.seq->sampling;
+    in.prompt_tokens = s.seq->prompt_tokens;
+    in.output_tokens = s.seq->output_tokens;
+    in.position = s.seq->num_tokens();
+    out.samples[i] = sampler_->Sample(in);
+  }
+  return out;
+}
+
+std::vector<EngineEvent> Engine::Step() {
+  std::vector<EngineEvent> events;
+  BatchPlan plan = scheduler_->Schedule();
+  if (plan.empty()) return events;
+  const int64_t now = clock_->NowMicros();
+  for (const ScheduledSeq& s : plan.seqs) {
+    auto it = inflight_.find(s.seq->seq_id);
+    if (it != inflight_.end() && it->second->timings.first_scheduled == 0) {
+      it->second->timings.first_scheduled = now;
+    }
+  }
+  const StepOutput output = RunModel(plan);
+  const int64_t done = clock_->NowMicros();
+  for (SeqUpdate& u : scheduler_->Update(plan, output)) {
+    auto it = inflight_.find(u.seq_id);
+    if (it == inflight_.end()) continue;
+    Completion& c = *it->second;
+    EngineEvent event;
+    event.request_id = u.seq_id;
+    if (u.has_token) {
+      if (c.tokens.empty()) c.timings.first_token = done;
+      c.tokens.push_back(u.sample.token);
+      c.logprobs.push_back(u.sample);
+      event.has_token = true;
+      event.sample = std::move(u.sample);
+    }
+    if (u.finished) {
+      c.finish_reason = u.finish_reason;
+      c.cached_prompt_tokens = u.cached_prompt_tokens;
+      c.timings.finished = done;
+      event.finished = true;
+      event.completion = std::move(it->second);
+      inflight_.erase(it);
+    }
+    events.push_back(std::move(event));
+  }
+  return events;
+}
+
+std::vector<absl::StatusOr<Completion>> Engine::Generate(std::vector<EngineRequest> requests) {
+  std::vector<absl::StatusOr<Completion>> results(requests.size(),
+                                                  absl::InternalError("not run"));
+  absl::flat_hash_map<int64_t, size_t> index_of;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    absl::StatusOr<int64_t> id = Add(std::move(requests[i]));
+    if (!id.ok()) {
+      results[i] = id.status();
+    } else {
+      index_of[*id] = i;
+    }
+  }
+  while (scheduler_->has_unfinished()) {
+    for (EngineEvent& e : Step()) {
+      if (e.finished) results[index_of[e.request_id]] = std::move(*e.completion);
+    }
+  }
+  return results;
+}
+
+}  // namespace carpool::worker

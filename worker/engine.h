@@ -1,0 +1,129 @@
+// One worker's inference engine: scheduler + KV cache + model + sampler, stepped by its owner.
+//
+//   auto engine = Engine::Create(options);
+//   engine->Add(request);            // validated; errors name the field
+//   while (engine->has_unfinished()) for (auto& event : engine->Step()) ...
+//
+// Generate() wraps that loop for offline batch mode. Thread-compatible: one thread (the engine
+// loop) owns an Engine.
+#ifndef CARPOOL_WORKER_ENGINE_H_
+#define CARPOOL_WORKER_ENGINE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "common/clock.h"
+#include "worker/kv_cache/kv_cache_manager.h"
+#include "worker/model/llama_model.h"
+#include "worker/sampler/sampler.h"
+#include "worker/scheduler/scheduler.h"
+
+namespace carpool::worker {
+
+struct EngineOptions {
+  // "synthetic:<preset>" or a Hugging Face folder. Required.
+  std::string model;
+  // scheduler.max_model_len <= 0 means the model's max_position_embeddings.
+  SchedulerOptions scheduler;
+  // Tokens per KV block. Default: 16.
+  int block_size = 16;
+  // KV pool size in blocks; 0 derives it from kv_cache_memory_bytes. Default: 0.
+  int num_kv_blocks = 0;
+  // KV pool size in bytes when num_kv_blocks is 0; 0 means enough for max_num_seqs sequences of
+  // max_model_len tokens, capped at 1 GiB. Default: 0.
+  int64_t kv_cache_memory_bytes = 0;
+  // Share identical full prompt blocks between requests. Default: true.
+  bool enable_prefix_caching = true;
+  // Kernel threads; 0 = one per core. Default: 0.
+  int num_threads = 0;
+
+  absl::Status Validate() const;
+};
+
+struct EngineRequest {
+  std::vector<int32_t> prompt_tokens;
+  SamplingParams sampling;
+  Priority priority = Priority::kDefault;
+  uint64_t cache_salt = 0;
+};
+
+// Times in microseconds on the engine's clock.
+struct RequestTimings {
+  int64_t arrival = 0;
+  int64_t first_scheduled = 0;
+  int64_t first_token = 0;
+  int64_t finished = 0;
+};
+
+// A finished request, as Generate() returns it.
+struct Completion {
+  std::vector<int32_t> tokens;
+  std::vector<SampleResult> logprobs;   // one per token
+  FinishReason finish_reason = FinishReason::kNone;
+  int prompt_tokens = 0;
+  int cached_prompt_tokens = 0;
+  RequestTimings timings;
+};
+
+// What one Step() produced for one request.
+struct EngineEvent {
+  int64_t request_id = 0;
+  bool has_token = false;
+  SampleResult sample;
+  bool finished = false;
+  // Set when finished: the whole result.
+  std::shared_ptr<Completion> completion;
+};
+
+class Engine {
+ public:
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options,
+                                                        Clock* clock = nullptr);
+
+  // Checks a request against the model and limits (INVALID_ARGUMENT naming the problem).
+  absl::Status ValidateRequest(const EngineRequest& request) const;
+  // Validates and queues; returns the request id.
+  absl::StatusOr<int64_t> Add(EngineRequest request);
+  bool Abort(int64_t request_id);
+
+  // One iteration: schedule, forward, sample, update.
+  std::vector<EngineEvent> Step();
+  bool has_unfinished() const { return scheduler_->has_unfinished(); }
+
+  // Offline batch mode: runs every valid request through the engine together; results in input
+  // order, invalid requests get their error and do not disturb the others.
+  std::vector<absl::StatusOr<Completion>> Generate(std::vector<EngineRequest> requests);
+
+  const ModelConfig& model_config() const { return model_->config(); }
+  const EngineOptions& options() const { return options_; }
+  LlamaModel& model() { return *model_; }
+  const KvCacheManager& kv_cache() const { return *kv_cache_; }
+  const Scheduler& scheduler() const { return *scheduler_; }
+  // Wall time spent inside the model's forward, cumulative (for overhead measurements).
+  int64_t forward_micros() const { return forward_micros_; }
+
+ private:
+  Engine() = default;
+  StepOutput RunModel(const BatchPlan& plan);
+
+  EngineOptions options_;
+  Clock* clock_ = nullptr;
+  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<KvCacheManager> kv_cache_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<Sampler> sampler_;
+  int64_t next_id_ = 1;
+  uint64_t next_seed_ = 0x5eed;
+  // Requests between Add and their final event.
+  absl::flat_hash_map<int64_t, std::shared_ptr<Completion>> inflight_;
+  std::vector<float> logits_;
+  int64_t forward_micros_ = 0;
+};
+
+}  // namespace carpool::worker
+
+#endif  // CARPOOL_WORKER_ENGINE_H_

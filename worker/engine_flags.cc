@@ -1,0 +1,54 @@
+#include "worker/engine_flags.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace carpool::worker {
+
+void RegisterEngineFlags(FlagParser* p, EngineOptions* o) {
+  o->scheduler.max_model_len = 0;  // the model's unless set
+  p->AddString("model", &o->model, "synthetic:<tiny|small|1b|8b> or a Hugging Face folder");
+  p->AddInt("block-size", &o->block_size, "tokens per KV block (default 16)");
+  p->AddInt("num-kv-blocks", &o->num_kv_blocks, "KV pool size in blocks (default: from memory)");
+  p->AddBytes("kv-cache-memory", &o->kv_cache_memory_bytes,
+              "KV pool size in bytes, e.g. 512MiB (default: max-num-seqs full-length sequences, "
+              "at most 1GiB)");
+  p->AddInt("max-num-batched-tokens", &o->scheduler.max_num_batched_tokens,
+            "token budget of one step (default 2048)");
+  p->AddInt("max-num-seqs", &o->scheduler.max_num_seqs, "sequences in one step (default 64)");
+  p->AddInt("max-model-len", &o->scheduler.max_model_len,
+            "longest prompt + output (default: the model's max_position_embeddings)");
+  p->AddCustom(
+      "scheduler",
+      [o](const std::string& v) {
+        if (v == "continuous") {
+          o->scheduler.policy = SchedulerPolicy::kContinuous;
+        } else if (v == "static") {
+          o->scheduler.policy = SchedulerPolicy::kStatic;
+        } else {
+          return absl::InvalidArgumentError(
+              absl::StrCat("--scheduler must be continuous or static, got '", v, "'"));
+        }
+        return absl::OkStatus();
+      },
+      "continuous (default) or static (baseline: whole batches, nobody joins)");
+  p->AddBool("enable-chunked-prefill", &o->scheduler.enable_chunked_prefill,
+             "split long prompts over steps (default true)");
+  p->AddBool("enable-prefix-caching", &o->enable_prefix_caching,
+             "reuse cached prompt blocks (default true)");
+  p->AddCustom(
+      "static-batch-timeout-ms",
+      [o](const std::string& v) {
+        double ms;
+        if (!absl::SimpleAtod(v, &ms) || !(ms >= 0)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("--static-batch-timeout-ms must be a number >= 0, got '", v, "'"));
+        }
+        o->scheduler.static_batch_timeout_micros = static_cast<int64_t>(ms * 1000);
+        return absl::OkStatus();
+      },
+      "static scheduler: how long to collect a batch (default 50)");
+  p->AddInt("threads", &o->num_threads, "kernel threads (default: one per core)");
+}
+
+}  // namespace carpool::worker
