@@ -1,0 +1,276 @@
+#include "worker/kv_cache/kv_cache_manager.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace carpool::worker {
+namespace {
+
+// XXH64 (Yann Collet's xxHash, 64-bit variant), seed 0. Little-endian reads.
+constexpr uint64_t kP1 = 0x9E3779B185EBCA87ULL;
+constexpr uint64_t kP2 = 0xC2B2AE3D27D4EB4FULL;
+constexpr uint64_t kP3 = 0x165667B19E3779F9ULL;
+constexpr uint64_t kP4 = 0x85EBCA77C2B2AE63ULL;
+constexpr uint64_t kP5 = 0x27D4EB2F165667C5ULL;
+
+uint64_t Rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+uint64_t Read64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+uint32_t Read32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+uint64_t Round(uint64_t acc, uint64_t input) { return Rotl(acc + input * kP2, 31) * kP1; }
+uint64_t MergeRound(uint64_t acc, uint64_t val) { return (acc ^ Round(0, val)) * kP1 + kP4; }
+
+int CeilDiv(int a, int b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+namespace internal {
+
+uint64_t Xxh64(const void* data, size_t len) {
+  const uint8_t* p = static_cast<const uint8_t*>(data);
+  const uint8_t* const end = p + len;
+  uint64_t h;
+  if (len >= 32) {
+    uint64_t v1 = kP1 + kP2, v2 = kP2, v3 = 0, v4 = 0 - kP1;
+    for (; p + 32 <= end; p += 32) {
+      v1 = Round(v1, Read64(p));
+      v2 = Round(v2, Read64(p + 8));
+      v3 = Round(v3, Read64(p + 16));
+      v4 = Round(v4, Read64(p + 24));
+    }
+    h = Rotl(v1, 1) + Rotl(v2, 7) + Rotl(v3, 12) + Rotl(v4, 18);
+    h = MergeRound(MergeRound(MergeRound(MergeRound(h, v1), v2), v3), v4);
+  } else {
+    h = kP5;
+  }
+  h += len;
+  for (; p + 8 <= end; p += 8) h = Rotl(h ^ Round(0, Read64(p)), 27) * kP1 + kP4;
+  if (p + 4 <= end) {
+    h = Rotl(h ^ (uint64_t{Read32(p)} * kP1), 23) * kP2 + kP3;
+    p += 4;
+  }
+  for (; p < end; ++p) h = Rotl(h ^ (uint64_t{*p} * kP5), 11) * kP1;
+  h ^= h >> 33;
+  h *= kP2;
+  h ^= h >> 29;
+  h *= kP3;
+  h ^= h >> 32;
+  return h;
+}
+
+}  // namespace internal
+
+uint64_t BlockHash(uint64_t parent_hash, absl::Span<const int32_t> block_tokens, uint64_t salt) {
+  std::vector<uint8_t> bytes(16 + 4 * block_tokens.size());
+  std::memcpy(bytes.data(), &parent_hash, 8);
+  std::memcpy(bytes.data() + 8, &salt, 8);
+  if (!block_tokens.empty()) {
+    std::memcpy(bytes.data() + 16, block_tokens.data(), 4 * block_tokens.size());
+  }
+  return internal::Xxh64(bytes.data(), bytes.size());
+}
+
+absl::Status KvCacheOptions::Validate() const {
+  if (num_blocks <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("num_blocks must be > 0, got ", num_blocks));
+  }
+  if (block_size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("block_size must be > 0, got ", block_size));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<KvCacheManager>> KvCacheManager::Create(
+    const KvCacheOptions& options) {
+  RETURN_IF_ERROR(options.Validate());
+  return std::unique_ptr<KvCacheManager>(new KvCacheManager(options));
+}
+
+KvCacheManager::KvCacheManager(const KvCacheOptions& options)
+    : num_blocks_(options.num_blocks),
+      block_size_(options.block_size),
+      enable_prefix_caching_(options.enable_prefix_caching),
+      blocks_(options.num_blocks) {
+  // Hand out block 0 first: the back of the stack is the lowest id.
+  free_list_.reserve(num_blocks_);
+  for (int32_t id = num_blocks_ - 1; id >= 0; --id) free_list_.push_back(id);
+}
+
+KvCacheManager::PrefixMatch KvCacheManager::MatchPrefix(const TokenSpan& tokens,
+                                                        uint64_t salt) const {
+  PrefixMatch match;
+  if (!enable_prefix_caching_ || tokens.size() == 0) return match;
+  // Never the block holding the last token: it must be computed to produce logits.
+  const int max_blocks = (tokens.size() - 1) / block_size_;
+  std::vector<int32_t> block_tokens(block_size_);
+  for (int b = 0; b < max_blocks; ++b) {
+    for (int i = 0; i < block_size_; ++i) block_tokens[i] = tokens[b * block_size_ + i];
+    const uint64_t hash = BlockHash(match.last_hash, block_tokens, salt);
+    auto it = cached_.find(hash);
+    if (it == cached_.end()) break;
+    match.blocks.push_back(it->second);
+    match.last_hash = hash;
+  }
+  return match;
+}
+
+int KvCacheManager::LookupPrefix(const TokenSpan& tokens, uint64_t salt) const {
+  return static_cast<int>(MatchPrefix(tokens, salt).blocks.size()) * block_size_;
+}
+
+int KvCacheManager::BlocksToTake(int64_t seq_id, int num_tokens, const PrefixMatch& match) const {
+  auto it = seqs_.find(seq_id);
+  if (it != seqs_.end()) {
+    return std::max(0,
+                    CeilDiv(num_tokens, block_size_) - static_cast<int>(it->second.blocks.size()));
+  }
+  const int matched = static_cast<int>(match.blocks.size());
+  int take = std::max(0, CeilDiv(num_tokens, block_size_) - matched);
+  // Matched blocks sitting in the LRU stop being available to others once adopted.
+  for (int32_t id : match.blocks) {
+    if (blocks_[id].ref_count == 0) ++take;
+  }
+  return take;
+}
+
+bool KvCacheManager::CanAllocate(int64_t seq_id, int num_tokens, const TokenSpan& tokens,
+                                 uint64_t salt) const {
+  const PrefixMatch match = Holds(seq_id) ? PrefixMatch{} : MatchPrefix(tokens, salt);
+  return BlocksToTake(seq_id, num_tokens, match) <= num_free_blocks();
+}
+
+bool KvCacheManager::Allocate(int64_t seq_id, int num_tokens, const TokenSpan& tokens,
+                              uint64_t salt) {
+  const bool is_new = !Holds(seq_id);
+  const PrefixMatch match = is_new ? MatchPrefix(tokens, salt) : PrefixMatch{};
+  if (BlocksToTake(seq_id, num_tokens, match) > num_free_blocks()) return false;
+
+  SeqBlocks& seq = seqs_[seq_id];
+  if (is_new) {
+    seq.salt = salt;
+    for (int32_t id : match.blocks) {
+      AddRef(id);
+      seq.blocks.push_back(id);
+    }
+    seq.num_hashed_blocks = static_cast<int>(match.blocks.size());
+    seq.last_hash = match.last_hash;
+    prefix_queries_ += tokens.size();
+    prefix_hits_ += static_cast<int64_t>(match.blocks.size()) * block_size_;
+  }
+  const int needed = CeilDiv(num_tokens, block_size_);
+  while (static_cast<int>(seq.blocks.size()) < needed) {
+    const int32_t id = TakeBlock();
+    AddRef(id);
+    seq.blocks.push_back(id);
+  }
+  return true;
+}
+
+void KvCacheManager::MarkComputed(int64_t seq_id, int num_computed_tokens,
+                                  const TokenSpan& tokens) {
+  if (!enable_prefix_caching_) return;
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end()) return;
+  SeqBlocks& seq = it->second;
+  const int full = std::min(num_computed_tokens / block_size_, static_cast<int>(seq.blocks.size()));
+  std::vector<int32_t> block_tokens(block_size_);
+  for (int b = seq.num_hashed_blocks; b < full; ++b) {
+    for (int i = 0; i < block_size_; ++i) block_tokens[i] = tokens[b * block_size_ + i];
+    const uint64_t hash = BlockHash(seq.last_hash, block_tokens, seq.salt);
+    Block& block = blocks_[seq.blocks[b]];
+    if (!block.hashed && cached_.emplace(hash, seq.blocks[b]).second) {
+      block.hashed = true;
+      block.hash = hash;
+    }
+    seq.last_hash = hash;
+    seq.num_hashed_blocks = b + 1;
+  }
+}
+
+bool KvCacheManager::Free(int64_t seq_id) {
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end()) return false;
+  const std::vector<int32_t>& table = it->second.blocks;
+  for (auto b = table.rbegin(); b != table.rend(); ++b) {
+    Block& block = blocks_[*b];
+    if (--block.ref_count > 0) continue;
+    if (block.hashed) {
+      LruPushBack(*b);
+    } else {
+      free_list_.push_back(*b);
+    }
+  }
+  seqs_.erase(it);
+  return true;
+}
+
+absl::Span<const int32_t> KvCacheManager::BlockTable(int64_t seq_id) const {
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end()) return {};
+  return it->second.blocks;
+}
+
+int32_t KvCacheManager::TakeBlock() {
+  if (!free_list_.empty()) {
+    const int32_t id = free_list_.back();
+    free_list_.pop_back();
+    return id;
+  }
+  const int32_t id = lru_head_;
+  CARPOOL_CHECK(id != kNone);
+  LruRemove(id);
+  Block& block = blocks_[id];
+  auto it = cached_.find(block.hash);
+  if (it != cached_.end() && it->second == id) cached_.erase(it);
+  block.hashed = false;
+  block.hash = 0;
+  return id;
+}
+
+void KvCacheManager::AddRef(int32_t block_id) {
+  Block& block = blocks_[block_id];
+  if (block.ref_count == 0 && block.hashed) LruRemove(block_id);
+  ++block.ref_count;
+}
+
+void KvCacheManager::LruPushBack(int32_t block_id) {
+  Block& block = blocks_[block_id];
+  block.lru_prev = lru_tail_;
+  block.lru_next = kNone;
+  if (lru_tail_ != kNone) {
+    blocks_[lru_tail_].lru_next = block_id;
+  } else {
+    lru_head_ = block_id;
+  }
+  lru_tail_ = block_id;
+  ++num_evictable_;
+}
+
+void KvCacheManager::LruRemove(int32_t block_id) {
+  Block& block = blocks_[block_id];
+  if (block.lru_prev != kNone) {
+    blocks_[block.lru_prev].lru_next = block.lru_next;
+  } else {
+    lru_head_ = block.lru_next;
+  }
+  if (block.lru_next != kNone) {
+    blocks_[block.lru_next].lru_prev = block.lru_prev;
+  } else {
+    lru_tail_ = block.lru_prev;
+  }
+  block.lru_prev = block.lru_next = kNone;
+  --num_evictable_;
+}
+
+}  // namespace carpool::worker

@@ -1,0 +1,186 @@
+// The worker's paged KV cache bookkeeping: which fixed-size blocks of the device pool belong to
+// which sequence. No device memory lives here; the model runner reads the block tables.
+//
+//   Block pool:  ids [0, num_blocks), each holding block_size tokens' keys and values.
+//   A block is in exactly one of three states:
+//     used       ref_count > 0, in one or more sequences' block tables;
+//     evictable  ref_count == 0 but hashed: keeps its contents for prefix-cache hits, sits in an
+//                LRU and is handed out (losing its hash) only when no free block is left;
+//     free       ref_count == 0, no hash, on the free list.
+//
+// Prefix caching: a FULL block whose tokens have all been computed is registered under
+//   hash = BlockHash(parent block's hash, its block_size token ids, salt),
+// so equal hashes mean equal token prefixes under the same salt (tenant). A new sequence whose
+// leading full blocks are registered reuses them (ref_count++) instead of computing them again.
+//
+// Plan, then commit: CanAllocate and LookupPrefix have no side effects; Allocate is the one method
+// that takes blocks, and it either succeeds completely or changes nothing. "Full" is a normal
+// answer (false), not an error.
+//
+// Thread-compatible: owned and driven by the engine loop alone.
+#ifndef CARPOOL_WORKER_KV_CACHE_KV_CACHE_MANAGER_H_
+#define CARPOOL_WORKER_KV_CACHE_KV_CACHE_MANAGER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace carpool::worker {
+
+struct KvCacheOptions {
+  // Blocks in the pool, > 0. Default: none (must be set).
+  int num_blocks = 0;
+  // Tokens per block, > 0. Default: 16.
+  int block_size = 16;
+  // Share computed full blocks between sequences with equal prefixes. Default: true.
+  bool enable_prefix_caching = true;
+
+  absl::Status Validate() const;
+};
+
+// A sequence's tokens as up to two contiguous pieces (prompt, then output), read as one list so
+// callers need not copy them. Views only: the pieces must outlive the TokenSpan.
+class TokenSpan {
+ public:
+  TokenSpan() = default;
+  TokenSpan(absl::Span<const int32_t> first, absl::Span<const int32_t> second = {})
+      : first_(first), second_(second) {}
+
+  int size() const { return static_cast<int>(first_.size() + second_.size()); }
+  int32_t operator[](int i) const {
+    const int n = static_cast<int>(first_.size());
+    return i < n ? first_[i] : second_[i - n];
+  }
+
+ private:
+  absl::Span<const int32_t> first_;
+  absl::Span<const int32_t> second_;
+};
+
+// Hash of one full block: a pure function of its arguments, the same in every process (the
+// router may index blocks by it). 64-bit XXH64 over (parent_hash, salt, tokens); use
+// kRootBlockHash as the parent of a sequence's first block.
+inline constexpr uint64_t kRootBlockHash = 0;
+uint64_t BlockHash(uint64_t parent_hash, absl::Span<const int32_t> block_tokens, uint64_t salt);
+
+namespace internal {
+// XXH64 with seed 0 over `len` bytes; exposed for tests.
+uint64_t Xxh64(const void* data, size_t len);
+}  // namespace internal
+
+class KvCacheManager {
+ public:
+  static absl::StatusOr<std::unique_ptr<KvCacheManager>> Create(const KvCacheOptions& options);
+
+  KvCacheManager(const KvCacheManager&) = delete;
+  KvCacheManager& operator=(const KvCacheManager&) = delete;
+
+  // Number of leading tokens of `tokens` whose full blocks are registered under `salt`: a
+  // multiple of block_size, at most tokens.size() - 1 (the last token is always computed, so
+  // the runner produces logits for it). 0 when prefix caching is off. No side effects.
+  int LookupPrefix(const TokenSpan& tokens, uint64_t salt) const;
+
+  // True when Allocate(seq_id, num_tokens, tokens, salt) would succeed now. No side effects.
+  bool CanAllocate(int64_t seq_id, int num_tokens, const TokenSpan& tokens, uint64_t salt) const;
+
+  // Makes seq_id's block table cover at least `num_tokens` tokens (it never shrinks). For a
+  // seq_id not held yet, first adopts the cached prefix of `tokens` under `salt`: exactly
+  // LookupPrefix(tokens, salt) tokens, counted in the prefix-cache statistics. For a seq_id
+  // already held, `tokens` and `salt` are ignored. New blocks come from the free list first,
+  // then from the least recently used evictable block. Returns false and changes nothing when
+  // the pool cannot supply enough blocks.
+  bool Allocate(int64_t seq_id, int num_tokens, const TokenSpan& tokens, uint64_t salt);
+
+  // Tells the manager that seq_id's tokens [0, num_computed_tokens) are in the cache; registers
+  // the hashes of its blocks that are now full and computed, so other sequences can share them.
+  // `tokens` holds at least num_computed_tokens tokens. A block whose hash is already
+  // registered by another block stays private. No-op when prefix caching is off.
+  // REQUIRES: seq_id is held and its block table covers num_computed_tokens.
+  void MarkComputed(int64_t seq_id, int num_computed_tokens, const TokenSpan& tokens);
+
+  // Releases seq_id's blocks: each ref_count--, and a block reaching 0 becomes evictable if
+  // hashed (the sequence's last block first, so its first block is evicted last) or free
+  // otherwise. False if seq_id is not held.
+  bool Free(int64_t seq_id);
+
+  // seq_id's blocks, in token order; empty when not held. Valid until the next Allocate or Free.
+  absl::Span<const int32_t> BlockTable(int64_t seq_id) const;
+  bool Holds(int64_t seq_id) const { return seqs_.contains(seq_id); }
+
+  int num_blocks() const { return num_blocks_; }
+  int block_size() const { return block_size_; }
+  bool prefix_caching_enabled() const { return enable_prefix_caching_; }
+  // Blocks Allocate can hand out: free plus evictable.
+  int num_free_blocks() const { return static_cast<int>(free_list_.size()) + num_evictable_; }
+  int num_evictable_blocks() const { return num_evictable_; }
+  // Blocks with ref_count > 0.
+  int num_used_blocks() const { return num_blocks_ - num_free_blocks(); }
+  // num_used_blocks / num_blocks, in [0, 1].
+  double usage() const { return static_cast<double>(num_used_blocks()) / num_blocks_; }
+  int num_seqs() const { return static_cast<int>(seqs_.size()); }
+  int RefCount(int32_t block_id) const { return blocks_[block_id].ref_count; }
+  bool IsCached(int32_t block_id) const { return blocks_[block_id].hashed; }
+
+  // Cumulative prefix-cache statistics, in tokens: tokens looked up by first allocations, and
+  // tokens those allocations found cached.
+  int64_t prefix_cache_queries() const { return prefix_queries_; }
+  int64_t prefix_cache_hits() const { return prefix_hits_; }
+
+ private:
+  static constexpr int32_t kNone = -1;
+
+  struct Block {
+    int ref_count = 0;
+    bool hashed = false;
+    uint64_t hash = 0;
+    // Evictable LRU links (kNone at the ends or when not in the LRU).
+    int32_t lru_prev = kNone;
+    int32_t lru_next = kNone;
+  };
+  struct SeqBlocks {
+    std::vector<int32_t> blocks;
+    uint64_t salt = 0;
+    int num_hashed_blocks = 0;            // leading blocks whose hash is known (chain position)
+    uint64_t last_hash = kRootBlockHash;  // hash of block num_hashed_blocks - 1
+  };
+  struct PrefixMatch {
+    std::vector<int32_t> blocks;
+    uint64_t last_hash = kRootBlockHash;
+  };
+
+  explicit KvCacheManager(const KvCacheOptions& options);
+
+  PrefixMatch MatchPrefix(const TokenSpan& tokens, uint64_t salt) const;
+  // Blocks Allocate would take out of num_free_blocks(): new blocks, plus matched prefix blocks
+  // that would leave the evictable LRU.
+  int BlocksToTake(int64_t seq_id, int num_tokens, const PrefixMatch& match) const;
+  int32_t TakeBlock();
+  void AddRef(int32_t block_id);
+  void LruPushBack(int32_t block_id);
+  void LruRemove(int32_t block_id);
+
+  const int num_blocks_;
+  const int block_size_;
+  const bool enable_prefix_caching_;
+
+  std::vector<Block> blocks_;
+  std::vector<int32_t> free_list_;  // stack; the back is handed out first
+  int32_t lru_head_ = kNone;        // least recently used evictable block
+  int32_t lru_tail_ = kNone;
+  int num_evictable_ = 0;
+  absl::flat_hash_map<uint64_t, int32_t> cached_;  // registered hash -> block
+  absl::flat_hash_map<int64_t, SeqBlocks> seqs_;
+
+  int64_t prefix_queries_ = 0;
+  int64_t prefix_hits_ = 0;
+};
+
+}  // namespace carpool::worker
+
+#endif  // CARPOOL_WORKER_KV_CACHE_KV_CACHE_MANAGER_H_

@@ -1,0 +1,332 @@
+#include "worker/kv_cache/kv_cache_manager.h"
+
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace carpool::worker {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+
+constexpr int kBlockSize = 4;
+
+std::vector<int32_t> Tokens(int n, int32_t first = 100) {
+  std::vector<int32_t> tokens(n);
+  std::iota(tokens.begin(), tokens.end(), first);
+  return tokens;
+}
+
+class KvCacheManagerTest : public ::testing::Test {
+ protected:
+  void Init(int num_blocks, bool prefix_caching = true) {
+    KvCacheOptions options;
+    options.num_blocks = num_blocks;
+    options.block_size = kBlockSize;
+    options.enable_prefix_caching = prefix_caching;
+    auto kv = KvCacheManager::Create(options);
+    ASSERT_TRUE(kv.ok()) << kv.status();
+    kv_ = *std::move(kv);
+  }
+
+  // Allocates a whole prompt and marks all of it computed, as one prefill step would.
+  bool Prefill(int64_t seq_id, const std::vector<int32_t>& tokens, uint64_t salt = 0) {
+    if (!kv_->Allocate(seq_id, static_cast<int>(tokens.size()), TokenSpan(tokens), salt)) {
+      return false;
+    }
+    kv_->MarkComputed(seq_id, static_cast<int>(tokens.size()), TokenSpan(tokens));
+    return true;
+  }
+
+  std::vector<int32_t> Table(int64_t seq_id) const {
+    auto span = kv_->BlockTable(seq_id);
+    return std::vector<int32_t>(span.begin(), span.end());
+  }
+
+  void ExpectAllFree() const {
+    EXPECT_EQ(kv_->num_free_blocks(), kv_->num_blocks());
+    EXPECT_EQ(kv_->num_used_blocks(), 0);
+    EXPECT_EQ(kv_->num_seqs(), 0);
+    EXPECT_DOUBLE_EQ(kv_->usage(), 0.0);
+    for (int32_t id = 0; id < kv_->num_blocks(); ++id) EXPECT_EQ(kv_->RefCount(id), 0) << id;
+  }
+
+  std::unique_ptr<KvCacheManager> kv_;
+};
+
+TEST(KvCacheOptionsTest, Validate) {
+  KvCacheOptions options;
+  EXPECT_EQ(options.Validate().code(), absl::StatusCode::kInvalidArgument);  // num_blocks unset
+  options.num_blocks = 8;
+  EXPECT_TRUE(options.Validate().ok());
+  options.block_size = 0;
+  EXPECT_EQ(options.Validate().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(KvCacheManager::Create(options).ok());
+}
+
+TEST(BlockHashTest, Xxh64KnownVectors) {
+  EXPECT_EQ(internal::Xxh64("", 0), 0xEF46DB3751D8E999ULL);
+  EXPECT_EQ(internal::Xxh64("abc", 3), 0x44BC2CF5AD770999ULL);
+  const std::string long_input = "Nobody inspects the spammish repetition";
+  EXPECT_EQ(internal::Xxh64(long_input.data(), long_input.size()), 0xFBCEA83C8A378BF1ULL);
+}
+
+TEST(BlockHashTest, DependsOnParentTokensAndSalt) {
+  const std::vector<int32_t> a = {1, 2, 3, 4};
+  const std::vector<int32_t> b = {1, 2, 3, 5};
+  const uint64_t h = BlockHash(kRootBlockHash, a, 0);
+  EXPECT_EQ(h, BlockHash(kRootBlockHash, a, 0));
+  EXPECT_NE(h, BlockHash(kRootBlockHash, b, 0));
+  EXPECT_NE(h, BlockHash(kRootBlockHash, a, 1));
+  EXPECT_NE(h, BlockHash(h, a, 0));
+}
+
+TEST_F(KvCacheManagerTest, AllocateGrowAndFreeAccounting) {
+  Init(8);
+  EXPECT_EQ(kv_->num_free_blocks(), 8);
+  const auto tokens = Tokens(6);
+  ASSERT_TRUE(kv_->Allocate(1, 6, TokenSpan(tokens), 0));
+  EXPECT_THAT(Table(1), ElementsAre(0, 1));
+  EXPECT_EQ(kv_->num_used_blocks(), 2);
+  EXPECT_EQ(kv_->num_free_blocks(), 6);
+  EXPECT_DOUBLE_EQ(kv_->usage(), 0.25);
+
+  // Growing within the last block takes nothing; crossing a boundary takes one block.
+  ASSERT_TRUE(kv_->Allocate(1, 8, TokenSpan(tokens), 0));
+  EXPECT_EQ(kv_->num_used_blocks(), 2);
+  ASSERT_TRUE(kv_->Allocate(1, 9, TokenSpan(tokens), 0));
+  EXPECT_THAT(Table(1), ElementsAre(0, 1, 2));
+  // Never shrinks.
+  ASSERT_TRUE(kv_->Allocate(1, 1, TokenSpan(tokens), 0));
+  EXPECT_EQ(Table(1).size(), 3u);
+
+  ASSERT_TRUE(kv_->Allocate(2, 4, TokenSpan(tokens), 0));
+  EXPECT_THAT(Table(2), ElementsAre(3));
+  EXPECT_EQ(kv_->num_seqs(), 2);
+  EXPECT_TRUE(kv_->Holds(2));
+
+  EXPECT_TRUE(kv_->Free(1));
+  EXPECT_FALSE(kv_->Free(1));
+  EXPECT_THAT(Table(1), IsEmpty());
+  EXPECT_EQ(kv_->num_used_blocks(), 1);
+  EXPECT_TRUE(kv_->Free(2));
+  ExpectAllFree();
+  // Nothing was marked computed, so nothing is cached: all blocks went to the free list.
+  EXPECT_EQ(kv_->num_evictable_blocks(), 0);
+}
+
+TEST_F(KvCacheManagerTest, FullPoolReturnsFalseWithoutStateChange) {
+  Init(4);
+  const auto tokens = Tokens(16);
+  ASSERT_TRUE(Prefill(1, Tokens(8, 500)));  // two cached blocks
+  ASSERT_TRUE(kv_->Free(1));                // ... now evictable
+  ASSERT_TRUE(kv_->Allocate(2, 8, TokenSpan(tokens), 0));
+  EXPECT_EQ(kv_->num_free_blocks(), 2);
+  EXPECT_EQ(kv_->num_evictable_blocks(), 2);
+
+  // Seq 2 wants 12 more tokens (3 blocks); only 2 can be had.
+  EXPECT_FALSE(kv_->CanAllocate(2, 20, TokenSpan(tokens), 0));
+  EXPECT_FALSE(kv_->Allocate(2, 20, TokenSpan(tokens), 0));
+  EXPECT_EQ(Table(2).size(), 2u);
+  EXPECT_EQ(kv_->num_free_blocks(), 2);
+  EXPECT_EQ(kv_->num_evictable_blocks(), 2);  // nothing evicted by the failed attempt
+  // A new sequence that does not fit is not registered at all.
+  EXPECT_FALSE(kv_->Allocate(3, 12, TokenSpan(tokens), 0));
+  EXPECT_FALSE(kv_->Holds(3));
+  EXPECT_EQ(kv_->prefix_cache_queries(), 8 + 16);  // failed attempts count nothing
+  // The cached prefix survived.
+  EXPECT_EQ(kv_->LookupPrefix(TokenSpan(Tokens(9, 500)), 0), 8);
+
+  EXPECT_TRUE(kv_->CanAllocate(2, 16, TokenSpan(tokens), 0));
+  EXPECT_TRUE(kv_->Allocate(2, 16, TokenSpan(tokens), 0));
+  EXPECT_EQ(kv_->num_free_blocks(), 0);
+  EXPECT_EQ(kv_->LookupPrefix(TokenSpan(Tokens(9, 500)), 0), 0);  // evicted
+  kv_->Free(2);
+  ExpectAllFree();
+}
+
+TEST_F(KvCacheManagerTest, PrefixHitSharesBlocksAcrossSequences) {
+  Init(16);
+  const auto prompt = Tokens(10);  // blocks [0,4) [4,8) full, [8,10) partial
+  ASSERT_TRUE(Prefill(1, prompt));
+  EXPECT_EQ(kv_->prefix_cache_hits(), 0);
+  EXPECT_TRUE(kv_->IsCached(Table(1)[0]));
+  EXPECT_TRUE(kv_->IsCached(Table(1)[1]));
+  EXPECT_FALSE(kv_->IsCached(Table(1)[2]));  // partial blocks are never shared
+
+  EXPECT_EQ(kv_->LookupPrefix(TokenSpan(prompt), 0), 8);
+  ASSERT_TRUE(kv_->Allocate(2, 10, TokenSpan(prompt), 0));
+  const auto t1 = Table(1), t2 = Table(2);
+  ASSERT_EQ(t2.size(), 3u);
+  EXPECT_EQ(t2[0], t1[0]);
+  EXPECT_EQ(t2[1], t1[1]);
+  EXPECT_NE(t2[2], t1[2]);
+  EXPECT_EQ(kv_->RefCount(t1[0]), 2);
+  EXPECT_EQ(kv_->RefCount(t1[2]), 1);
+  EXPECT_EQ(kv_->num_used_blocks(), 4);
+  EXPECT_EQ(kv_->prefix_cache_queries(), 20);
+  EXPECT_EQ(kv_->prefix_cache_hits(), 8);
+
+  // Shared blocks stay in use until the last holder frees them.
+  kv_->Free(1);
+  EXPECT_EQ(kv_->RefCount(t1[0]), 1);
+  EXPECT_EQ(kv_->num_evictable_blocks(), 0);
+  kv_->Free(2);
+  EXPECT_EQ(kv_->num_evictable_blocks(), 2);
+  ExpectAllFree();
+}
+
+TEST_F(KvCacheManagerTest, HitNeverCoversTheLastToken) {
+  Init(16);
+  const auto prompt = Tokens(8);  // exactly two full blocks
+  ASSERT_TRUE(Prefill(1, prompt));
+  // Both blocks are cached, but the one holding token 7 must be recomputed.
+  EXPECT_EQ(kv_->LookupPrefix(TokenSpan(prompt), 0), 4);
+  auto longer = Tokens(9);
+  EXPECT_EQ(kv_->LookupPrefix(TokenSpan(longer), 0), 8);
+  EXPECT_EQ(kv_->LookupPrefix(TokenSpan(Tokens(1)), 0), 0);
+  EXPECT_EQ(kv_->LookupPrefix(TokenSpan(), 0), 0);
+}
+
+TEST_F(KvCacheManagerTest, TokenSpanInTwoPiecesHashesLikeOne) {
+  Init(16);
+  const auto all = Tokens(12);
+  ASSERT_TRUE(Prefill(1, all));
+  const std::vector<int32_t> prompt(all.begin(), all.begin() + 5);
+  const std::vector<int32_t> output(all.begin() + 5, all.end());
+  const TokenSpan split(prompt, output);
+  ASSERT_EQ(split.size(), 12);
+  EXPECT_EQ(split[6], all[6]);
+  EXPECT_EQ(kv_->LookupPrefix(split, 0), 8);
+}
+
+TEST_F(KvCacheManagerTest, SaltIsolatesEqualTokens) {
+  Init(16);
+  const auto prompt = Tokens(9);
+  ASSERT_TRUE(Prefill(1, prompt, /*salt=*/7));
+  EXPECT_EQ(kv_->LookupPrefix(TokenSpan(prompt), 7), 8);
+  EXPECT_EQ(kv_->LookupPrefix(TokenSpan(prompt), 8), 0);
+  ASSERT_TRUE(kv_->Allocate(2, 9, TokenSpan(prompt), 8));
+  for (int32_t id : Table(2)) EXPECT_EQ(kv_->RefCount(id), 1);
+  // Seq 2 registers its own copies under its salt; the two tenants still share nothing.
+  kv_->MarkComputed(2, 9, TokenSpan(prompt));
+  EXPECT_EQ(kv_->LookupPrefix(TokenSpan(prompt), 8), 8);
+  ASSERT_TRUE(kv_->Allocate(3, 9, TokenSpan(prompt), 8));
+  EXPECT_EQ(Table(3)[0], Table(2)[0]);
+  EXPECT_NE(Table(3)[0], Table(1)[0]);
+}
+
+TEST_F(KvCacheManagerTest, OnlyComputedFullBlocksAreRegistered) {
+  Init(16);
+  const auto prompt = Tokens(12);
+  ASSERT_TRUE(kv_->Allocate(1, 12, TokenSpan(prompt), 0));
+  EXPECT_EQ(kv_->LookupPrefix(TokenSpan(prompt), 0), 0);
+  kv_->MarkComputed(1, 7, TokenSpan(prompt));  // one full block computed so far
+  EXPECT_EQ(kv_->LookupPrefix(TokenSpan(prompt), 0), 4);
+  kv_->MarkComputed(1, 12, TokenSpan(prompt));
+  EXPECT_EQ(kv_->LookupPrefix(TokenSpan(Tokens(13)), 0), 12);
+}
+
+TEST_F(KvCacheManagerTest, DuplicateContentStaysPrivate) {
+  Init(16);
+  const auto prompt = Tokens(9);
+  // Both admitted before either computed anything: no sharing possible.
+  ASSERT_TRUE(kv_->Allocate(1, 9, TokenSpan(prompt), 0));
+  ASSERT_TRUE(kv_->Allocate(2, 9, TokenSpan(prompt), 0));
+  kv_->MarkComputed(1, 9, TokenSpan(prompt));
+  kv_->MarkComputed(2, 9, TokenSpan(prompt));
+  EXPECT_TRUE(kv_->IsCached(Table(1)[0]));
+  EXPECT_FALSE(kv_->IsCached(Table(2)[0]));
+  // A third sequence shares seq 1's blocks.
+  ASSERT_TRUE(kv_->Allocate(3, 9, TokenSpan(prompt), 0));
+  EXPECT_EQ(Table(3)[1], Table(1)[1]);
+  kv_->Free(2);  // its private copies go straight to the free list
+  EXPECT_EQ(kv_->num_evictable_blocks(), 0);
+  kv_->Free(1);
+  kv_->Free(3);
+  EXPECT_EQ(kv_->num_evictable_blocks(), 2);
+  ExpectAllFree();
+}
+
+TEST_F(KvCacheManagerTest, EvictsLeastRecentlyUsedCachedBlocksAfterFreeOnes) {
+  Init(6);
+  const auto a = Tokens(5, 100), b = Tokens(5, 200), c = Tokens(5, 300);
+  ASSERT_TRUE(Prefill(1, a));  // 2 blocks, the first cached
+  ASSERT_TRUE(Prefill(2, b));
+  ASSERT_TRUE(Prefill(3, c));
+  kv_->Free(2);  // b's cached block becomes the least recently used
+  kv_->Free(1);
+  kv_->Free(3);
+  EXPECT_EQ(kv_->num_evictable_blocks(), 3);
+  EXPECT_EQ(kv_->num_free_blocks(), 6);
+
+  // Three blocks come from the free list; nothing is evicted yet.
+  const auto other = Tokens(12, 900);
+  ASSERT_TRUE(kv_->Allocate(4, 12, TokenSpan(other), 0));
+  EXPECT_EQ(kv_->LookupPrefix(TokenSpan(a), 0), 4);
+  EXPECT_EQ(kv_->LookupPrefix(TokenSpan(b), 0), 4);
+  EXPECT_EQ(kv_->LookupPrefix(TokenSpan(c), 0), 4);
+
+  // A hit refreshes nothing by itself, but adopting a block takes it out of the LRU, and
+  // freeing it again puts it at the most recently used end.
+  ASSERT_TRUE(kv_->Allocate(5, 5, TokenSpan(b), 0));  // adopts b's block + 1 evicted block
+  EXPECT_EQ(kv_->LookupPrefix(TokenSpan(a), 0), 0);   // a was least recently used
+  kv_->Free(5);
+  // One block from the free list (a's old block), then one evicted: c, now the oldest.
+  ASSERT_TRUE(kv_->Allocate(6, 8, TokenSpan(other), 0));
+  EXPECT_EQ(kv_->LookupPrefix(TokenSpan(c), 0), 0);
+  EXPECT_EQ(kv_->num_evictable_blocks(), 1);
+  EXPECT_EQ(kv_->LookupPrefix(TokenSpan(b), 0), 4);
+  kv_->Free(4);
+  kv_->Free(6);
+  ExpectAllFree();
+}
+
+TEST_F(KvCacheManagerTest, FreeingPutsTheSequenceTailFirstInTheLru) {
+  Init(4);
+  ASSERT_TRUE(Prefill(1, Tokens(13)));  // 3 cached blocks + 1 partial
+  kv_->Free(1);
+  // One free block, then eviction must take the last cached block, keeping the prefix.
+  ASSERT_TRUE(kv_->Allocate(2, 8, TokenSpan(Tokens(8, 900)), 0));
+  EXPECT_EQ(kv_->LookupPrefix(TokenSpan(Tokens(13)), 0), 8);
+}
+
+TEST_F(KvCacheManagerTest, CanAllocateCountsAdoptedEvictableBlocks) {
+  Init(3);
+  const auto prompt = Tokens(9);
+  ASSERT_TRUE(Prefill(1, prompt));  // 2 cached blocks + 1 partial
+  kv_->Free(1);
+  EXPECT_EQ(kv_->num_free_blocks(), 3);
+  // Adopting 2 evictable blocks leaves 1 block for the rest: 12 tokens fit, 13 do not.
+  EXPECT_TRUE(kv_->CanAllocate(2, 12, TokenSpan(prompt), 0));
+  EXPECT_FALSE(kv_->CanAllocate(2, 13, TokenSpan(prompt), 0));
+  EXPECT_FALSE(kv_->Allocate(2, 13, TokenSpan(prompt), 0));
+  EXPECT_EQ(kv_->num_evictable_blocks(), 2);
+  ASSERT_TRUE(kv_->Allocate(2, 12, TokenSpan(prompt), 0));
+  EXPECT_EQ(kv_->prefix_cache_hits(), 8);
+  EXPECT_EQ(kv_->num_free_blocks(), 0);
+  kv_->Free(2);
+  ExpectAllFree();
+}
+
+TEST_F(KvCacheManagerTest, PrefixCachingDisabled) {
+  Init(8, /*prefix_caching=*/false);
+  const auto prompt = Tokens(9);
+  ASSERT_TRUE(Prefill(1, prompt));
+  EXPECT_FALSE(kv_->IsCached(Table(1)[0]));
+  EXPECT_EQ(kv_->LookupPrefix(TokenSpan(prompt), 0), 0);
+  ASSERT_TRUE(kv_->Allocate(2, 9, TokenSpan(prompt), 0));
+  EXPECT_NE(Table(2)[0], Table(1)[0]);
+  kv_->Free(1);
+  kv_->Free(2);
+  EXPECT_EQ(kv_->num_evictable_blocks(), 0);
+  ExpectAllFree();
+}
+
+}  // namespace
+}  // namespace carpool::worker
