@@ -3,6 +3,8 @@
 //
 // Shapes use T = number of tokens (rows), H = hidden size, D = head_dim.
 // Unless stated, outputs may not alias inputs.
+// REQUIRES: not called from inside a ThreadPool::Default() task (ParallelFor is not reentrant).
+// Thread-safe otherwise: concurrent calls are serialized by the pool.
 #ifndef CARPOOL_KERNELS_CPU_CPU_KERNELS_H_
 #define CARPOOL_KERNELS_CPU_CPU_KERNELS_H_
 
@@ -14,8 +16,9 @@ namespace carpool::kernels::cpu {
 
 // y[M,N] = x[M,K] · w[N,K]^T (+ bias[N] when bias != nullptr).
 // w is stored as [out_features, in_features], as checkpoints store linear layers.
-// The N dimension is split over the thread pool and each slice calls single-threaded OpenBLAS
-// sgemm, so row m of y depends only on row m of x (batch-invariant).
+// The N dimension is split over the thread pool. Batch-invariant: row m of y depends only on
+// row m of x, bit for bit, whatever M and the thread count (every element is one fixed-order
+// 8-lane dot product; OpenBLAS sgemm is not invariant, see linear.cc).
 void Linear(const float* x, const float* w, const float* bias, float* y, int64_t m, int64_t n,
             int64_t k);
 
@@ -29,8 +32,9 @@ void AddRmsNorm(const float* x, float* residual, const float* weight, float eps,
 
 // Rotate-half rotary embedding, in place, on the first `rotary_dim` features of every head.
 // x: [T, num_heads, head_dim]; positions: [T]; inv_freq: [rotary_dim / 2].
-// For pair i < rotary_dim/2: angle = position * inv_freq[i];
-//   x'[i] = x[i] cos - x[i + rotary_dim/2] sin;  x'[i + rotary_dim/2] = x[i + rotary_dim/2] cos + x[i] sin.
+// For pair i < half = rotary_dim/2: angle = float(position) * inv_freq[i], rounded to fp32 as
+// HF does (cos and sin of that fp32 angle may be taken in double);
+//   x'[i] = x[i] cos - x[i + half] sin;  x'[i + half] = x[i + half] cos + x[i] sin.
 void RotaryEmbedding(float* x, const int32_t* positions, const float* inv_freq, int64_t t,
                      int num_heads, int head_dim, int rotary_dim);
 

@@ -1,0 +1,216 @@
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <tuple>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/kernel_test_util.h"
+#include "kernels/reference/reference_kernels.h"
+
+namespace carpool::kernels::cpu {
+namespace {
+
+using test_util::AllNear;
+using test_util::BitEqual;
+using test_util::RandomFloats;
+
+constexpr double kAtol = 1e-5;
+constexpr double kRtol = 1e-4;
+
+struct SeqSpec {
+  int query_len;
+  int context_len;
+};
+
+struct CacheShape {
+  int block_size;
+  int num_heads;
+  int num_kv_heads;
+  int head_dim;
+};
+
+// A batch of sequences over one paged cache. Physical blocks are handed out in a shuffled order
+// so block tables are not contiguous; every cache slot no sequence owns holds NaN, so reading
+// past a context (or a stale slot) poisons the output.
+class AttentionBatch {
+ public:
+  AttentionBatch(const CacheShape& shape, const std::vector<SeqSpec>& specs, uint32_t seed)
+      : shape_(shape) {
+    params_.cache.block_size = shape.block_size;
+    params_.cache.num_kv_heads = shape.num_kv_heads;
+    params_.cache.head_dim = shape.head_dim;
+    params_.num_heads = shape.num_heads;
+    params_.scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
+    AllocateBlocks(specs, seed);
+    FillCache(seed + 1);
+    q_ = RandomFloats(num_tokens_ * RowWidth(shape.num_heads), seed + 2);
+  }
+
+  const AttentionParams& params() const { return params_; }
+  const float* q() const { return q_.data(); }
+  const float* key_cache() const { return key_cache_.data(); }
+  const float* value_cache() const { return value_cache_.data(); }
+  int64_t out_size() const { return num_tokens_ * RowWidth(shape_.num_heads); }
+  int64_t RowWidth(int heads) const { return static_cast<int64_t>(heads) * shape_.head_dim; }
+
+  std::vector<float> Run() const {
+    std::vector<float> out(out_size(), -1.0f);
+    PagedAttention(q(), key_cache(), value_cache(), params_, out.data());
+    return out;
+  }
+  std::vector<double> Reference() const {
+    return reference::PagedAttention(q(), key_cache(), value_cache(), params_);
+  }
+
+  // Runs sequence s on its own (a batch of one, its queries starting at row 0).
+  std::vector<float> RunAlone(int s) const {
+    AttentionSeq seq = seqs_[s];
+    AttentionParams alone = params_;
+    alone.num_seqs = 1;
+    alone.seqs = &seq;
+    const float* q_alone = q() + seq.query_start * RowWidth(shape_.num_heads);
+    seq.query_start = 0;
+    std::vector<float> out(seq.query_len * RowWidth(shape_.num_heads));
+    PagedAttention(q_alone, key_cache(), value_cache(), alone, out.data());
+    return out;
+  }
+
+ private:
+  void AllocateBlocks(const std::vector<SeqSpec>& specs, uint32_t seed) {
+    const int bs = shape_.block_size;
+    int needed = 0;
+    for (const SeqSpec& s : specs) needed += (s.context_len + bs - 1) / bs;
+    params_.cache.num_blocks = needed + 3;  // spare blocks stay NaN
+    std::vector<int32_t> physical(params_.cache.num_blocks);
+    std::iota(physical.begin(), physical.end(), 0);
+    std::shuffle(physical.begin(), physical.end(), std::mt19937(seed));
+    int next = 0;
+    tables_.resize(specs.size());
+    for (size_t i = 0; i < specs.size(); ++i) {
+      for (int b = 0; b < (specs[i].context_len + bs - 1) / bs; ++b) {
+        tables_[i].push_back(physical[next++]);
+      }
+      seqs_.push_back(AttentionSeq{static_cast<int>(num_tokens_), specs[i].query_len,
+                                   specs[i].context_len, tables_[i].data()});
+      num_tokens_ += specs[i].query_len;
+    }
+    params_.num_seqs = static_cast<int>(seqs_.size());
+    params_.seqs = seqs_.data();
+  }
+
+  // Writes random keys and values for every context position through WriteKvCache.
+  void FillCache(uint32_t seed) {
+    const KvCacheLayout& c = params_.cache;
+    const int64_t pool = int64_t{c.num_blocks} * c.block_size * RowWidth(c.num_kv_heads);
+    key_cache_.assign(pool, std::numeric_limits<float>::quiet_NaN());
+    value_cache_.assign(pool, std::numeric_limits<float>::quiet_NaN());
+    for (const AttentionSeq& seq : seqs_) {
+      std::vector<int64_t> slots(seq.context_len);
+      for (int p = 0; p < seq.context_len; ++p) {
+        slots[p] = int64_t{seq.block_table[p / c.block_size]} * c.block_size + p % c.block_size;
+      }
+      const std::vector<float> k = RandomFloats(seq.context_len * RowWidth(c.num_kv_heads), seed++);
+      const std::vector<float> v = RandomFloats(seq.context_len * RowWidth(c.num_kv_heads), seed++);
+      WriteKvCache(k.data(), v.data(), slots.data(), seq.context_len, c, key_cache_.data(),
+                   value_cache_.data());
+    }
+  }
+
+  CacheShape shape_;
+  AttentionParams params_;
+  std::vector<std::vector<int32_t>> tables_;
+  std::vector<AttentionSeq> seqs_;
+  int64_t num_tokens_ = 0;
+  std::vector<float> q_;
+  std::vector<float> key_cache_;
+  std::vector<float> value_cache_;
+};
+
+// Decodes over context lengths around block boundaries.
+std::vector<SeqSpec> DecodeSpecs() {
+  return {{1, 1}, {1, 15}, {1, 16}, {1, 17}, {1, 33}, {1, 100}};
+}
+
+// Fresh prefills, chunked prefills continuing after cached tokens, and decodes, interleaved.
+std::vector<SeqSpec> MixedSpecs() {
+  return {{17, 17}, {1, 33}, {16, 100}, {1, 1}, {7, 33}, {15, 15}, {1, 16}, {3, 16}, {1, 100}};
+}
+
+// (block_size, query heads per kv head, head_dim)
+class PagedAttentionTest : public ::testing::TestWithParam<std::tuple<int, int, int>> {
+ protected:
+  CacheShape Shape() const {
+    const auto [block_size, group, head_dim] = GetParam();
+    return CacheShape{block_size, 2 * group, 2, head_dim};
+  }
+};
+
+TEST_P(PagedAttentionTest, MixedBatchMatchesReference) {
+  const AttentionBatch batch(Shape(), MixedSpecs(), 100);
+  EXPECT_TRUE(AllNear(batch.Run(), batch.Reference(), kAtol, kRtol));
+}
+
+TEST_P(PagedAttentionTest, DecodeMatchesReferenceAndTheGeneralKernel) {
+  const AttentionBatch batch(Shape(), DecodeSpecs(), 200);
+  std::vector<float> decode(batch.out_size(), -1.0f);
+  PagedAttentionDecode(batch.q(), batch.key_cache(), batch.value_cache(), batch.params(),
+                       decode.data());
+  EXPECT_TRUE(AllNear(decode, batch.Reference(), kAtol, kRtol));
+  // A sequence may be decoded by either entry point depending on its batch; bits must agree.
+  const std::vector<float> general = batch.Run();
+  EXPECT_TRUE(BitEqual(decode.data(), general.data(), general.size()));
+}
+
+TEST_P(PagedAttentionTest, SequenceAloneEqualsSequenceInBatch) {
+  const AttentionBatch batch(Shape(), MixedSpecs(), 300);
+  const std::vector<float> together = batch.Run();
+  const int64_t width = batch.RowWidth(batch.params().num_heads);
+  for (int s = 0; s < batch.params().num_seqs; ++s) {
+    const AttentionSeq& seq = batch.params().seqs[s];
+    const std::vector<float> alone = batch.RunAlone(s);
+    EXPECT_TRUE(BitEqual(alone.data(), together.data() + seq.query_start * width, alone.size()))
+        << "seq " << s;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, PagedAttentionTest,
+                         ::testing::Combine(::testing::Values(1, 7, 16),  // block_size
+                                            ::testing::Values(1, 2, 4),   // GQA group
+                                            ::testing::Values(64, 12)));  // head_dim
+
+// A prefill split into chunks gives the same rows as the prefill in one go.
+TEST(PagedAttentionChunkingTest, ChunkedPrefillEqualsWholePrefill) {
+  const CacheShape shape{16, 4, 2, 64};
+  const AttentionBatch whole(shape, {{100, 100}}, 400);
+  const std::vector<float> all_rows = whole.Run();
+  // Same cache and queries; the last 37 queries run as a chunk after 63 cached tokens.
+  AttentionParams chunk = whole.params();
+  AttentionSeq seq = chunk.seqs[0];
+  seq.query_len = 37;
+  chunk.seqs = &seq;
+  const int64_t width = whole.RowWidth(shape.num_heads);
+  std::vector<float> out(37 * width);
+  PagedAttention(whole.q() + 63 * width, whole.key_cache(), whole.value_cache(), chunk, out.data());
+  EXPECT_TRUE(BitEqual(out.data(), all_rows.data() + 63 * width, out.size()));
+}
+
+// Large score gaps: the running max must rescale without overflow or lost mass.
+TEST(PagedAttentionChunkingTest, SharpSoftmaxMatchesReference) {
+  const CacheShape shape{7, 2, 1, 16};
+  AttentionBatch batch(shape, {{5, 100}}, 500);
+  AttentionParams sharp = batch.params();
+  sharp.scale = 40.0f;
+  std::vector<float> out(batch.out_size());
+  PagedAttention(batch.q(), batch.key_cache(), batch.value_cache(), sharp, out.data());
+  EXPECT_TRUE(AllNear(
+      out, reference::PagedAttention(batch.q(), batch.key_cache(), batch.value_cache(), sharp),
+      kAtol, kRtol));
+}
+
+}  // namespace
+}  // namespace carpool::kernels::cpu
