@@ -5,6 +5,10 @@
 //   auto updates = scheduler->Update(plan, out);
 //
 // Thread-compatible: owned and driven by the engine loop alone.
+//
+// Priorities are strict: a stream of more urgent requests that keeps the batch full starves less
+// urgent ones (aging is the router's job). Within a priority, admission is first come, first
+// served, where arrival is the order of Add() calls.
 #ifndef CARPOOL_WORKER_SCHEDULER_SCHEDULER_H_
 #define CARPOOL_WORKER_SCHEDULER_SCHEDULER_H_
 
@@ -86,7 +90,9 @@ class Scheduler {
   virtual ~Scheduler() = default;
 
   // Queues a sequence. The caller has validated it (prompt non-empty, prompt + max_tokens
-  // <= max_model_len, tokens within the vocabulary, sampling params valid).
+  // <= max_model_len, tokens within the vocabulary, sampling params valid), and the KV cache can
+  // hold prompt + max_tokens tokens. REQUIRES: seq_id is not held already. The static policy's
+  // timeout counts from this call, on options.clock.
   virtual void Add(std::unique_ptr<Sequence> seq) = 0;
 
   // Removes a waiting or running sequence and frees its blocks. False if unknown.

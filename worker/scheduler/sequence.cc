@@ -1,0 +1,19 @@
+#include "worker/scheduler/sequence.h"
+
+namespace carpool::worker {
+
+const char* FinishReasonName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kAborted:
+      return "abort";
+    case FinishReason::kNone:
+      break;
+  }
+  return "";
+}
+
+}  // namespace carpool::worker
