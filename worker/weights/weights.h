@@ -22,18 +22,20 @@ class Tensor {
   Tensor() = default;
   // A view of memory owned elsewhere (a mapped file kept alive by LlamaWeights).
   static Tensor View(const float* data, std::vector<int64_t> shape);
-  // Owns its values.
+  // Owns its values. REQUIRES: values.size() == the product of shape.
   static Tensor Owned(std::vector<float> values, std::vector<int64_t> shape);
+  // Owns a buffer of the product of shape floats (lets large loads skip zero-filling).
+  static Tensor Owned(std::unique_ptr<float[]> values, std::vector<int64_t> shape);
 
   const float* data() const { return data_; }
   const std::vector<int64_t>& shape() const { return shape_; }
-  int64_t numel() const;
+  int64_t numel() const;  // 0 for an empty Tensor
   bool empty() const { return data_ == nullptr; }
 
  private:
   const float* data_ = nullptr;
   std::vector<int64_t> shape_;
-  std::shared_ptr<std::vector<float>> owned_;
+  std::shared_ptr<const void> owned_;  // keeps data_ alive for Owned tensors
 };
 
 struct LayerWeights {
@@ -59,6 +61,21 @@ struct LlamaWeights {
   // Bytes of the tensors, as fp32.
   int64_t ParameterBytes() const;
 };
+
+// One tensor a config calls for: its Hugging Face name, its shape, and where it goes.
+struct TensorSlot {
+  std::string name;              // e.g. "model.layers.0.self_attn.q_proj.weight"
+  std::vector<int64_t> shape;
+  Tensor* tensor;
+};
+// Every tensor `weights->config` calls for, in checkpoint order: embed_tokens, per layer
+// input_layernorm, q/k/v_proj (+ their biases with attention_bias), o_proj,
+// post_attention_layernorm, gate/up/down_proj, then model.norm and, unless tied, lm_head.
+// Resizes weights->layers to config.num_layers; the pointers stay valid while `weights` does.
+std::vector<TensorSlot> TensorSlots(LlamaWeights* weights);
+
+// The seed LoadWeights("synthetic:<preset>") uses.
+inline constexpr uint64_t kSyntheticSeed = 0x5eed'ca49'0017'2024ULL;
 
 // `spec` is "synthetic:<preset>" or a folder with config.json and model.safetensors (or
 // model.safetensors.index.json plus shards). Errors: NOT_FOUND (no such folder or file),

@@ -1,0 +1,199 @@
+#include "tests/testing/checkpoint_writer.h"
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status.h"
+#include "nlohmann/json.hpp"
+#include "worker/weights/weights.h"
+
+namespace carpool::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using worker::DType;
+using Json = nlohmann::ordered_json;
+
+const char* ModelType(const std::string& architecture) {
+  if (architecture == "MistralForCausalLM") return "mistral";
+  if (architecture == "Qwen2ForCausalLM") return "qwen2";
+  return "llama";
+}
+
+Json RopeScalingJson(const worker::RopeScaling& scaling) {
+  switch (scaling.type) {
+    case worker::RopeScaling::Type::kNone:
+      return nullptr;
+    case worker::RopeScaling::Type::kLinear:
+      return {{"rope_type", "linear"}, {"factor", scaling.factor}};
+    case worker::RopeScaling::Type::kLlama3:
+      return {{"rope_type", "llama3"},
+              {"factor", scaling.factor},
+              {"low_freq_factor", scaling.low_freq_factor},
+              {"high_freq_factor", scaling.high_freq_factor},
+              {"original_max_position_embeddings", scaling.original_max_position_embeddings}};
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::string ConfigJson(const worker::ModelConfig& config) {
+  Json json;
+  json["architectures"] = {config.architecture};
+  json["model_type"] = ModelType(config.architecture);
+  json["hidden_act"] = "silu";
+  json["vocab_size"] = config.vocab_size;
+  json["hidden_size"] = config.hidden_size;
+  json["intermediate_size"] = config.intermediate_size;
+  json["num_hidden_layers"] = config.num_layers;
+  json["num_attention_heads"] = config.num_heads;
+  json["num_key_value_heads"] = config.num_kv_heads;
+  json["head_dim"] = config.head_dim;
+  json["rms_norm_eps"] = config.rms_norm_eps;
+  json["rope_theta"] = config.rope_theta;
+  json["rope_scaling"] = RopeScalingJson(config.rope_scaling);
+  json["max_position_embeddings"] = config.max_position_embeddings;
+  json["tie_word_embeddings"] = config.tie_word_embeddings;
+  json["attention_bias"] = config.attention_bias;
+  if (config.bos_token_id >= 0) json["bos_token_id"] = config.bos_token_id;
+  if (config.eos_token_ids.size() == 1) {
+    json["eos_token_id"] = config.eos_token_ids[0];
+  } else if (!config.eos_token_ids.empty()) {
+    json["eos_token_id"] = config.eos_token_ids;
+  }
+  json["torch_dtype"] = "float32";
+  return json.dump(2);
+}
+
+std::string EncodeValues(const std::vector<float>& values, DType dtype) {
+  std::string bytes(values.size() * worker::DTypeSize(dtype), '\0');
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (dtype == DType::kF32) {
+      std::memcpy(bytes.data() + 4 * i, &values[i], 4);
+      continue;
+    }
+    const uint16_t bits =
+        dtype == DType::kF16 ? worker::FloatToHalf(values[i]) : worker::FloatToBFloat16(values[i]);
+    bytes[2 * i] = static_cast<char>(bits & 0xff);
+    bytes[2 * i + 1] = static_cast<char>(bits >> 8);
+  }
+  return bytes;
+}
+
+std::vector<float> RoundToDType(const std::vector<float>& values, DType dtype) {
+  const std::string bytes = EncodeValues(values, dtype);
+  std::vector<float> rounded(values.size());
+  worker::ConvertToFloat(dtype, reinterpret_cast<const uint8_t*>(bytes.data()),
+                         static_cast<int64_t>(values.size()), rounded.data());
+  return rounded;
+}
+
+std::vector<RawTensor> ToRawTensors(const CheckpointTensors& tensors, DType dtype) {
+  std::vector<RawTensor> raw;
+  for (const auto& [name, tensor] : tensors) {
+    raw.push_back(
+        {name, worker::DTypeName(dtype), tensor.shape, EncodeValues(tensor.values, dtype)});
+  }
+  return raw;
+}
+
+std::string SafetensorsHeader(const std::vector<RawTensor>& tensors,
+                              const std::map<std::string, std::string>& metadata) {
+  Json header = Json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (const RawTensor& tensor : tensors) {
+    header[tensor.name] = {{"dtype", tensor.dtype},
+                           {"shape", tensor.shape},
+                           {"data_offsets", {offset, offset + tensor.bytes.size()}}};
+    offset += tensor.bytes.size();
+  }
+  return header.dump();
+}
+
+absl::Status WriteFile(const std::string& path, const std::string& contents) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(contents.data(), static_cast<std::streamsize>(contents.size()));
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat(path, ": write failed"));
+  return absl::OkStatus();
+}
+
+absl::Status WriteSafetensorsRaw(const std::string& path, uint64_t header_length,
+                                 const std::string& header, const std::string& data) {
+  std::string contents(8, '\0');
+  for (int i = 0; i < 8; ++i) contents[i] = static_cast<char>((header_length >> (8 * i)) & 0xff);
+  contents += header;
+  contents += data;
+  return WriteFile(path, contents);
+}
+
+absl::Status WriteSafetensors(const std::string& path, const std::vector<RawTensor>& tensors) {
+  std::string header = SafetensorsHeader(tensors);
+  header.resize((header.size() + 7) / 8 * 8, ' ');
+  std::string data;
+  for (const RawTensor& tensor : tensors) data += tensor.bytes;
+  return WriteSafetensorsRaw(path, header.size(), header, data);
+}
+
+absl::StatusOr<CheckpointTensors> WriteCheckpoint(const std::string& dir,
+                                                  const CheckpointSpec& spec) {
+  RETURN_IF_ERROR(spec.config.Validate());
+  if (spec.num_shards < 1) return absl::InvalidArgumentError("num_shards must be >= 1");
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (error) return absl::InternalError(absl::StrCat(dir, ": ", error.message()));
+
+  std::unique_ptr<worker::LlamaWeights> weights = worker::SyntheticWeights(spec.config, spec.seed);
+  std::vector<worker::TensorSlot> slots = worker::TensorSlots(weights.get());
+  const bool tied = spec.config.tie_word_embeddings;
+  const bool write_lm_head = spec.write_lm_head.value_or(!tied);
+  if (tied && write_lm_head) {
+    slots.push_back({"lm_head.weight", slots.front().shape, &weights->embed_tokens});
+  } else if (!tied && !write_lm_head) {
+    slots.pop_back();
+  }
+
+  CheckpointTensors written;
+  std::vector<RawTensor> raw;
+  for (const worker::TensorSlot& slot : slots) {
+    const worker::Tensor& tensor = *slot.tensor;
+    std::vector<float> values(tensor.data(), tensor.data() + tensor.numel());
+    values = RoundToDType(values, spec.dtype);
+    raw.push_back(
+        {slot.name, worker::DTypeName(spec.dtype), slot.shape, EncodeValues(values, spec.dtype)});
+    written[slot.name] = {slot.shape, std::move(values)};
+  }
+
+  RETURN_IF_ERROR(WriteFile((fs::path(dir) / "config.json").string(), ConfigJson(spec.config)));
+  if (spec.num_shards == 1) {
+    RETURN_IF_ERROR(WriteSafetensors((fs::path(dir) / "model.safetensors").string(), raw));
+    return written;
+  }
+  Json index;
+  uint64_t total_size = 0;
+  for (const RawTensor& tensor : raw) total_size += tensor.bytes.size();
+  index["metadata"] = {{"total_size", total_size}};
+  index["weight_map"] = Json::object();
+  const size_t n = raw.size();
+  for (int shard = 0; shard < spec.num_shards; ++shard) {
+    const std::string name =
+        absl::StrFormat("model-%05d-of-%05d.safetensors", shard + 1, spec.num_shards);
+    std::vector<RawTensor> part(raw.begin() + n * shard / spec.num_shards,
+                                raw.begin() + n * (shard + 1) / spec.num_shards);
+    for (const RawTensor& tensor : part) index["weight_map"][tensor.name] = name;
+    RETURN_IF_ERROR(WriteSafetensors((fs::path(dir) / name).string(), part));
+  }
+  RETURN_IF_ERROR(
+      WriteFile((fs::path(dir) / "model.safetensors.index.json").string(), index.dump(2)));
+  return written;
+}
+
+}  // namespace carpool::testing

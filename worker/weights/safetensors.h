@@ -1,0 +1,104 @@
+// Reading safetensors files (https://github.com/huggingface/safetensors) through a memory map.
+//
+// Layout: an 8-byte little-endian header length N, N bytes of JSON
+// {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}, then the data;
+// offsets are relative to the first byte after the header. Everything in the header is checked
+// against the file before any tensor is touched.
+#ifndef CARPOOL_WORKER_WEIGHTS_SAFETENSORS_H_
+#define CARPOOL_WORKER_WEIGHTS_SAFETENSORS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/weights/weights.h"
+
+namespace carpool::worker {
+
+// A whole file mapped read-only. Unmapped when the last shared_ptr goes.
+// Thread-safe: immutable after Open.
+class MappedFile {
+ public:
+  // NOT_FOUND when the file does not exist; INVALID_ARGUMENT when it is not a regular file or
+  // cannot be read or mapped.
+  static absl::StatusOr<std::shared_ptr<MappedFile>> Open(const std::string& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  // nullptr when size() == 0.
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  MappedFile(std::string path, const uint8_t* data, size_t size)
+      : path_(std::move(path)), data_(data), size_(size) {}
+
+  std::string path_;
+  const uint8_t* data_;
+  size_t size_;
+};
+
+// The dtypes carpool converts to fp32.
+enum class DType { kF32, kF16, kBF16 };
+const char* DTypeName(DType dtype);  // "F32", "F16", "BF16"
+size_t DTypeSize(DType dtype);
+
+// IEEE half and bfloat16 <-> float. Exact for every value including subnormals, infinities
+// and NaN (NaN stays NaN). The Float-to-16 directions round to nearest even.
+float HalfToFloat(uint16_t bits);
+float BFloat16ToFloat(uint16_t bits);
+uint16_t FloatToHalf(float value);
+uint16_t FloatToBFloat16(float value);
+
+// Converts `count` elements of `dtype` at `src` (any alignment, little-endian) to fp32.
+void ConvertToFloat(DType dtype, const uint8_t* src, int64_t count, float* dst);
+
+// One tensor entry of a safetensors header, already checked against the file.
+struct SafetensorsEntry {
+  std::string name;
+  std::string dtype_name;  // as written in the header, e.g. "BF16" or "I8"
+  bool supported = false;  // dtype_name is F32, F16 or BF16; then `dtype` is meaningful
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  const uint8_t* data = nullptr;  // inside the mapping
+  size_t nbytes = 0;
+};
+
+// A parsed safetensors file. Tensors of dtypes other than F32/F16/BF16 are listed (their bytes
+// are bounds-checked) but only fail when read, so a checkpoint may carry extra tensors carpool
+// does not use.
+class SafetensorsFile {
+ public:
+  // Maps and parses `path`. INVALID_ARGUMENT for a truncated or malformed file, naming the
+  // file and, where there is one, the tensor.
+  static absl::StatusOr<SafetensorsFile> Open(const std::string& path);
+  static absl::StatusOr<SafetensorsFile> Parse(std::shared_ptr<MappedFile> file);
+
+  const std::string& path() const { return file_->path(); }
+  const std::shared_ptr<MappedFile>& file() const { return file_; }
+  const std::map<std::string, SafetensorsEntry>& tensors() const { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // nullptr when absent.
+  const SafetensorsEntry* Find(const std::string& name) const;
+
+  // The tensor as fp32: a View into the mapping for 4-byte-aligned F32 data (valid while
+  // file() lives), otherwise an owned converted copy. UNIMPLEMENTED for other dtypes.
+  absl::StatusOr<Tensor> Read(const SafetensorsEntry& entry) const;
+
+ private:
+  SafetensorsFile() = default;
+
+  std::shared_ptr<MappedFile> file_;
+  std::map<std::string, SafetensorsEntry> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+}  // namespace carpool::worker
+
+#endif  // CARPOOL_WORKER_WEIGHTS_SAFETENSORS_H_

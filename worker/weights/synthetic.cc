@@ -1,0 +1,151 @@
+// Synthetic presets and deterministic random weights.
+//
+// Scale, chosen so greedy decoding is not degenerate (checked with a naive fp32 forward pass:
+// `small` untied gives ~84 distinct tokens in 5 prompts x 17 greedy steps, tied ~45):
+// - every [out, in] matrix is uniform with std 1/sqrt(in), so a projection keeps the RMS of its
+//   normalized input and attention scores and logits have std ~1;
+// - the embedding has std 1 when the head is separate, so the current token stays visible in
+//   the residual stream. With a tied head that would make the last input token score ~sqrt(H)
+//   standard deviations above the rest and greedy decoding would only repeat it, so a tied
+//   embedding gets std 1/sqrt(hidden) like the other matrices;
+// - RMSNorm weights are 1 + uniform(-0.1, 0.1); biases are uniform(-0.1, 0.1).
+#include <cmath>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status.h"
+#include "common/thread_pool.h"
+#include "worker/weights/weights.h"
+
+namespace carpool::worker {
+namespace {
+
+constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ULL;
+
+// splitmix64's output function: a bijective 64-bit mixer.
+uint64_t Mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// Element `index` of a stream: uniform in (-1, 1), a pure function of (key, index), so any
+// split of the work gives the same values.
+float Uniform(uint64_t key, uint64_t index) {
+  const uint64_t bits = Mix(key + (index + 1) * kGolden) >> 40;  // 24 bits
+  return (static_cast<float>(bits) + 0.5f) * (2.0f / 16777216.0f) - 1.0f;
+}
+
+// value = center + half_width * Uniform.
+struct Distribution {
+  float center;
+  float half_width;
+};
+
+Distribution DistributionFor(const TensorSlot& slot, const ModelConfig& config) {
+  if (absl::EndsWith(slot.name, "norm.weight")) return {1.0f, 0.1f};
+  if (absl::EndsWith(slot.name, ".bias")) return {0.0f, 0.1f};
+  if (slot.name == "model.embed_tokens.weight" && !config.tie_word_embeddings) {
+    return {0.0f, std::sqrt(3.0f)};  // std 1
+  }
+  // [out, in] matrices and a tied [vocab, hidden] embedding: std = 1/sqrt(in).
+  const float in_features = static_cast<float>(slot.shape.back());
+  return {0.0f, std::sqrt(3.0f / in_features)};
+}
+
+Tensor Generate(const TensorSlot& slot, const ModelConfig& config, uint64_t key) {
+  int64_t count = 1;
+  for (int64_t dim : slot.shape) count *= dim;
+  auto values = std::make_unique_for_overwrite<float[]>(count);
+  float* out = values.get();
+  const Distribution dist = DistributionFor(slot, config);
+  constexpr int64_t kChunk = 1 << 16;
+  ThreadPool::Default()->ParallelFor(
+      (count + kChunk - 1) / kChunk, [&](int64_t begin, int64_t end) {
+        const int64_t last = std::min(count, end * kChunk);
+        for (int64_t i = begin * kChunk; i < last; ++i) {
+          out[i] = dist.center + dist.half_width * Uniform(key, static_cast<uint64_t>(i));
+        }
+      });
+  return Tensor::Owned(std::move(values), slot.shape);
+}
+
+ModelConfig Preset(int vocab, int hidden, int intermediate, int layers, int heads, int kv_heads) {
+  ModelConfig config;
+  config.architecture = "LlamaForCausalLM";
+  config.vocab_size = vocab;
+  config.hidden_size = hidden;
+  config.intermediate_size = intermediate;
+  config.num_layers = layers;
+  config.num_heads = heads;
+  config.num_kv_heads = kv_heads;
+  config.head_dim = hidden / heads;
+  config.rms_norm_eps = 1e-5;
+  config.rope_theta = 10000.0;
+  return config;
+}
+
+std::map<std::string, ModelConfig> Presets() {
+  std::map<std::string, ModelConfig> presets;
+
+  ModelConfig tiny = Preset(258, 64, 176, 2, 4, 2);  // byte tokenizer: 0..255, BOS, EOS
+  tiny.max_position_embeddings = 2048;
+  tiny.bos_token_id = 256;
+  tiny.eos_token_ids = {257};
+  presets["tiny"] = tiny;
+
+  ModelConfig small = Preset(32000, 768, 2048, 12, 12, 4);  // ~100M parameters
+  small.max_position_embeddings = 4096;
+  small.tie_word_embeddings = true;
+  small.bos_token_id = 256;
+  small.eos_token_ids = {257};
+  presets["small"] = small;
+
+  ModelConfig llama_1b = Preset(128256, 2048, 8192, 16, 32, 8);  // Llama-3.2-1B
+  llama_1b.rope_theta = 500000.0;
+  llama_1b.rope_scaling = {RopeScaling::Type::kLlama3, 32.0, 1.0, 4.0, 8192};
+  llama_1b.max_position_embeddings = 131072;
+  llama_1b.tie_word_embeddings = true;
+  llama_1b.bos_token_id = 128000;
+  llama_1b.eos_token_ids = {128001};
+  presets["1b"] = llama_1b;
+
+  ModelConfig llama_8b = Preset(128256, 4096, 14336, 32, 32, 8);  // Llama-3-8B
+  llama_8b.rope_theta = 500000.0;
+  llama_8b.max_position_embeddings = 8192;
+  llama_8b.bos_token_id = 128000;
+  llama_8b.eos_token_ids = {128001};
+  presets["8b"] = llama_8b;
+  return presets;
+}
+
+}  // namespace
+
+absl::StatusOr<ModelConfig> SyntheticConfig(const std::string& preset) {
+  const std::map<std::string, ModelConfig> presets = Presets();
+  auto it = presets.find(preset);
+  if (it == presets.end()) {
+    std::vector<std::string> names;
+    for (const auto& [name, config] : presets) names.push_back(name);
+    return absl::InvalidArgumentError(absl::StrCat("unknown synthetic preset '", preset,
+                                                   "'; presets: ", absl::StrJoin(names, ", ")));
+  }
+  return it->second;
+}
+
+std::unique_ptr<LlamaWeights> SyntheticWeights(const ModelConfig& config, uint64_t seed) {
+  auto weights = std::make_unique<LlamaWeights>();
+  weights->config = config;
+  const std::vector<TensorSlot> slots = TensorSlots(weights.get());
+  for (size_t i = 0; i < slots.size(); ++i) {
+    *slots[i].tensor = Generate(slots[i], config, Mix(seed + (i + 1) * kGolden));
+  }
+  if (config.tie_word_embeddings) weights->lm_head = weights->embed_tokens;
+  return weights;
+}
+
+}  // namespace carpool::worker

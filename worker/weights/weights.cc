@@ -1,0 +1,258 @@
+#include "worker/weights/weights.h"
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status.h"
+#include "nlohmann/json.hpp"
+#include "worker/weights/safetensors.h"
+
+namespace carpool::worker {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+constexpr char kSyntheticPrefix[] = "synthetic:";
+constexpr char kSingleFile[] = "model.safetensors";
+constexpr char kIndexFile[] = "model.safetensors.index.json";
+
+int64_t Product(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t dim : shape) n *= dim;
+  return n;
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+absl::StatusOr<std::string> ReadTextFile(const fs::path& path) {
+  std::error_code error;
+  if (!fs::is_regular_file(path, error)) {
+    return absl::NotFoundError(absl::StrCat(path.string(), ": not found"));
+  }
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in) return absl::InvalidArgumentError(absl::StrCat(path.string(), ": cannot be read"));
+  return text.str();
+}
+
+// Where each checkpoint tensor lives: one file, or the shards of an index.
+class Checkpoint {
+ public:
+  struct Located {
+    const SafetensorsFile* file;
+    const SafetensorsEntry* entry;
+  };
+
+  static absl::StatusOr<Checkpoint> Open(const fs::path& dir) {
+    Checkpoint checkpoint;
+    std::error_code error;
+    if (fs::exists(dir / kSingleFile, error)) {
+      checkpoint.description_ = kSingleFile;
+      RETURN_IF_ERROR(checkpoint.AddShard(dir, kSingleFile));
+      for (const auto& [name, entry] : checkpoint.shards_.begin()->second.tensors()) {
+        checkpoint.located_[name] = {&checkpoint.shards_.begin()->second, &entry};
+      }
+      return checkpoint;
+    }
+    if (!fs::exists(dir / kIndexFile, error)) {
+      return absl::NotFoundError(
+          absl::StrCat(dir.string(), ": neither ", kSingleFile, " nor ", kIndexFile, " found"));
+    }
+    checkpoint.description_ = kIndexFile;
+    ASSIGN_OR_RETURN(std::string text, ReadTextFile(dir / kIndexFile));
+    Json index = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (index.is_discarded() || !index.is_object() || !index.contains("weight_map") ||
+        !index["weight_map"].is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat((dir / kIndexFile).string(), ": not JSON with a \"weight_map\" object"));
+    }
+    for (const auto& [name, shard] : index["weight_map"].items()) {
+      if (!shard.is_string() || shard.get<std::string>().find('/') != std::string::npos) {
+        return absl::InvalidArgumentError(absl::StrCat((dir / kIndexFile).string(),
+                                                       ": weight_map entry for ", name,
+                                                       " must be a file name in the same folder"));
+      }
+      const std::string shard_name = shard.get<std::string>();
+      if (!checkpoint.shards_.contains(shard_name)) {
+        RETURN_IF_ERROR(checkpoint.AddShard(dir, shard_name));
+      }
+      const SafetensorsFile& file = checkpoint.shards_.at(shard_name);
+      const SafetensorsEntry* entry = file.Find(name);
+      if (entry == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(file.path(), ": has no tensor ", name,
+                                                       " although ", kIndexFile, " says so"));
+      }
+      checkpoint.located_[name] = {&file, entry};
+    }
+    return checkpoint;
+  }
+
+  bool Has(const std::string& name) const { return located_.contains(name); }
+  const std::string& description() const { return description_; }
+
+  absl::StatusOr<Tensor> Read(const TensorSlot& slot) const {
+    auto it = located_.find(slot.name);
+    if (it == located_.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("missing tensor ", slot.name, " (not in ", description_, ")"));
+    }
+    const SafetensorsEntry& entry = *it->second.entry;
+    if (entry.shape != slot.shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shape mismatch for ", slot.name, ": expected ", ShapeString(slot.shape), ", got ",
+          ShapeString(entry.shape), " in ", fs::path(it->second.file->path()).filename().string()));
+    }
+    return it->second.file->Read(entry);
+  }
+
+  std::vector<std::shared_ptr<MappedFile>> Files() const {
+    std::vector<std::shared_ptr<MappedFile>> files;
+    for (const auto& [name, shard] : shards_) files.push_back(shard.file());
+    return files;
+  }
+
+ private:
+  absl::Status AddShard(const fs::path& dir, const std::string& name) {
+    ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open((dir / name).string()));
+    shards_.emplace(name, std::move(file));
+    return absl::OkStatus();
+  }
+
+  std::string description_;
+  std::map<std::string, SafetensorsFile> shards_;  // node-based: Located pointers stay valid
+  std::map<std::string, Located> located_;
+};
+
+absl::StatusOr<std::unique_ptr<LlamaWeights>> LoadFolder(const std::string& folder) {
+  const fs::path dir(folder);
+  std::error_code error;
+  if (!fs::is_directory(dir, error)) {
+    return absl::NotFoundError(absl::StrCat(folder, ": no such model folder"));
+  }
+  ASSIGN_OR_RETURN(std::string config_text, ReadTextFile(dir / "config.json"));
+  absl::StatusOr<ModelConfig> config = ParseModelConfig(config_text);
+  if (!config.ok()) {
+    return absl::Status(config.status().code(),
+                        absl::StrCat(folder, "/", config.status().message()));
+  }
+  ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::Open(dir));
+
+  auto weights = std::make_unique<LlamaWeights>();
+  weights->config = *std::move(config);
+  // Some checkpoints carry q/k/v biases that config.json does not announce.
+  if (checkpoint.Has("model.layers.0.self_attn.q_proj.bias")) {
+    weights->config.attention_bias = true;
+  }
+  for (const TensorSlot& slot : TensorSlots(weights.get())) {
+    if (slot.name == "lm_head.weight" && !checkpoint.Has(slot.name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("missing tensor lm_head.weight (not in ", checkpoint.description(),
+                       ") and config.json does not set tie_word_embeddings"));
+    }
+    ASSIGN_OR_RETURN(*slot.tensor, checkpoint.Read(slot));
+  }
+  if (weights->config.tie_word_embeddings) weights->lm_head = weights->embed_tokens;
+  weights->files = checkpoint.Files();
+  return weights;
+}
+
+}  // namespace
+
+Tensor Tensor::View(const float* data, std::vector<int64_t> shape) {
+  Tensor tensor;
+  tensor.data_ = data;
+  tensor.shape_ = std::move(shape);
+  return tensor;
+}
+
+Tensor Tensor::Owned(std::vector<float> values, std::vector<int64_t> shape) {
+  CARPOOL_CHECK(static_cast<int64_t>(values.size()) == Product(shape));
+  auto owned = std::make_shared<const std::vector<float>>(std::move(values));
+  Tensor tensor;
+  tensor.data_ = owned->data();
+  tensor.shape_ = std::move(shape);
+  tensor.owned_ = std::move(owned);
+  return tensor;
+}
+
+Tensor Tensor::Owned(std::unique_ptr<float[]> values, std::vector<int64_t> shape) {
+  std::shared_ptr<const float[]> owned(std::move(values));
+  Tensor tensor;
+  tensor.data_ = owned.get();
+  tensor.shape_ = std::move(shape);
+  tensor.owned_ = std::move(owned);
+  return tensor;
+}
+
+int64_t Tensor::numel() const { return data_ == nullptr ? 0 : Product(shape_); }
+
+int64_t LlamaWeights::ParameterBytes() const {
+  int64_t count = embed_tokens.numel() + final_norm.numel();
+  if (lm_head.data() != embed_tokens.data()) count += lm_head.numel();
+  for (const LayerWeights& layer : layers) {
+    for (const Tensor* t :
+         {&layer.input_norm, &layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.q_bias,
+          &layer.k_bias, &layer.v_bias, &layer.o_proj, &layer.post_attention_norm, &layer.gate_proj,
+          &layer.up_proj, &layer.down_proj}) {
+      count += t->numel();
+    }
+  }
+  return count * static_cast<int64_t>(sizeof(float));
+}
+
+std::vector<TensorSlot> TensorSlots(LlamaWeights* weights) {
+  const ModelConfig& c = weights->config;
+  const int64_t hidden = c.hidden_size;
+  const int64_t q_dim = static_cast<int64_t>(c.num_heads) * c.head_dim;
+  const int64_t kv_dim = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
+  const int64_t inter = c.intermediate_size;
+  weights->layers.resize(c.num_layers);
+  std::vector<TensorSlot> slots;
+  slots.push_back({"model.embed_tokens.weight", {c.vocab_size, hidden}, &weights->embed_tokens});
+  for (int i = 0; i < c.num_layers; ++i) {
+    LayerWeights& layer = weights->layers[i];
+    const std::string prefix = absl::StrCat("model.layers.", i, ".");
+    const std::string attn = prefix + "self_attn.";
+    slots.push_back({prefix + "input_layernorm.weight", {hidden}, &layer.input_norm});
+    slots.push_back({attn + "q_proj.weight", {q_dim, hidden}, &layer.q_proj});
+    slots.push_back({attn + "k_proj.weight", {kv_dim, hidden}, &layer.k_proj});
+    slots.push_back({attn + "v_proj.weight", {kv_dim, hidden}, &layer.v_proj});
+    if (c.attention_bias) {
+      slots.push_back({attn + "q_proj.bias", {q_dim}, &layer.q_bias});
+      slots.push_back({attn + "k_proj.bias", {kv_dim}, &layer.k_bias});
+      slots.push_back({attn + "v_proj.bias", {kv_dim}, &layer.v_bias});
+    }
+    slots.push_back({attn + "o_proj.weight", {hidden, q_dim}, &layer.o_proj});
+    slots.push_back(
+        {prefix + "post_attention_layernorm.weight", {hidden}, &layer.post_attention_norm});
+    slots.push_back({prefix + "mlp.gate_proj.weight", {inter, hidden}, &layer.gate_proj});
+    slots.push_back({prefix + "mlp.up_proj.weight", {inter, hidden}, &layer.up_proj});
+    slots.push_back({prefix + "mlp.down_proj.weight", {hidden, inter}, &layer.down_proj});
+  }
+  slots.push_back({"model.norm.weight", {hidden}, &weights->final_norm});
+  if (!c.tie_word_embeddings) {
+    slots.push_back({"lm_head.weight", {c.vocab_size, hidden}, &weights->lm_head});
+  }
+  return slots;
+}
+
+absl::StatusOr<std::unique_ptr<LlamaWeights>> LoadWeights(const std::string& spec) {
+  if (absl::StartsWith(spec, kSyntheticPrefix)) {
+    ASSIGN_OR_RETURN(ModelConfig config,
+                     SyntheticConfig(spec.substr(sizeof(kSyntheticPrefix) - 1)));
+    return SyntheticWeights(config, kSyntheticSeed);
+  }
+  return LoadFolder(spec);
+}
+
+}  // namespace carpool::worker
