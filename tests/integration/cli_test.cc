@@ -1,0 +1,164 @@
+// Runs the `carpool` binary as a user would and checks what it prints and how it exits.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace carpool {
+namespace {
+
+using ::testing::HasSubstr;
+using nlohmann::json;
+
+struct RunResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+RunResult RunCarpool(const std::string& args) {
+  const std::string cmd = std::string(CARPOOL_BIN_DIR) + "/carpool " + args + " 2>&1";
+  RunResult r;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.output.append(buf.data(), n);
+  const int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::vector<json> JsonLines(const std::string& text) {
+  std::vector<json> lines;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(start, end - start);
+    if (!line.empty() && line[0] == '{') lines.push_back(json::parse(line));
+    start = end + 1;
+  }
+  return lines;
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("carpool_cli_test_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string WriteFile(const std::string& name, const std::string& text) {
+    const std::string path = (dir_ / name).string();
+    std::ofstream(path) << text;
+    return path;
+  }
+
+  std::filesystem::path dir_;
+};
+
+TEST_F(CliTest, GeneratesJsonForTextPrompt) {
+  RunResult r = RunCarpool(
+      "generate --model synthetic:tiny --prompt hello --max-tokens 8 --temperature 0 "
+      "--logprobs 2 --json --ignore-eos");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<json> lines = JsonLines(r.output);
+  ASSERT_EQ(lines.size(), 1u) << r.output;
+  const json& j = lines[0];
+  EXPECT_EQ(j["tokens"].size(), 8u);
+  EXPECT_EQ(j["logprobs"].size(), 8u);
+  ASSERT_EQ(j["top_logprobs"].size(), 8u);
+  EXPECT_EQ(j["top_logprobs"][0].size(), 2u);
+  EXPECT_EQ(j["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 6);  // BOS + "hello"
+  EXPECT_EQ(j["usage"]["completion_tokens"], 8);
+  EXPECT_TRUE(j["text"].is_string());
+  EXPECT_TRUE(j["timings"].contains("ttft_ms"));
+  // The sampled token is the most likely one under greedy decoding.
+  EXPECT_EQ(j["top_logprobs"][0][0]["token"], j["tokens"][0]);
+  EXPECT_FLOAT_EQ(j["top_logprobs"][0][0]["logprob"].get<float>(),
+                  j["logprobs"][0].get<float>());
+}
+
+TEST_F(CliTest, GreedyIsDeterministicAcrossRuns) {
+  const std::string args =
+      "generate --model synthetic:tiny --prompt-ids 256,1,2,3 --max-tokens 12 --temperature 0 "
+      "--json --ignore-eos";
+  RunResult a = RunCarpool(args);
+  RunResult b = RunCarpool(args);
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  EXPECT_EQ(JsonLines(a.output)[0]["tokens"], JsonLines(b.output)[0]["tokens"]);
+}
+
+TEST_F(CliTest, PromptsFileKeepsOrderAndIsolatesBadLines) {
+  const std::string path = WriteFile(
+      "prompts.jsonl",
+      "{\"prompt\": \"first\", \"max_tokens\": 3}\n"
+      "{\"prompt_ids\": [256, 300000]}\n"
+      "not json\n"
+      "{\"prompt_ids\": [256, 5, 6], \"max_tokens\": 5, \"temperature\": 0.8, \"seed\": 3}\n"
+      "{\"prompt\": \"x\", \"top_p\": 0}\n"
+      "{\"prompt\": \"last\", \"max_tokens\": 2, \"ignore_eos\": true}\n");
+  RunResult r = RunCarpool("generate --model synthetic:tiny --ignore-eos --prompts-file " + path);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  std::vector<json> lines = JsonLines(r.output);
+  ASSERT_EQ(lines.size(), 6u) << r.output;
+  EXPECT_EQ(lines[0]["tokens"].size(), 3u);
+  EXPECT_EQ(lines[1]["line"], 2);
+  EXPECT_THAT(lines[1]["error"]["message"].get<std::string>(), HasSubstr("vocabulary"));
+  EXPECT_EQ(lines[2]["line"], 3);
+  EXPECT_THAT(lines[2]["error"]["message"].get<std::string>(), HasSubstr("JSON"));
+  EXPECT_EQ(lines[3]["tokens"].size(), 5u);
+  EXPECT_THAT(lines[4]["error"]["message"].get<std::string>(), HasSubstr("top_p"));
+  EXPECT_EQ(lines[5]["tokens"].size(), 2u);
+}
+
+struct BadInput {
+  const char* args;
+  const char* message;
+};
+
+class CliBadInputTest : public CliTest, public ::testing::WithParamInterface<BadInput> {};
+
+TEST_P(CliBadInputTest, FailsWithClearMessage) {
+  RunResult r = RunCarpool(GetParam().args);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr(GetParam().message));
+  EXPECT_EQ(r.output.find("Aborted"), std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Flags, CliBadInputTest,
+    ::testing::Values(
+        BadInput{"generate --model synthetic:tiny --prompt hi --bogus 1", "unknown flag --bogus"},
+        BadInput{"frobnicate", "unknown command"},
+        BadInput{"generate --model synthetic:tiny --prompt hi --max-tokens 0", "max_tokens"},
+        BadInput{"generate --model synthetic:tiny --prompt hi --max-tokens x", "--max-tokens"},
+        BadInput{"generate --model synthetic:tiny --prompt hi --temperature -1", "temperature"},
+        BadInput{"generate --model synthetic:tiny --prompt hi --temperature nan", "temperature"},
+        BadInput{"generate --model synthetic:tiny --prompt hi --top-p 0", "top_p"},
+        BadInput{"generate --model synthetic:tiny --prompt hi --top-p 1.5", "top_p"},
+        BadInput{"generate --model synthetic:tiny --prompt-ids 1,2,999", "vocabulary"},
+        BadInput{"generate --model synthetic:tiny --prompt-ids 1,x", "not an integer"},
+        BadInput{"generate --model synthetic:tiny --prompt hello --max-model-len 4",
+                 "max_model_len"},
+        BadInput{"generate --model synthetic:tiny --prompt hi --max-tokens 5000",
+                 "max_model_len"},
+        BadInput{"generate --model synthetic:nope --prompt hi", "nope"},
+        BadInput{"generate --model /nonexistent/dir --prompt-ids 1,2", "/nonexistent/dir"},
+        BadInput{"generate --model synthetic:tiny", "exactly one of"},
+        BadInput{"generate --model synthetic:tiny --prompts-file /nonexistent.jsonl",
+                 "cannot open"},
+        BadInput{"generate --model synthetic:tiny --prompt hi --scheduler fifo", "--scheduler"}));
+
+}  // namespace
+}  // namespace carpool
