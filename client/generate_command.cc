@@ -187,6 +187,9 @@ void RegisterGenerateFlags(FlagParser* p, GenerateFlags* f) {
   p->AddBool("help", &f->help, "show this help");
 }
 
+// Compact JSON; byte-level text that is not valid UTF-8 gets replacement characters.
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
 int Fail(const absl::Status& status) {
   std::cerr << "carpool generate: " << status.message() << "\n";
   return 2;
@@ -287,17 +290,17 @@ int RunGenerate(int argc, char** argv, int first) {
     const auto& r = results[i];
     if (!r.ok()) {
       if (!batch_mode) return Fail(r.status());
-      std::cout << ErrorToJson(r.status(), static_cast<int>(i) + 1).dump() << "\n";
+      std::cout << Dump(ErrorToJson(r.status(), static_cast<int>(i) + 1)) << "\n";
       exit_code = 1;
       continue;
     }
     const int top = f.sampling.logprobs;
     if (f.json || batch_mode) {
-      std::cout << CompletionToJson(*r, tok, top).dump() << "\n";
+      std::cout << Dump(CompletionToJson(*r, tok, top)) << "\n";
     } else if (tok != nullptr) {
       std::cout << tok->Decode(r->tokens) << "\n";
     } else {
-      std::cout << CompletionToJson(*r, nullptr, 0)["tokens"].dump() << "\n";
+      std::cout << CompletionToJson(*r, nullptr, 0)["tokens"] << "\n";
     }
   }
   return exit_code;

@@ -127,6 +127,8 @@ struct BadInput {
   const char* message;
 };
 
+void PrintTo(const BadInput& b, std::ostream* os) { *os << b.args; }
+
 class CliBadInputTest : public CliTest, public ::testing::WithParamInterface<BadInput> {};
 
 TEST_P(CliBadInputTest, FailsWithClearMessage) {

@@ -94,6 +94,8 @@ struct ParityCase {
   int num_shards;
 };
 
+void PrintTo(const ParityCase& p, std::ostream* os) { *os << p.name; }
+
 class ParityTest : public ::testing::TestWithParam<ParityCase> {};
 
 TEST_P(ParityTest, GreedyTokensAndLogprobsMatchFloat64Reference) {
