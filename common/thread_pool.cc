@@ -1,12 +1,23 @@
 #include "common/thread_pool.h"
 
 #include <algorithm>
-#include <atomic>
+#include <chrono>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CARPOOL_CPU_RELAX() _mm_pause()
+#else
+#define CARPOOL_CPU_RELAX() std::this_thread::yield()
+#endif
 
 namespace carpool {
 namespace {
 
 std::atomic<int> g_default_threads{0};
+
+// How long an idle worker spins before it sleeps: long enough to bridge the gap between two
+// kernels of one engine step, short enough not to burn a core between steps.
+constexpr auto kSpinFor = std::chrono::microseconds(200);
 
 // Range of slice `i` of `parts` over [0, n).
 void SliceRange(int64_t n, int parts, int i, int64_t* begin, int64_t* end) {
@@ -27,7 +38,7 @@ ThreadPool::ThreadPool(int num_threads) : num_threads_(std::max(1, num_threads))
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+    stop_.store(true);
   }
   work_cv_.notify_all();
   for (auto& t : threads_) t.join();
@@ -41,47 +52,63 @@ void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int64_
     return;
   }
   std::lock_guard<std::mutex> call_lock(call_mu_);
+  fn_ = &fn;
+  n_ = n;
+  // Every worker checks in, even one with no slice, so none can lag into the next job.
+  pending_.store(num_threads_ - 1, std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    fn_ = &fn;
-    n_ = n;
-    pending_ = parts - 1;
-    ++generation_;
+    generation_.fetch_add(1, std::memory_order_release);
   }
   work_cv_.notify_all();
   int64_t begin, end;
   SliceRange(n, parts, 0, &begin, &end);
   fn(begin, end);
+  for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
+    if (spins < 1024) {
+      CARPOOL_CPU_RELAX();
+    } else {
+      std::this_thread::yield();
+    }
+  }
+}
+
+uint64_t ThreadPool::WaitForWork(uint64_t seen) {
+  const auto deadline = std::chrono::steady_clock::now() + kSpinFor;
+  int spins = 0;
+  for (;;) {
+    const uint64_t g = generation_.load(std::memory_order_acquire);
+    if (g != seen || stop_.load(std::memory_order_relaxed)) return g;
+    // Pause while the wait is short; then yield, so that an oversubscribed machine still runs
+    // the threads that have work.
+    if (++spins < 1024) {
+      CARPOOL_CPU_RELAX();
+    } else {
+      std::this_thread::yield();
+      if (std::chrono::steady_clock::now() > deadline) break;
+    }
+  }
   std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [this] { return pending_ == 0; });
-  fn_ = nullptr;
+  work_cv_.wait(lock, [&] {
+    return stop_.load(std::memory_order_relaxed) ||
+           generation_.load(std::memory_order_acquire) != seen;
+  });
+  return generation_.load(std::memory_order_acquire);
 }
 
 void ThreadPool::WorkerLoop(int index) {
   uint64_t seen = 0;
   for (;;) {
-    const std::function<void(int64_t, int64_t)>* fn;
-    int64_t n;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      work_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      fn = fn_;
-      n = n_;
-    }
+    seen = WaitForWork(seen);
+    if (stop_.load(std::memory_order_relaxed)) return;
+    const int64_t n = n_;
     const int parts = static_cast<int>(std::min<int64_t>(num_threads_, n));
     if (index < parts) {
       int64_t begin, end;
       SliceRange(n, parts, index, &begin, &end);
-      (*fn)(begin, end);
-      bool last;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        last = --pending_ == 0;
-      }
-      if (last) done_cv_.notify_one();
+      (*fn_)(begin, end);
     }
+    pending_.fetch_sub(1, std::memory_order_acq_rel);
   }
 }
 

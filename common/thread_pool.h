@@ -1,11 +1,13 @@
 // A fixed pool of worker threads for data-parallel kernels.
 //
-// The CPU kernels and the GEMM wrapper split their work over one process-wide pool sized to
-// the machine's cores. OpenBLAS itself runs single-threaded inside each slice, so BLAS threads
-// and pool threads never compete for the same cores.
+// The CPU kernels split their work over one process-wide pool sized to the machine's cores.
+// A step of the engine calls ParallelFor hundreds of times, so hand-offs must be cheap: idle
+// workers spin briefly on an atomic generation counter before they sleep on a condition
+// variable, and the caller spins for its helpers to finish.
 #ifndef CARPOOL_COMMON_THREAD_POOL_H_
 #define CARPOOL_COMMON_THREAD_POOL_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -38,18 +40,24 @@ class ThreadPool {
 
  private:
   void WorkerLoop(int index);
+  // Waits until generation_ differs from `seen` or stop_ is set; returns the new generation.
+  uint64_t WaitForWork(uint64_t seen);
 
   const int num_threads_;
   std::vector<std::thread> threads_;
   std::mutex call_mu_;  // serializes ParallelFor callers
+
+  // The current job; written by the caller before generation_ is bumped (release), read by
+  // workers after they see the new generation (acquire).
+  const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
+  int64_t n_ = 0;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  std::atomic<bool> stop_{false};
+
+  // Sleeping workers wait here; the caller notifies under mu_ so no wake-up is lost.
   std::mutex mu_;
   std::condition_variable work_cv_;
-  std::condition_variable done_cv_;
-  const std::function<void(int64_t, int64_t)>* fn_ = nullptr;  // guarded by mu_
-  int64_t n_ = 0;                                               // guarded by mu_
-  uint64_t generation_ = 0;                                     // guarded by mu_
-  int pending_ = 0;                                             // guarded by mu_
-  bool stop_ = false;                                           // guarded by mu_
 };
 
 }  // namespace carpool
