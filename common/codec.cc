@@ -1,0 +1,447 @@
+#include "common/codec.h"
+
+#include "absl/strings/str_cat.h"
+#include "proto/carpool.pb.h"
+
+namespace carpool {
+namespace {
+
+namespace pb = ::carpool::v1;
+
+// ---- shared pieces
+
+pb::Priority ToProto(Priority p) {
+  switch (p) {
+    case Priority::kInteractive:
+      return pb::PRIORITY_INTERACTIVE;
+    case Priority::kBatch:
+      return pb::PRIORITY_BATCH;
+    default:
+      return pb::PRIORITY_DEFAULT;
+  }
+}
+
+Priority FromProto(pb::Priority p) {
+  switch (p) {
+    case pb::PRIORITY_INTERACTIVE:
+      return Priority::kInteractive;
+    case pb::PRIORITY_BATCH:
+      return Priority::kBatch;
+    default:
+      return Priority::kDefault;
+  }
+}
+
+void ToProto(const SamplingParams& s, pb::SamplingParams* p) {
+  p->set_temperature(s.temperature);
+  p->set_top_k(s.top_k);
+  p->set_top_p(s.top_p);
+  p->set_min_p(s.min_p);
+  p->set_repetition_penalty(s.repetition_penalty);
+  p->set_presence_penalty(s.presence_penalty);
+  p->set_frequency_penalty(s.frequency_penalty);
+  if (s.has_seed) p->set_seed(s.seed);
+  p->set_max_tokens(s.max_tokens);
+  for (int32_t id : s.stop_token_ids) p->add_stop_token_ids(id);
+  p->set_ignore_eos(s.ignore_eos);
+  p->set_logprobs(s.logprobs);
+}
+
+SamplingParams FromProto(const pb::SamplingParams& p) {
+  SamplingParams s;
+  if (p.has_temperature()) s.temperature = p.temperature();
+  if (p.has_top_k()) s.top_k = p.top_k();
+  if (p.has_top_p()) s.top_p = p.top_p();
+  if (p.has_min_p()) s.min_p = p.min_p();
+  if (p.has_repetition_penalty()) s.repetition_penalty = p.repetition_penalty();
+  if (p.has_presence_penalty()) s.presence_penalty = p.presence_penalty();
+  if (p.has_frequency_penalty()) s.frequency_penalty = p.frequency_penalty();
+  if (p.has_seed()) {
+    s.has_seed = true;
+    s.seed = p.seed();
+  }
+  if (p.has_max_tokens()) s.max_tokens = p.max_tokens();
+  s.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
+  s.ignore_eos = p.ignore_eos();
+  s.logprobs = p.logprobs();
+  return s;
+}
+
+void ToProto(const SampleResult& t, pb::Token* p) {
+  p->set_id(t.token);
+  p->set_logprob(t.logprob);
+  for (const worker::TokenLogprob& top : t.top_logprobs) {
+    pb::TokenLogprob* e = p->add_top_logprobs();
+    e->set_token(top.token);
+    e->set_logprob(top.logprob);
+  }
+}
+
+SampleResult FromProto(const pb::Token& p) {
+  SampleResult t;
+  t.token = p.id();
+  t.logprob = p.logprob();
+  for (const pb::TokenLogprob& e : p.top_logprobs()) {
+    t.top_logprobs.push_back({e.token(), e.logprob()});
+  }
+  return t;
+}
+
+void ToProto(const ErrorInfo& e, pb::Error* p) {
+  p->set_request_id(e.request_id);
+  p->set_code(absl::StatusCodeToString(e.code));
+  p->set_reason(e.reason);
+  p->set_message(e.message);
+  p->set_retry_after_ms(static_cast<uint32_t>(std::max<int64_t>(0, e.retry_after_ms)));
+}
+
+ErrorInfo FromProto(const pb::Error& p) {
+  return ErrorInfo{p.request_id(), StatusCodeFromName(p.code()), p.reason(), p.message(),
+                   p.retry_after_ms()};
+}
+
+void ToProto(const WorkerLoad& l, pb::WorkerLoad* p) {
+  p->set_running(l.running);
+  p->set_waiting(l.waiting);
+  p->set_kv_used_blocks(l.kv_used_blocks);
+  p->set_kv_free_blocks(l.kv_free_blocks);
+}
+
+WorkerLoad FromProto(const pb::WorkerLoad& p) {
+  return WorkerLoad{p.running(), p.waiting(), p.kv_used_blocks(), p.kv_free_blocks()};
+}
+
+std::string Serialize(const google::protobuf::Message& m) {
+  std::string out;
+  m.SerializeToString(&out);
+  return out;
+}
+
+// Parses `frame` as T and checks the protocol version.
+template <typename T>
+absl::Status ParseEnvelope(std::string_view frame, T* envelope) {
+  if (!envelope->ParseFromArray(frame.data(), static_cast<int>(frame.size()))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("frame is not a carpool.v1.", T::descriptor()->name()));
+  }
+  if (envelope->protocol_version() != kProtocolVersion) {
+    return absl::InvalidArgumentError(absl::StrCat("protocol version ",
+                                                   envelope->protocol_version(),
+                                                   " is not supported (expected ",
+                                                   kProtocolVersion, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status UnknownType(const char* envelope) {
+  return absl::InvalidArgumentError(absl::StrCat("unknown ", envelope, " message type"));
+}
+
+// ---- client <-> router
+
+struct ClientEncoder {
+  pb::ClientMessage* m;
+  void operator()(const GenerateInput& g) const {
+    pb::GenerateRequest* p = m->mutable_generate();
+    p->set_request_id(g.request_id);
+    if (g.has_text) {
+      p->set_text(g.text);
+    } else {
+      auto* ids = p->mutable_token_ids();
+      for (int32_t id : g.token_ids) ids->add_ids(id);
+    }
+    ToProto(g.sampling, p->mutable_sampling());
+    p->set_priority(ToProto(g.priority));
+    p->set_deadline_ms(static_cast<uint32_t>(std::max<int64_t>(0, g.deadline_ms)));
+    p->set_api_key(g.api_key);
+    p->set_stream(g.stream);
+    p->set_add_bos(g.add_bos);
+  }
+  void operator()(const CancelInput& c) const { m->mutable_cancel()->set_request_id(c.request_id); }
+  void operator()(const StatsQuery&) const { m->mutable_stats(); }
+};
+
+struct ServerEncoder {
+  pb::ServerMessage* m;
+  void operator()(const GenerateChunkOut& c) const {
+    pb::GenerateChunk* p = m->mutable_chunk();
+    p->set_request_id(c.request_id);
+    p->set_index(c.index);
+    for (const SampleResult& t : c.tokens) ToProto(t, p->add_tokens());
+    p->set_text(c.text);
+  }
+  void operator()(const GenerateFinalOut& f) const {
+    pb::GenerateFinal* p = m->mutable_final();
+    p->set_request_id(f.request_id);
+    for (const SampleResult& t : f.tokens) ToProto(t, p->add_tokens());
+    p->set_text(f.text);
+    p->set_finish_reason(f.finish_reason);
+    p->mutable_usage()->set_prompt_tokens(f.usage.prompt_tokens);
+    p->mutable_usage()->set_completion_tokens(f.usage.completion_tokens);
+    p->mutable_usage()->set_cached_prompt_tokens(f.usage.cached_prompt_tokens);
+    p->mutable_timings()->set_queue_ms(f.timings.queue_ms);
+    p->mutable_timings()->set_ttft_ms(f.timings.ttft_ms);
+    p->mutable_timings()->set_total_ms(f.timings.total_ms);
+  }
+  void operator()(const ErrorInfo& e) const { ToProto(e, m->mutable_error()); }
+  void operator()(const StatsOut& s) const {
+    pb::Stats* p = m->mutable_stats();
+    for (const WorkerStatsOut& w : s.workers) {
+      pb::WorkerStats* q = p->add_workers();
+      q->set_worker_id(w.worker_id);
+      q->set_healthy(w.healthy);
+      q->set_epoch(w.epoch);
+      q->set_running(w.running);
+      q->set_num_kv_blocks(w.num_kv_blocks);
+      q->set_kv_used_blocks(w.kv_used_blocks);
+      q->set_outstanding_tokens(w.outstanding_tokens);
+      q->set_max_num_seqs(w.max_num_seqs);
+      q->set_model(w.model);
+      q->set_requests_served(w.requests_served);
+    }
+    p->set_queued(s.queued);
+    p->set_inflight(s.inflight);
+    p->set_requests_total(s.requests_total);
+    p->set_requests_rejected(s.requests_rejected);
+    for (const auto& [r, n] : s.rejections_by_reason) (*p->mutable_rejections_by_reason())[r] = n;
+  }
+};
+
+// ---- worker <-> router
+
+struct WorkerEncoder {
+  pb::WorkerMessage* m;
+  void operator()(const RegisterInfo& r) const {
+    pb::Register* p = m->mutable_register_();
+    p->set_worker_id(r.worker_id);
+    p->set_model(r.model);
+    p->set_max_num_seqs(r.max_num_seqs);
+    p->set_num_kv_blocks(r.num_kv_blocks);
+    p->set_block_size(r.block_size);
+    p->set_max_model_len(r.max_model_len);
+    p->set_vocab_size(r.vocab_size);
+    p->set_tokenizer(r.tokenizer);
+    p->set_bos_token_id(r.bos_token_id);
+    p->set_max_num_batched_tokens(r.max_num_batched_tokens);
+  }
+  void operator()(const HeartbeatInfo& h) const {
+    m->mutable_heartbeat()->set_epoch(h.epoch);
+    ToProto(h.load, m->mutable_heartbeat()->mutable_load());
+  }
+  void operator()(const StepTokensInfo& s) const {
+    pb::StepTokens* p = m->mutable_step();
+    p->set_epoch(s.epoch);
+    ToProto(s.load, p->mutable_load());
+    for (const TokenEvent& e : s.events) {
+      pb::TokenEvent* q = p->add_events();
+      q->set_request_id(e.request_id);
+      if (e.has_token) ToProto(e.token, q->mutable_token());
+      q->set_finished(e.finished);
+      q->set_finish_reason(e.finish_reason);
+      q->set_cached_prompt_tokens(e.cached_prompt_tokens);
+    }
+  }
+  void operator()(const RequestFailedInfo& f) const {
+    m->mutable_failed()->set_epoch(f.epoch);
+    m->mutable_failed()->set_request_id(f.request_id);
+    ToProto(f.error, m->mutable_failed()->mutable_error());
+  }
+  void operator()(const DeregisterInfo& d) const { m->mutable_deregister()->set_epoch(d.epoch); }
+};
+
+struct RouterEncoder {
+  pb::RouterMessage* m;
+  void operator()(const RegisterAckInfo& a) const { m->mutable_registered()->set_epoch(a.epoch); }
+  void operator()(const DispatchInfo& d) const {
+    pb::Dispatch* p = m->mutable_dispatch();
+    p->set_request_id(d.request_id);
+    for (int32_t t : d.prompt_tokens) p->add_prompt_tokens(t);
+    for (int32_t t : d.output_tokens) p->add_output_tokens(t);
+    ToProto(d.sampling, p->mutable_sampling());
+    p->set_priority(ToProto(d.priority));
+    p->set_cache_salt(d.cache_salt);
+  }
+  void operator()(const WorkerCancelInfo& c) const {
+    m->mutable_cancel()->set_request_id(c.request_id);
+  }
+  void operator()(const DrainInfo&) const { m->mutable_drain(); }
+};
+
+}  // namespace
+
+std::string Encode(const ClientMessage& message) {
+  pb::ClientMessage m;
+  m.set_protocol_version(kProtocolVersion);
+  std::visit(ClientEncoder{&m}, message);
+  return Serialize(m);
+}
+
+std::string Encode(const ServerMessage& message) {
+  pb::ServerMessage m;
+  m.set_protocol_version(kProtocolVersion);
+  std::visit(ServerEncoder{&m}, message);
+  return Serialize(m);
+}
+
+std::string Encode(const WorkerMessage& message) {
+  pb::WorkerMessage m;
+  m.set_protocol_version(kProtocolVersion);
+  std::visit(WorkerEncoder{&m}, message);
+  return Serialize(m);
+}
+
+std::string Encode(const RouterMessage& message) {
+  pb::RouterMessage m;
+  m.set_protocol_version(kProtocolVersion);
+  std::visit(RouterEncoder{&m}, message);
+  return Serialize(m);
+}
+
+absl::StatusOr<ClientMessage> DecodeClientMessage(std::string_view frame) {
+  pb::ClientMessage m;
+  if (absl::Status s = ParseEnvelope(frame, &m); !s.ok()) return s;
+  switch (m.body_case()) {
+    case pb::ClientMessage::kGenerate: {
+      const pb::GenerateRequest& p = m.generate();
+      GenerateInput g;
+      g.request_id = p.request_id();
+      g.has_text = p.prompt_case() == pb::GenerateRequest::kText;
+      g.text = p.text();
+      g.token_ids.assign(p.token_ids().ids().begin(), p.token_ids().ids().end());
+      g.sampling = FromProto(p.sampling());
+      g.priority = FromProto(p.priority());
+      g.deadline_ms = p.deadline_ms();
+      g.api_key = p.api_key();
+      g.stream = p.stream();
+      g.add_bos = p.add_bos();
+      return ClientMessage(std::move(g));
+    }
+    case pb::ClientMessage::kCancel:
+      return ClientMessage(CancelInput{m.cancel().request_id()});
+    case pb::ClientMessage::kStats:
+      return ClientMessage(StatsQuery{});
+    default:
+      return UnknownType("client");
+  }
+}
+
+absl::StatusOr<ServerMessage> DecodeServerMessage(std::string_view frame) {
+  pb::ServerMessage m;
+  if (absl::Status s = ParseEnvelope(frame, &m); !s.ok()) return s;
+  switch (m.body_case()) {
+    case pb::ServerMessage::kChunk: {
+      GenerateChunkOut c;
+      c.request_id = m.chunk().request_id();
+      c.index = static_cast<int>(m.chunk().index());
+      for (const pb::Token& t : m.chunk().tokens()) c.tokens.push_back(FromProto(t));
+      c.text = m.chunk().text();
+      return ServerMessage(std::move(c));
+    }
+    case pb::ServerMessage::kFinal: {
+      const pb::GenerateFinal& p = m.final();
+      GenerateFinalOut f;
+      f.request_id = p.request_id();
+      for (const pb::Token& t : p.tokens()) f.tokens.push_back(FromProto(t));
+      f.text = p.text();
+      f.finish_reason = p.finish_reason();
+      f.usage = {p.usage().prompt_tokens(), p.usage().completion_tokens(),
+                 p.usage().cached_prompt_tokens()};
+      f.timings = {p.timings().queue_ms(), p.timings().ttft_ms(), p.timings().total_ms()};
+      return ServerMessage(std::move(f));
+    }
+    case pb::ServerMessage::kError:
+      return ServerMessage(FromProto(m.error()));
+    case pb::ServerMessage::kStats: {
+      StatsOut s;
+      for (const pb::WorkerStats& w : m.stats().workers()) {
+        s.workers.push_back({w.worker_id(), w.healthy(), w.epoch(), w.running(),
+                             w.num_kv_blocks(), w.kv_used_blocks(), w.outstanding_tokens(),
+                             w.max_num_seqs(), w.model(), w.requests_served()});
+      }
+      s.queued = m.stats().queued();
+      s.inflight = m.stats().inflight();
+      s.requests_total = m.stats().requests_total();
+      s.requests_rejected = m.stats().requests_rejected();
+      for (const auto& [r, n] : m.stats().rejections_by_reason()) s.rejections_by_reason[r] = n;
+      return ServerMessage(std::move(s));
+    }
+    default:
+      return UnknownType("server");
+  }
+}
+
+absl::StatusOr<WorkerMessage> DecodeWorkerMessage(std::string_view frame) {
+  pb::WorkerMessage m;
+  if (absl::Status s = ParseEnvelope(frame, &m); !s.ok()) return s;
+  switch (m.body_case()) {
+    case pb::WorkerMessage::kRegister: {
+      const pb::Register& p = m.register_();
+      return WorkerMessage(RegisterInfo{p.worker_id(), p.model(), p.max_num_seqs(),
+                                        p.num_kv_blocks(), p.block_size(), p.max_model_len(),
+                                        p.vocab_size(), p.tokenizer(), p.bos_token_id(),
+                                        p.max_num_batched_tokens()});
+    }
+    case pb::WorkerMessage::kHeartbeat:
+      return WorkerMessage(
+          HeartbeatInfo{m.heartbeat().epoch(), FromProto(m.heartbeat().load())});
+    case pb::WorkerMessage::kStep: {
+      StepTokensInfo s;
+      s.epoch = m.step().epoch();
+      s.load = FromProto(m.step().load());
+      for (const pb::TokenEvent& e : m.step().events()) {
+        TokenEvent t;
+        t.request_id = e.request_id();
+        t.has_token = e.has_token();
+        if (e.has_token()) t.token = FromProto(e.token());
+        t.finished = e.finished();
+        t.finish_reason = e.finish_reason();
+        t.cached_prompt_tokens = e.cached_prompt_tokens();
+        s.events.push_back(std::move(t));
+      }
+      return WorkerMessage(std::move(s));
+    }
+    case pb::WorkerMessage::kFailed:
+      return WorkerMessage(RequestFailedInfo{m.failed().epoch(), m.failed().request_id(),
+                                             FromProto(m.failed().error())});
+    case pb::WorkerMessage::kDeregister:
+      return WorkerMessage(DeregisterInfo{m.deregister().epoch()});
+    default:
+      return UnknownType("worker");
+  }
+}
+
+absl::StatusOr<RouterMessage> DecodeRouterMessage(std::string_view frame) {
+  pb::RouterMessage m;
+  if (absl::Status s = ParseEnvelope(frame, &m); !s.ok()) return s;
+  switch (m.body_case()) {
+    case pb::RouterMessage::kRegistered:
+      return RouterMessage(RegisterAckInfo{m.registered().epoch()});
+    case pb::RouterMessage::kDispatch: {
+      const pb::Dispatch& p = m.dispatch();
+      DispatchInfo d;
+      d.request_id = p.request_id();
+      d.prompt_tokens.assign(p.prompt_tokens().begin(), p.prompt_tokens().end());
+      d.output_tokens.assign(p.output_tokens().begin(), p.output_tokens().end());
+      d.sampling = FromProto(p.sampling());
+      d.priority = FromProto(p.priority());
+      d.cache_salt = p.cache_salt();
+      return RouterMessage(std::move(d));
+    }
+    case pb::RouterMessage::kCancel:
+      return RouterMessage(WorkerCancelInfo{m.cancel().request_id()});
+    case pb::RouterMessage::kDrain:
+      return RouterMessage(DrainInfo{});
+    default:
+      return UnknownType("router");
+  }
+}
+
+absl::StatusCode StatusCodeFromName(std::string_view name) {
+  for (int c = 0; c <= 16; ++c) {
+    const auto code = static_cast<absl::StatusCode>(c);
+    if (absl::StatusCodeToString(code) == name) return code;
+  }
+  return absl::StatusCode::kUnknown;
+}
+
+}  // namespace carpool

@@ -1,0 +1,32 @@
+// Protobuf frames <-> carpool's message structs. The only code that touches generated types.
+//
+// Decode* never trusts its input: a frame that is not the expected message, carries another
+// protocol version, or names no known message type gives INVALID_ARGUMENT with a message that
+// says which. Field-level validation (ranges, lengths) is the receiver's job.
+#ifndef CARPOOL_COMMON_CODEC_H_
+#define CARPOOL_COMMON_CODEC_H_
+
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "common/messages.h"
+
+namespace carpool {
+
+std::string Encode(const ClientMessage& message);
+std::string Encode(const ServerMessage& message);
+std::string Encode(const WorkerMessage& message);
+std::string Encode(const RouterMessage& message);
+
+absl::StatusOr<ClientMessage> DecodeClientMessage(std::string_view frame);
+absl::StatusOr<ServerMessage> DecodeServerMessage(std::string_view frame);
+absl::StatusOr<WorkerMessage> DecodeWorkerMessage(std::string_view frame);
+absl::StatusOr<RouterMessage> DecodeRouterMessage(std::string_view frame);
+
+// The absl::StatusCode whose name is `name` ("RESOURCE_EXHAUSTED"); kUnknown if none.
+absl::StatusCode StatusCodeFromName(std::string_view name);
+
+}  // namespace carpool
+
+#endif  // CARPOOL_COMMON_CODEC_H_

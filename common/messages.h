@@ -1,0 +1,208 @@
+// carpool's messages as plain C++ structs: what the router, the workers and the SDK work with.
+// common/codec.h turns them into protobuf frames and back; nothing else touches generated types.
+#ifndef CARPOOL_COMMON_MESSAGES_H_
+#define CARPOOL_COMMON_MESSAGES_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "worker/sampler/sampler.h"
+#include "worker/sampler/sampling_params.h"
+#include "worker/scheduler/sequence.h"
+
+namespace carpool {
+
+inline constexpr uint32_t kProtocolVersion = 1;
+
+using worker::Priority;
+using worker::SampleResult;
+using worker::SamplingParams;
+
+// Machine-readable error reasons (DESIGN.md, error model).
+namespace reason {
+inline constexpr char kQueueFull[] = "queue_full";
+inline constexpr char kTokenBudget[] = "token_budget";
+inline constexpr char kTenantQuota[] = "tenant_quota";
+inline constexpr char kDeadlineUnmeetable[] = "deadline_unmeetable";
+inline constexpr char kDeadlineExceeded[] = "deadline_exceeded";
+inline constexpr char kPromptTooLong[] = "prompt_too_long";
+inline constexpr char kInvalidArgument[] = "invalid_argument";
+inline constexpr char kUnknownModel[] = "unknown_model";
+inline constexpr char kWorkerLost[] = "worker_lost";
+inline constexpr char kCancelled[] = "cancelled";
+inline constexpr char kDraining[] = "draining";
+inline constexpr char kInternal[] = "internal";
+}  // namespace reason
+
+struct ErrorInfo {
+  std::string request_id;
+  absl::StatusCode code = absl::StatusCode::kInternal;
+  std::string reason;
+  std::string message;
+  int64_t retry_after_ms = 0;
+
+  absl::Status ToStatus() const { return absl::Status(code, message); }
+};
+
+struct Usage {
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+  int cached_prompt_tokens = 0;
+};
+
+struct Timings {
+  double queue_ms = 0;
+  double ttft_ms = 0;
+  double total_ms = 0;
+};
+
+// ---- client -> router
+
+struct GenerateInput {
+  std::string request_id;
+  bool has_text = false;
+  std::string text;                  // when has_text
+  std::vector<int32_t> token_ids;    // otherwise
+  SamplingParams sampling;
+  Priority priority = Priority::kDefault;
+  int64_t deadline_ms = 0;           // 0: none
+  std::string api_key;
+  bool stream = false;
+  bool add_bos = true;
+};
+
+struct CancelInput {
+  std::string request_id;
+};
+
+struct StatsQuery {};
+
+using ClientMessage = std::variant<GenerateInput, CancelInput, StatsQuery>;
+
+// ---- router -> client
+
+struct GenerateChunkOut {
+  std::string request_id;
+  int index = 0;                     // output position of tokens[0]
+  std::vector<SampleResult> tokens;
+  std::string text;
+};
+
+struct GenerateFinalOut {
+  std::string request_id;
+  std::vector<SampleResult> tokens;  // non-streaming only
+  std::string text;
+  std::string finish_reason;
+  Usage usage;
+  Timings timings;
+};
+
+struct WorkerStatsOut {
+  std::string worker_id;
+  bool healthy = false;
+  uint64_t epoch = 0;
+  int running = 0;
+  int num_kv_blocks = 0;
+  int kv_used_blocks = 0;
+  int64_t outstanding_tokens = 0;
+  int max_num_seqs = 0;
+  std::string model;
+  int64_t requests_served = 0;
+};
+
+struct StatsOut {
+  std::vector<WorkerStatsOut> workers;
+  int queued = 0;
+  int inflight = 0;
+  int64_t requests_total = 0;
+  int64_t requests_rejected = 0;
+  std::map<std::string, int64_t> rejections_by_reason;
+};
+
+using ServerMessage = std::variant<GenerateChunkOut, GenerateFinalOut, ErrorInfo, StatsOut>;
+
+// ---- worker -> router
+
+struct RegisterInfo {
+  std::string worker_id;
+  std::string model;
+  int max_num_seqs = 0;
+  int num_kv_blocks = 0;
+  int block_size = 0;
+  int max_model_len = 0;
+  int vocab_size = 0;
+  std::string tokenizer;             // "byte" or ""
+  int bos_token_id = -1;
+  int max_num_batched_tokens = 0;
+};
+
+struct WorkerLoad {
+  int running = 0;
+  int waiting = 0;
+  int kv_used_blocks = 0;
+  int kv_free_blocks = 0;
+};
+
+struct HeartbeatInfo {
+  uint64_t epoch = 0;
+  WorkerLoad load;
+};
+
+struct TokenEvent {
+  uint64_t request_id = 0;
+  bool has_token = false;
+  SampleResult token;
+  bool finished = false;
+  std::string finish_reason;
+  int cached_prompt_tokens = 0;
+};
+
+struct StepTokensInfo {
+  uint64_t epoch = 0;
+  std::vector<TokenEvent> events;
+  WorkerLoad load;
+};
+
+struct RequestFailedInfo {
+  uint64_t epoch = 0;
+  uint64_t request_id = 0;
+  ErrorInfo error;
+};
+
+struct DeregisterInfo {
+  uint64_t epoch = 0;
+};
+
+using WorkerMessage =
+    std::variant<RegisterInfo, HeartbeatInfo, StepTokensInfo, RequestFailedInfo, DeregisterInfo>;
+
+// ---- router -> worker
+
+struct RegisterAckInfo {
+  uint64_t epoch = 0;
+};
+
+struct DispatchInfo {
+  uint64_t request_id = 0;
+  std::vector<int32_t> prompt_tokens;
+  std::vector<int32_t> output_tokens;  // already generated elsewhere; continue after them
+  SamplingParams sampling;
+  Priority priority = Priority::kDefault;
+  uint64_t cache_salt = 0;
+};
+
+struct WorkerCancelInfo {
+  uint64_t request_id = 0;
+};
+
+struct DrainInfo {};
+
+using RouterMessage = std::variant<RegisterAckInfo, DispatchInfo, WorkerCancelInfo, DrainInfo>;
+
+}  // namespace carpool
+
+#endif  // CARPOOL_COMMON_MESSAGES_H_
