@@ -1,0 +1,91 @@
+#include "router/request_validator.h"
+
+#include <limits>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "worker/tokenizer.h"
+
+namespace carpool::router {
+namespace {
+
+constexpr char kTooLongPayload[] = "carpool.prompt_too_long";
+
+absl::Status PromptTooLong(std::string message) {
+  absl::Status s = absl::InvalidArgumentError(std::move(message));
+  s.SetPayload(kTooLongPayload, absl::Cord("1"));
+  return s;
+}
+
+}  // namespace
+
+absl::Status ValidateShape(const GenerateInput& r, const RequestLimits& limits) {
+  if (r.request_id.empty()) return absl::InvalidArgumentError("request_id is empty");
+  if (static_cast<int>(r.request_id.size()) > limits.max_request_id_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("request_id is longer than ",
+                                                   limits.max_request_id_bytes, " bytes"));
+  }
+  if (r.has_text) {
+    if (r.text.empty()) return absl::InvalidArgumentError("prompt text is empty");
+    if (static_cast<int64_t>(r.text.size()) > limits.max_prompt_bytes) {
+      return PromptTooLong(absl::StrCat("prompt text is ", r.text.size(),
+                                        " bytes; the limit is ", limits.max_prompt_bytes));
+    }
+  } else if (r.token_ids.empty()) {
+    return absl::InvalidArgumentError("prompt is empty: set text or token_ids");
+  }
+  if (static_cast<int>(r.sampling.stop_token_ids.size()) > limits.max_stop_token_ids) {
+    return absl::InvalidArgumentError(absl::StrCat("stop_token_ids has ",
+                                                   r.sampling.stop_token_ids.size(),
+                                                   " entries; the limit is ",
+                                                   limits.max_stop_token_ids));
+  }
+  return r.sampling.Validate(std::numeric_limits<int>::max());
+}
+
+absl::StatusOr<ValidatedPrompt> ValidateGenerate(const GenerateInput& r, const ModelLimits& model,
+                                                 const RequestLimits& limits) {
+  if (absl::Status s = ValidateShape(r, limits); !s.ok()) return s;
+  ValidatedPrompt out;
+  if (r.has_text) {
+    if (model.tokenizer != "byte") {
+      return absl::InvalidArgumentError(
+          "the served model has no tokenizer in carpool yet: send token_ids instead of text");
+    }
+    auto ids = worker::ByteTokenizer().Encode(r.text, r.add_bos);
+    if (!ids.ok()) return ids.status();
+    out.tokens = std::move(*ids);
+  } else {
+    out.tokens = r.token_ids;
+  }
+  for (size_t i = 0; i < out.tokens.size(); ++i) {
+    if (out.tokens[i] < 0 || out.tokens[i] >= model.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt token ", i, " has id ",
+                                                     out.tokens[i],
+                                                     ", outside the vocabulary [0, ",
+                                                     model.vocab_size, ")"));
+    }
+  }
+  if (absl::Status s = r.sampling.Validate(model.vocab_size); !s.ok()) return s;
+  const int64_t prompt_len = static_cast<int64_t>(out.tokens.size());
+  if (prompt_len >= model.max_model_len) {
+    return PromptTooLong(absl::StrCat("prompt is ", prompt_len, " tokens; max_model_len is ",
+                                      model.max_model_len,
+                                      " and at least one token must be generated"));
+  }
+  if (prompt_len + r.sampling.max_tokens > model.max_model_len) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt (", prompt_len,
+                                                   " tokens) + max_tokens (",
+                                                   r.sampling.max_tokens,
+                                                   ") exceeds max_model_len ",
+                                                   model.max_model_len));
+  }
+  return out;
+}
+
+const char* ValidationReason(const absl::Status& status) {
+  return status.GetPayload(kTooLongPayload).has_value() ? reason::kPromptTooLong
+                                                        : reason::kInvalidArgument;
+}
+
+}  // namespace carpool::router

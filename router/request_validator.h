@@ -1,0 +1,50 @@
+// Checks a GenerateRequest before any worker sees it: the same checks the CLI makes, against
+// the limits of the model the workers serve.
+#ifndef CARPOOL_ROUTER_REQUEST_VALIDATOR_H_
+#define CARPOOL_ROUTER_REQUEST_VALIDATOR_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/messages.h"
+
+namespace carpool::router {
+
+// What the router knows about the served model, from the workers' registrations.
+struct ModelLimits {
+  bool known = false;        // false until a worker has registered
+  int vocab_size = 0;
+  int max_model_len = 0;
+  std::string tokenizer;     // "byte" or ""
+  int bos_token_id = -1;
+};
+
+struct RequestLimits {
+  // Longest client request_id. Default: 128 bytes.
+  int max_request_id_bytes = 128;
+  // Longest text prompt. Default: 1 MiB.
+  int64_t max_prompt_bytes = 1 << 20;
+  // Most stop token ids. Default: 64.
+  int max_stop_token_ids = 64;
+};
+
+// The request's prompt as token ids (tokenizing text with the model's tokenizer), or an error
+// naming the problem: INVALID_ARGUMENT with ErrorInfo.reason invalid_argument or
+// prompt_too_long. REQUIRES: limits.known.
+struct ValidatedPrompt {
+  std::vector<int32_t> tokens;
+};
+absl::StatusOr<ValidatedPrompt> ValidateGenerate(const GenerateInput& request,
+                                                 const ModelLimits& model,
+                                                 const RequestLimits& limits);
+
+// Checks that need no model (ids, sizes, sampling ranges); run at arrival.
+absl::Status ValidateShape(const GenerateInput& request, const RequestLimits& limits);
+
+// The reason string for a validation error (prompt_too_long or invalid_argument).
+const char* ValidationReason(const absl::Status& status);
+
+}  // namespace carpool::router
+
+#endif  // CARPOOL_ROUTER_REQUEST_VALIDATOR_H_

@@ -1,0 +1,330 @@
+// The router in-process, against fake workers and clients on real ZeroMQ sockets.
+#include "router/router.h"
+
+#include <thread>
+
+#include "common/codec.h"
+#include "common/transport.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/carpool.pb.h"
+
+namespace carpool::router {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kWaitMs = 5000;
+
+class RouterTest : public ::testing::Test {
+ protected:
+  void StartRouter(int64_t heartbeat_timeout_ms = 60'000) {
+    RouterOptions o;
+    o.frontend = "tcp://127.0.0.1:*";
+    o.backend = "tcp://127.0.0.1:*";
+    o.heartbeat_timeout_ms = heartbeat_timeout_ms;
+    o.max_request_bytes = 64 << 10;
+    auto router = Router::Create(o);
+    ASSERT_TRUE(router.ok()) << router.status();
+    router_ = std::move(*router);
+    thread_ = std::thread([this] { EXPECT_TRUE(router_->Run().ok()); });
+  }
+
+  void TearDown() override {
+    if (router_) router_->Stop();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  std::unique_ptr<Socket> Dealer(const std::string& endpoint, const std::string& id) {
+    SocketOptions so;
+    so.routing_id = id;
+    auto s = Socket::Create(&context_, zmq::socket_type::dealer, so);
+    EXPECT_TRUE(s.ok());
+    EXPECT_TRUE((*s)->Connect(endpoint).ok());
+    return std::move(*s);
+  }
+
+  // A fake worker: registers and answers as the test tells it to.
+  struct FakeWorker {
+    std::unique_ptr<Socket> socket;
+    uint64_t epoch = 0;
+    void Send(const WorkerMessage& m) { ASSERT_TRUE(socket->Send({Encode(m)}).ok()); }
+    RouterMessage Recv() {
+      auto frames = socket->Recv(kWaitMs);
+      EXPECT_TRUE(frames.ok() && frames->has_value()) << "worker got nothing";
+      if (!frames.ok() || !frames->has_value()) return DrainInfo{};
+      auto m = DecodeRouterMessage((**frames)[0]);
+      EXPECT_TRUE(m.ok());
+      return m.ok() ? *m : RouterMessage(DrainInfo{});
+    }
+    template <typename T>
+    T RecvAs() {
+      RouterMessage m = Recv();
+      EXPECT_TRUE(std::holds_alternative<T>(m)) << "index " << m.index();
+      return std::holds_alternative<T>(m) ? std::get<T>(m) : T{};
+    }
+  };
+
+  FakeWorker StartWorker(const std::string& id, int max_seqs = 8) {
+    FakeWorker w;
+    w.socket = Dealer(router_->backend_endpoint(), id);
+    RegisterInfo r;
+    r.worker_id = id;
+    r.model = "fake";
+    r.max_num_seqs = max_seqs;
+    r.num_kv_blocks = 100;
+    r.block_size = 16;
+    r.max_model_len = 64;
+    r.vocab_size = 300;
+    r.tokenizer = "byte";
+    r.bos_token_id = 256;
+    w.Send(r);
+    w.epoch = w.RecvAs<RegisterAckInfo>().epoch;
+    EXPECT_GT(w.epoch, 0u);
+    return w;
+  }
+
+  static TokenEvent Token(uint64_t dispatch_id, int32_t token, bool finished = false) {
+    TokenEvent e;
+    e.request_id = dispatch_id;
+    e.has_token = true;
+    e.token.token = token;
+    e.token.logprob = -0.5f;
+    e.finished = finished;
+    e.finish_reason = finished ? "length" : "";
+    return e;
+  }
+
+  static GenerateInput Request(const std::string& id, std::vector<int32_t> ids, int max_tokens,
+                               bool stream) {
+    GenerateInput g;
+    g.request_id = id;
+    g.token_ids = std::move(ids);
+    g.sampling.max_tokens = max_tokens;
+    g.stream = stream;
+    return g;
+  }
+
+  static void SendClient(Socket* c, const ClientMessage& m) {
+    ASSERT_TRUE(c->Send({Encode(m)}).ok());
+  }
+
+  static ServerMessage RecvClient(Socket* c) {
+    auto frames = c->Recv(kWaitMs);
+    EXPECT_TRUE(frames.ok() && frames->has_value()) << "client got nothing";
+    if (!frames.ok() || !frames->has_value()) return ErrorInfo{};
+    auto m = DecodeServerMessage((**frames)[0]);
+    EXPECT_TRUE(m.ok());
+    return m.ok() ? *m : ServerMessage(ErrorInfo{});
+  }
+
+  static ErrorInfo RecvError(Socket* c) {
+    ServerMessage m = RecvClient(c);
+    EXPECT_TRUE(std::holds_alternative<ErrorInfo>(m)) << "index " << m.index();
+    return std::holds_alternative<ErrorInfo>(m) ? std::get<ErrorInfo>(m) : ErrorInfo{};
+  }
+
+  zmq::context_t context_{1};
+  std::unique_ptr<Router> router_;
+  std::thread thread_;
+};
+
+TEST_F(RouterTest, StreamsTokensInOrderThenFinal) {
+  StartRouter();
+  FakeWorker w = StartWorker("w1");
+  auto client = Dealer(router_->frontend_endpoint(), "c1");
+  SendClient(client.get(), Request("r1", {256, 65, 66}, 3, /*stream=*/true));
+  DispatchInfo d = w.RecvAs<DispatchInfo>();
+  EXPECT_EQ(d.prompt_tokens, (std::vector<int32_t>{256, 65, 66}));
+  EXPECT_TRUE(d.sampling.has_seed);  // resolved by the router
+  w.Send(StepTokensInfo{w.epoch, {Token(d.request_id, 'x')}, {}});
+  w.Send(StepTokensInfo{w.epoch, {Token(d.request_id, 'y')}, {}});
+  w.Send(StepTokensInfo{w.epoch, {Token(d.request_id, 'z', true)}, {}});
+  for (int i = 0; i < 3; ++i) {
+    ServerMessage m = RecvClient(client.get());
+    ASSERT_TRUE(std::holds_alternative<GenerateChunkOut>(m));
+    const auto& c = std::get<GenerateChunkOut>(m);
+    EXPECT_EQ(c.request_id, "r1");
+    EXPECT_EQ(c.index, i);
+    ASSERT_EQ(c.tokens.size(), 1u);
+    EXPECT_EQ(c.tokens[0].token, "xyz"[i]);
+    EXPECT_EQ(c.text, std::string(1, "xyz"[i]));
+  }
+  ServerMessage m = RecvClient(client.get());
+  ASSERT_TRUE(std::holds_alternative<GenerateFinalOut>(m));
+  const auto& f = std::get<GenerateFinalOut>(m);
+  EXPECT_EQ(f.finish_reason, "length");
+  EXPECT_EQ(f.usage.prompt_tokens, 3);
+  EXPECT_EQ(f.usage.completion_tokens, 3);
+  EXPECT_TRUE(f.tokens.empty());
+}
+
+TEST_F(RouterTest, NonStreamingGetsEverythingInFinalAndTextIsTokenized) {
+  StartRouter();
+  FakeWorker w = StartWorker("w1");
+  auto client = Dealer(router_->frontend_endpoint(), "c1");
+  GenerateInput g = Request("r1", {}, 2, false);
+  g.has_text = true;
+  g.text = "hi";
+  SendClient(client.get(), g);
+  DispatchInfo d = w.RecvAs<DispatchInfo>();
+  EXPECT_EQ(d.prompt_tokens, (std::vector<int32_t>{256, 'h', 'i'}));
+  w.Send(StepTokensInfo{w.epoch, {Token(d.request_id, 'o'), Token(d.request_id, 'k', true)}, {}});
+  ServerMessage m = RecvClient(client.get());
+  ASSERT_TRUE(std::holds_alternative<GenerateFinalOut>(m));
+  EXPECT_EQ(std::get<GenerateFinalOut>(m).text, "ok");
+  EXPECT_EQ(std::get<GenerateFinalOut>(m).tokens.size(), 2u);
+}
+
+TEST_F(RouterTest, BadInputGetsTypedErrorsWhileAnotherClientIsServed) {
+  StartRouter();
+  FakeWorker w = StartWorker("w1");
+  auto bad = Dealer(router_->frontend_endpoint(), "bad");
+  auto good = Dealer(router_->frontend_endpoint(), "good");
+  SendClient(good.get(), Request("g1", {256, 1}, 2, true));
+  DispatchInfo d = w.RecvAs<DispatchInfo>();
+  w.Send(StepTokensInfo{w.epoch, {Token(d.request_id, 5)}, {}});
+
+  ASSERT_TRUE(bad->Send({"definitely not protobuf \xff\xff"}).ok());
+  EXPECT_THAT(RecvError(bad.get()).message, HasSubstr("not a carpool.v1.ClientMessage"));
+
+  v1::ClientMessage wrong_version;
+  wrong_version.set_protocol_version(99);
+  wrong_version.mutable_stats();
+  ASSERT_TRUE(bad->Send({wrong_version.SerializeAsString()}).ok());
+  EXPECT_THAT(RecvError(bad.get()).message, HasSubstr("protocol version 99"));
+
+  v1::ClientMessage no_body;
+  no_body.set_protocol_version(kProtocolVersion);
+  ASSERT_TRUE(bad->Send({no_body.SerializeAsString()}).ok());
+  EXPECT_THAT(RecvError(bad.get()).message, HasSubstr("unknown client message type"));
+
+  ASSERT_TRUE(bad->Send({std::string(100 << 10, 'x')}).ok());
+  ErrorInfo big = RecvError(bad.get());
+  EXPECT_EQ(big.code, absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(big.message, HasSubstr("exceeds the limit"));
+
+  struct Case {
+    GenerateInput input;
+    const char* reason;
+    const char* message;
+  };
+  std::vector<Case> cases;
+  cases.push_back({Request("", {1}, 1, false), reason::kInvalidArgument, "request_id"});
+  cases.push_back({Request("b1", {}, 1, false), reason::kInvalidArgument, "empty"});
+  cases.push_back({Request("b2", {1, 300}, 1, false), reason::kInvalidArgument, "vocabulary"});
+  cases.push_back({Request("b3", {1}, 0, false), reason::kInvalidArgument, "max_tokens"});
+  cases.push_back(
+      {Request("b4", std::vector<int32_t>(64, 1), 1, false), reason::kPromptTooLong, "prompt"});
+  cases.push_back({Request("b5", {1, 2}, 63, false), reason::kInvalidArgument, "max_model_len"});
+  Case top_p{Request("b6", {1}, 1, false), reason::kInvalidArgument, "top_p"};
+  top_p.input.sampling.top_p = 0;
+  cases.push_back(top_p);
+  Case stops{Request("b7", {1}, 1, false), reason::kInvalidArgument, "stop_token_ids"};
+  stops.input.sampling.stop_token_ids.assign(65, 1);
+  cases.push_back(stops);
+  cases.push_back({Request("g1", {1}, 1, false), reason::kInvalidArgument, ""});  // not a dup:
+  for (const Case& c : cases) {
+    if (c.input.request_id == "g1") continue;
+    SendClient(bad.get(), c.input);
+    ErrorInfo e = RecvError(bad.get());
+    EXPECT_EQ(e.reason, c.reason) << c.message;
+    EXPECT_EQ(e.code, absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(e.message, HasSubstr(c.message));
+    EXPECT_EQ(e.request_id, c.input.request_id);
+  }
+  // Duplicate request id from the same client.
+  SendClient(good.get(), Request("g1", {256}, 1, false));
+
+  // The good client was served throughout: its first chunk, then the duplicate's error.
+  ServerMessage first = RecvClient(good.get());
+  ASSERT_TRUE(std::holds_alternative<GenerateChunkOut>(first));
+  EXPECT_THAT(RecvError(good.get()).message, HasSubstr("already in flight"));
+  w.Send(StepTokensInfo{w.epoch, {Token(d.request_id, 6, true)}, {}});
+  EXPECT_TRUE(std::holds_alternative<GenerateChunkOut>(RecvClient(good.get())));
+  EXPECT_TRUE(std::holds_alternative<GenerateFinalOut>(RecvClient(good.get())));
+}
+
+TEST_F(RouterTest, CancelMidStreamReachesTheWorkerAndDropsLateTokens) {
+  StartRouter();
+  FakeWorker w = StartWorker("w1");
+  auto client = Dealer(router_->frontend_endpoint(), "c1");
+  SendClient(client.get(), Request("r1", {1, 2}, 10, true));
+  DispatchInfo d = w.RecvAs<DispatchInfo>();
+  w.Send(StepTokensInfo{w.epoch, {Token(d.request_id, 7)}, {}});
+  EXPECT_TRUE(std::holds_alternative<GenerateChunkOut>(RecvClient(client.get())));
+  SendClient(client.get(), CancelInput{"r1"});
+  ErrorInfo e = RecvError(client.get());
+  EXPECT_EQ(e.reason, reason::kCancelled);
+  EXPECT_EQ(w.RecvAs<WorkerCancelInfo>().request_id, d.request_id);
+  // A token already in flight from the worker is not delivered.
+  w.Send(StepTokensInfo{w.epoch, {Token(d.request_id, 8)}, {}});
+  SendClient(client.get(), StatsQuery{});
+  ServerMessage m = RecvClient(client.get());
+  ASSERT_TRUE(std::holds_alternative<StatsOut>(m));
+  EXPECT_EQ(std::get<StatsOut>(m).inflight, 0);
+  EXPECT_EQ(std::get<StatsOut>(m).workers.at(0).running, 0);
+}
+
+TEST_F(RouterTest, DeadWorkersStreamResumesOnAnotherWorker) {
+  StartRouter(/*heartbeat_timeout_ms=*/300);
+  FakeWorker w1 = StartWorker("w1");
+  auto client = Dealer(router_->frontend_endpoint(), "c1");
+  SendClient(client.get(), Request("r1", {1, 2}, 5, true));
+  DispatchInfo d1 = w1.RecvAs<DispatchInfo>();
+  w1.Send(StepTokensInfo{w1.epoch, {Token(d1.request_id, 10), Token(d1.request_id, 11)}, {}});
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_TRUE(std::holds_alternative<GenerateChunkOut>(RecvClient(client.get())));
+  }
+  FakeWorker w2 = StartWorker("w2");
+  // w1 goes silent; w2 keeps beating. Within the timeout the request moves to w2.
+  DispatchInfo d2;
+  for (int i = 0; i < 40; ++i) {
+    w2.Send(HeartbeatInfo{w2.epoch, {}});
+    auto frames = w2.socket->Recv(50);
+    ASSERT_TRUE(frames.ok());
+    if (frames->has_value()) {
+      auto m = DecodeRouterMessage((**frames)[0]);
+      ASSERT_TRUE(m.ok() && std::holds_alternative<DispatchInfo>(*m));
+      d2 = std::get<DispatchInfo>(*m);
+      break;
+    }
+  }
+  EXPECT_EQ(d2.prompt_tokens, (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(d2.output_tokens, (std::vector<int32_t>{10, 11}));
+  EXPECT_EQ(d2.sampling.seed, d1.sampling.seed);
+  // A stale step from w1's old epoch is ignored; w1 is told to register again.
+  w1.Send(StepTokensInfo{w1.epoch, {Token(d1.request_id, 99)}, {}});
+  EXPECT_EQ(w1.RecvAs<RegisterAckInfo>().epoch, 0u);
+  w2.Send(StepTokensInfo{w2.epoch, {Token(d2.request_id, 12)}, {}});
+  w2.Send(StepTokensInfo{w2.epoch, {Token(d2.request_id, 13)}, {}});
+  w2.Send(StepTokensInfo{w2.epoch, {Token(d2.request_id, 14, true)}, {}});
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 3; ++i) {
+    ServerMessage m = RecvClient(client.get());
+    ASSERT_TRUE(std::holds_alternative<GenerateChunkOut>(m));
+    EXPECT_EQ(std::get<GenerateChunkOut>(m).index, 2 + i);
+    tokens.push_back(std::get<GenerateChunkOut>(m).tokens[0].token);
+  }
+  EXPECT_EQ(tokens, (std::vector<int32_t>{12, 13, 14}));
+  ServerMessage m = RecvClient(client.get());
+  ASSERT_TRUE(std::holds_alternative<GenerateFinalOut>(m));
+  EXPECT_EQ(std::get<GenerateFinalOut>(m).usage.completion_tokens, 5);
+}
+
+TEST_F(RouterTest, QueuedRequestsWaitForAWorkerAndUnknownWorkersAreAskedToRegister) {
+  StartRouter();
+  auto client = Dealer(router_->frontend_endpoint(), "c1");
+  SendClient(client.get(), Request("r1", {1}, 1, false));
+  FakeWorker stranger;
+  stranger.socket = Dealer(router_->backend_endpoint(), "stranger");
+  stranger.Send(HeartbeatInfo{42, {}});
+  EXPECT_EQ(stranger.RecvAs<RegisterAckInfo>().epoch, 0u);
+  FakeWorker w = StartWorker("w1");
+  DispatchInfo d = w.RecvAs<DispatchInfo>();
+  w.Send(StepTokensInfo{w.epoch, {Token(d.request_id, 3, true)}, {}});
+  EXPECT_TRUE(std::holds_alternative<GenerateFinalOut>(RecvClient(client.get())));
+}
+
+}  // namespace
+}  // namespace carpool::router

@@ -1,0 +1,62 @@
+// The router's view of its workers: registrations, epochs, liveness, load and the requests each
+// one runs. Owned by the router's event loop; not thread-safe.
+#ifndef CARPOOL_ROUTER_WORKER_REGISTRY_H_
+#define CARPOOL_ROUTER_WORKER_REGISTRY_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "common/messages.h"
+
+namespace carpool::router {
+
+struct WorkerState {
+  std::string identity;          // ZeroMQ routing id
+  RegisterInfo info;
+  uint64_t epoch = 0;
+  int64_t last_seen_micros = 0;
+  WorkerLoad load;
+  absl::flat_hash_set<uint64_t> requests;  // dispatched, not finished
+  int64_t outstanding_tokens = 0;          // sum over requests of tokens still to process
+  int64_t requests_served = 0;
+  bool draining = false;
+
+  // Requests this worker can still take now.
+  int credit() const {
+    return draining ? 0 : std::max(0, info.max_num_seqs - static_cast<int>(requests.size()));
+  }
+};
+
+class WorkerRegistry {
+ public:
+  // Registers (or re-registers) a worker under a new epoch. A re-registration replaces the old
+  // one: the requests the old registration held are returned in `orphaned`.
+  uint64_t Register(const std::string& identity, const RegisterInfo& info, int64_t now_micros,
+                    std::vector<uint64_t>* orphaned);
+
+  // The worker with this identity whose current epoch is `epoch`; null otherwise (unknown
+  // worker, or a message from an old registration).
+  WorkerState* Find(const std::string& identity, uint64_t epoch);
+  WorkerState* Find(const std::string& identity);
+
+  // Removes a worker; returns the requests it held.
+  std::vector<uint64_t> Remove(const std::string& identity);
+
+  // Identities of workers not heard from within timeout_micros.
+  std::vector<std::string> Silent(int64_t now_micros, int64_t timeout_micros) const;
+
+  std::vector<const WorkerState*> All() const;
+  std::vector<WorkerState*> Mutable();
+  bool empty() const { return workers_.empty(); }
+
+ private:
+  absl::flat_hash_map<std::string, WorkerState> workers_;
+  uint64_t next_epoch_ = 1;
+};
+
+}  // namespace carpool::router
+
+#endif  // CARPOOL_ROUTER_WORKER_REGISTRY_H_
