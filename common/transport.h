@@ -33,6 +33,11 @@ struct SocketOptions {
   std::string routing_id;
   // Messages queued per peer before sends fail with RESOURCE_EXHAUSTED. Default: 10000.
   int high_water_mark = 10000;
+  // Reconnect backoff of a connecting socket whose peer is gone or not up yet: the first retry
+  // after reconnect_ivl_ms, then doubling up to reconnect_ivl_max_ms (0: no doubling).
+  // Defaults: 100 and 0 (ZeroMQ's own).
+  int reconnect_ivl_ms = 100;
+  int reconnect_ivl_max_ms = 0;
   // Heartbeats on the connection itself (ZMTP PING), so dead TCP peers are noticed.
   // 0 disables. Default: 0.
   int zmtp_heartbeat_ms = 0;

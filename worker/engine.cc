@@ -98,7 +98,20 @@ absl::Status Engine::ValidateRequest(const EngineRequest& r) const {
                                                      c.vocab_size, ")"));
     }
   }
+  for (size_t i = 0; i < r.output_tokens.size(); ++i) {
+    const int32_t id = r.output_tokens[i];
+    if (id < 0 || id >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("output token ", i, " has id ", id,
+                                                     ", outside the vocabulary [0, ",
+                                                     c.vocab_size, ")"));
+    }
+  }
   RETURN_IF_ERROR(r.sampling.Validate(c.vocab_size));
+  if (static_cast<int64_t>(r.output_tokens.size()) >= r.sampling.max_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request already has ", r.output_tokens.size(), " output tokens; max_tokens (",
+        r.sampling.max_tokens, ") leaves none to generate"));
+  }
   const int64_t prompt_len = static_cast<int64_t>(r.prompt_tokens.size());
   if (prompt_len >= max_len) {
     return absl::InvalidArgumentError(absl::StrCat("prompt is ", prompt_len,
@@ -125,6 +138,7 @@ absl::StatusOr<int64_t> Engine::Add(EngineRequest request) {
   auto seq = std::make_unique<Sequence>();
   seq->seq_id = next_id_++;
   seq->prompt_tokens = std::move(request.prompt_tokens);
+  seq->output_tokens = std::move(request.output_tokens);
   seq->sampling = std::move(request.sampling);
   if (!seq->sampling.has_seed) {
     seq->sampling.has_seed = true;

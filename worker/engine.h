@@ -46,6 +46,11 @@ struct EngineOptions {
 
 struct EngineRequest {
   std::vector<int32_t> prompt_tokens;
+  // Tokens already generated for this request elsewhere (a resumed stream). The engine
+  // recomputes prompt + these as prefill and continues after them; the penalties count them as
+  // output. sampling.max_tokens counts them too (the total output is max_tokens tokens), so
+  // there must be fewer of them than max_tokens. Completion and events carry only the new tokens.
+  std::vector<int32_t> output_tokens;
   SamplingParams sampling;
   Priority priority = Priority::kDefault;
   uint64_t cache_salt = 0;

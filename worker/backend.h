@@ -1,0 +1,49 @@
+// What a worker's engine loop drives: the inference Engine, or the echo stand-in
+// (worker/echo_backend.h). A Backend speaks the router's request ids and wire structs, so the
+// loop around it only moves messages.
+//
+// Thread-compatible: one thread (the engine loop) owns a Backend.
+#ifndef CARPOOL_WORKER_BACKEND_H_
+#define CARPOOL_WORKER_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/messages.h"
+#include "worker/engine.h"
+
+namespace carpool::worker {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // Capacity and model description for `register`; worker_id and model are left for the caller.
+  virtual RegisterInfo Describe() const = 0;
+
+  // Queues a dispatched request. INVALID_ARGUMENT (naming the problem) when it cannot run here,
+  // including a request_id already in flight; nothing is queued then.
+  virtual absl::Status Add(const DispatchInfo& request) = 0;
+  // Drops a request and frees what it holds; nothing more is reported for it. Unknown ids
+  // (finished, never seen) are ignored.
+  virtual void Cancel(uint64_t request_id) = 0;
+  // Cancel() for every request in flight.
+  virtual void CancelAll() = 0;
+
+  virtual bool has_unfinished() const = 0;
+  // One step: the events it produced, at most one per request, in order. Empty when nothing
+  // could run.
+  virtual std::vector<TokenEvent> Step() = 0;
+
+  virtual WorkerLoad Load() const = 0;
+};
+
+// A Backend over Engine::Create(options).
+absl::StatusOr<std::unique_ptr<Backend>> CreateEngineBackend(const EngineOptions& options);
+
+}  // namespace carpool::worker
+
+#endif  // CARPOOL_WORKER_BACKEND_H_

@@ -1,0 +1,351 @@
+#include "worker/worker_server.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/clock.h"
+#include "common/codec.h"
+#include "common/status.h"
+#include "worker/echo_backend.h"
+#include "worker/engine_loop.h"
+
+namespace carpool::worker {
+namespace {
+
+using internal::EngineLoop;
+using internal::kMaxFramesPerWake;
+using internal::kPairEndpoint;
+using internal::kPairHighWaterMark;
+using internal::kTagDone;
+using internal::kTagDrain;
+using internal::kTagEpoch;
+using internal::kTagRouter;
+using internal::kTagSend;
+using internal::Log;
+using internal::SharedLoad;
+using internal::ShouldLogCount;
+
+int64_t NowMillis() { return Clock::Real()->NowMicros() / 1000; }
+
+std::string DefaultWorkerId() {
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
+  return absl::StrCat(host[0] != '\0' ? host : "worker", ":", getpid());
+}
+
+// ShouldLogCount from the second failure on: the first send after start usually finds the
+// connection still being made.
+bool ShouldLogRouterFailure(int64_t n) { return n > 1 && ShouldLogCount(n); }
+
+// Owns the DEALER to the router; see worker_server.h.
+class IoLoop {
+ public:
+  IoLoop(const WorkerServerOptions& options, const RegisterInfo& reg, Socket* dealer, Socket* pair,
+         const SharedLoad* load, const std::atomic<bool>* drain_requested)
+      : options_(options),
+        register_(reg),
+        dealer_(dealer),
+        pair_(pair),
+        load_(load),
+        drain_requested_(drain_requested) {}
+
+  // Returns once the engine thread has drained and `deregister` is queued.
+  void Run();
+
+ private:
+  void PollOnce(int timeout_ms);
+  void ReadRouter();
+  void ReadEngine();
+  void OnRouterFrame(const std::string& frame);
+  void OnRegistered(uint64_t epoch);
+  void OnEngineFrames(const Frames& f);
+  void Tick();
+  // Once draining, dispatches are answered here: everything that reached the engine before the
+  // drain finishes, nothing after it starts.
+  void StartDrain(const char* why);
+  void RefuseDraining(uint64_t request_id);
+  void SendRegister();
+  void ToEngine(Frames frames);
+  // False when the router cannot take it now (not connected, queue full); logged rarely.
+  bool ToRouter(const std::string& frame);
+
+  const WorkerServerOptions& options_;
+  const RegisterInfo& register_;
+  Socket* const dealer_;
+  Socket* const pair_;
+  const SharedLoad* const load_;
+  const std::atomic<bool>* const drain_requested_;
+
+  uint64_t epoch_ = 0;             // 0 until the router's `registered` names one
+  bool register_pending_ = false;  // a register is on its way and not answered yet
+  int64_t register_sent_ms_ = 0;
+  int64_t next_heartbeat_ms_ = 0;
+  bool draining_ = false;
+  bool engine_done_ = false;
+  int64_t send_failures_ = 0;
+};
+
+void IoLoop::Run() {
+  SendRegister();
+  while (!engine_done_) {
+    const int64_t now = NowMillis();
+    int64_t wait = options_.idle_wait_ms;
+    if (epoch_ > 0) wait = std::min(wait, next_heartbeat_ms_ - now);
+    PollOnce(static_cast<int>(std::max<int64_t>(wait, 0)));
+    Tick();
+  }
+  if (epoch_ == 0) {
+    Log("drained; not registered, so no deregister sent");
+    return;
+  }
+  if (ToRouter(Encode(WorkerMessage(DeregisterInfo{epoch_})))) {
+    Log("drained; deregister sent (epoch ", epoch_, ")");
+  } else {
+    Log("drained; could not send deregister (router unreachable)");
+  }
+}
+
+void IoLoop::PollOnce(int timeout_ms) {
+  zmq::pollitem_t items[] = {{dealer_->raw().handle(), 0, ZMQ_POLLIN, 0},
+                             {pair_->raw().handle(), 0, ZMQ_POLLIN, 0}};
+  try {
+    zmq::poll(items, 2, std::chrono::milliseconds(timeout_ms));
+  } catch (const zmq::error_t& e) {
+    if (e.num() != EINTR) Log("poll: ", e.what());
+    return;
+  }
+  if (items[0].revents & ZMQ_POLLIN) ReadRouter();
+  if (items[1].revents & ZMQ_POLLIN) ReadEngine();
+}
+
+void IoLoop::ReadRouter() {
+  for (int i = 0; i < kMaxFramesPerWake; ++i) {
+    absl::StatusOr<std::optional<Frames>> frames = dealer_->Recv(0);
+    if (!frames.ok()) {
+      Log("recv from router: ", frames.status().ToString());
+      return;
+    }
+    if (!frames->has_value()) return;
+    if ((*frames)->size() != 1) {
+      Log("dropped a ", (*frames)->size(), "-frame message from the router (expected 1 frame)");
+      continue;
+    }
+    OnRouterFrame((**frames)[0]);
+  }
+}
+
+void IoLoop::ReadEngine() {
+  for (int i = 0; i < kMaxFramesPerWake && !engine_done_; ++i) {
+    absl::StatusOr<std::optional<Frames>> frames = pair_->Recv(0);
+    if (!frames.ok()) {
+      Log("recv from engine: ", frames.status().ToString());
+      return;
+    }
+    if (!frames->has_value()) return;
+    OnEngineFrames(**frames);
+  }
+}
+
+void IoLoop::OnRouterFrame(const std::string& frame) {
+  absl::StatusOr<RouterMessage> m = DecodeRouterMessage(frame);
+  if (!m.ok()) {
+    Log("dropped an undecodable frame from the router (", frame.size(),
+        " bytes): ", m.status().message());
+    return;
+  }
+  if (const auto* ack = std::get_if<RegisterAckInfo>(&*m)) {
+    OnRegistered(ack->epoch);
+    return;
+  }
+  if (std::holds_alternative<DrainInfo>(*m)) {
+    StartDrain("the router asked");
+    return;
+  }
+  if (const auto* d = std::get_if<DispatchInfo>(&*m); d != nullptr && draining_) {
+    RefuseDraining(d->request_id);
+    return;
+  }
+  ToEngine({kTagRouter, frame});
+}
+
+void IoLoop::OnRegistered(uint64_t epoch) {
+  if (epoch == 0) {
+    // The router does not know this registration (it restarted, or declared us dead). Answers
+    // to messages sent before the new register come first; one re-register is enough.
+    if (epoch_ == 0 && register_pending_) return;
+    Log("router does not know epoch ", epoch_, "; registering again");
+    epoch_ = 0;
+    ToEngine({kTagEpoch, "0"});
+    SendRegister();
+    return;
+  }
+  if (epoch == epoch_) return;
+  epoch_ = epoch;
+  register_pending_ = false;
+  next_heartbeat_ms_ = NowMillis() + options_.heartbeat_ms;
+  ToEngine({kTagEpoch, absl::StrCat(epoch)});
+  Log("registered as ", register_.worker_id, ", epoch ", epoch);
+}
+
+void IoLoop::OnEngineFrames(const Frames& f) {
+  if (f.size() == 1 && f[0] == kTagDone) {
+    engine_done_ = true;
+    return;
+  }
+  if (f.size() != 3 || f[0] != kTagSend) return;
+  // Stamped under an epoch the router no longer knows: it would only be dropped there.
+  if (epoch_ == 0 || f[1] != absl::StrCat(epoch_)) return;
+  ToRouter(f[2]);
+}
+
+void IoLoop::Tick() {
+  if (!draining_ && drain_requested_->load(std::memory_order_relaxed)) StartDrain("signal");
+  const int64_t now = NowMillis();
+  if (epoch_ > 0) {
+    if (now < next_heartbeat_ms_) return;
+    next_heartbeat_ms_ = now + options_.heartbeat_ms;
+    ToRouter(Encode(WorkerMessage(HeartbeatInfo{epoch_, load_->Read()})));
+  } else if (!register_pending_ || now - register_sent_ms_ >= options_.register_retry_ms) {
+    SendRegister();
+  }
+}
+
+void IoLoop::StartDrain(const char* why) {
+  if (draining_) return;
+  draining_ = true;
+  Log("draining (", why, "): refusing new requests, finishing running ones");
+  ToEngine({kTagDrain});
+}
+
+void IoLoop::RefuseDraining(uint64_t request_id) {
+  if (epoch_ == 0) return;
+  RequestFailedInfo f;
+  f.epoch = epoch_;
+  f.request_id = request_id;
+  f.error.code = absl::StatusCode::kUnavailable;
+  f.error.reason = reason::kDraining;
+  f.error.message = "worker is draining";
+  ToRouter(Encode(WorkerMessage(f)));
+}
+
+void IoLoop::SendRegister() {
+  // Until the connection is up the send fails; Tick tries again on the next wake-up.
+  register_pending_ = ToRouter(Encode(WorkerMessage(register_)));
+  register_sent_ms_ = NowMillis();
+}
+
+void IoLoop::ToEngine(Frames frames) {
+  if (absl::Status s = pair_->Send(frames); !s.ok()) Log("to engine: ", s.ToString());
+}
+
+bool IoLoop::ToRouter(const std::string& frame) {
+  const absl::Status s = dealer_->Send({frame});
+  if (s.ok()) {
+    send_failures_ = 0;
+    return true;
+  }
+  if (ShouldLogRouterFailure(++send_failures_)) {
+    Log("cannot send to router ", options_.router_endpoint,
+        " (not connected, or its queue is full); ", send_failures_, " message(s) not sent");
+  }
+  return false;
+}
+
+// Options the Socket wrapper does not carry: queue messages only on a live connection (so an
+// unreachable router does not collect stale heartbeats), and flush `deregister` at exit.
+absl::Status TuneDealer(Socket* dealer, int linger_ms) {
+  try {
+    dealer->raw().set(zmq::sockopt::immediate, 1);
+    dealer->raw().set(zmq::sockopt::linger, linger_ms);
+    return absl::OkStatus();
+  } catch (const zmq::error_t& e) {
+    return absl::InternalError(absl::StrCat("configuring the router socket: ", e.what()));
+  }
+}
+
+}  // namespace
+
+SocketOptions WorkerServerOptions::DefaultSocketOptions() {
+  SocketOptions o;
+  o.reconnect_ivl_ms = 100;
+  o.reconnect_ivl_max_ms = 2000;
+  return o;
+}
+
+absl::Status WorkerServerOptions::Validate() const {
+  if (router_endpoint.empty()) return absl::InvalidArgumentError("--router is required");
+  if (heartbeat_ms < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--heartbeat-ms must be >= 1, got ", heartbeat_ms));
+  }
+  if (register_retry_ms < 1 || idle_wait_ms < 1 || linger_ms < 0) {
+    return absl::InvalidArgumentError(
+        "register_retry_ms and idle_wait_ms must be >= 1, linger_ms >= 0");
+  }
+  if (engine.scheduler.max_num_seqs < 1 || engine.scheduler.max_num_batched_tokens < 1) {
+    return absl::InvalidArgumentError("--max-num-seqs and --max-num-batched-tokens must be >= 1");
+  }
+  return engine.Validate();
+}
+
+absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(
+    const WorkerServerOptions& options) {
+  RETURN_IF_ERROR(options.Validate());
+  std::unique_ptr<WorkerServer> server(new WorkerServer());
+  server->options_ = options;
+  if (server->options_.worker_id.empty()) server->options_.worker_id = DefaultWorkerId();
+  if (options.engine.model == kEchoModel) {
+    server->backend_ = CreateEchoBackend(options.engine);
+  } else {
+    ASSIGN_OR_RETURN(server->backend_, CreateEngineBackend(options.engine));
+  }
+  server->register_ = server->backend_->Describe();
+  server->register_.worker_id = server->options_.worker_id;
+  server->register_.model = options.engine.model;
+  return server;
+}
+
+WorkerServer::~WorkerServer() = default;
+
+void WorkerServer::RequestDrain() { drain_requested_.store(true, std::memory_order_relaxed); }
+
+absl::Status WorkerServer::Run() {
+  zmq::context_t context;  // declared first: outlives the sockets, flushes at destruction
+  SocketOptions dealer_options = options_.socket;
+  dealer_options.routing_id = options_.worker_id;
+  ASSIGN_OR_RETURN(std::unique_ptr<Socket> dealer,
+                   Socket::Create(&context, zmq::socket_type::dealer, dealer_options));
+  RETURN_IF_ERROR(TuneDealer(dealer.get(), options_.linger_ms));
+  RETURN_IF_ERROR(dealer->Connect(options_.router_endpoint));
+  SocketOptions pair_options;
+  pair_options.high_water_mark = kPairHighWaterMark;
+  ASSIGN_OR_RETURN(std::unique_ptr<Socket> io_pair,
+                   Socket::Create(&context, zmq::socket_type::pair, pair_options));
+  ASSIGN_OR_RETURN(std::unique_ptr<Socket> engine_pair,
+                   Socket::Create(&context, zmq::socket_type::pair, pair_options));
+  RETURN_IF_ERROR(io_pair->Bind(kPairEndpoint));
+  RETURN_IF_ERROR(engine_pair->Connect(kPairEndpoint));
+
+  const RegisterInfo& r = register_;
+  Log("worker ", r.worker_id, " -> router ", options_.router_endpoint, "; model ", r.model,
+      "; max_num_seqs ", r.max_num_seqs, ", kv ", r.num_kv_blocks, " blocks x ", r.block_size,
+      " tokens, max_model_len ", r.max_model_len, ", vocab ", r.vocab_size,
+      ", max_num_batched_tokens ", r.max_num_batched_tokens);
+  SharedLoad load;
+  load.Publish(backend_->Load());
+  // The engine thread takes over engine_pair and the backend until it reports done.
+  std::thread engine_thread(
+      [&] { EngineLoop(backend_.get(), engine_pair.get(), &load, options_.idle_wait_ms).Run(); });
+  IoLoop(options_, register_, dealer.get(), io_pair.get(), &load, &drain_requested_).Run();
+  engine_thread.join();
+  Log("exit");
+  return absl::OkStatus();
+}
+
+}  // namespace carpool::worker
