@@ -1,13 +1,61 @@
 #!/usr/bin/env bash
-# `make run`: a first look at carpool on the built-in synthetic model.
+# `make run`: a local carpool cluster on 127.0.0.1: one router and two workers serving the
+# built-in synthetic:small model. Serves until Ctrl-C, then stops every process it started.
+# CARPOOL_FRONTEND_PORT / CARPOOL_BACKEND_PORT / CARPOOL_MODEL override the defaults.
 set -euo pipefail
 build=${1:-build}
-echo "== carpool generate on synthetic:tiny (greedy, 32 tokens)"
-"$build/bin/carpool" generate --model synthetic:tiny --prompt "hello, carpool" \
-  --max-tokens 32 --temperature 0 --json
-echo "== offline batch mode: three prompts through one engine"
-tmp=$(mktemp)
-trap 'rm -f "$tmp"' EXIT
-printf '%s\n' '{"prompt": "the first rider"}' '{"prompt": "a second one", "max_tokens": 8}' \
-  '{"prompt_ids": [256, 104, 105], "temperature": 0.8, "seed": 7}' > "$tmp"
-"$build/bin/carpool" generate --model synthetic:tiny --prompts-file "$tmp" --json
+bin="$build/bin"
+frontend_port=${CARPOOL_FRONTEND_PORT:-5555}
+backend_port=${CARPOOL_BACKEND_PORT:-5556}
+model=${CARPOOL_MODEL:-synthetic:small}
+frontend="tcp://127.0.0.1:$frontend_port"
+backend="tcp://127.0.0.1:$backend_port"
+logs=$(mktemp -d /tmp/carpool-run.XXXXXX)
+pids=()
+
+stop_all() {
+  trap - INT TERM EXIT
+  echo
+  echo "stopping carpool (logs in $logs)"
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+  done
+  wait 2>/dev/null || true
+}
+trap stop_all INT TERM EXIT
+
+"$bin/carpool-router" --frontend "$frontend" --backend "$backend" >"$logs/router.log" 2>&1 &
+pids+=($!)
+for i in 1 2; do
+  "$bin/carpool-worker" --router "$backend" --model "$model" --worker-id "worker-$i" \
+    --threads 1 >"$logs/worker-$i.log" 2>&1 &
+  pids+=($!)
+done
+
+# Ready when both workers are registered.
+for _ in $(seq 600); do
+  if [ "$(grep -c 'registered' "$logs/router.log" 2>/dev/null || true)" -ge 2 ]; then break; fi
+  for pid in "${pids[@]}"; do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      echo "a carpool process exited early; logs:"; tail -n 20 "$logs"/*.log; exit 1
+    fi
+  done
+  sleep 0.1
+done
+
+cat <<EOF2
+carpool is up: model $model, one router, two workers
+  clients connect to  $frontend
+  workers connect to  $backend
+  logs                $logs
+
+try, in another terminal:
+  $bin/carpool generate --router $frontend --prompt "hello, carpool" --max-tokens 32 --json
+  $bin/carpool status --router $frontend
+
+Ctrl-C stops the cluster.
+EOF2
+wait -n "${pids[@]}" || true
+echo "a carpool process exited; see $logs"
