@@ -1,15 +1,18 @@
-// The `carpool` command line: subcommands over the engine (and, later, the cluster).
+// The `carpool` command line: subcommands over an in-process engine or a carpool cluster.
 #include <cstring>
 #include <iostream>
 
 #include "client/generate_command.h"
+#include "client/status_command.h"
 
 namespace {
 
 constexpr char kUsage[] =
     "usage: carpool <command> [flags]\n"
     "commands:\n"
-    "  generate   run prompts through an in-process engine (carpool generate --help)\n";
+    "  generate   run prompts through an in-process engine (--model) or a carpool router\n"
+    "             (--router tcp://host:port)            (carpool generate --help)\n"
+    "  status     show a router's workers, queue and totals (carpool status --help)\n";
 
 }  // namespace
 
@@ -19,6 +22,7 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   if (std::strcmp(argv[1], "generate") == 0) return carpool::client::RunGenerate(argc, argv, 2);
+  if (std::strcmp(argv[1], "status") == 0) return carpool::client::RunStatus(argc, argv, 2);
   std::cerr << "carpool: unknown command '" << argv[1] << "'\n" << kUsage;
   return 2;
 }

@@ -3,9 +3,11 @@
 #include <cmath>
 #include <fstream>
 #include <iostream>
+#include <limits>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "client/router_generate.h"
 #include "common/flags.h"
 #include "common/status.h"
 #include "worker/engine_flags.h"
@@ -78,16 +80,31 @@ absl::Status ReadSampling(const json& obj, SamplingParams* p) {
   return ReadIdList(obj, "stop_token_ids", &p->stop_token_ids);
 }
 
+// "logprobs" and, when top_logprobs > 0, "top_logprobs" of `out`.
+void AddLogprobs(const std::vector<worker::SampleResult>& samples, int top_logprobs, json* out) {
+  json logprobs = json::array();
+  json tops = json::array();
+  for (const worker::SampleResult& s : samples) {
+    logprobs.push_back(s.logprob);
+    json top = json::array();
+    for (const worker::TokenLogprob& t : s.top_logprobs) {
+      top.push_back({{"token", t.token}, {"logprob", t.logprob}});
+    }
+    tops.push_back(std::move(top));
+  }
+  (*out)["logprobs"] = std::move(logprobs);
+  if (top_logprobs > 0) (*out)["top_logprobs"] = std::move(tops);
+}
+
 }  // namespace
 
-absl::StatusOr<EngineRequest> ParsePromptLine(const std::string& line,
-                                              const SamplingParams& defaults,
-                                              const worker::Tokenizer* tokenizer, bool add_bos) {
+absl::StatusOr<PromptSpec> ParsePromptSpec(const std::string& line,
+                                           const SamplingParams& defaults) {
   json obj = json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (obj.is_discarded()) return absl::InvalidArgumentError("line is not valid JSON");
   if (!obj.is_object()) return absl::InvalidArgumentError("line must be a JSON object");
-  EngineRequest request;
-  request.sampling = defaults;
+  PromptSpec spec;
+  spec.sampling = defaults;
   const bool has_text = obj.contains("prompt");
   const bool has_ids = obj.contains("prompt_ids");
   if (has_text == has_ids) {
@@ -97,16 +114,30 @@ absl::StatusOr<EngineRequest> ParsePromptLine(const std::string& line,
     if (!obj["prompt"].is_string()) {
       return absl::InvalidArgumentError("\"prompt\" must be a string");
     }
-    if (tokenizer == nullptr) {
-      return absl::InvalidArgumentError(
-          "this model has no tokenizer: use \"prompt_ids\" instead of \"prompt\"");
-    }
-    ASSIGN_OR_RETURN(request.prompt_tokens,
-                     tokenizer->Encode(obj["prompt"].get<std::string>(), add_bos));
+    spec.has_text = true;
+    spec.text = obj["prompt"].get<std::string>();
   } else {
-    RETURN_IF_ERROR(ReadIdList(obj, "prompt_ids", &request.prompt_tokens));
+    RETURN_IF_ERROR(ReadIdList(obj, "prompt_ids", &spec.token_ids));
   }
-  RETURN_IF_ERROR(ReadSampling(obj, &request.sampling));
+  RETURN_IF_ERROR(ReadSampling(obj, &spec.sampling));
+  return spec;
+}
+
+absl::StatusOr<EngineRequest> ParsePromptLine(const std::string& line,
+                                              const SamplingParams& defaults,
+                                              const worker::Tokenizer* tokenizer, bool add_bos) {
+  ASSIGN_OR_RETURN(PromptSpec spec, ParsePromptSpec(line, defaults));
+  EngineRequest request;
+  request.sampling = std::move(spec.sampling);
+  if (!spec.has_text) {
+    request.prompt_tokens = std::move(spec.token_ids);
+    return request;
+  }
+  if (tokenizer == nullptr) {
+    return absl::InvalidArgumentError(
+        "this model has no tokenizer: use \"prompt_ids\" instead of \"prompt\"");
+  }
+  ASSIGN_OR_RETURN(request.prompt_tokens, tokenizer->Encode(spec.text, add_bos));
   return request;
 }
 
@@ -115,18 +146,7 @@ json CompletionToJson(const worker::Completion& c, const worker::Tokenizer* toke
   json out;
   out["tokens"] = c.tokens;
   out["text"] = tokenizer != nullptr ? json(tokenizer->Decode(c.tokens)) : json(nullptr);
-  json logprobs = json::array();
-  json tops = json::array();
-  for (const worker::SampleResult& s : c.logprobs) {
-    logprobs.push_back(s.logprob);
-    json top = json::array();
-    for (const worker::TokenLogprob& t : s.top_logprobs) {
-      top.push_back({{"token", t.token}, {"logprob", t.logprob}});
-    }
-    tops.push_back(std::move(top));
-  }
-  out["logprobs"] = std::move(logprobs);
-  if (top_logprobs > 0) out["top_logprobs"] = std::move(tops);
+  AddLogprobs(c.logprobs, top_logprobs, &out);
   out["finish_reason"] = worker::FinishReasonName(c.finish_reason);
   out["usage"] = {{"prompt_tokens", c.prompt_tokens},
                   {"completion_tokens", static_cast<int>(c.tokens.size())},
@@ -138,11 +158,34 @@ json CompletionToJson(const worker::Completion& c, const worker::Tokenizer* toke
   return out;
 }
 
+json ResultToJson(const GenerateResult& r, int top_logprobs) {
+  json out;
+  out["tokens"] = r.TokenIds();
+  out["text"] = r.text;
+  AddLogprobs(r.tokens, top_logprobs, &out);
+  out["finish_reason"] = r.finish_reason;
+  out["usage"] = {{"prompt_tokens", r.usage.prompt_tokens},
+                  {"completion_tokens", r.usage.completion_tokens},
+                  {"cached_prompt_tokens", r.usage.cached_prompt_tokens}};
+  out["timings"] = {{"queue_ms", r.timings.queue_ms},
+                    {"ttft_ms", r.timings.ttft_ms},
+                    {"total_ms", r.timings.total_ms}};
+  return out;
+}
+
+std::string DumpJson(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 json ErrorToJson(const absl::Status& status, int line) {
   json out;
   if (line > 0) out["line"] = line;
   out["error"] = {{"code", absl::StatusCodeToString(status.code())},
                   {"message", std::string(status.message())}};
+  if (const std::string reason = ErrorReason(status); !reason.empty()) {
+    out["error"]["reason"] = reason;
+  }
+  if (const int64_t ms = RetryAfterMs(status); ms > 0) out["error"]["retry_after_ms"] = ms;
   return out;
 }
 
@@ -162,7 +205,48 @@ struct GenerateFlags {
   bool json = false;
   bool add_bos = true;
   bool help = false;
+  // Router mode (RouterGenerateOptions).
+  std::string router;
+  int64_t timeout_ms = 0;
+  bool stream = false;
+  worker::Priority priority = worker::Priority::kDefault;
+  int64_t deadline_ms = 0;
+  std::string api_key;
+  int concurrency = 8;
+  int retries = 0;
 };
+
+// Flags that configure an in-process engine (worker::RegisterEngineFlags): refused with
+// --router, whose workers own the model.
+constexpr const char* kEngineFlags[] = {"model",
+                                        "block-size",
+                                        "num-kv-blocks",
+                                        "kv-cache-memory",
+                                        "max-num-batched-tokens",
+                                        "max-num-seqs",
+                                        "max-model-len",
+                                        "scheduler",
+                                        "static-batch-timeout-ms",
+                                        "enable-chunked-prefill",
+                                        "enable-prefix-caching",
+                                        "threads"};
+// Flags that only mean something with --router.
+constexpr const char* kRouterFlags[] = {"timeout-ms", "stream",      "priority", "deadline-ms",
+                                        "api-key",    "concurrency", "retries"};
+
+absl::Status ParsePriority(const std::string& text, worker::Priority* out) {
+  if (text == "interactive") {
+    *out = worker::Priority::kInteractive;
+  } else if (text == "default") {
+    *out = worker::Priority::kDefault;
+  } else if (text == "batch") {
+    *out = worker::Priority::kBatch;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--priority: expected interactive, default or batch, got '", text, "'"));
+  }
+  return absl::OkStatus();
+}
 
 void RegisterGenerateFlags(FlagParser* p, GenerateFlags* f) {
   worker::RegisterEngineFlags(p, &f->engine);
@@ -185,10 +269,23 @@ void RegisterGenerateFlags(FlagParser* p, GenerateFlags* f) {
   p->AddBool("json", &f->json, "print one JSON object per prompt");
   p->AddBool("add-bos", &f->add_bos, "prepend BOS to text prompts (default true)");
   p->AddBool("help", &f->help, "show this help");
+  p->AddString("router", &f->router,
+               "send the prompts to a carpool router (tcp://host:port) instead of running an "
+               "engine here");
+  p->AddInt64("timeout-ms", &f->timeout_ms, "router: per-request timeout (default 60000)");
+  p->AddBool("stream", &f->stream, "router: stream tokens; without --json, print text as it comes");
+  p->AddCustom(
+      "priority", [f](const std::string& v) { return ParsePriority(v, &f->priority); },
+      "router: interactive | default | batch (default: default)");
+  p->AddInt64("deadline-ms", &f->deadline_ms,
+              "router: give up on the request this long after it reaches the router (default: "
+              "none)");
+  p->AddString("api-key", &f->api_key, "router: API key sent with every request");
+  p->AddInt("concurrency", &f->concurrency,
+            "router with --prompts-file: requests kept in flight (default 8)");
+  p->AddInt("retries", &f->retries,
+            "router: resend a request refused with UNAVAILABLE up to this many times (default 0)");
 }
-
-// Compact JSON; byte-level text that is not valid UTF-8 gets replacement characters.
-std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 int Fail(const absl::Status& status) {
   std::cerr << "carpool generate: " << status.message() << "\n";
@@ -229,6 +326,74 @@ absl::StatusOr<std::vector<absl::StatusOr<worker::EngineRequest>>> BuildRequests
   return requests;
 }
 
+absl::StatusOr<GenerateInput> ToGenerateInput(PromptSpec spec, const GenerateFlags& f) {
+  // The router validates too; checking here turns a bad flag into an error before connecting.
+  RETURN_IF_ERROR(spec.sampling.Validate(std::numeric_limits<int32_t>::max()));
+  GenerateInput input;
+  input.has_text = spec.has_text;
+  input.text = std::move(spec.text);
+  input.token_ids = std::move(spec.token_ids);
+  input.sampling = std::move(spec.sampling);
+  input.priority = f.priority;
+  input.deadline_ms = f.deadline_ms;
+  input.add_bos = f.add_bos;
+  return input;
+}
+
+int RunGenerateViaRouter(const GenerateFlags& f, const FlagParser& parser) {
+  for (const char* name : kEngineFlags) {
+    if (parser.WasSet(name)) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--", name, " is not allowed with --router: the router's workers run "
+                       "the model")));
+    }
+  }
+  if (f.concurrency < 1) return Fail(absl::InvalidArgumentError("--concurrency must be >= 1"));
+  if (f.timeout_ms < 0) return Fail(absl::InvalidArgumentError("--timeout-ms must be >= 0"));
+  if (f.deadline_ms < 0) return Fail(absl::InvalidArgumentError("--deadline-ms must be >= 0"));
+  if (f.retries < 0) return Fail(absl::InvalidArgumentError("--retries must be >= 0"));
+  const int sources = !f.prompt.empty() + !f.prompt_ids.empty() + !f.prompts_file.empty();
+  if (sources != 1) {
+    return Fail(absl::InvalidArgumentError(
+        "give exactly one of --prompt, --prompt-ids and --prompts-file"));
+  }
+  RouterGenerateOptions o;
+  o.client.router_endpoint = f.router;
+  o.client.api_key = f.api_key;
+  o.client.max_retries = f.retries;
+  o.call.timeout_ms = f.timeout_ms;
+  o.batch_mode = !f.prompts_file.empty();
+  o.json = f.json;
+  o.stream = f.stream;
+  o.concurrency = f.concurrency;
+  o.top_logprobs = f.sampling.logprobs;
+  if (o.batch_mode) {
+    std::ifstream in(f.prompts_file);
+    if (!in) return Fail(absl::NotFoundError(absl::StrCat("cannot open ", f.prompts_file)));
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      absl::StatusOr<PromptSpec> spec = ParsePromptSpec(line, f.sampling);
+      o.requests.push_back(spec.ok() ? ToGenerateInput(std::move(*spec), f)
+                                     : absl::StatusOr<GenerateInput>(spec.status()));
+    }
+  } else {
+    PromptSpec spec;
+    spec.sampling = f.sampling;
+    spec.has_text = !f.prompt.empty();
+    spec.text = f.prompt;
+    if (!f.prompt_ids.empty()) {
+      if (absl::Status s = ParseIntList(f.prompt_ids, "--prompt-ids", &spec.token_ids); !s.ok()) {
+        return Fail(s);
+      }
+    }
+    absl::StatusOr<GenerateInput> input = ToGenerateInput(std::move(spec), f);
+    if (!input.ok()) return Fail(input.status());
+    o.requests.push_back(std::move(input));
+  }
+  return RunRouterGenerate(std::move(o));
+}
+
 }  // namespace
 
 int RunGenerate(int argc, char** argv, int first) {
@@ -238,6 +403,8 @@ int RunGenerate(int argc, char** argv, int first) {
   if (absl::Status s = parser.Parse(argc, argv, first); !s.ok()) return Fail(s);
   if (f.help) {
     std::cout << "usage: carpool generate --model SPEC (--prompt TEXT | --prompt-ids IDS | "
+                 "--prompts-file FILE) [flags]\n"
+                 "       carpool generate --router ENDPOINT (--prompt TEXT | --prompt-ids IDS | "
                  "--prompts-file FILE) [flags]\n"
               << parser.Help();
     return 0;
@@ -255,6 +422,12 @@ int RunGenerate(int argc, char** argv, int first) {
                                       &f.sampling.stop_token_ids);
         !s.ok()) {
       return Fail(s);
+    }
+  }
+  if (!f.router.empty()) return RunGenerateViaRouter(f, parser);
+  for (const char* name : kRouterFlags) {
+    if (parser.WasSet(name)) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("--", name, " needs --router")));
     }
   }
   if (absl::Status s = f.engine.Validate(); !s.ok()) return Fail(s);
@@ -290,13 +463,13 @@ int RunGenerate(int argc, char** argv, int first) {
     const auto& r = results[i];
     if (!r.ok()) {
       if (!batch_mode) return Fail(r.status());
-      std::cout << Dump(ErrorToJson(r.status(), static_cast<int>(i) + 1)) << "\n";
+      std::cout << DumpJson(ErrorToJson(r.status(), static_cast<int>(i) + 1)) << "\n";
       exit_code = 1;
       continue;
     }
     const int top = f.sampling.logprobs;
     if (f.json || batch_mode) {
-      std::cout << Dump(CompletionToJson(*r, tok, top)) << "\n";
+      std::cout << DumpJson(CompletionToJson(*r, tok, top)) << "\n";
     } else if (tok != nullptr) {
       std::cout << tok->Decode(r->tokens) << "\n";
     } else {

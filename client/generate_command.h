@@ -1,4 +1,5 @@
-// `carpool generate`: runs prompts through an in-process engine and prints the results.
+// `carpool generate`: runs prompts through an in-process engine, or through a carpool router
+// with --router (client/router_generate.h), and prints the results.
 #ifndef CARPOOL_CLIENT_GENERATE_COMMAND_H_
 #define CARPOOL_CLIENT_GENERATE_COMMAND_H_
 
@@ -7,11 +8,24 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "client/carpool_client.h"
 #include "nlohmann/json.hpp"
 #include "worker/engine.h"
 #include "worker/tokenizer.h"
 
 namespace carpool::client {
+
+// One line of a prompts file, before tokenization: text or token ids, and sampling.
+struct PromptSpec {
+  bool has_text = false;
+  std::string text;                // when has_text
+  std::vector<int32_t> token_ids;  // otherwise
+  worker::SamplingParams sampling;
+};
+
+// Parses one line of a prompts file (format below) without tokenizing it.
+absl::StatusOr<PromptSpec> ParsePromptSpec(const std::string& line,
+                                           const worker::SamplingParams& defaults);
 
 // Parses one line of a prompts file: {"prompt": "..."} or {"prompt_ids": [...]}, with optional
 // max_tokens, temperature, top_p, top_k, min_p, seed, stop_token_ids, ignore_eos, logprobs.
@@ -25,7 +39,14 @@ absl::StatusOr<worker::EngineRequest> ParsePromptLine(const std::string& line,
 nlohmann::json CompletionToJson(const worker::Completion& completion,
                                 const worker::Tokenizer* tokenizer, int top_logprobs);
 
-// {"error": {"code": "INVALID_ARGUMENT", "message": "..."}}, plus "line" when line > 0.
+// The same JSON object for a result that came through a router (text as the router decoded it).
+nlohmann::json ResultToJson(const GenerateResult& result, int top_logprobs);
+
+// Compact JSON on one line; byte-level text that is not valid UTF-8 gets replacement characters.
+std::string DumpJson(const nlohmann::json& j);
+
+// {"error": {"code": "INVALID_ARGUMENT", "message": "..."}}, plus "line" when line > 0, and
+// "reason" / "retry_after_ms" inside "error" when the status carries them (ErrorReason()).
 nlohmann::json ErrorToJson(const absl::Status& status, int line);
 
 // Entry point: argv[first..] are the command's flags. Returns the process exit code.

@@ -1,0 +1,622 @@
+#include "client/carpool_client.h"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <thread>
+#include <utility>
+#include <variant>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/random/random.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "common/codec.h"
+#include "common/status.h"
+#include "common/transport.h"
+
+namespace carpool {
+namespace client_internal {
+
+// One generate call, from StartStream to the end of its Stream, across retries.
+struct Call {
+  explicit Call(std::string id) : request_id(std::move(id)) {}
+
+  const std::string request_id;
+  absl::Mutex mu;
+  // Chunks, then one final or error, for the consumer (the Stream).
+  std::deque<ServerMessage> events ABSL_GUARDED_BY(mu);
+  // A request is at the router and has not ended: messages for it are accepted.
+  bool attempt_open ABSL_GUARDED_BY(mu) = false;
+  // Finished, cancelled or timed out: nothing more is sent for it.
+  bool ended ABSL_GUARDED_BY(mu) = false;
+};
+
+// One Stats() call. Answers are matched to calls in the order the queries were sent.
+struct StatsCall {
+  absl::Mutex mu;
+  std::optional<absl::StatusOr<StatsOut>> result ABSL_GUARDED_BY(mu);
+  bool abandoned ABSL_GUARDED_BY(mu) = false;  // its caller timed out
+};
+
+// Everything a Client and its Streams share: the I/O thread, its socket and the call table.
+class Core {
+ public:
+  static absl::StatusOr<std::shared_ptr<Core>> Create(const ClientOptions& options);
+  ~Core();
+
+  // Ends every call with CANCELLED, sends what is queued (cancels included) and stops the I/O
+  // thread. Idempotent.
+  void Shutdown();
+
+  const ClientOptions& options() const { return options_; }
+  std::string NextRequestId();
+
+  // ALREADY_EXISTS when another call in flight has the same id; CANCELLED once shut down.
+  absl::Status Register(const std::shared_ptr<Call>& call);
+  void Unregister(const std::shared_ptr<Call>& call);
+  std::shared_ptr<Call> Find(const std::string& request_id);
+
+  // Opens an attempt and sends `frame`. CANCELLED when the call has ended or the client closed.
+  absl::Status SendAttempt(const std::shared_ptr<Call>& call, std::string frame);
+  // Ends the call here; tells the router to cancel when an attempt is open; queues `event` (if
+  // any) for the consumer. False when the call had already ended.
+  bool EndCall(Call& call, std::optional<ErrorInfo> event);
+  // Waits until the call has an event or `until` passes; true when it has one.
+  bool AwaitEvent(Call& call, absl::Time until);
+  // Pops the call's next event, waiting until `until`; nullopt when none came.
+  std::optional<ServerMessage> WaitEvent(Call& call, absl::Time until);
+
+  absl::StatusOr<StatsOut> Stats(absl::Time deadline);
+
+  // "" when every frame from the router decoded; otherwise how many did not, and the last error
+  // (such a frame cannot be matched to its call, which then times out).
+  std::string DecodeFailures();
+
+ private:
+  struct Outgoing {
+    std::string frame;
+    std::shared_ptr<Call> call;        // a generate request: send failures go to it
+    std::shared_ptr<StatsCall> stats;  // a stats query: answered in send order
+  };
+
+  explicit Core(const ClientOptions& options) : options_(options) {}
+  absl::Status Enqueue(Outgoing out);
+  void Wake();
+  void IoLoop();
+  // Sends what the API threads queued. Returns true when the loop should stop.
+  bool SendQueued();
+  void ReceiveAll();
+  void Route(ServerMessage message);
+  void DeliverStats(absl::StatusOr<StatsOut> stats);
+
+  const ClientOptions options_;
+  std::string id_prefix_;
+  std::atomic<uint64_t> next_id_{0};
+  zmq::context_t context_;          // declared before socket_: outlives it
+  std::unique_ptr<Socket> socket_;  // used by the I/O thread only
+  int wake_fd_ = -1;
+  std::thread io_thread_;
+  std::deque<std::shared_ptr<StatsCall>> stats_sent_;  // I/O thread only
+
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<Call>> calls_ ABSL_GUARDED_BY(mu_);
+  std::vector<Outgoing> outbox_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;   // no new calls
+  bool io_stop_ ABSL_GUARDED_BY(mu_) = false;  // the I/O thread sends the outbox and exits
+  int64_t undecodable_frames_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string last_decode_error_ ABSL_GUARDED_BY(mu_);
+};
+
+namespace {
+
+ErrorInfo LocalError(const std::string& request_id, absl::StatusCode code, const char* reason,
+                     std::string message) {
+  return ErrorInfo{request_id, code, reason, std::move(message), 0};
+}
+
+const std::string& RequestIdOf(const ServerMessage& m) {
+  static const std::string kNone;
+  if (auto* c = std::get_if<GenerateChunkOut>(&m)) return c->request_id;
+  if (auto* f = std::get_if<GenerateFinalOut>(&m)) return f->request_id;
+  if (auto* e = std::get_if<ErrorInfo>(&m)) return e->request_id;
+  return kNone;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<Core>> Core::Create(const ClientOptions& options) {
+  std::shared_ptr<Core> core(new Core(options));
+  absl::BitGen gen;
+  core->id_prefix_ = absl::StrFormat("c%012x-", absl::Uniform<uint64_t>(gen) >> 16);
+
+  SocketOptions so;
+  so.max_message_bytes = options.max_message_bytes;
+  so.zmtp_heartbeat_ms = options.zmtp_heartbeat_ms;
+  if (!options.curve_server_public_key.empty()) {
+    so.curve_server_public_key = options.curve_server_public_key;
+    so.curve_public_key = options.curve_public_key;
+    so.curve_secret_key = options.curve_secret_key;
+    if (so.curve_public_key.empty()) {
+      ASSIGN_OR_RETURN(CurveServerKeys pair, GenerateCurveKeyPair());
+      so.curve_public_key = pair.public_key;
+      so.curve_secret_key = pair.secret_key;
+    }
+  }
+  ASSIGN_OR_RETURN(core->socket_, Socket::Create(&core->context_, zmq::socket_type::dealer, so));
+  // Cancels queued just before the Client closes still leave (best effort, bounded).
+  try {
+    core->socket_->raw().set(zmq::sockopt::linger, 200);
+  } catch (const zmq::error_t&) {
+  }
+  RETURN_IF_ERROR(core->socket_->Connect(options.router_endpoint));
+  core->wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (core->wake_fd_ < 0) {
+    return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
+  }
+  core->io_thread_ = std::thread([c = core.get()] { c->IoLoop(); });
+  return core;
+}
+
+Core::~Core() {
+  Shutdown();
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+void Core::Shutdown() {
+  std::vector<std::shared_ptr<Call>> calls;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return;
+    closed_ = true;
+    for (auto& [id, call] : calls_) calls.push_back(call);
+  }
+  for (const auto& call : calls) {
+    EndCall(*call, LocalError(call->request_id, absl::StatusCode::kCancelled, reason::kCancelled,
+                              "the client was closed"));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    io_stop_ = true;
+  }
+  if (io_thread_.joinable()) {
+    Wake();
+    io_thread_.join();
+  }
+  // The I/O thread is gone: answer the stats queries it left.
+  while (!stats_sent_.empty()) DeliverStats(absl::CancelledError("the client was closed"));
+}
+
+std::string Core::NextRequestId() {
+  return absl::StrCat(id_prefix_, next_id_.fetch_add(1, std::memory_order_relaxed));
+}
+
+absl::Status Core::Register(const std::shared_ptr<Call>& call) {
+  absl::MutexLock lock(&mu_);
+  if (closed_) return absl::CancelledError("the client was closed");
+  if (!calls_.emplace(call->request_id, call).second) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("request_id '", call->request_id, "' is already in flight on this client"));
+  }
+  return absl::OkStatus();
+}
+
+void Core::Unregister(const std::shared_ptr<Call>& call) {
+  absl::MutexLock lock(&mu_);
+  auto it = calls_.find(call->request_id);
+  if (it != calls_.end() && it->second == call) calls_.erase(it);
+}
+
+std::shared_ptr<Call> Core::Find(const std::string& request_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = calls_.find(request_id);
+  return it == calls_.end() ? nullptr : it->second;
+}
+
+absl::Status Core::SendAttempt(const std::shared_ptr<Call>& call, std::string frame) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return absl::CancelledError("the client was closed");
+  }
+  {
+    absl::MutexLock lock(&call->mu);
+    if (call->ended) return absl::CancelledError("the request was cancelled");
+    call->attempt_open = true;
+  }
+  return Enqueue(Outgoing{std::move(frame), call, nullptr});
+}
+
+bool Core::EndCall(Call& call, std::optional<ErrorInfo> event) {
+  bool was_open;
+  {
+    absl::MutexLock lock(&call.mu);
+    if (call.ended) return false;
+    call.ended = true;
+    was_open = call.attempt_open;
+    call.attempt_open = false;
+    if (event.has_value()) call.events.push_back(std::move(*event));
+  }
+  if (was_open) (void)Enqueue(Outgoing{Encode(CancelInput{call.request_id}), nullptr, nullptr});
+  return true;
+}
+
+bool Core::AwaitEvent(Call& call, absl::Time until) {
+  absl::MutexLock lock(&call.mu);
+  call.mu.AwaitWithDeadline(
+      absl::Condition(
+          +[](std::deque<ServerMessage>* q) { return !q->empty(); }, &call.events),
+      until);
+  return !call.events.empty();
+}
+
+std::optional<ServerMessage> Core::WaitEvent(Call& call, absl::Time until) {
+  if (!AwaitEvent(call, until)) return std::nullopt;
+  absl::MutexLock lock(&call.mu);
+  ServerMessage m = std::move(call.events.front());  // only the consumer pops
+  call.events.pop_front();
+  return m;
+}
+
+absl::StatusOr<StatsOut> Core::Stats(absl::Time deadline) {
+  auto stats = std::make_shared<StatsCall>();
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return absl::CancelledError("the client was closed");
+  }
+  RETURN_IF_ERROR(Enqueue(Outgoing{Encode(StatsQuery{}), nullptr, stats}));
+  {
+    absl::MutexLock lock(&stats->mu);
+    stats->mu.AwaitWithDeadline(
+        absl::Condition(
+            +[](std::optional<absl::StatusOr<StatsOut>>* r) { return r->has_value(); },
+            &stats->result),
+        deadline);
+    if (stats->result.has_value()) return std::move(*stats->result);
+    stats->abandoned = true;
+  }
+  absl::Status status = absl::DeadlineExceededError(
+      absl::StrCat("no stats answer from the router in time", DecodeFailures()));
+  status.SetPayload(kReasonPayloadUrl, absl::Cord(reason::kDeadlineExceeded));
+  return status;
+}
+
+absl::Status Core::Enqueue(Outgoing out) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (io_stop_) return absl::CancelledError("the client was closed");
+    outbox_.push_back(std::move(out));
+  }
+  Wake();
+  return absl::OkStatus();
+}
+
+void Core::Wake() {
+  const uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof(one));
+}
+
+void Core::IoLoop() {
+  zmq_pollitem_t items[2] = {{socket_->raw().handle(), 0, ZMQ_POLLIN, 0},
+                             {nullptr, wake_fd_, ZMQ_POLLIN, 0}};
+  for (;;) {
+    if (zmq_poll(items, 2, -1) < 0 && zmq_errno() != EINTR) break;
+    if (items[1].revents & ZMQ_POLLIN) {
+      uint64_t count;
+      (void)!read(wake_fd_, &count, sizeof(count));
+    }
+    if (SendQueued()) break;
+    ReceiveAll();
+  }
+}
+
+bool Core::SendQueued() {
+  std::vector<Outgoing> batch;
+  bool stop;
+  {
+    absl::MutexLock lock(&mu_);
+    batch.swap(outbox_);
+    stop = io_stop_;
+  }
+  for (Outgoing& out : batch) {
+    absl::Status sent = socket_->Send({out.frame});
+    if (out.stats != nullptr) {
+      if (sent.ok()) {
+        stats_sent_.push_back(std::move(out.stats));
+      } else {
+        absl::MutexLock lock(&out.stats->mu);
+        out.stats->result =
+            absl::UnavailableError(absl::StrCat("cannot send to the router: ", sent.message()));
+      }
+    } else if (out.call != nullptr && !sent.ok()) {
+      Route(LocalError(out.call->request_id, absl::StatusCode::kUnavailable, "",
+                       absl::StrCat("cannot send to the router: ", sent.message())));
+    }
+  }
+  return stop;
+}
+
+void Core::ReceiveAll() {
+  for (;;) {
+    absl::StatusOr<std::optional<Frames>> frames = socket_->Recv(0);
+    if (!frames.ok() || !frames->has_value()) return;
+    if ((*frames)->empty()) continue;
+    // A malformed frame cannot be matched to a call; the call it belonged to times out, and
+    // its DEADLINE_EXCEEDED says so (DecodeFailures).
+    absl::StatusOr<ServerMessage> message = DecodeServerMessage((*frames)->back());
+    if (message.ok()) {
+      Route(std::move(*message));
+    } else {
+      absl::MutexLock lock(&mu_);
+      ++undecodable_frames_;
+      last_decode_error_ = std::string(message.status().message());
+    }
+  }
+}
+
+std::string Core::DecodeFailures() {
+  absl::MutexLock lock(&mu_);
+  if (undecodable_frames_ == 0) return "";
+  return absl::StrCat(
+      "; ", undecodable_frames_,
+      " message(s) from the router could not be decoded (last: ", last_decode_error_, ")");
+}
+
+void Core::Route(ServerMessage message) {
+  if (auto* stats = std::get_if<StatsOut>(&message)) {
+    DeliverStats(std::move(*stats));
+    return;
+  }
+  std::shared_ptr<Call> call = Find(RequestIdOf(message));
+  if (call == nullptr) return;  // ended here already (cancelled, timed out)
+  const bool terminal = !std::holds_alternative<GenerateChunkOut>(message);
+  absl::MutexLock lock(&call->mu);
+  if (!call->attempt_open) return;
+  if (terminal) call->attempt_open = false;
+  call->events.push_back(std::move(message));
+}
+
+void Core::DeliverStats(absl::StatusOr<StatsOut> stats) {
+  // Any answer is as good as another, so it goes to the oldest caller still waiting.
+  while (!stats_sent_.empty()) {
+    std::shared_ptr<StatsCall> call = std::move(stats_sent_.front());
+    stats_sent_.pop_front();
+    absl::MutexLock lock(&call->mu);
+    if (call->abandoned || call->result.has_value()) continue;
+    call->result = std::move(stats);
+    return;
+  }
+}
+
+}  // namespace client_internal
+
+using client_internal::Call;
+using client_internal::Core;
+
+// ---- options, results, errors
+
+absl::Status ClientOptions::Validate() const {
+  const auto bad = [](const std::string& what) { return absl::InvalidArgumentError(what); };
+  if (router_endpoint.empty()) return bad("router_endpoint is empty");
+  if (default_timeout_ms <= 0) return bad("default_timeout_ms must be > 0");
+  if (max_retries < 0) return bad("max_retries must be >= 0");
+  if (initial_backoff_ms <= 0 || max_backoff_ms < initial_backoff_ms) {
+    return bad("backoff needs 0 < initial_backoff_ms <= max_backoff_ms");
+  }
+  if (zmtp_heartbeat_ms < 0) return bad("zmtp_heartbeat_ms must be >= 0");
+  if (max_message_bytes <= 0) return bad("max_message_bytes must be > 0");
+  const auto z85 = [](const std::string& key) { return key.empty() || key.size() == 40; };
+  if (!z85(curve_server_public_key) || !z85(curve_public_key) || !z85(curve_secret_key)) {
+    return bad("CURVE keys must be Z85 text of 40 characters");
+  }
+  if (curve_public_key.empty() != curve_secret_key.empty()) {
+    return bad("curve_public_key and curve_secret_key go together");
+  }
+  if (curve_server_public_key.empty() && !curve_public_key.empty()) {
+    return bad("a CURVE key pair needs curve_server_public_key");
+  }
+  return absl::OkStatus();
+}
+
+std::vector<int32_t> GenerateResult::TokenIds() const {
+  std::vector<int32_t> ids;
+  ids.reserve(tokens.size());
+  for (const SampleResult& t : tokens) ids.push_back(t.token);
+  return ids;
+}
+
+absl::Status StatusFromError(const ErrorInfo& error) {
+  absl::StatusCode code = error.code;
+  if (code == absl::StatusCode::kOk) code = absl::StatusCode::kUnknown;  // an error is never OK
+  absl::Status status(code, error.message);
+  if (!error.reason.empty()) status.SetPayload(kReasonPayloadUrl, absl::Cord(error.reason));
+  if (error.retry_after_ms > 0) {
+    status.SetPayload(kRetryAfterPayloadUrl, absl::Cord(absl::StrCat(error.retry_after_ms)));
+  }
+  return status;
+}
+
+std::string ErrorReason(const absl::Status& status) {
+  const auto reason = status.GetPayload(kReasonPayloadUrl);
+  return reason.has_value() ? std::string(*reason) : std::string();
+}
+
+int64_t RetryAfterMs(const absl::Status& status) {
+  const auto value = status.GetPayload(kRetryAfterPayloadUrl);
+  int64_t ms = 0;
+  if (!value.has_value() || !absl::SimpleAtoi(std::string(*value), &ms)) return 0;
+  return ms;
+}
+
+// ---- Stream
+
+Stream::Stream(std::shared_ptr<Core> core, std::shared_ptr<Call> call, std::string frame,
+               absl::Time deadline, int64_t timeout_ms)
+    : core_(std::move(core)),
+      call_(std::move(call)),
+      frame_(std::move(frame)),
+      deadline_(deadline),
+      timeout_ms_(timeout_ms) {
+  result_.request_id = call_->request_id;
+}
+
+Stream::~Stream() {
+  if (!done_) (void)Finish(absl::CancelledError("the stream was dropped"));
+}
+
+void Stream::Cancel() {
+  core_->EndCall(*call_, ErrorInfo{call_->request_id, absl::StatusCode::kCancelled,
+                                   reason::kCancelled, "cancelled by the client", 0});
+}
+
+absl::Status Stream::Finish(absl::Status status) {
+  core_->EndCall(*call_, std::nullopt);
+  core_->Unregister(call_);
+  done_ = true;
+  end_status_ = status;
+  return status;
+}
+
+bool Stream::Retry(const ErrorInfo& error) {
+  const ClientOptions& o = core_->options();
+  if (error.code != absl::StatusCode::kUnavailable || received_chunk_ ||
+      retries_ >= o.max_retries) {
+    return false;
+  }
+  int64_t base = o.initial_backoff_ms;
+  for (int k = 0; k < retries_ && base < o.max_backoff_ms; ++k) base *= 2;
+  base = std::min(base, o.max_backoff_ms);
+  absl::BitGen gen;
+  int64_t wait_ms = absl::Uniform<int64_t>(absl::IntervalClosed, gen, base / 2, base);
+  wait_ms = std::max(wait_ms, error.retry_after_ms);
+  const absl::Time resume = absl::Now() + absl::Milliseconds(wait_ms);
+  if (resume >= deadline_) return false;
+  ++retries_;
+  // While no attempt is open, only a Cancel() or the client closing can add an event.
+  if (core_->AwaitEvent(*call_, resume)) return true;
+  return core_->SendAttempt(call_, frame_).ok();  // on failure: end with `error`
+}
+
+absl::StatusOr<std::optional<GenerateChunkOut>> Stream::Next(int64_t wait_ms) {
+  if (done_) {
+    if (end_status_.ok()) return std::optional<GenerateChunkOut>();
+    return end_status_;
+  }
+  const absl::Time until =
+      wait_ms < 0 ? deadline_ : std::min(deadline_, absl::Now() + absl::Milliseconds(wait_ms));
+  for (;;) {
+    std::optional<ServerMessage> event = core_->WaitEvent(*call_, until);
+    if (!event.has_value()) {
+      if (absl::Now() < deadline_) {
+        return absl::DeadlineExceededError(absl::StrCat("no chunk within ", wait_ms, " ms"));
+      }
+      absl::Status status = absl::DeadlineExceededError(
+          absl::StrCat("request ", call_->request_id, " got no answer within ", timeout_ms_, " ms",
+                       core_->DecodeFailures()));
+      status.SetPayload(kReasonPayloadUrl, absl::Cord(reason::kDeadlineExceeded));
+      return Finish(status);  // tells the router to cancel
+    }
+    if (auto* chunk = std::get_if<GenerateChunkOut>(&*event)) {
+      received_chunk_ = true;
+      result_.tokens.insert(result_.tokens.end(), chunk->tokens.begin(), chunk->tokens.end());
+      result_.text += chunk->text;
+      return std::optional<GenerateChunkOut>(std::move(*chunk));
+    }
+    if (auto* last = std::get_if<GenerateFinalOut>(&*event)) {
+      result_.tokens.insert(result_.tokens.end(), std::make_move_iterator(last->tokens.begin()),
+                            std::make_move_iterator(last->tokens.end()));
+      result_.text += last->text;
+      result_.finish_reason = std::move(last->finish_reason);
+      result_.usage = last->usage;
+      result_.timings = last->timings;
+      (void)Finish(absl::OkStatus());
+      return std::optional<GenerateChunkOut>();
+    }
+    if (auto* error = std::get_if<ErrorInfo>(&*event)) {
+      if (!Retry(*error)) return Finish(StatusFromError(*error));
+    }
+  }
+}
+
+// ---- Client
+
+Client::Client(std::shared_ptr<Core> core) : core_(std::move(core)) {}
+
+Client::~Client() { core_->Shutdown(); }
+
+const ClientOptions& Client::options() const { return core_->options(); }
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  RETURN_IF_ERROR(options.Validate());
+  ASSIGN_OR_RETURN(std::shared_ptr<Core> core, Core::Create(options));
+  return std::unique_ptr<Client>(new Client(std::move(core)));
+}
+
+absl::StatusOr<std::unique_ptr<Stream>> Client::Start(GenerateInput request,
+                                                      const CallOptions& call) {
+  if (request.request_id.empty()) request.request_id = core_->NextRequestId();
+  if (request.api_key.empty()) request.api_key = core_->options().api_key;
+  const int64_t timeout_ms =
+      call.timeout_ms > 0 ? call.timeout_ms : core_->options().default_timeout_ms;
+  auto state = std::make_shared<Call>(request.request_id);
+  RETURN_IF_ERROR(core_->Register(state));
+  std::string frame = Encode(ClientMessage(std::move(request)));
+  std::unique_ptr<Stream> stream(
+      new Stream(core_, state, frame, absl::Now() + absl::Milliseconds(timeout_ms), timeout_ms));
+  if (absl::Status s = core_->SendAttempt(state, std::move(frame)); !s.ok()) {
+    return stream->Finish(s);
+  }
+  return stream;
+}
+
+absl::StatusOr<GenerateResult> Client::Generate(GenerateInput request, const CallOptions& call) {
+  request.stream = false;
+  ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, Start(std::move(request), call));
+  for (;;) {
+    ASSIGN_OR_RETURN(std::optional<GenerateChunkOut> chunk, stream->Next());
+    if (!chunk.has_value()) return std::move(stream->result_);
+  }
+}
+
+absl::StatusOr<GenerateResult> Client::GenerateStream(
+    GenerateInput request, const std::function<void(const GenerateChunkOut&)>& on_chunk,
+    const CallOptions& call) {
+  request.stream = true;
+  ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, Start(std::move(request), call));
+  for (;;) {
+    ASSIGN_OR_RETURN(std::optional<GenerateChunkOut> chunk, stream->Next());
+    if (!chunk.has_value()) return std::move(stream->result_);
+    if (on_chunk) on_chunk(*chunk);
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Stream>> Client::StartStream(GenerateInput request,
+                                                            const CallOptions& call) {
+  request.stream = true;
+  return Start(std::move(request), call);
+}
+
+absl::Status Client::Cancel(const std::string& request_id) {
+  std::shared_ptr<Call> call = core_->Find(request_id);
+  if (call == nullptr ||
+      !core_->EndCall(*call, ErrorInfo{request_id, absl::StatusCode::kCancelled, reason::kCancelled,
+                                       "cancelled by the client", 0})) {
+    return absl::NotFoundError(absl::StrCat("request ", request_id, " is not in flight"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StatsOut> Client::Stats(int64_t timeout_ms) {
+  if (timeout_ms <= 0) timeout_ms = core_->options().default_timeout_ms;
+  return core_->Stats(absl::Now() + absl::Milliseconds(timeout_ms));
+}
+
+}  // namespace carpool

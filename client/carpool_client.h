@@ -1,0 +1,189 @@
+// carpool's C++ SDK: generate (blocking or streaming), cancel and stats against a carpool router
+// over ZeroMQ (docs/protocol.md; usage in docs/client.md).
+//
+//   auto client = carpool::Client::Connect({.router_endpoint = "tcp://10.0.0.1:5555"});
+//   carpool::GenerateInput request;
+//   request.has_text = true;
+//   request.text = "Hello";
+//   absl::StatusOr<carpool::GenerateResult> result = (*client)->Generate(request);
+//
+// Every call ends within its timeout: a call that gets no final answer in time sends a cancel to
+// the router and returns DEADLINE_EXCEEDED. A server error becomes an absl::Status with the
+// server's code and message; its machine-readable reason and retry_after_ms travel as payloads
+// (ErrorReason(), RetryAfterMs()).
+//
+// Thread safety: a Client is thread-safe; any number of threads may call it at once. One I/O
+// thread per Client owns the ZeroMQ socket; calls hand it their frames and wait for their own
+// answers, so calls never wait for one another.
+#ifndef CARPOOL_CLIENT_CARPOOL_CLIENT_H_
+#define CARPOOL_CLIENT_CARPOOL_CLIENT_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/messages.h"
+
+namespace carpool {
+
+namespace client_internal {
+class Core;
+struct Call;
+}  // namespace client_internal
+
+struct ClientOptions {
+  // The router's frontend endpoint. Default: "tcp://127.0.0.1:5555".
+  std::string router_endpoint = "tcp://127.0.0.1:5555";
+  // Timeout of a call whose CallOptions name none, retries and backoff included.
+  // Default: 60000.
+  int64_t default_timeout_ms = 60000;
+  // How many times a request refused with UNAVAILABLE (a draining router, a lost worker, an
+  // unreachable router) is sent again. Never once a streamed chunk has reached the caller.
+  // Default: 0 (no retries).
+  int max_retries = 0;
+  // Backoff before retry k (k = 0, 1, ...): uniform in [b/2, b], b = min(initial * 2^k, max),
+  // and at least the server's retry_after_ms. Default: 50, 2000.
+  int64_t initial_backoff_ms = 50;
+  int64_t max_backoff_ms = 2000;
+  // Sent with every request whose api_key is empty. Default: empty.
+  std::string api_key;
+  // CURVE encryption: the router's public key (Z85, 40 characters) turns it on. The client's
+  // own key pair is generated per Client when left empty. Default: off.
+  std::string curve_server_public_key;
+  std::string curve_public_key;
+  std::string curve_secret_key;
+  // ZMTP heartbeats on the connection, so a dead TCP peer is dropped and redialled after three
+  // silent intervals; 0 disables. Default: 1000.
+  int zmtp_heartbeat_ms = 1000;
+  // Largest message accepted from the router. Default: 16 MiB.
+  int64_t max_message_bytes = 16 << 20;
+
+  // INVALID_ARGUMENT naming the first bad field.
+  absl::Status Validate() const;
+};
+
+struct CallOptions {
+  // Deadline of the whole call, retries included; 0 uses ClientOptions::default_timeout_ms.
+  // Default: 0.
+  int64_t timeout_ms = 0;
+};
+
+struct GenerateResult {
+  std::string request_id;
+  std::vector<SampleResult> tokens;  // in order, with logprob and top alternatives
+  std::string text;                  // decoded by the router; empty without a tokenizer
+  std::string finish_reason;         // "length" | "stop"
+  Usage usage;
+  Timings timings;  // measured by the router, in ms
+
+  std::vector<int32_t> TokenIds() const;
+};
+
+// Payload keys of a server error's details on an absl::Status.
+inline constexpr char kReasonPayloadUrl[] = "carpool.reason";
+inline constexpr char kRetryAfterPayloadUrl[] = "carpool.retry_after_ms";
+
+// The status for a server Error: its code and message, with reason and retry_after_ms payloads.
+absl::Status StatusFromError(const ErrorInfo& error);
+// The machine-readable reason ("queue_full", ...) of a status from this SDK; "" when none.
+std::string ErrorReason(const absl::Status& status);
+// The server's retry_after_ms of a status from this SDK; 0 when none.
+int64_t RetryAfterMs(const absl::Status& status);
+
+// One streaming request, read chunk by chunk. Next() and result() belong to one thread at a time;
+// Cancel() may be called from any thread. May outlive its Client (calls then end CANCELLED).
+class Stream {
+ public:
+  ~Stream();  // cancels the request if it has not ended
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  // Waits at most wait_ms (-1: until the call's deadline) for what comes next:
+  //   a chunk;
+  //   nullopt: the final arrived and result() is complete;
+  //   an error, which ends the stream: the server's Error (ErrorReason tells why), CANCELLED
+  //   after Cancel(), DEADLINE_EXCEEDED when the call's deadline passed (the router is told to
+  //   cancel);
+  //   DEADLINE_EXCEEDED with done() still false: only wait_ms passed; call Next again.
+  // After the end, Next returns the same end again.
+  absl::StatusOr<std::optional<GenerateChunkOut>> Next(int64_t wait_ms = -1);
+  // Ends the request: the router is told, and Next returns CANCELLED once the chunks already
+  // received are read. No effect after the end.
+  void Cancel();
+
+  bool done() const { return done_; }
+  const std::string& request_id() const { return result_.request_id; }
+  // What has arrived so far; complete once Next returned nullopt.
+  const GenerateResult& result() const { return result_; }
+
+ private:
+  friend class Client;
+  Stream(std::shared_ptr<client_internal::Core> core, std::shared_ptr<client_internal::Call> call,
+         std::string frame, absl::Time deadline, int64_t timeout_ms);
+  // Handles an UNAVAILABLE error by waiting and sending again; false when it should end instead.
+  bool Retry(const ErrorInfo& error);
+  absl::Status Finish(absl::Status status);
+
+  std::shared_ptr<client_internal::Core> core_;
+  std::shared_ptr<client_internal::Call> call_;
+  std::string frame_;  // the encoded request, for retries
+  absl::Time deadline_;
+  int64_t timeout_ms_ = 0;
+  int retries_ = 0;
+  bool received_chunk_ = false;
+  bool done_ = false;
+  absl::Status end_status_;
+  GenerateResult result_;
+};
+
+class Client {
+ public:
+  // Starts the I/O thread and connects. Does not wait for the router: calls to a router that
+  // never answers end with DEADLINE_EXCEEDED.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+  // Ends every call in flight with CANCELLED and tells the router to cancel them (waiting at most
+  // ~200 ms for those messages to leave). REQUIRES: no other thread is inside a method.
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // Sends `request` (non-streaming on the wire) and waits for its final. An empty request_id is
+  // replaced by a unique one; an empty api_key by ClientOptions::api_key. ALREADY_EXISTS when
+  // another call of this Client uses the same request_id.
+  absl::StatusOr<GenerateResult> Generate(GenerateInput request, const CallOptions& call = {});
+
+  // Streams `request`, calling on_chunk for each chunk, in order, on the calling thread (never on
+  // the I/O thread: a slow callback delays only this call). The result holds every token.
+  absl::StatusOr<GenerateResult> GenerateStream(
+      GenerateInput request, const std::function<void(const GenerateChunkOut&)>& on_chunk,
+      const CallOptions& call = {});
+
+  // Starts a streaming request and returns it to be read with Stream::Next.
+  absl::StatusOr<std::unique_ptr<Stream>> StartStream(GenerateInput request,
+                                                      const CallOptions& call = {});
+
+  // Cancels a call of this Client in flight: it returns CANCELLED and the router frees its
+  // resources. NOT_FOUND when no call with that id is in flight.
+  absl::Status Cancel(const std::string& request_id);
+
+  // The router's view of the cluster. timeout_ms 0: ClientOptions::default_timeout_ms.
+  absl::StatusOr<StatsOut> Stats(int64_t timeout_ms = 0);
+
+  const ClientOptions& options() const;
+
+ private:
+  explicit Client(std::shared_ptr<client_internal::Core> core);
+  absl::StatusOr<std::unique_ptr<Stream>> Start(GenerateInput request, const CallOptions& call);
+
+  std::shared_ptr<client_internal::Core> core_;
+};
+
+}  // namespace carpool
+
+#endif  // CARPOOL_CLIENT_CARPOOL_CLIENT_H_

@@ -1,0 +1,417 @@
+// carpool::Client against an in-process fake router (client/fake_router_test_util.h).
+#include "client/carpool_client.h"
+
+#include <map>
+#include <set>
+#include <thread>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "client/fake_router_test_util.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace carpool {
+namespace {
+
+using ::testing::ElementsAre;
+using testing::FakeRouter;
+using ::testing::HasSubstr;
+
+std::unique_ptr<Client> ConnectTo(const FakeRouter& router, ClientOptions options = {}) {
+  options.router_endpoint = router.endpoint();
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+  CARPOOL_CHECK(client.ok());
+  return std::move(*client);
+}
+
+GenerateInput IdsRequest(std::vector<int32_t> ids, int max_tokens = 16) {
+  GenerateInput g;
+  g.token_ids = std::move(ids);
+  g.sampling.max_tokens = max_tokens;
+  return g;
+}
+
+GenerateInput TextRequest(const std::string& text) {
+  GenerateInput g;
+  g.has_text = true;
+  g.text = text;
+  return g;
+}
+
+// A handler that records requests but never answers a generate.
+void Silent(FakeRouter& r, const std::string& peer, const ClientMessage& m) {}
+
+bool HasGenerate(const std::vector<ClientMessage>& ms, const std::string& request_id) {
+  for (const ClientMessage& m : ms) {
+    const auto* g = std::get_if<GenerateInput>(&m);
+    if (g != nullptr && g->request_id == request_id) return true;
+  }
+  return false;
+}
+
+std::vector<GenerateInput> Generates(const FakeRouter& router) {
+  std::vector<GenerateInput> out;
+  for (const ClientMessage& m : router.Received()) {
+    if (const auto* g = std::get_if<GenerateInput>(&m)) out.push_back(*g);
+  }
+  return out;
+}
+
+TEST(ClientTest, BlockingGenerateReturnsEveryToken) {
+  FakeRouter router;
+  auto client = ConnectTo(router);
+  GenerateInput request = IdsRequest({5, 6, 7});
+  request.sampling.logprobs = 2;
+  absl::StatusOr<GenerateResult> r = client->Generate(request);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(r->TokenIds(), ElementsAre(5, 6, 7));
+  EXPECT_FLOAT_EQ(r->tokens[1].logprob, -0.5f);
+  ASSERT_EQ(r->tokens[2].top_logprobs.size(), 2u);
+  EXPECT_EQ(r->tokens[2].top_logprobs[1].token, 8);
+  EXPECT_EQ(r->finish_reason, "length");
+  EXPECT_EQ(r->usage.prompt_tokens, 3);
+  EXPECT_EQ(r->usage.completion_tokens, 3);
+  EXPECT_DOUBLE_EQ(r->timings.ttft_ms, 2.0);
+  // The SDK assigned a request id and asked for a non-streaming answer.
+  std::vector<GenerateInput> sent = Generates(router);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_FALSE(sent[0].request_id.empty());
+  EXPECT_EQ(sent[0].request_id, r->request_id);
+  EXPECT_FALSE(sent[0].stream);
+}
+
+TEST(ClientTest, KeepsCallerRequestIdAndAddsApiKey) {
+  FakeRouter router;
+  ClientOptions options;
+  options.api_key = "secret";
+  auto client = ConnectTo(router, options);
+  GenerateInput request = TextRequest("hi");
+  request.request_id = "mine-1";
+  absl::StatusOr<GenerateResult> r = client->Generate(request);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->request_id, "mine-1");
+  EXPECT_EQ(r->text, "hi");
+  std::vector<GenerateInput> sent = Generates(router);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].api_key, "secret");
+  EXPECT_TRUE(sent[0].has_text);
+}
+
+TEST(ClientTest, AssignedRequestIdsAreUnique) {
+  FakeRouter router;
+  auto client = ConnectTo(router);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(client->Generate(IdsRequest({1})).ok());
+  std::set<std::string> ids;
+  for (const GenerateInput& g : Generates(router)) ids.insert(g.request_id);
+  EXPECT_EQ(ids.size(), 5u);
+}
+
+TEST(ClientTest, StreamingCallbackSeesChunksInOrderOnCallerThread) {
+  FakeRouter router;
+  auto client = ConnectTo(router);
+  std::vector<int> indexes;
+  std::string text;
+  bool on_caller_thread = true;
+  const std::thread::id caller = std::this_thread::get_id();
+  absl::StatusOr<GenerateResult> r =
+      client->GenerateStream(TextRequest("hello"), [&](const GenerateChunkOut& c) {
+        indexes.push_back(c.index);
+        text += c.text;
+        on_caller_thread = on_caller_thread && std::this_thread::get_id() == caller;
+      });
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(indexes, ElementsAre(0, 1, 2, 3, 4));
+  EXPECT_EQ(text, "hello");
+  EXPECT_TRUE(on_caller_thread);
+  EXPECT_EQ(r->text, "hello");
+  EXPECT_EQ(r->tokens.size(), 5u);
+  EXPECT_EQ(r->finish_reason, "length");
+  EXPECT_EQ(r->usage.completion_tokens, 5);
+  ASSERT_EQ(Generates(router).size(), 1u);
+  EXPECT_TRUE(Generates(router)[0].stream);
+}
+
+TEST(ClientTest, StreamIteratorYieldsChunksThenEnd) {
+  FakeRouter router;
+  auto client = ConnectTo(router);
+  absl::StatusOr<std::unique_ptr<Stream>> stream = client->StartStream(IdsRequest({9, 8, 7}));
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 10; ++i) {
+    absl::StatusOr<std::optional<GenerateChunkOut>> chunk = (*stream)->Next(5000);
+    ASSERT_TRUE(chunk.ok()) << chunk.status();
+    if (!chunk->has_value()) break;
+    EXPECT_EQ((*chunk)->index, static_cast<int>(tokens.size()));
+    for (const SampleResult& t : (*chunk)->tokens) tokens.push_back(t.token);
+  }
+  EXPECT_THAT(tokens, ElementsAre(9, 8, 7));
+  EXPECT_TRUE((*stream)->done());
+  EXPECT_THAT((*stream)->result().TokenIds(), ElementsAre(9, 8, 7));
+  EXPECT_EQ((*stream)->result().finish_reason, "length");
+  // After the end, Next says so again.
+  absl::StatusOr<std::optional<GenerateChunkOut>> again = (*stream)->Next(0);
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->has_value());
+}
+
+TEST(ClientTest, ServerErrorKeepsCodeReasonAndRetryAfter) {
+  FakeRouter router([](FakeRouter& r, const std::string& peer, const ClientMessage& m) {
+    if (const auto* g = std::get_if<GenerateInput>(&m)) {
+      r.Reply(peer, ErrorInfo{g->request_id, absl::StatusCode::kResourceExhausted,
+                              reason::kQueueFull, "queue is full", 250});
+    }
+  });
+  auto client = ConnectTo(router);
+  absl::StatusOr<GenerateResult> r = client->Generate(IdsRequest({1, 2}));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(r.status().message(), "queue is full");
+  EXPECT_EQ(ErrorReason(r.status()), "queue_full");
+  EXPECT_EQ(RetryAfterMs(r.status()), 250);
+
+  absl::StatusOr<std::unique_ptr<Stream>> stream = client->StartStream(IdsRequest({1}));
+  ASSERT_TRUE(stream.ok());
+  absl::StatusOr<std::optional<GenerateChunkOut>> chunk = (*stream)->Next(5000);
+  EXPECT_EQ(chunk.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(ErrorReason(chunk.status()), "queue_full");
+  EXPECT_TRUE((*stream)->done());
+}
+
+TEST(ClientTest, ErrorHelpersOnPlainStatus) {
+  EXPECT_EQ(ErrorReason(absl::InternalError("x")), "");
+  EXPECT_EQ(RetryAfterMs(absl::InternalError("x")), 0);
+  absl::Status s = StatusFromError(
+      ErrorInfo{"r", absl::StatusCode::kUnavailable, reason::kDraining, "draining", 0});
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(ErrorReason(s), "draining");
+  EXPECT_EQ(RetryAfterMs(s), 0);
+}
+
+TEST(ClientTest, TimeoutReturnsDeadlineExceededAndCancelsAtRouter) {
+  FakeRouter router(Silent);
+  auto client = ConnectTo(router);
+  GenerateInput request = IdsRequest({1});
+  request.request_id = "slow";
+  const absl::Time start = absl::Now();
+  absl::StatusOr<GenerateResult> r = client->Generate(request, CallOptions{200});
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(ErrorReason(r.status()), "deadline_exceeded");
+  EXPECT_GE(took, absl::Milliseconds(190));
+  EXPECT_LT(took, absl::Seconds(5));
+  EXPECT_TRUE(router.WaitFor([](const auto& ms) { return FakeRouter::HasCancel(ms, "slow"); }));
+  // The id is free again.
+  EXPECT_EQ(client->Cancel("slow").code(), absl::StatusCode::kNotFound);
+}
+
+TEST(ClientTest, UndecodableAnswerIsNamedInTheTimeout) {
+  FakeRouter router([](FakeRouter& r, const std::string& peer, const ClientMessage& m) {
+    r.ReplyRaw(peer, "\xff\xff not a ServerMessage");
+  });
+  auto client = ConnectTo(router);
+  absl::StatusOr<GenerateResult> r = client->Generate(IdsRequest({1}), CallOptions{200});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(r.status().message(), HasSubstr("could not be decoded"));
+}
+
+TEST(ClientTest, DefaultTimeoutAppliesWhenCallGivesNone) {
+  FakeRouter router(Silent);
+  ClientOptions options;
+  options.default_timeout_ms = 150;
+  auto client = ConnectTo(router, options);
+  EXPECT_EQ(client->Generate(IdsRequest({1})).status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(client->Stats().status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST(ClientTest, NextWaitTimeoutKeepsStreamUntilCancel) {
+  FakeRouter router(Silent);
+  auto client = ConnectTo(router);
+  GenerateInput request = IdsRequest({1});
+  request.request_id = "waiting";
+  absl::StatusOr<std::unique_ptr<Stream>> stream = client->StartStream(request);
+  ASSERT_TRUE(stream.ok());
+  absl::StatusOr<std::optional<GenerateChunkOut>> chunk = (*stream)->Next(50);
+  EXPECT_EQ(chunk.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_FALSE((*stream)->done());
+  (*stream)->Cancel();
+  chunk = (*stream)->Next(5000);
+  EXPECT_EQ(chunk.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(ErrorReason(chunk.status()), "cancelled");
+  EXPECT_TRUE((*stream)->done());
+  EXPECT_TRUE(router.WaitFor([](const auto& ms) { return FakeRouter::HasCancel(ms, "waiting"); }));
+}
+
+TEST(ClientTest, CancelFromAnotherThreadEndsBlockingCall) {
+  FakeRouter router(Silent);
+  auto client = ConnectTo(router);
+  absl::StatusOr<GenerateResult> result = absl::InternalError("not run");
+  std::thread caller([&] {
+    GenerateInput request = IdsRequest({1});
+    request.request_id = "victim";
+    result = client->Generate(request, CallOptions{10000});
+  });
+  ASSERT_TRUE(router.WaitFor([](const auto& ms) { return HasGenerate(ms, "victim"); }));
+  const absl::Time start = absl::Now();
+  EXPECT_TRUE(client->Cancel("victim").ok());
+  caller.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_TRUE(router.WaitFor([](const auto& ms) { return FakeRouter::HasCancel(ms, "victim"); }));
+  EXPECT_EQ(client->Cancel("victim").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client->Cancel("never-sent").code(), absl::StatusCode::kNotFound);
+}
+
+TEST(ClientTest, DuplicateRequestIdInFlightIsRefused) {
+  FakeRouter router(Silent);
+  auto client = ConnectTo(router);
+  GenerateInput request = IdsRequest({1});
+  request.request_id = "dup";
+  absl::StatusOr<std::unique_ptr<Stream>> first = client->StartStream(request);
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(client->Generate(request).status().code(), absl::StatusCode::kAlreadyExists);
+}
+
+TEST(ClientTest, StatsComeBack) {
+  FakeRouter router;
+  auto client = ConnectTo(router);
+  absl::StatusOr<StatsOut> stats = client->Stats(5000);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  ASSERT_EQ(stats->workers.size(), 2u);
+  EXPECT_EQ(stats->workers[0].worker_id, "worker-1");
+  EXPECT_TRUE(stats->workers[0].healthy);
+  EXPECT_EQ(stats->workers[0].kv_used_blocks, 250);
+  EXPECT_FALSE(stats->workers[1].healthy);
+  EXPECT_EQ(stats->queued, 4);
+  EXPECT_EQ(stats->rejections_by_reason.at("queue_full"), 2);
+}
+
+TEST(ClientTest, ConcurrentCallsFromManyThreadsAllGetTheirOwnAnswers) {
+  FakeRouter router;
+  auto client = ConnectTo(router);
+  constexpr int kThreads = 16;
+  constexpr int kCalls = 20;
+  std::atomic<int> correct{0};
+  std::atomic<int> stats_answered{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kCalls; ++i) {
+        const std::vector<int32_t> ids = {t, i, t * 100 + i};
+        absl::StatusOr<GenerateResult> r =
+            i % 2 == 0 ? client->Generate(IdsRequest(ids), CallOptions{20000})
+                       : client->GenerateStream(IdsRequest(ids), nullptr, CallOptions{20000});
+        if (r.ok() && r->TokenIds() == ids) correct.fetch_add(1);
+        if (t == 0 && i % 5 == 0 && client->Stats(20000).ok()) stats_answered.fetch_add(1);
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(correct.load(), kThreads * kCalls);
+  EXPECT_EQ(stats_answered.load(), kCalls / 5);
+}
+
+// Answers UNAVAILABLE to the first `failures` attempts of every request id, then echoes.
+FakeRouter::Handler FlakyHandler(int failures, std::map<std::string, int>* attempts) {
+  return [failures, attempts](FakeRouter& r, const std::string& peer, const ClientMessage& m) {
+    const auto* g = std::get_if<GenerateInput>(&m);
+    if (g == nullptr) return;
+    if ((*attempts)[g->request_id]++ < failures) {
+      r.Reply(peer, ErrorInfo{g->request_id, absl::StatusCode::kUnavailable, reason::kDraining,
+                              "draining", 0});
+    } else {
+      FakeRouter::AnswerEcho(r, peer, *g);
+    }
+  };
+}
+
+TEST(ClientTest, RetriesUnavailableWithBackoff) {
+  std::map<std::string, int> attempts;  // router thread only until the router stops
+  {
+    FakeRouter router(FlakyHandler(2, &attempts));
+    ClientOptions options;
+    options.max_retries = 3;
+    options.initial_backoff_ms = 5;
+    options.max_backoff_ms = 20;
+    auto client = ConnectTo(router, options);
+    GenerateInput request = IdsRequest({4, 2});
+    request.request_id = "flaky";
+    absl::StatusOr<GenerateResult> r = client->Generate(request, CallOptions{10000});
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_THAT(r->TokenIds(), ElementsAre(4, 2));
+  }
+  EXPECT_EQ(attempts["flaky"], 3);
+}
+
+TEST(ClientTest, GivesUpAfterMaxRetries) {
+  std::map<std::string, int> attempts;
+  {
+    FakeRouter router(FlakyHandler(5, &attempts));
+    ClientOptions options;
+    options.max_retries = 1;
+    options.initial_backoff_ms = 5;
+    auto client = ConnectTo(router, options);
+    GenerateInput request = IdsRequest({1});
+    request.request_id = "down";
+    absl::StatusOr<GenerateResult> r = client->Generate(request, CallOptions{10000});
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
+    EXPECT_EQ(ErrorReason(r.status()), "draining");
+  }
+  EXPECT_EQ(attempts["down"], 2);
+}
+
+TEST(ClientTest, NoRetriesByDefault) {
+  std::map<std::string, int> attempts;
+  {
+    FakeRouter router(FlakyHandler(1, &attempts));
+    auto client = ConnectTo(router);
+    GenerateInput request = IdsRequest({1});
+    request.request_id = "once";
+    EXPECT_EQ(client->Generate(request).status().code(), absl::StatusCode::kUnavailable);
+  }
+  EXPECT_EQ(attempts["once"], 1);
+}
+
+TEST(ClientTest, StreamOutlivingClientEndsCancelled) {
+  FakeRouter router(Silent);
+  auto client = ConnectTo(router);
+  absl::StatusOr<std::unique_ptr<Stream>> stream = client->StartStream(IdsRequest({1}));
+  ASSERT_TRUE(stream.ok());
+  ASSERT_TRUE(router.WaitFor([](const auto& ms) { return !ms.empty(); }));
+  client.reset();
+  absl::StatusOr<std::optional<GenerateChunkOut>> chunk = (*stream)->Next(5000);
+  EXPECT_EQ(chunk.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(chunk.status().message(), HasSubstr("closed"));
+}
+
+TEST(ClientTest, CurveEncryptedConnection) {
+  absl::StatusOr<CurveServerKeys> keys = GenerateCurveKeyPair();
+  if (!keys.ok()) GTEST_SKIP() << "libzmq without CURVE";
+  SocketOptions server;
+  server.curve_server = *keys;
+  FakeRouter router(FakeRouter::Echo, server);
+  ClientOptions options;
+  options.curve_server_public_key = keys->public_key;
+  auto client = ConnectTo(router, options);
+  absl::StatusOr<GenerateResult> r = client->Generate(IdsRequest({3, 1}), CallOptions{10000});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(r->TokenIds(), ElementsAre(3, 1));
+}
+
+TEST(ClientTest, ConnectRejectsBadOptions) {
+  ClientOptions options;
+  options.router_endpoint = "";
+  EXPECT_EQ(Client::Connect(options).status().code(), absl::StatusCode::kInvalidArgument);
+  options = ClientOptions();
+  options.max_retries = -1;
+  EXPECT_THAT(Client::Connect(options).status().message(), HasSubstr("max_retries"));
+  options = ClientOptions();
+  options.curve_server_public_key = "short";
+  EXPECT_THAT(Client::Connect(options).status().message(), HasSubstr("CURVE"));
+  options = ClientOptions();
+  options.router_endpoint = "nonsense://x";
+  EXPECT_FALSE(Client::Connect(options).ok());
+}
+
+}  // namespace
+}  // namespace carpool

@@ -1,0 +1,177 @@
+// Test only: a stand-in carpool router for SDK and CLI tests. A ROUTER socket bound to
+// tcp://127.0.0.1:<free port>, served by one thread that decodes every ClientMessage, records it
+// and hands it to a handler, which answers with Reply().
+#ifndef CARPOOL_CLIENT_FAKE_ROUTER_TEST_UTIL_H_
+#define CARPOOL_CLIENT_FAKE_ROUTER_TEST_UTIL_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/codec.h"
+#include "common/messages.h"
+#include "common/status.h"
+#include "common/transport.h"
+
+namespace carpool::testing {
+
+class FakeRouter {
+ public:
+  // Runs on the router thread for every decoded message.
+  using Handler =
+      std::function<void(FakeRouter& router, const std::string& peer, const ClientMessage& m)>;
+
+  explicit FakeRouter(Handler handler = Echo, SocketOptions options = {})
+      : handler_(std::move(handler)) {
+    auto socket = Socket::Create(&context_, zmq::socket_type::router, options);
+    CARPOOL_CHECK(socket.ok());
+    socket_ = std::move(*socket);
+    CARPOOL_CHECK(socket_->Bind("tcp://127.0.0.1:*").ok());
+    endpoint_ = socket_->LastEndpoint();
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~FakeRouter() {
+    stop_ = true;
+    thread_.join();
+  }
+
+  const std::string& endpoint() const { return endpoint_; }
+
+  // Router thread only (from the handler).
+  void Reply(const std::string& peer, const ServerMessage& m) {
+    (void)socket_->Send({peer, Encode(m)});
+  }
+
+  // Router thread only: a frame as is (for malformed answers).
+  void ReplyRaw(const std::string& peer, const std::string& frame) {
+    (void)socket_->Send({peer, frame});
+  }
+
+  std::vector<ClientMessage> Received() const {
+    absl::MutexLock lock(&mu_);
+    return received_;
+  }
+
+  // Waits at most `timeout` for `pred` to hold over the messages received so far.
+  bool WaitFor(const std::function<bool(const std::vector<ClientMessage>&)>& pred,
+               absl::Duration timeout = absl::Seconds(10)) const {
+    absl::MutexLock lock(&mu_);
+    const auto ready = [&] { return pred(received_); };
+    return mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+  }
+
+  // True when a Cancel for `request_id` arrived.
+  static bool HasCancel(const std::vector<ClientMessage>& ms, const std::string& request_id) {
+    for (const ClientMessage& m : ms) {
+      const auto* c = std::get_if<CancelInput>(&m);
+      if (c != nullptr && c->request_id == request_id) return true;
+    }
+    return false;
+  }
+
+  // The tokens Echo answers with: the prompt (text bytes or ids), at most max_tokens of them,
+  // with logprob -0.25 * (k + 1) and `logprobs` made-up alternatives each.
+  static std::vector<SampleResult> EchoTokens(const GenerateInput& g) {
+    std::vector<int32_t> ids = g.token_ids;
+    if (g.has_text) ids.assign(g.text.begin(), g.text.end());
+    if (static_cast<int>(ids.size()) > g.sampling.max_tokens) ids.resize(g.sampling.max_tokens);
+    std::vector<SampleResult> tokens;
+    for (size_t k = 0; k < ids.size(); ++k) {
+      SampleResult s;
+      s.token = ids[k];
+      s.logprob = -0.25f * static_cast<float>(k + 1);
+      for (int j = 0; j < g.sampling.logprobs; ++j) {
+        s.top_logprobs.push_back({ids[k] + j, s.logprob - static_cast<float>(j)});
+      }
+      tokens.push_back(std::move(s));
+    }
+    return tokens;
+  }
+
+  // Answers a generate like a router over an echo model: chunks (one per token) and an empty
+  // final when streaming, else one final holding everything.
+  static void AnswerEcho(FakeRouter& r, const std::string& peer, const GenerateInput& g) {
+    std::vector<SampleResult> tokens = EchoTokens(g);
+    const auto text_of = [&](size_t begin, size_t end) {
+      std::string text;
+      if (!g.has_text) return text;
+      for (size_t k = begin; k < end; ++k) text.push_back(static_cast<char>(tokens[k].token));
+      return text;
+    };
+    GenerateFinalOut final_out;
+    final_out.request_id = g.request_id;
+    final_out.finish_reason = "length";
+    final_out.usage = {static_cast<int>(g.has_text ? g.text.size() : g.token_ids.size()),
+                       static_cast<int>(tokens.size()), 0};
+    final_out.timings = {1.0, 2.0, 3.0};
+    if (g.stream) {
+      for (size_t k = 0; k < tokens.size(); ++k) {
+        r.Reply(peer, GenerateChunkOut{
+                          g.request_id, static_cast<int>(k), {tokens[k]}, text_of(k, k + 1)});
+      }
+    } else {
+      final_out.text = text_of(0, tokens.size());
+      final_out.tokens = std::move(tokens);
+    }
+    r.Reply(peer, final_out);
+  }
+
+  static StatsOut CannedStats() {
+    StatsOut s;
+    s.workers.push_back({"worker-1", true, 3, 2, 1000, 250, 640, 64, "synthetic:tiny", 17});
+    s.workers.push_back({"worker-2", false, 1, 0, 1000, 0, 0, 64, "synthetic:tiny", 5});
+    s.queued = 4;
+    s.inflight = 2;
+    s.requests_total = 30;
+    s.requests_rejected = 3;
+    s.rejections_by_reason = {{"queue_full", 2}, {"token_budget", 1}};
+    return s;
+  }
+
+  // The default handler: echo generates, canned stats, `cancelled` errors for cancels.
+  static void Echo(FakeRouter& r, const std::string& peer, const ClientMessage& m) {
+    if (const auto* g = std::get_if<GenerateInput>(&m)) {
+      AnswerEcho(r, peer, *g);
+    } else if (std::holds_alternative<StatsQuery>(m)) {
+      r.Reply(peer, CannedStats());
+    } else if (const auto* c = std::get_if<CancelInput>(&m)) {
+      r.Reply(peer, ErrorInfo{c->request_id, absl::StatusCode::kCancelled, reason::kCancelled,
+                              "cancelled", 0});
+    }
+  }
+
+ private:
+  void Loop() {
+    while (!stop_) {
+      auto frames = socket_->Recv(20);
+      if (!frames.ok() || !frames->has_value() || (*frames)->size() != 2) continue;
+      const std::string peer = (**frames)[0];
+      absl::StatusOr<ClientMessage> m = DecodeClientMessage((**frames)[1]);
+      if (!m.ok()) continue;
+      {
+        absl::MutexLock lock(&mu_);
+        received_.push_back(*m);
+      }
+      handler_(*this, peer, *m);
+    }
+  }
+
+  Handler handler_;
+  zmq::context_t context_;
+  std::unique_ptr<Socket> socket_;
+  std::string endpoint_;
+  std::atomic<bool> stop_{false};
+  mutable absl::Mutex mu_;
+  std::vector<ClientMessage> received_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+}  // namespace carpool::testing
+
+#endif  // CARPOOL_CLIENT_FAKE_ROUTER_TEST_UTIL_H_

@@ -1,0 +1,274 @@
+// `carpool generate --router` and `carpool status` run as a user would, against a fake router.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "client/fake_router_test_util.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace carpool {
+namespace {
+
+using nlohmann::json;
+using testing::FakeRouter;
+using ::testing::HasSubstr;
+
+struct RunResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+RunResult RunCarpool(const std::string& args) {
+  const std::string cmd = std::string(CARPOOL_BIN_DIR) + "/carpool " + args + " 2>&1";
+  RunResult r;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.output.append(buf.data(), n);
+  const int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::vector<json> JsonLines(const std::string& text) {
+  std::vector<json> lines;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line[0] == '{') lines.push_back(json::parse(line));
+  }
+  return lines;
+}
+
+std::vector<GenerateInput> Generates(const FakeRouter& router) {
+  std::vector<GenerateInput> out;
+  for (const ClientMessage& m : router.Received()) {
+    if (const auto* g = std::get_if<GenerateInput>(&m)) out.push_back(*g);
+  }
+  return out;
+}
+
+class RouterCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("carpool_router_cli_test_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string WriteFile(const std::string& name, const std::string& text) {
+    const std::string path = (dir_ / name).string();
+    std::ofstream(path) << text;
+    return path;
+  }
+
+  std::filesystem::path dir_;
+};
+
+TEST_F(RouterCliTest, GenerateJsonSendsTextAndRequestFlags) {
+  FakeRouter router;
+  RunResult r = RunCarpool("generate --router " + router.endpoint() +
+                           " --prompt hello --max-tokens 8 --logprobs 2 --json --priority "
+                           "interactive --deadline-ms 500 --api-key k1 --timeout-ms 10000");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<json> lines = JsonLines(r.output);
+  ASSERT_EQ(lines.size(), 1u) << r.output;
+  const json& j = lines[0];
+  EXPECT_EQ(j["tokens"], json({'h', 'e', 'l', 'l', 'o'}));
+  EXPECT_EQ(j["text"], "hello");
+  EXPECT_EQ(j["logprobs"].size(), 5u);
+  ASSERT_EQ(j["top_logprobs"].size(), 5u);
+  EXPECT_EQ(j["top_logprobs"][0].size(), 2u);
+  EXPECT_EQ(j["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["completion_tokens"], 5);
+  EXPECT_DOUBLE_EQ(j["timings"]["total_ms"].get<double>(), 3.0);
+  std::vector<GenerateInput> sent = Generates(router);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_TRUE(sent[0].has_text);
+  EXPECT_EQ(sent[0].text, "hello");
+  EXPECT_EQ(sent[0].priority, Priority::kInteractive);
+  EXPECT_EQ(sent[0].deadline_ms, 500);
+  EXPECT_EQ(sent[0].api_key, "k1");
+  EXPECT_EQ(sent[0].sampling.max_tokens, 8);
+  EXPECT_FALSE(sent[0].stream);
+}
+
+TEST_F(RouterCliTest, PromptIdsGoAsIds) {
+  FakeRouter router;
+  RunResult r = RunCarpool("generate --router " + router.endpoint() +
+                           " --prompt-ids 1,2,3 --seed 9 --temperature 0");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("[1,2,3]"));  // no tokenizer text: the ids
+  std::vector<GenerateInput> sent = Generates(router);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_FALSE(sent[0].has_text);
+  EXPECT_EQ(sent[0].token_ids, std::vector<int32_t>({1, 2, 3}));
+  EXPECT_TRUE(sent[0].sampling.has_seed);
+  EXPECT_EQ(sent[0].sampling.seed, 9u);
+}
+
+TEST_F(RouterCliTest, StreamPrintsTextAsItArrives) {
+  FakeRouter router;
+  RunResult r = RunCarpool("generate --router " + router.endpoint() + " --prompt hello --stream");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output, "hello\n");
+  ASSERT_EQ(Generates(router).size(), 1u);
+  EXPECT_TRUE(Generates(router)[0].stream);
+}
+
+TEST_F(RouterCliTest, ServerErrorExitsOneWithReason) {
+  FakeRouter router([](FakeRouter& r, const std::string& peer, const ClientMessage& m) {
+    if (const auto* g = std::get_if<GenerateInput>(&m)) {
+      r.Reply(peer, ErrorInfo{g->request_id, absl::StatusCode::kResourceExhausted,
+                              reason::kQueueFull, "queue is full", 300});
+    }
+  });
+  RunResult r = RunCarpool("generate --router " + router.endpoint() + " --prompt hi");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("queue is full"));
+  EXPECT_THAT(r.output, HasSubstr("queue_full"));
+  EXPECT_THAT(r.output, HasSubstr("300"));
+}
+
+TEST_F(RouterCliTest, PromptsFileKeepsOrderAndIsolatesBadLines) {
+  FakeRouter router([](FakeRouter& r, const std::string& peer, const ClientMessage& m) {
+    const auto* g = std::get_if<GenerateInput>(&m);
+    if (g != nullptr && g->has_text && g->text == "boom") {
+      r.Reply(peer, ErrorInfo{g->request_id, absl::StatusCode::kResourceExhausted,
+                              reason::kQueueFull, "queue is full", 120});
+      return;
+    }
+    FakeRouter::Echo(r, peer, m);
+  });
+  const std::string path = WriteFile("prompts.jsonl",
+                                     "{\"prompt\": \"aa\"}\n"
+                                     "not json\n"
+                                     "\n"
+                                     "{\"prompt\": \"boom\"}\n"
+                                     "{\"prompt_ids\": [7, 8], \"max_tokens\": 1}\n"
+                                     "{\"prompt\": \"zz\", \"top_p\": 0}\n"
+                                     "{\"prompt\": \"last\"}\n");
+  RunResult r = RunCarpool("generate --router " + router.endpoint() +
+                           " --concurrency 3 --prompts-file " + path);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  std::vector<json> lines = JsonLines(r.output);
+  ASSERT_EQ(lines.size(), 6u) << r.output;
+  EXPECT_EQ(lines[0]["text"], "aa");
+  EXPECT_EQ(lines[1]["line"], 2);
+  EXPECT_THAT(lines[1]["error"]["message"].get<std::string>(), HasSubstr("JSON"));
+  EXPECT_EQ(lines[2]["line"], 3);
+  EXPECT_EQ(lines[2]["error"]["code"], "RESOURCE_EXHAUSTED");
+  EXPECT_EQ(lines[2]["error"]["reason"], "queue_full");
+  EXPECT_EQ(lines[2]["error"]["retry_after_ms"], 120);
+  EXPECT_EQ(lines[3]["tokens"], json({7}));
+  EXPECT_EQ(lines[4]["line"], 5);
+  EXPECT_THAT(lines[4]["error"]["message"].get<std::string>(), HasSubstr("top_p"));
+  EXPECT_EQ(lines[5]["text"], "last");
+  EXPECT_EQ(Generates(router).size(), 4u);  // the bad lines never left the client
+}
+
+// Holds every generate until `n` are waiting, then answers them newest first: only a client
+// with n requests in flight gets answers, and the output must still follow the input order.
+FakeRouter::Handler HoldUntil(size_t n, std::vector<std::pair<std::string, GenerateInput>>* held) {
+  return [n, held](FakeRouter& r, const std::string& peer, const ClientMessage& m) {
+    const auto* g = std::get_if<GenerateInput>(&m);
+    if (g == nullptr) return;
+    held->emplace_back(peer, *g);
+    if (held->size() < n) return;
+    for (auto it = held->rbegin(); it != held->rend(); ++it) {
+      FakeRouter::AnswerEcho(r, it->first, it->second);
+    }
+    held->clear();
+  };
+}
+
+TEST_F(RouterCliTest, ConcurrencyKeepsRequestsInFlight) {
+  std::vector<std::pair<std::string, GenerateInput>> held;  // router thread only
+  FakeRouter router(HoldUntil(4, &held));
+  const std::string path = WriteFile("four.jsonl",
+                                     "{\"prompt\": \"one\"}\n{\"prompt\": \"two\"}\n"
+                                     "{\"prompt\": \"three\"}\n{\"prompt\": \"four\"}\n");
+  RunResult r = RunCarpool("generate --router " + router.endpoint() +
+                           " --concurrency 4 --timeout-ms 20000 --prompts-file " + path);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<json> lines = JsonLines(r.output);
+  ASSERT_EQ(lines.size(), 4u) << r.output;
+  EXPECT_EQ(lines[0]["text"], "one");
+  EXPECT_EQ(lines[1]["text"], "two");
+  EXPECT_EQ(lines[2]["text"], "three");
+  EXPECT_EQ(lines[3]["text"], "four");
+}
+
+TEST_F(RouterCliTest, UnreachableRouterTimesOut) {
+  RunResult r = RunCarpool("generate --router tcp://127.0.0.1:1 --prompt hi --timeout-ms 300");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("DEADLINE_EXCEEDED"));
+  r = RunCarpool("status --router tcp://127.0.0.1:1 --timeout-ms 300");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("tcp://127.0.0.1:1"));
+}
+
+TEST_F(RouterCliTest, StatusPrintsTableAndJson) {
+  FakeRouter router;
+  RunResult r = RunCarpool("status --router " + router.endpoint());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("worker-1"));
+  EXPECT_THAT(r.output, HasSubstr("250/1000"));
+  EXPECT_THAT(r.output, HasSubstr("2/64"));
+  EXPECT_THAT(r.output, HasSubstr("NO"));
+  EXPECT_THAT(r.output, HasSubstr("4 waiting"));
+  EXPECT_THAT(r.output, HasSubstr("queue_full 2"));
+  r = RunCarpool("status --json --router " + router.endpoint());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<json> lines = JsonLines(r.output);
+  ASSERT_EQ(lines.size(), 1u) << r.output;
+  EXPECT_EQ(lines[0]["workers"].size(), 2u);
+  EXPECT_EQ(lines[0]["workers"][0]["requests_served"], 17);
+  EXPECT_EQ(lines[0]["queued"], 4);
+  EXPECT_EQ(lines[0]["rejections_by_reason"]["token_budget"], 1);
+}
+
+struct BadInput {
+  const char* args;
+  const char* message;
+};
+
+void PrintTo(const BadInput& b, std::ostream* os) { *os << b.args; }
+
+class RouterCliBadInputTest : public RouterCliTest,
+                              public ::testing::WithParamInterface<BadInput> {};
+
+TEST_P(RouterCliBadInputTest, FailsWithClearMessage) {
+  RunResult r = RunCarpool(GetParam().args);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr(GetParam().message));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Flags, RouterCliBadInputTest,
+    ::testing::Values(
+        BadInput{"generate --router tcp://127.0.0.1:1 --model synthetic:tiny --prompt hi",
+                 "--model is not allowed with --router"},
+        BadInput{"generate --router tcp://127.0.0.1:1 --threads 2 --prompt hi",
+                 "--threads is not allowed with --router"},
+        BadInput{"generate --model synthetic:tiny --prompt hi --stream", "--stream needs --router"},
+        BadInput{"generate --model synthetic:tiny --prompt hi --concurrency 2",
+                 "--concurrency needs --router"},
+        BadInput{"generate --router tcp://127.0.0.1:1 --prompt hi --priority urgent", "--priority"},
+        BadInput{"generate --router tcp://127.0.0.1:1 --prompt hi --concurrency 0",
+                 "--concurrency"},
+        BadInput{"generate --router tcp://127.0.0.1:1 --prompt hi --top-p 2", "top_p"},
+        BadInput{"generate --router tcp://127.0.0.1:1", "exactly one of"},
+        BadInput{"generate --router bogus://x --prompt hi", "bogus://x"},
+        BadInput{"status --router tcp://127.0.0.1:1 --bogus", "unknown flag --bogus"}));
+
+}  // namespace
+}  // namespace carpool
