@@ -1,0 +1,270 @@
+// The cluster as users run it: carpool-router and carpool-worker processes on ephemeral
+// loopback ports, driven through the C++ SDK.
+#include <unistd.h>
+
+#include <filesystem>
+#include <future>
+#include <random>
+#include <regex>
+#include <thread>
+
+#include "client/carpool_client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/subprocess.h"
+#include "worker/engine.h"
+
+namespace carpool {
+namespace {
+
+using testing::Subprocess;
+
+const std::string kBin = CARPOOL_BIN_DIR;
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("carpool_cluster_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override {
+    workers_.clear();
+    router_.reset();
+    if (!HasFailure()) std::filesystem::remove_all(dir_);
+  }
+
+  std::string Log(const std::string& name) { return (dir_ / (name + ".log")).string(); }
+
+  // Starts the router; with backend_port 0 it picks its own ports.
+  void StartRouter(int backend_port = 0) {
+    const std::string backend =
+        backend_port == 0 ? "tcp://127.0.0.1:*" : "tcp://127.0.0.1:" + std::to_string(backend_port);
+    router_ = std::make_unique<Subprocess>(
+        std::vector<std::string>{kBin + "/carpool-router", "--frontend", "tcp://127.0.0.1:*",
+                                 "--backend", backend},
+        Log("router"));
+    ASSERT_TRUE(router_->WaitForLog("backend tcp://", 10000)) << router_->Log();
+    std::smatch m;
+    const std::string log = router_->Log();
+    ASSERT_TRUE(std::regex_search(log, m,
+                                  std::regex("frontend (tcp://[0-9.:]+), backend (tcp://[0-9.:]+)")))
+        << log;
+    frontend_ = m[1];
+    backend_ = m[2];
+  }
+
+  Subprocess* StartWorker(const std::string& name, const std::string& backend,
+                          std::vector<std::string> extra = {}) {
+    std::vector<std::string> argv = {kBin + "/carpool-worker", "--router", backend, "--model",
+                                     "synthetic:tiny", "--worker-id", name,
+                                     "--max-model-len", "1024"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    workers_.push_back(std::make_unique<Subprocess>(argv, Log(name)));
+    return workers_.back().get();
+  }
+
+  std::unique_ptr<Client> Connect() {
+    ClientOptions o;
+    o.router_endpoint = frontend_;
+    o.default_timeout_ms = 30000;
+    auto c = Client::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+
+  // Waits until the router lists `n` workers.
+  void WaitForWorkers(Client* c, int n) {
+    for (int i = 0; i < 200; ++i) {
+      auto s = c->Stats(1000);
+      if (s.ok() && static_cast<int>(s->workers.size()) >= n) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    FAIL() << "workers did not register";
+  }
+
+  std::filesystem::path dir_;
+  std::unique_ptr<Subprocess> router_;
+  std::vector<std::unique_ptr<Subprocess>> workers_;
+  std::string frontend_, backend_;
+};
+
+struct Prompt {
+  std::vector<int32_t> ids;
+  int max_tokens;
+  float temperature;
+  uint64_t seed;
+};
+
+std::vector<Prompt> MixedPrompts(int n) {
+  std::mt19937 rng(17);
+  std::uniform_int_distribution<int> len(1, 60), out(1, 24), tok(0, 255);
+  std::vector<Prompt> prompts;
+  for (int i = 0; i < n; ++i) {
+    Prompt p;
+    p.ids.push_back(256);
+    for (int j = len(rng); j > 0; --j) p.ids.push_back(tok(rng));
+    p.max_tokens = out(rng);
+    p.temperature = i % 2 ? 0.8f : 0.0f;
+    p.seed = 500 + i;
+    prompts.push_back(std::move(p));
+  }
+  return prompts;
+}
+
+GenerateInput ToInput(const Prompt& p, const std::string& id, bool stream) {
+  GenerateInput g;
+  g.request_id = id;
+  g.token_ids = p.ids;
+  g.sampling.max_tokens = p.max_tokens;
+  g.sampling.temperature = p.temperature;
+  g.sampling.has_seed = true;
+  g.sampling.seed = p.seed;
+  g.sampling.ignore_eos = true;
+  g.stream = stream;
+  return g;
+}
+
+TEST_F(ClusterTest, ConcurrentStreamsEqualInProcessRunsOnBothWorkers) {
+  StartRouter();
+  StartWorker("w1", backend_);
+  StartWorker("w2", backend_);
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  WaitForWorkers(client.get(), 2);
+
+  const std::vector<Prompt> prompts = MixedPrompts(64);
+  std::vector<std::future<std::pair<absl::Status, std::vector<int32_t>>>> results;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    results.push_back(std::async(std::launch::async, [&, i] {
+      std::vector<int32_t> streamed;
+      int expected_index = 0;
+      bool in_order = true;
+      auto r = client->GenerateStream(ToInput(prompts[i], "p" + std::to_string(i), true),
+                                      [&](const GenerateChunkOut& chunk) {
+                                        in_order &= chunk.index == expected_index;
+                                        for (const auto& t : chunk.tokens) {
+                                          streamed.push_back(t.token);
+                                          ++expected_index;
+                                        }
+                                      });
+      if (!r.ok()) return std::make_pair(r.status(), streamed);
+      absl::Status s;
+      if (!in_order) s = absl::InternalError("chunks out of order");
+      if (r->usage.completion_tokens != static_cast<int>(streamed.size()) ||
+          r->usage.prompt_tokens != static_cast<int>(prompts[i].ids.size())) {
+        s = absl::InternalError("usage does not match the stream");
+      }
+      return std::make_pair(s, streamed);
+    }));
+  }
+
+  worker::EngineOptions o;
+  o.model = "synthetic:tiny";
+  o.scheduler.max_model_len = 1024;
+  o.enable_prefix_caching = false;
+  auto engine = worker::Engine::Create(o);
+  ASSERT_TRUE(engine.ok());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto [status, streamed] = results[i].get();
+    ASSERT_TRUE(status.ok()) << "prompt " << i << ": " << status;
+    worker::EngineRequest r;
+    r.prompt_tokens = prompts[i].ids;
+    r.sampling.max_tokens = prompts[i].max_tokens;
+    r.sampling.temperature = prompts[i].temperature;
+    r.sampling.has_seed = true;
+    r.sampling.seed = prompts[i].seed;
+    r.sampling.ignore_eos = true;
+    auto alone = (*engine)->Generate({r});
+    ASSERT_TRUE(alone[0].ok());
+    EXPECT_EQ(streamed, alone[0]->tokens) << "prompt " << i;
+  }
+  auto stats = client->Stats(2000);
+  ASSERT_TRUE(stats.ok());
+  ASSERT_EQ(stats->workers.size(), 2u);
+  for (const auto& w : stats->workers) EXPECT_GT(w.requests_served, 0) << w.worker_id;
+}
+
+TEST_F(ClusterTest, CancelMidStreamFreesTheWorkersBlocks) {
+  StartRouter();
+  // synthetic:small decodes slowly enough on this machine that the stream is surely mid-way.
+  StartWorker("w1", backend_, {"--model", "synthetic:small", "--threads", "1"});
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  WaitForWorkers(client.get(), 1);
+  Prompt p{{256, 1, 2, 3}, 1000, 0, 1};
+  auto stream = client->StartStream(ToInput(p, "long", true));
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  int tokens = 0;
+  while (tokens < 5) {
+    auto next = (*stream)->Next(10000);
+    ASSERT_TRUE(next.ok()) << next.status();
+    ASSERT_TRUE(next->has_value());
+    tokens += static_cast<int>((*next)->tokens.size());
+  }
+  bool busy = false;
+  for (int i = 0; i < 50 && !busy; ++i) {
+    auto s = client->Stats(1000);
+    busy = s.ok() && !s->workers.empty() && s->workers[0].kv_used_blocks > 0;
+  }
+  EXPECT_TRUE(busy) << "the worker never reported blocks in use";
+  (*stream)->Cancel();
+  bool freed = false;
+  for (int i = 0; i < 100 && !freed; ++i) {
+    auto s = client->Stats(1000);
+    freed = s.ok() && s->workers.size() == 1 && s->workers[0].kv_used_blocks == 0 &&
+            s->workers[0].running == 0;
+    if (!freed) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(freed);
+}
+
+TEST_F(ClusterTest, WorkersStartedBeforeAndAfterTheRouterBothServe) {
+  const int port = testing::FreePort();
+  const std::string backend = "tcp://127.0.0.1:" + std::to_string(port);
+  StartWorker("early", backend);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  StartRouter(port);
+  StartWorker("late", backend_);
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  WaitForWorkers(client.get(), 2);
+  std::vector<std::future<absl::StatusOr<GenerateResult>>> calls;
+  for (int i = 0; i < 16; ++i) {
+    Prompt p{{256, i}, 8, 0, 1};
+    calls.push_back(std::async(std::launch::async, [&, p, i] {
+      return client->Generate(ToInput(p, "r" + std::to_string(i), false));
+    }));
+  }
+  for (auto& c : calls) {
+    auto r = c.get();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->tokens.size(), 8u);
+  }
+  auto stats = client->Stats(2000);
+  ASSERT_TRUE(stats.ok());
+  ASSERT_EQ(stats->workers.size(), 2u);
+  for (const auto& w : stats->workers) EXPECT_GT(w.requests_served, 0) << w.worker_id;
+}
+
+TEST_F(ClusterTest, SigtermDrainsAWorkerAndEveryProcessExitsCleanly) {
+  StartRouter();
+  Subprocess* w = StartWorker("w1", backend_);
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  WaitForWorkers(client.get(), 1);
+  Prompt p{{256, 7}, 200, 0, 1};
+  auto pending = std::async(std::launch::async,
+                            [&] { return client->Generate(ToInput(p, "drain", false)); });
+  ASSERT_TRUE(w->WaitForLog("", 100));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(w->Terminate(10000), 0) << w->Log();
+  auto r = pending.get();
+  ASSERT_TRUE(r.ok()) << r.status();  // the running request finished before the worker left
+  EXPECT_EQ(r->tokens.size(), 200u);
+  EXPECT_EQ(router_->Terminate(5000), 0) << router_->Log();
+}
+
+}  // namespace
+}  // namespace carpool
