@@ -36,9 +36,6 @@
 #if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
 #include <immintrin.h>
 #define CARPOOL_LINEAR_AVX512 1
-// GCC 12's AVX-512 intrinsics start from _mm512_undefined_ps(), which -Wuninitialized flags.
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
 namespace carpool::kernels::cpu {
@@ -120,6 +117,13 @@ void Pack(const float* src, int64_t rows, int64_t k, int group, float* dst) {
 }
 
 #ifdef CARPOOL_LINEAR_AVX512
+
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_ps(), which -Wuninitialized flags.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 constexpr int kMaxTileRows = 6;          // rows of x per register tile
 constexpr int kTileCols = 4;             // output features per register tile
@@ -303,6 +307,10 @@ void RowBlock(int rows, const Operands& op, int64_t cols) {
       return RowBlock<1>(op, cols);
   }
 }
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 #else  // 8 lanes (AVX2 or the portable simd.h fallback); packed operands stay row-major
 
