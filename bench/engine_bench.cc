@@ -156,11 +156,15 @@ int main(int argc, char** argv) {
   using namespace carpool::bench;
   std::string model = "synthetic:small";
   int decode_steps = 32;
+  int batching_seqs = 16;
+  int batching_requests = 256;
   bool json_out = false;
   std::string only;
   FlagParser parser;
   parser.AddString("model", &model, "model to measure (default synthetic:small)");
   parser.AddInt("decode-steps", &decode_steps, "timed decode steps per batch size (default 32)");
+  parser.AddInt("batching-seqs", &batching_seqs, "max-num-seqs of the batching comparison (16)");
+  parser.AddInt("batching-requests", &batching_requests, "requests in the batching comparison (256)");
   parser.AddString("only", &only, "run one part: bandwidth, decode, prefill, batching");
   parser.AddBool("json", &json_out, "also print a JSON object");
   if (auto s = parser.Parse(argc, argv, 1); !s.ok()) {
@@ -219,17 +223,17 @@ int main(int argc, char** argv) {
     double result[2];
     for (int i = 0; i < 2; ++i) {
       EngineOptions o = options;
-      o.scheduler.max_num_seqs = 16;
+      o.scheduler.max_num_seqs = batching_seqs;
       o.scheduler.policy = i == 0 ? worker::SchedulerPolicy::kContinuous
                                   : worker::SchedulerPolicy::kStatic;
       o.scheduler.static_batch_timeout_micros = 0;
       auto e = worker::Engine::Create(o);
       if (!e.ok()) return 1;
-      result[i] = MeasureWorkload(e->get(), 64, 48, 256);
+      result[i] = MeasureWorkload(e->get(), batching_requests, 48, 256);
     }
-    std::printf("exponential output lengths (mean 48, 64 requests, 16 seqs): continuous %.1f "
-                "tokens/s, static %.1f tokens/s, ratio %.2f\n", result[0], result[1],
-                result[0] / result[1]);
+    std::printf("exponential output lengths (mean 48, %d requests, %d seqs): continuous %.1f "
+                "tokens/s, static %.1f tokens/s, ratio %.2f\n", batching_requests, batching_seqs,
+                result[0], result[1], result[0] / result[1]);
     out["batching"] = {{"continuous_tokens_per_s", result[0]},
                        {"static_tokens_per_s", result[1]},
                        {"ratio", result[0] / result[1]}};
