@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/command.h"
 
 namespace carpool {
 namespace {
@@ -19,32 +20,11 @@ using nlohmann::json;
 using testing::FakeRouter;
 using ::testing::HasSubstr;
 
-struct RunResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr together
-};
+using testing::JsonLines;
+using RunResult = testing::CommandResult;
 
 RunResult RunCarpool(const std::string& args) {
-  const std::string cmd = std::string(CARPOOL_BIN_DIR) + "/carpool " + args + " 2>&1";
-  RunResult r;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.output.append(buf.data(), n);
-  const int status = pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-std::vector<json> JsonLines(const std::string& text) {
-  std::vector<json> lines;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (!line.empty() && line[0] == '{') lines.push_back(json::parse(line));
-  }
-  return lines;
+  return testing::RunCommand(std::string(CARPOOL_BIN_DIR) + "/carpool " + args);
 }
 
 std::vector<GenerateInput> Generates(const FakeRouter& router) {
@@ -57,20 +37,11 @@ std::vector<GenerateInput> Generates(const FakeRouter& router) {
 
 class RouterCliTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("carpool_router_cli_test_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(dir_);
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-
   std::string WriteFile(const std::string& name, const std::string& text) {
-    const std::string path = (dir_ / name).string();
-    std::ofstream(path) << text;
-    return path;
+    return dir_.WriteFile(name, text);
   }
 
-  std::filesystem::path dir_;
+  testing::ScratchDir dir_{"carpool_router_cli_test"};
 };
 
 TEST_F(RouterCliTest, GenerateJsonSendsTextAndRequestFlags) {
