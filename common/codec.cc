@@ -198,12 +198,34 @@ struct ServerEncoder {
       q->set_max_num_seqs(w.max_num_seqs);
       q->set_model(w.model);
       q->set_requests_served(w.requests_served);
+      q->set_waiting(w.waiting);
+      q->set_draining(w.draining);
+      q->set_heartbeat_age_ms(w.heartbeat_age_ms);
+      q->set_cached_prefix_blocks(w.cached_prefix_blocks);
+      q->set_migrations_in(w.migrations_in);
     }
     p->set_queued(s.queued);
     p->set_inflight(s.inflight);
     p->set_requests_total(s.requests_total);
     p->set_requests_rejected(s.requests_rejected);
     for (const auto& [r, n] : s.rejections_by_reason) (*p->mutable_rejections_by_reason())[r] = n;
+    p->set_queued_interactive(s.queued_interactive);
+    p->set_queued_default(s.queued_default);
+    p->set_queued_batch(s.queued_batch);
+    p->set_queued_tokens(s.queued_tokens);
+    p->set_inflight_tokens(s.inflight_tokens);
+    p->set_max_queued_tokens(s.max_queued_tokens);
+    p->set_max_inflight_tokens(s.max_inflight_tokens);
+    p->set_migrations(s.migrations);
+    p->set_draining(s.draining);
+    p->set_placement(s.placement);
+    for (const TenantStatsOut& t : s.tenants) {
+      pb::TenantStats* q = p->add_tenants();
+      q->set_name(t.name);
+      q->set_active(t.active);
+      q->set_rejected(t.rejected);
+    }
+    p->set_service_tokens_per_s(s.service_tokens_per_s);
   }
 };
 
@@ -247,6 +269,13 @@ struct WorkerEncoder {
     ToProto(f.error, m->mutable_failed()->mutable_error());
   }
   void operator()(const DeregisterInfo& d) const { m->mutable_deregister()->set_epoch(d.epoch); }
+  void operator()(const KvEventsInfo& k) const {
+    pb::KvEvents* p = m->mutable_kv_events();
+    p->set_epoch(k.epoch);
+    p->set_reset(k.reset);
+    p->mutable_stored()->Add(k.stored.begin(), k.stored.end());
+    p->mutable_removed()->Add(k.removed.begin(), k.removed.end());
+  }
 };
 
 struct RouterEncoder {
@@ -353,16 +382,45 @@ absl::StatusOr<ServerMessage> DecodeServerMessage(std::string_view frame) {
       return ServerMessage(FromProto(m.error()));
     case pb::ServerMessage::kStats: {
       StatsOut s;
-      for (const pb::WorkerStats& w : m.stats().workers()) {
-        s.workers.push_back({w.worker_id(), w.healthy(), w.epoch(), w.running(),
-                             w.num_kv_blocks(), w.kv_used_blocks(), w.outstanding_tokens(),
-                             w.max_num_seqs(), w.model(), w.requests_served()});
+      const pb::Stats& p = m.stats();
+      for (const pb::WorkerStats& w : p.workers()) {
+        WorkerStatsOut o;
+        o.worker_id = w.worker_id();
+        o.healthy = w.healthy();
+        o.epoch = w.epoch();
+        o.running = w.running();
+        o.num_kv_blocks = w.num_kv_blocks();
+        o.kv_used_blocks = w.kv_used_blocks();
+        o.outstanding_tokens = w.outstanding_tokens();
+        o.max_num_seqs = w.max_num_seqs();
+        o.model = w.model();
+        o.requests_served = w.requests_served();
+        o.waiting = w.waiting();
+        o.draining = w.draining();
+        o.heartbeat_age_ms = w.heartbeat_age_ms();
+        o.cached_prefix_blocks = w.cached_prefix_blocks();
+        o.migrations_in = w.migrations_in();
+        s.workers.push_back(std::move(o));
       }
-      s.queued = m.stats().queued();
-      s.inflight = m.stats().inflight();
-      s.requests_total = m.stats().requests_total();
-      s.requests_rejected = m.stats().requests_rejected();
-      for (const auto& [r, n] : m.stats().rejections_by_reason()) s.rejections_by_reason[r] = n;
+      s.queued = p.queued();
+      s.inflight = p.inflight();
+      s.requests_total = p.requests_total();
+      s.requests_rejected = p.requests_rejected();
+      for (const auto& [r, n] : p.rejections_by_reason()) s.rejections_by_reason[r] = n;
+      s.queued_interactive = p.queued_interactive();
+      s.queued_default = p.queued_default();
+      s.queued_batch = p.queued_batch();
+      s.queued_tokens = p.queued_tokens();
+      s.inflight_tokens = p.inflight_tokens();
+      s.max_queued_tokens = p.max_queued_tokens();
+      s.max_inflight_tokens = p.max_inflight_tokens();
+      s.migrations = p.migrations();
+      s.draining = p.draining();
+      s.placement = p.placement();
+      for (const pb::TenantStats& t : p.tenants()) {
+        s.tenants.push_back({t.name(), t.active(), t.rejected()});
+      }
+      s.service_tokens_per_s = p.service_tokens_per_s();
       return ServerMessage(std::move(s));
     }
     default:
@@ -405,6 +463,15 @@ absl::StatusOr<WorkerMessage> DecodeWorkerMessage(std::string_view frame) {
                                              FromProto(m.failed().error())});
     case pb::WorkerMessage::kDeregister:
       return WorkerMessage(DeregisterInfo{m.deregister().epoch()});
+    case pb::WorkerMessage::kKvEvents: {
+      const pb::KvEvents& p = m.kv_events();
+      KvEventsInfo k;
+      k.epoch = p.epoch();
+      k.reset = p.reset();
+      k.stored.assign(p.stored().begin(), p.stored().end());
+      k.removed.assign(p.removed().begin(), p.removed().end());
+      return WorkerMessage(std::move(k));
+    }
     default:
       return UnknownType("worker");
   }

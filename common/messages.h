@@ -35,6 +35,7 @@ inline constexpr char kUnknownModel[] = "unknown_model";
 inline constexpr char kWorkerLost[] = "worker_lost";
 inline constexpr char kCancelled[] = "cancelled";
 inline constexpr char kDraining[] = "draining";
+inline constexpr char kUnauthenticated[] = "unauthenticated";
 inline constexpr char kInternal[] = "internal";
 }  // namespace reason
 
@@ -112,6 +113,17 @@ struct WorkerStatsOut {
   int max_num_seqs = 0;
   std::string model;
   int64_t requests_served = 0;
+  int waiting = 0;
+  bool draining = false;
+  int64_t heartbeat_age_ms = 0;
+  int cached_prefix_blocks = 0;
+  int64_t migrations_in = 0;
+};
+
+struct TenantStatsOut {
+  std::string name;
+  int active = 0;
+  int64_t rejected = 0;
 };
 
 struct StatsOut {
@@ -121,6 +133,19 @@ struct StatsOut {
   int64_t requests_total = 0;
   int64_t requests_rejected = 0;
   std::map<std::string, int64_t> rejections_by_reason;
+  // Admission (see proto Stats).
+  int queued_interactive = 0;
+  int queued_default = 0;
+  int queued_batch = 0;
+  int64_t queued_tokens = 0;
+  int64_t inflight_tokens = 0;
+  int64_t max_queued_tokens = 0;
+  int64_t max_inflight_tokens = 0;
+  int64_t migrations = 0;
+  bool draining = false;
+  std::string placement;
+  std::vector<TenantStatsOut> tenants;
+  double service_tokens_per_s = 0;
 };
 
 using ServerMessage = std::variant<GenerateChunkOut, GenerateFinalOut, ErrorInfo, StatsOut>;
@@ -177,8 +202,17 @@ struct DeregisterInfo {
   uint64_t epoch = 0;
 };
 
-using WorkerMessage =
-    std::variant<RegisterInfo, HeartbeatInfo, StepTokensInfo, RequestFailedInfo, DeregisterInfo>;
+// Prefix-cache blocks the worker now holds (`stored`) or no longer holds (`removed`), by block
+// hash; `reset` drops everything reported before.
+struct KvEventsInfo {
+  uint64_t epoch = 0;
+  bool reset = false;
+  std::vector<uint64_t> stored;
+  std::vector<uint64_t> removed;
+};
+
+using WorkerMessage = std::variant<RegisterInfo, HeartbeatInfo, StepTokensInfo, RequestFailedInfo,
+                                   DeregisterInfo, KvEventsInfo>;
 
 // ---- router -> worker
 

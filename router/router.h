@@ -1,9 +1,10 @@
 // carpool-router's core: one event loop over the client-facing frontend socket and the
-// worker-facing backend socket. It validates requests, queues them by priority, dispatches them
-// to workers with free capacity (least outstanding tokens first), relays each engine step's
+// worker-facing backend socket. It validates and authenticates requests, admits or refuses them
+// at once (router/admission.h), queues them globally, dispatches them late to a worker with
+// free capacity chosen by the placement policy (router/placement.h), relays each engine step's
 // tokens to the clients, and moves the requests of a dead worker to another one.
 //
-// Thread-compatible except Stop(), which any thread (or a signal handler) may call.
+// Thread-compatible except Stop() and Drain(), which any thread (or a signal handler) may call.
 #ifndef CARPOOL_ROUTER_ROUTER_H_
 #define CARPOOL_ROUTER_ROUTER_H_
 
@@ -11,10 +12,14 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/clock.h"
+#include "router/admission.h"
+#include "router/placement.h"
 #include "router/request_validator.h"
+#include "router/tenants.h"
 
 namespace carpool::router {
 
@@ -29,10 +34,24 @@ struct RouterOptions {
   int64_t max_request_bytes = 1 << 20;
   // Frames larger than this drop the connection (ZMQ_MAXMSGSIZE). Default: 64 MiB.
   int64_t max_frame_bytes = 64 << 20;
-  // Requests waiting for a worker; more are refused with queue_full. Default: 10000.
-  int max_queued_requests = 10000;
+  // Queue limits, token budgets, aging, reserve (router/admission.h). admission.clock is
+  // replaced by `clock`.
+  AdmissionOptions admission;
   // Times a request may move to another worker after its worker died. Default: 3.
   int max_migrations = 3;
+  // Which worker takes a request. Default: least_loaded.
+  PlacementPolicy placement = PlacementPolicy::kLeastLoaded;
+  // prefix_affinity: tokens of load that one cached prompt token is worth. Default: 1.
+  double affinity_load_weight = 1.0;
+  // API keys and quotas; empty: no authentication, no quotas. Default: empty.
+  TenantTable tenants;
+  // After Drain(): how long in-flight and queued requests may take to finish before they are
+  // ended with UNAVAILABLE / draining and Run returns. Default: 30000.
+  int64_t drain_grace_ms = 30000;
+  // CURVE on the frontend: the router's secret key (Z85); empty: plain TCP. With it, only
+  // clients whose public key (Z85) is in curve_allowed_client_keys are served. Default: off.
+  std::string curve_secret_key;
+  std::vector<std::string> curve_allowed_client_keys;
   RequestLimits request_limits;
   // Not owned; defaults to Clock::Real().
   Clock* clock = nullptr;
@@ -42,18 +61,25 @@ struct RouterOptions {
 
 class Router {
  public:
-  // Binds both sockets.
+  // Binds both sockets (and starts the ZAP handler under CURVE).
   static absl::StatusOr<std::unique_ptr<Router>> Create(const RouterOptions& options);
   ~Router();
 
   // The endpoints actually bound (with the chosen ports).
   const std::string& frontend_endpoint() const;
   const std::string& backend_endpoint() const;
+  // The frontend's CURVE public key (Z85); empty without CURVE.
+  const std::string& curve_public_key() const;
 
-  // Serves until Stop(). Returns OK on a requested stop, an error if a socket fails.
+  // Serves until Stop(), or after Drain() until nothing is left (or the grace period ends).
+  // Returns OK then; an error if a socket fails.
   absl::Status Run();
   // Makes Run() return within one poll interval. Async-signal-safe.
   void Stop() { stop_.store(true, std::memory_order_relaxed); }
+  // Stops admitting (new requests get UNAVAILABLE / draining), finishes what was admitted within
+  // drain_grace_ms, then Run() returns. Workers are not drained: they outlive the router and
+  // register with the next one. Async-signal-safe.
+  void Drain() { drain_.store(true, std::memory_order_relaxed); }
 
  private:
   class Impl;
@@ -61,6 +87,7 @@ class Router {
 
   std::unique_ptr<Impl> impl_;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> drain_{false};
 };
 
 }  // namespace carpool::router

@@ -1,30 +1,82 @@
 // carpool-router: the cluster's front door. Flags only; the work is in router.cc.
+//
+//   carpool-router [flags]            serve (docs/cluster.md)
+//   carpool-router keygen FILE        write a CURVE key pair: FILE (secret) and FILE.pub
+#include <atomic>
 #include <csignal>
 #include <iostream>
 
 #include "common/flags.h"
 #include "router/router.h"
+#include "router/zap_handler.h"
 
 namespace {
 
 carpool::router::Router* g_router = nullptr;
+std::atomic<int> g_signals{0};
 
+// The first SIGTERM/SIGINT drains (finish what was admitted, then exit 0); a second stops now.
 void OnSignal(int) {
-  if (g_router != nullptr) g_router->Stop();
+  if (g_router == nullptr) return;
+  if (g_signals.fetch_add(1, std::memory_order_relaxed) == 0) {
+    g_router->Drain();
+  } else {
+    g_router->Stop();
+  }
+}
+
+int Keygen(int argc, char** argv) {
+  if (argc != 3) {
+    std::cerr << "usage: carpool-router keygen FILE\n";
+    return 2;
+  }
+  auto pub = carpool::router::WriteCurveKeyPair(argv[2]);
+  if (!pub.ok()) {
+    std::cerr << "carpool-router: " << pub.status().message() << "\n";
+    return 1;
+  }
+  std::cout << *pub << "\n";
+  return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc >= 2 && std::string(argv[1]) == "keygen") return Keygen(argc, argv);
   carpool::router::RouterOptions options;
+  carpool::router::AdmissionOptions& a = options.admission;
+  std::string placement = "least_loaded";
+  std::string tenants_file, curve_secret_file, curve_allow_file;
   bool help = false;
   carpool::FlagParser flags;
   flags.AddString("frontend", &options.frontend, "client endpoint (default tcp://127.0.0.1:5555)");
   flags.AddString("backend", &options.backend, "worker endpoint (default tcp://127.0.0.1:5556)");
   flags.AddInt64("heartbeat-timeout-ms", &options.heartbeat_timeout_ms,
                  "a worker silent this long is dead (default 1000)");
-  flags.AddInt("max-queued-requests", &options.max_queued_requests,
-               "requests waiting for a worker before refusals (default 10000)");
+  flags.AddInt("max-queued-requests", &a.max_queued_requests,
+               "requests waiting for a worker before queue_full (default 10000)");
+  flags.AddInt64("max-queued-tokens", &a.max_queued_tokens,
+                 "prompt + max_tokens reserved by queued requests before token_budget "
+                 "(default 0: no limit)");
+  flags.AddInt64("max-inflight-tokens", &a.max_inflight_tokens,
+                 "prompt + max_tokens reserved by dispatched requests (default 0: the workers' "
+                 "KV capacity)");
+  flags.AddInt64("interactive-reserve", &a.interactive_reserve_tokens,
+                 "in-flight tokens only interactive requests may use (default 0)");
+  flags.AddInt64("priority-aging-ms", &a.priority_aging_ms,
+                 "waiting this long raises a queued request one class (default 5000)");
+  flags.AddString("placement", &placement,
+                  "round_robin | least_loaded | power_of_two | prefix_affinity "
+                  "(default least_loaded)");
+  flags.AddDouble("affinity-load-weight", &options.affinity_load_weight,
+                  "prefix_affinity: load tokens one cached token is worth (default 1)");
+  flags.AddString("tenants", &tenants_file, "API keys and quotas, textproto (default: none)");
+  flags.AddInt64("drain-grace-ms", &options.drain_grace_ms,
+                 "after SIGTERM, how long admitted requests may take to finish (default 30000)");
+  flags.AddString("curve-secret-key-file", &curve_secret_file,
+                  "CURVE secret key of the frontend (from `carpool-router keygen`)");
+  flags.AddString("curve-allow", &curve_allow_file,
+                  "client public keys allowed under CURVE, one per line");
   flags.AddBytes("max-request-bytes", &options.max_request_bytes,
                  "largest client message (default 1MiB)");
   flags.AddInt("max-migrations", &options.max_migrations,
@@ -35,27 +87,55 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (help) {
-    std::cout << "usage: carpool-router [flags]\n" << flags.Help();
+    std::cout << "usage: carpool-router [flags]\n       carpool-router keygen FILE\n"
+              << flags.Help();
     return 0;
   }
-  auto router = carpool::router::Router::Create(options);
-  if (!router.ok()) {
-    std::cerr << "carpool-router: " << router.status().message() << "\n";
-    return 1;
+  const auto fail = [](const absl::Status& s, int code) {
+    std::cerr << "carpool-router: " << s.message() << "\n";
+    return code;
+  };
+  auto policy = carpool::router::ParsePlacementPolicy(placement);
+  if (!policy.ok()) return fail(policy.status(), 2);
+  options.placement = *policy;
+  if (!tenants_file.empty()) {
+    auto tenants = carpool::router::TenantTable::Load(tenants_file);
+    if (!tenants.ok()) return fail(tenants.status(), 2);
+    options.tenants = std::move(*tenants);
   }
+  if (!curve_secret_file.empty()) {
+    auto key = carpool::router::ReadCurveKeyFile(curve_secret_file);
+    if (!key.ok()) return fail(key.status(), 2);
+    options.curve_secret_key = *key;
+    if (curve_allow_file.empty()) {
+      return fail(absl::InvalidArgumentError("--curve-secret-key-file needs --curve-allow"), 2);
+    }
+    auto allowed = carpool::router::ReadCurveAllowList(curve_allow_file);
+    if (!allowed.ok()) return fail(allowed.status(), 2);
+    options.curve_allowed_client_keys = std::move(*allowed);
+  } else if (!curve_allow_file.empty()) {
+    return fail(absl::InvalidArgumentError("--curve-allow needs --curve-secret-key-file"), 2);
+  }
+  auto router = carpool::router::Router::Create(options);
+  if (!router.ok()) return fail(router.status(), 1);
   g_router = router->get();
   struct sigaction sa = {};
   sa.sa_handler = OnSignal;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  if (!(*router)->curve_public_key().empty()) {
+    std::cerr << "carpool-router: CURVE on; server public key " << (*router)->curve_public_key()
+              << ", " << options.curve_allowed_client_keys.size() << " client key(s) allowed\n";
+  }
+  std::cerr << "carpool-router: placement " << placement << ", "
+            << (options.tenants.enabled() ? std::to_string(options.tenants.size()) + " tenant(s)"
+                                          : std::string("no tenants"))
+            << "\n";
   std::cerr << "carpool-router: frontend " << (*router)->frontend_endpoint() << ", backend "
             << (*router)->backend_endpoint() << std::endl;
   absl::Status s = (*router)->Run();
   g_router = nullptr;
-  if (!s.ok()) {
-    std::cerr << "carpool-router: " << s.message() << "\n";
-    return 1;
-  }
+  if (!s.ok()) return fail(s, 1);
   std::cerr << "carpool-router: stopped\n";
   return 0;
 }

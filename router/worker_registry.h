@@ -22,6 +22,7 @@ struct WorkerState {
   absl::flat_hash_set<uint64_t> requests;  // dispatched, not finished
   int64_t outstanding_tokens = 0;          // sum over requests of tokens still to process
   int64_t requests_served = 0;
+  int64_t migrations_in = 0;               // resumed requests dispatched to it
   bool draining = false;
 
   // Requests this worker can still take now.

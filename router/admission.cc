@@ -1,0 +1,394 @@
+#include "router/admission.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace carpool::router {
+namespace {
+
+constexpr int64_t kBucketMicros = 100'000;
+constexpr int64_t kMinObservationMicros = 1'000'000;
+// A tenant over max_concurrent is told to retry after this long.
+constexpr int64_t kConcurrencyRetryMs = 100;
+
+int Index(Priority p) { return std::clamp(static_cast<int>(p), 0, kNumPriorities - 1); }
+
+}  // namespace
+
+absl::Status AdmissionOptions::Validate() const {
+  if (max_queued_requests < 1) {
+    return absl::InvalidArgumentError("--max-queued-requests must be >= 1");
+  }
+  if (max_queued_tokens < 0 || max_inflight_tokens < 0 || interactive_reserve_tokens < 0) {
+    return absl::InvalidArgumentError(
+        "--max-queued-tokens, --max-inflight-tokens and --interactive-reserve must be >= 0");
+  }
+  if (max_inflight_tokens > 0 && interactive_reserve_tokens >= max_inflight_tokens) {
+    return absl::InvalidArgumentError("--interactive-reserve must be < --max-inflight-tokens");
+  }
+  if (priority_aging_ms < 1) return absl::InvalidArgumentError("--priority-aging-ms must be >= 1");
+  return absl::OkStatus();
+}
+
+AdmissionController::AdmissionController(const AdmissionOptions& options, TenantTable tenants)
+    : options_(options),
+      clock_(options.clock != nullptr ? options.clock : Clock::Real()),
+      tenants_(std::move(tenants)),
+      tenant_state_(tenants_.size()) {
+  const int64_t now = clock_->NowMicros();
+  for (int i = 0; i < tenants_.size(); ++i) {
+    tenant_state_[i].bucket = static_cast<double>(tenants_.at(i).burst_tokens);
+    tenant_state_[i].refilled_at = now;
+  }
+}
+
+int64_t AdmissionController::max_inflight_tokens() const {
+  return options_.max_inflight_tokens > 0 ? options_.max_inflight_tokens : capacity_tokens_;
+}
+
+void AdmissionController::Refill(TenantState* t, const TenantConfig& c, int64_t now) const {
+  if (c.tokens_per_minute <= 0) return;
+  const double per_micro = static_cast<double>(c.tokens_per_minute) / 60e6;
+  t->bucket = std::min(static_cast<double>(c.burst_tokens),
+                       t->bucket + per_micro * static_cast<double>(now - t->refilled_at));
+  t->refilled_at = now;
+}
+
+std::optional<Refusal> AdmissionController::CheckTenant(const AdmissionRequest& r, int64_t tokens,
+                                                        int64_t now) {
+  if (r.tenant < 0) return std::nullopt;
+  const TenantConfig& c = tenants_.at(r.tenant);
+  TenantState& t = tenant_state_[r.tenant];
+  if (!PriorityAllowed(r.priority, c.max_priority)) {
+    return Refusal{absl::StatusCode::kInvalidArgument, reason::kInvalidArgument,
+                   absl::StrCat("priority ", PriorityName(r.priority), " is above tenant ", c.name,
+                                "'s highest class, ", PriorityName(c.max_priority)),
+                   0};
+  }
+  if (c.max_concurrent > 0 && t.active >= c.max_concurrent) {
+    return Refusal{absl::StatusCode::kResourceExhausted, reason::kTenantQuota,
+                   absl::StrCat("tenant ", c.name, " has ", t.active,
+                                " requests in flight, its limit"),
+                   kConcurrencyRetryMs};
+  }
+  if (c.tokens_per_minute > 0) {
+    Refill(&t, c, now);
+    if (tokens > c.burst_tokens) {
+      return Refusal{absl::StatusCode::kResourceExhausted, reason::kTenantQuota,
+                     absl::StrCat("the request needs ", tokens, " tokens; tenant ", c.name,
+                                  "'s bucket holds at most ", c.burst_tokens),
+                     0};
+    }
+    if (t.bucket < static_cast<double>(tokens)) {
+      const double per_ms = static_cast<double>(c.tokens_per_minute) / 60e3;
+      const int64_t wait_ms = static_cast<int64_t>(
+          std::ceil((static_cast<double>(tokens) - t.bucket) / per_ms));
+      return Refusal{absl::StatusCode::kResourceExhausted, reason::kTenantQuota,
+                     absl::StrCat("tenant ", c.name, " is over its ", c.tokens_per_minute,
+                                  " tokens per minute"),
+                     std::max<int64_t>(1, wait_ms)};
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<Refusal> AdmissionController::Admit(const AdmissionRequest& r) {
+  const int64_t now = clock_->NowMicros();
+  const int64_t tokens = std::max<int64_t>(1, r.prompt_tokens + r.max_tokens);
+  if (std::optional<Refusal> refusal = CheckTenant(r, tokens, now)) return refusal;
+  const int queued = counters_.queued[0] + counters_.queued[1] + counters_.queued[2];
+  if (queued >= options_.max_queued_requests) {
+    return Refusal{absl::StatusCode::kUnavailable, reason::kQueueFull,
+                   absl::StrCat("the queue holds ", queued, " requests, its limit"),
+                   RetryAfterMs(counters_.queued_tokens / std::max(1, queued))};
+  }
+  if (options_.max_queued_tokens > 0 &&
+      counters_.queued_tokens + tokens > options_.max_queued_tokens) {
+    if (tokens > options_.max_queued_tokens) {
+      return Refusal{absl::StatusCode::kResourceExhausted, reason::kTokenBudget,
+                     absl::StrCat("the request reserves ", tokens,
+                                  " tokens (prompt + max_tokens); the queue's budget is ",
+                                  options_.max_queued_tokens),
+                     0};
+    }
+    return Refusal{absl::StatusCode::kResourceExhausted, reason::kTokenBudget,
+                   absl::StrCat("queued requests reserve ", counters_.queued_tokens,
+                                " tokens; this one's ", tokens, " would pass the budget of ",
+                                options_.max_queued_tokens),
+                   RetryAfterMs(counters_.queued_tokens + tokens - options_.max_queued_tokens)};
+  }
+  if (r.deadline_micros > 0) {
+    const double rate = ServiceRate();
+    int64_t ahead = 0;
+    for (int p = 0; p <= Index(r.priority); ++p) ahead += counters_.queued_tokens_by_class[p];
+    if (rate > 0 && ahead > 0) {
+      const double wait_micros = static_cast<double>(ahead) / rate * 1e6;
+      if (static_cast<double>(now) + wait_micros > static_cast<double>(r.deadline_micros)) {
+        return Refusal{absl::StatusCode::kDeadlineExceeded, reason::kDeadlineUnmeetable,
+                       absl::StrCat("the queue ahead holds ", ahead, " tokens; at ",
+                                    static_cast<int64_t>(rate), " tokens/s it needs ",
+                                    static_cast<int64_t>(wait_micros / 1000),
+                                    " ms, past the deadline"),
+                       0};
+      }
+    }
+  }
+  if (r.tenant >= 0) {
+    TenantState& t = tenant_state_[r.tenant];
+    ++t.active;
+    if (tenants_.at(r.tenant).tokens_per_minute > 0) t.bucket -= static_cast<double>(tokens);
+  }
+  Entry e;
+  e.request = r;
+  e.tokens = tokens;
+  e.arrival = now;
+  entries_[r.id] = e;
+  queues_[Index(r.priority)].push_back(r.id);
+  ++counters_.queued[Index(r.priority)];
+  counters_.queued_tokens += tokens;
+  counters_.queued_tokens_by_class[Index(r.priority)] += tokens;
+  return std::nullopt;
+}
+
+int AdmissionController::Level(const Entry& e, int64_t now) const {
+  const int64_t aged = (now - e.arrival) / (options_.priority_aging_ms * 1000);
+  return static_cast<int>(std::max<int64_t>(0, Index(e.request.priority) - aged));
+}
+
+bool AdmissionController::Fits(const Entry& e) const {
+  if (counters_.inflight == 0) return true;  // anything may run alone
+  int64_t budget = max_inflight_tokens();
+  if (e.request.priority != Priority::kInteractive) budget -= options_.interactive_reserve_tokens;
+  return counters_.inflight_tokens + e.tokens <= budget;
+}
+
+std::optional<uint64_t> AdmissionController::Head(int p, int64_t now) {
+  std::deque<uint64_t>& q = queues_[p];
+  while (!q.empty()) {
+    auto it = entries_.find(q.front());
+    if (it != entries_.end() && it->second.queued) break;
+    q.pop_front();
+  }
+  // Requests past their deadline stay queued until Expired() reports them, but never go.
+  for (uint64_t id : q) {
+    auto it = entries_.find(id);
+    if (it == entries_.end() || !it->second.queued) continue;
+    const int64_t deadline = it->second.request.deadline_micros;
+    if (deadline > 0 && now >= deadline) continue;
+    return id;
+  }
+  return std::nullopt;
+}
+
+std::optional<uint64_t> AdmissionController::Next() {
+  const int64_t now = clock_->NowMicros();
+  std::optional<uint64_t> best;
+  int best_level = 0;
+  int64_t best_arrival = 0;
+  for (int p = 0; p < kNumPriorities; ++p) {
+    std::optional<uint64_t> head = Head(p, now);
+    if (!head) continue;
+    const Entry& e = entries_.at(*head);
+    const int level = Level(e, now);
+    if (!best || level < best_level || (level == best_level && e.arrival < best_arrival)) {
+      best = head;
+      best_level = level;
+      best_arrival = e.arrival;
+    }
+  }
+  if (!best) return std::nullopt;
+  if (Fits(entries_.at(*best))) return best;
+  const int interactive = Index(Priority::kInteractive);
+  std::optional<uint64_t> head = Head(interactive, now);
+  if (head && *head != *best && Fits(entries_.at(*head))) return head;
+  return std::nullopt;
+}
+
+void AdmissionController::MarkDispatched(uint64_t id) {
+  Entry& e = entries_.at(id);
+  e.queued = false;
+  --counters_.queued[Index(e.request.priority)];
+  counters_.queued_tokens -= e.tokens;
+  counters_.queued_tokens_by_class[Index(e.request.priority)] -= e.tokens;
+  ++counters_.inflight;
+  counters_.inflight_tokens += e.tokens;
+  std::deque<uint64_t>& q = queues_[Index(e.request.priority)];
+  if (!q.empty() && q.front() == id) {
+    q.pop_front();
+  } else {
+    // Behind expired requests: take it out here, so a later Requeue finds no stale copy.
+    auto it = std::find(q.begin(), q.end(), id);
+    if (it != q.end()) q.erase(it);
+  }
+}
+
+void AdmissionController::Requeue(uint64_t id) {
+  Entry& e = entries_.at(id);
+  e.queued = true;
+  --counters_.inflight;
+  counters_.inflight_tokens -= e.tokens;
+  ++counters_.queued[Index(e.request.priority)];
+  counters_.queued_tokens += e.tokens;
+  counters_.queued_tokens_by_class[Index(e.request.priority)] += e.tokens;
+  std::deque<uint64_t>& q = queues_[Index(e.request.priority)];
+  // A stale copy of the id further back (it was dispatched from behind a tombstone) would make
+  // it appear twice; drop it so the queue holds the id once.
+  q.erase(std::remove(q.begin(), q.end(), id), q.end());
+  q.push_front(id);
+}
+
+bool AdmissionController::Release(uint64_t id, int64_t generated_tokens, bool completed) {
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return false;
+  const Entry& e = it->second;
+  const int64_t now = clock_->NowMicros();
+  if (e.queued) {
+    --counters_.queued[Index(e.request.priority)];
+    counters_.queued_tokens -= e.tokens;
+    counters_.queued_tokens_by_class[Index(e.request.priority)] -= e.tokens;
+  } else {
+    --counters_.inflight;
+    counters_.inflight_tokens -= e.tokens;
+  }
+  if (e.request.tenant >= 0) {
+    TenantState& t = tenant_state_[e.request.tenant];
+    const TenantConfig& c = tenants_.at(e.request.tenant);
+    --t.active;
+    if (c.tokens_per_minute > 0) {
+      Refill(&t, c, now);
+      const int64_t refund =
+          e.queued ? e.tokens
+                   : std::max<int64_t>(0, e.request.max_tokens - generated_tokens);
+      t.bucket = std::min(static_cast<double>(c.burst_tokens),
+                          t.bucket + static_cast<double>(refund));
+    }
+  }
+  if (completed) RecordFinish(e.tokens, now);
+  entries_.erase(it);
+  return true;
+}
+
+bool AdmissionController::IsQueued(uint64_t id) const {
+  auto it = entries_.find(id);
+  return it != entries_.end() && it->second.queued;
+}
+
+int AdmissionController::TenantActive(int tenant) const {
+  return tenant >= 0 && tenant < static_cast<int>(tenant_state_.size())
+             ? tenant_state_[tenant].active
+             : 0;
+}
+
+std::vector<uint64_t> AdmissionController::Expired() const {
+  const int64_t now = clock_->NowMicros();
+  std::vector<uint64_t> out;
+  for (const auto& [id, e] : entries_) {
+    if (e.queued && e.request.deadline_micros > 0 && now >= e.request.deadline_micros) {
+      out.push_back(id);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<uint64_t> AdmissionController::Overdue() const {
+  const int64_t now = clock_->NowMicros();
+  std::vector<uint64_t> out;
+  for (const auto& [id, e] : entries_) {
+    if (!e.queued && e.request.deadline_micros > 0 && now >= e.request.deadline_micros) {
+      out.push_back(id);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void AdmissionController::RecordFinish(int64_t tokens, int64_t now) {
+  if (first_observation_ < 0) first_observation_ = now;
+  const int64_t bucket = now / kBucketMicros;
+  if (finishes_.empty() || finishes_.back().first != bucket) {
+    finishes_.emplace_back(bucket, 0);
+  }
+  finishes_.back().second += tokens;
+  const int64_t oldest = (now - kRateWindowMicros) / kBucketMicros;
+  while (!finishes_.empty() && finishes_.front().first <= oldest) finishes_.pop_front();
+}
+
+double AdmissionController::ServiceRate() const {
+  const int64_t now = clock_->NowMicros();
+  if (first_observation_ < 0 || now - first_observation_ < kMinObservationMicros) return 0;
+  // Drop buckets older than the window (a const method keeps the deque as is and skips them).
+  const int64_t oldest = (now - kRateWindowMicros) / kBucketMicros;
+  int64_t tokens = 0;
+  for (const auto& [bucket, n] : finishes_) {
+    if (bucket > oldest) tokens += n;
+  }
+  if (tokens == 0) return 0;
+  const int64_t span = std::min(kRateWindowMicros, now - first_observation_);
+  return static_cast<double>(tokens) * 1e6 / static_cast<double>(span);
+}
+
+int64_t AdmissionController::RetryAfterMs(int64_t tokens) const {
+  const double rate = ServiceRate();
+  if (rate <= 0) return 200;
+  const int64_t ms = static_cast<int64_t>(static_cast<double>(tokens) / rate * 1e3);
+  return std::clamp<int64_t>(ms, 50, 10'000);
+}
+
+absl::Status AdmissionController::CheckInvariants() const {
+  AdmissionCounters c;
+  std::vector<int> active(tenant_state_.size(), 0);
+  for (const auto& [id, e] : entries_) {
+    if (e.queued) {
+      ++c.queued[Index(e.request.priority)];
+      c.queued_tokens += e.tokens;
+      c.queued_tokens_by_class[Index(e.request.priority)] += e.tokens;
+    } else {
+      ++c.inflight;
+      c.inflight_tokens += e.tokens;
+    }
+    if (e.request.tenant >= 0) ++active[e.request.tenant];
+  }
+  const auto mismatch = [](const char* what, int64_t want, int64_t have) {
+    return absl::InternalError(absl::StrCat(what, ": entries say ", want, ", counter says ", have));
+  };
+  for (int p = 0; p < kNumPriorities; ++p) {
+    if (c.queued[p] != counters_.queued[p]) {
+      return mismatch("queued", c.queued[p], counters_.queued[p]);
+    }
+    if (c.queued_tokens_by_class[p] != counters_.queued_tokens_by_class[p]) {
+      return mismatch("queued tokens by class", c.queued_tokens_by_class[p],
+                      counters_.queued_tokens_by_class[p]);
+    }
+  }
+  if (c.inflight != counters_.inflight) return mismatch("inflight", c.inflight, counters_.inflight);
+  if (c.queued_tokens != counters_.queued_tokens) {
+    return mismatch("queued_tokens", c.queued_tokens, counters_.queued_tokens);
+  }
+  if (c.inflight_tokens != counters_.inflight_tokens) {
+    return mismatch("inflight_tokens", c.inflight_tokens, counters_.inflight_tokens);
+  }
+  for (size_t t = 0; t < active.size(); ++t) {
+    if (active[t] != tenant_state_[t].active) {
+      return mismatch("tenant active", active[t], tenant_state_[t].active);
+    }
+    const TenantConfig& cfg = tenants_.at(static_cast<int>(t));
+    if (cfg.tokens_per_minute > 0 &&
+        tenant_state_[t].bucket > static_cast<double>(cfg.burst_tokens) + 1e-6) {
+      return absl::InternalError(absl::StrCat("tenant ", cfg.name, "'s bucket overflows"));
+    }
+  }
+  // Every queued entry is in its class's queue.
+  for (const auto& [id, e] : entries_) {
+    if (!e.queued) continue;
+    const auto& q = queues_[Index(e.request.priority)];
+    if (std::find(q.begin(), q.end(), id) == q.end()) {
+      return absl::InternalError(absl::StrCat("queued request ", id, " is in no queue"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace carpool::router

@@ -1,0 +1,176 @@
+// The router's admission controller: decides at arrival whether the cluster takes a request,
+// holds the global queue of the ones it took, and says which one a worker should get next.
+// Pure bookkeeping: no sockets, time from an injected Clock, so tests drive it by hand.
+//
+// Reservations. An admitted request reserves `tokens` (prompt + max_tokens) and one queue slot.
+// Queued, it counts against max_queued_requests and max_queued_tokens; dispatched, against
+// max_inflight_tokens. Release() gives everything back exactly once, wherever the request is;
+// with no request left every counter is zero (CheckInvariants() verifies the sums).
+//
+// Order. Three FIFO queues, one per class. A queued request's level is its class's base
+// (interactive 0, default 1, batch 2) minus one per `priority_aging_ms` it has waited, never
+// below 0: a batch request waiting 2 aging periods competes with interactive work as an equal.
+// Next() considers the head of each queue and picks the lowest level, then the earliest arrival.
+// The pick dispatches only if its tokens fit the in-flight budget of its class (everything for
+// interactive; max_inflight_tokens - interactive_reserve_tokens for the others) or nothing is in
+// flight; otherwise an interactive head that fits may go first, and everyone else waits (no
+// smaller request overtakes a larger one of the same or a better level).
+//
+// Deadlines. Expired() lists queued requests whose deadline has passed (Next() never returns
+// them), and Overdue() the dispatched ones. At admission a request with a deadline is refused `deadline_unmeetable` when
+//   queued tokens at its class or better  /  measured service rate  >  its deadline,
+// where the service rate is the reserved tokens of requests that finished in the last
+// kRateWindowMicros, per second (unknown, and never a reason to refuse, until a full second of
+// observations with at least one finish exists).
+//
+// Tenants (router/tenants.h) are indices into the table given at construction; -1 is the
+// anonymous tenant of a router without --tenants (no limits).
+//
+// Thread-compatible: owned by the router's event loop.
+#ifndef CARPOOL_ROUTER_ADMISSION_H_
+#define CARPOOL_ROUTER_ADMISSION_H_
+
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "common/clock.h"
+#include "common/messages.h"
+#include "router/tenants.h"
+
+namespace carpool::router {
+
+inline constexpr int kNumPriorities = 3;  // indexed by static_cast<int>(Priority)
+inline constexpr int64_t kRateWindowMicros = 10'000'000;
+
+struct AdmissionOptions {
+  // Requests queued at once; beyond it UNAVAILABLE queue_full. Default: 10000.
+  int max_queued_requests = 10000;
+  // Tokens (prompt + max_tokens) reserved by queued requests; beyond it RESOURCE_EXHAUSTED
+  // token_budget. Default: 0 = no limit.
+  int64_t max_queued_tokens = 0;
+  // Tokens reserved by dispatched requests, cluster-wide. 0: the workers' KV capacity (the sum
+  // of num_kv_blocks * block_size, from SetCapacityTokens). Default: 0.
+  int64_t max_inflight_tokens = 0;
+  // Part of the in-flight budget only interactive requests may use. Default: 0.
+  int64_t interactive_reserve_tokens = 0;
+  // Waiting this long raises a queued request one class. Default: 5000.
+  int64_t priority_aging_ms = 5000;
+  // Not owned; Clock::Real() when null.
+  Clock* clock = nullptr;
+
+  absl::Status Validate() const;
+};
+
+struct AdmissionRequest {
+  uint64_t id = 0;                 // unique for the controller's lifetime
+  int tenant = -1;                 // index into the tenant table; -1: anonymous
+  Priority priority = Priority::kDefault;
+  int64_t prompt_tokens = 0;
+  int64_t max_tokens = 0;
+  int64_t deadline_micros = 0;     // absolute, on the clock; 0: none
+};
+
+// Why a request was not admitted, as the client will see it.
+struct Refusal {
+  absl::StatusCode code = absl::StatusCode::kUnavailable;
+  const char* reason = reason::kQueueFull;
+  std::string message;
+  int64_t retry_after_ms = 0;
+};
+
+struct AdmissionCounters {
+  std::array<int, kNumPriorities> queued = {0, 0, 0};
+  int inflight = 0;
+  int64_t queued_tokens = 0;
+  std::array<int64_t, kNumPriorities> queued_tokens_by_class = {0, 0, 0};
+  int64_t inflight_tokens = 0;
+};
+
+class AdmissionController {
+ public:
+  AdmissionController(const AdmissionOptions& options, TenantTable tenants);
+
+  // Admits `request` (it is queued at the back of its class) or says why not. Checks, in order:
+  // tenant priority, tenant concurrency and token bucket, queue slots, queued tokens, deadline.
+  std::optional<Refusal> Admit(const AdmissionRequest& request);
+
+  // The queued request that should be dispatched now, by the rule above; nullopt when none may
+  // go. Does not change state.
+  std::optional<uint64_t> Next();
+  // Moves a queued request to in flight. REQUIRES: it is queued.
+  void MarkDispatched(uint64_t id);
+  // Puts an in-flight request back at the front of its class (its worker died or refused it).
+  // Its place in the queue may exceed max_queued_requests for a while. REQUIRES: in flight.
+  void Requeue(uint64_t id);
+  // Ends a request wherever it is. `generated_tokens` were produced for it (refunded from the
+  // tenant's bucket: what it did not use of max_tokens, or everything if never dispatched);
+  // `completed` feeds the service rate. False (and nothing changes) for an unknown id.
+  bool Release(uint64_t id, int64_t generated_tokens, bool completed);
+
+  // Queued requests whose deadline is at or before now; dispatched ones (Overdue).
+  std::vector<uint64_t> Expired() const;
+  std::vector<uint64_t> Overdue() const;
+
+  // The cluster's KV capacity in tokens; the in-flight budget when max_inflight_tokens is 0.
+  void SetCapacityTokens(int64_t tokens) { capacity_tokens_ = tokens; }
+  int64_t max_inflight_tokens() const;
+
+  // Reserved tokens finished per second over the window; 0 while unknown.
+  double ServiceRate() const;
+  // A retry_after_ms hint for a client refused for lack of room: the time the cluster needs to
+  // finish `tokens` at the measured rate, clamped to [50, 10000]; 200 while the rate is unknown.
+  int64_t RetryAfterMs(int64_t tokens) const;
+
+  bool Contains(uint64_t id) const { return entries_.contains(id); }
+  bool IsQueued(uint64_t id) const;
+  const AdmissionCounters& counters() const { return counters_; }
+  const TenantTable& tenants() const { return tenants_; }
+  int TenantActive(int tenant) const;
+  // Recomputes every counter from the entries; an error names the first mismatch.
+  absl::Status CheckInvariants() const;
+
+ private:
+  struct Entry {
+    AdmissionRequest request;
+    int64_t tokens = 0;
+    int64_t arrival = 0;
+    bool queued = true;
+  };
+  struct TenantState {
+    int active = 0;
+    double bucket = 0;       // tokens available
+    int64_t refilled_at = 0; // micros
+  };
+
+  int Level(const Entry& e, int64_t now) const;
+  bool Fits(const Entry& e) const;
+  // The first id of queue `p` that may be dispatched (queued, deadline not passed); drops ids
+  // released while queued from the front.
+  std::optional<uint64_t> Head(int p, int64_t now);
+  void Refill(TenantState* t, const TenantConfig& c, int64_t now) const;
+  std::optional<Refusal> CheckTenant(const AdmissionRequest& r, int64_t tokens, int64_t now);
+  void RecordFinish(int64_t tokens, int64_t now);
+
+  AdmissionOptions options_;
+  Clock* clock_;
+  TenantTable tenants_;
+  std::vector<TenantState> tenant_state_;
+  absl::flat_hash_map<uint64_t, Entry> entries_;
+  // Ids in arrival order per class; ids no longer queued are skipped and dropped lazily.
+  std::array<std::deque<uint64_t>, kNumPriorities> queues_;
+  AdmissionCounters counters_;
+  int64_t capacity_tokens_ = 0;
+  // Finished reserved tokens per 100 ms bucket over the rate window.
+  std::deque<std::pair<int64_t, int64_t>> finishes_;
+  int64_t first_observation_ = -1;
+};
+
+}  // namespace carpool::router
+
+#endif  // CARPOOL_ROUTER_ADMISSION_H_

@@ -1,0 +1,280 @@
+#include "router/admission.h"
+
+#include <random>
+
+#include "absl/container/flat_hash_set.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace carpool::router {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kTenants[] = R"pb(
+  tenant { key: "k-alpha" name: "alpha" max_concurrent: 4 tokens_per_minute: 6000 burst_tokens: 600 }
+  tenant { key: "k-beta" name: "beta" max_priority: PRIORITY_INTERACTIVE }
+)pb";
+
+class AdmissionTest : public ::testing::Test {
+ protected:
+  AdmissionController Make(AdmissionOptions o, bool tenants = false) {
+    o.clock = &clock_;
+    TenantTable t;
+    if (tenants) {
+      auto parsed = TenantTable::Parse(kTenants);
+      EXPECT_TRUE(parsed.ok()) << parsed.status();
+      t = *parsed;
+    }
+    return AdmissionController(o, t);
+  }
+  AdmissionRequest Req(Priority p, int64_t prompt, int64_t max_tokens, int tenant = -1) {
+    AdmissionRequest r;
+    r.id = next_id_++;
+    r.priority = p;
+    r.prompt_tokens = prompt;
+    r.max_tokens = max_tokens;
+    r.tenant = tenant;
+    return r;
+  }
+  FakeClock clock_{1'000'000};
+  uint64_t next_id_ = 1;
+};
+
+TEST_F(AdmissionTest, QueueFullAndTokenBudgetAreTypedRefusalsWithRetryAfter) {
+  AdmissionOptions o;
+  o.max_queued_requests = 2;
+  o.max_queued_tokens = 100;
+  AdmissionController a = Make(o);
+  EXPECT_FALSE(a.Admit(Req(Priority::kDefault, 10, 10)).has_value());
+  auto big = a.Admit(Req(Priority::kDefault, 60, 40));
+  ASSERT_TRUE(big.has_value());
+  EXPECT_EQ(big->reason, std::string(reason::kTokenBudget));
+  EXPECT_EQ(big->code, absl::StatusCode::kResourceExhausted);
+  EXPECT_GT(big->retry_after_ms, 0);
+  auto never = a.Admit(Req(Priority::kDefault, 100, 1));
+  ASSERT_TRUE(never.has_value());
+  EXPECT_THAT(never->message, HasSubstr("budget is 100"));
+  EXPECT_FALSE(a.Admit(Req(Priority::kDefault, 10, 10)).has_value());
+  auto full = a.Admit(Req(Priority::kDefault, 1, 1));
+  ASSERT_TRUE(full.has_value());
+  EXPECT_EQ(full->reason, std::string(reason::kQueueFull));
+  EXPECT_EQ(full->code, absl::StatusCode::kUnavailable);
+  EXPECT_GT(full->retry_after_ms, 0);
+  EXPECT_EQ(a.counters().queued_tokens, 40);
+  EXPECT_TRUE(a.CheckInvariants().ok());
+}
+
+TEST_F(AdmissionTest, InteractiveFirstThenAgingLetsBatchCatchUp) {
+  AdmissionOptions o;
+  o.priority_aging_ms = 1000;
+  AdmissionController a = Make(o);
+  a.SetCapacityTokens(1 << 20);
+  const AdmissionRequest batch = Req(Priority::kBatch, 1, 1);
+  ASSERT_FALSE(a.Admit(batch).has_value());
+  clock_.AdvanceMicros(1000);
+  const AdmissionRequest inter = Req(Priority::kInteractive, 1, 1);
+  ASSERT_FALSE(a.Admit(inter).has_value());
+  EXPECT_EQ(a.Next(), inter.id);
+  // After two aging periods the batch request is level 0 and older: it goes first.
+  clock_.AdvanceMicros(2'000'000);
+  const AdmissionRequest inter2 = Req(Priority::kInteractive, 1, 1);
+  ASSERT_FALSE(a.Admit(inter2).has_value());
+  EXPECT_EQ(a.Next(), batch.id);
+}
+
+TEST_F(AdmissionTest, InflightBudgetAndInteractiveReserve) {
+  AdmissionOptions o;
+  o.max_inflight_tokens = 100;
+  o.interactive_reserve_tokens = 30;
+  AdmissionController a = Make(o);
+  const AdmissionRequest d1 = Req(Priority::kDefault, 30, 30);
+  const AdmissionRequest d2 = Req(Priority::kDefault, 5, 5);
+  const AdmissionRequest i1 = Req(Priority::kInteractive, 10, 10);
+  for (const auto& r : {d1, d2}) ASSERT_FALSE(a.Admit(r).has_value());
+  ASSERT_EQ(a.Next(), d1.id);
+  a.MarkDispatched(d1.id);
+  // d2 would reach 70 of the 70 non-interactive tokens: fits exactly.
+  ASSERT_EQ(a.Next(), d2.id);
+  a.MarkDispatched(d2.id);
+  const AdmissionRequest d3 = Req(Priority::kDefault, 1, 1);
+  ASSERT_FALSE(a.Admit(d3).has_value());
+  EXPECT_EQ(a.Next(), std::nullopt);  // only the reserve is left
+  ASSERT_FALSE(a.Admit(i1).has_value());
+  EXPECT_EQ(a.Next(), i1.id);  // interactive may use it
+  EXPECT_EQ(a.max_inflight_tokens(), 100);
+}
+
+TEST_F(AdmissionTest, TenantsQuotaPriorityAndRefunds) {
+  AdmissionController a = Make(AdmissionOptions(), /*tenants=*/true);
+  // alpha may not send interactive work.
+  auto prio = a.Admit(Req(Priority::kInteractive, 1, 1, 0));
+  ASSERT_TRUE(prio.has_value());
+  EXPECT_EQ(prio->reason, std::string(reason::kInvalidArgument));
+  // Bucket of 600 tokens, refilled at 100/s.
+  const AdmissionRequest r1 = Req(Priority::kDefault, 200, 300, 0);
+  ASSERT_FALSE(a.Admit(r1).has_value());
+  auto over = a.Admit(Req(Priority::kDefault, 100, 100, 0));
+  ASSERT_TRUE(over.has_value());
+  EXPECT_EQ(over->reason, std::string(reason::kTenantQuota));
+  EXPECT_EQ(over->retry_after_ms, 1000);  // 100 missing tokens at 100 tokens/s
+  // Finishing after 50 of 300 tokens refunds the other 250.
+  a.SetCapacityTokens(10000);
+  a.MarkDispatched(*a.Next());
+  ASSERT_TRUE(a.Release(r1.id, 50, true));
+  EXPECT_FALSE(a.Release(r1.id, 50, true));  // exactly once
+  EXPECT_FALSE(a.Admit(Req(Priority::kDefault, 100, 100, 0)).has_value());
+  // Concurrency: 4 at most.
+  for (int i = 0; i < 3; ++i) ASSERT_FALSE(a.Admit(Req(Priority::kBatch, 1, 1, 0)).has_value());
+  auto busy = a.Admit(Req(Priority::kBatch, 1, 1, 0));
+  ASSERT_TRUE(busy.has_value());
+  EXPECT_THAT(busy->message, HasSubstr("in flight"));
+  // beta: no limits, interactive allowed.
+  EXPECT_FALSE(a.Admit(Req(Priority::kInteractive, 5000, 5000, 1)).has_value());
+  EXPECT_EQ(a.TenantActive(0), 4);
+  EXPECT_TRUE(a.CheckInvariants().ok());
+}
+
+TEST_F(AdmissionTest, DeadlinesExpireAndUnmeetableOnesAreRefused) {
+  AdmissionController a = Make(AdmissionOptions());
+  a.SetCapacityTokens(1000);
+  // Measure a rate: 10 requests of 100 tokens finish over 1 s = 1000 tokens/s.
+  for (int i = 0; i < 10; ++i) {
+    const AdmissionRequest r = Req(Priority::kDefault, 50, 50);
+    ASSERT_FALSE(a.Admit(r).has_value());
+    a.MarkDispatched(*a.Next());
+    clock_.AdvanceMicros(120'000);
+    ASSERT_TRUE(a.Release(r.id, 50, true));
+  }
+  EXPECT_NEAR(a.ServiceRate(), 1000, 150);
+  // Queue 2000 tokens ahead: 2 s of work.
+  for (int i = 0; i < 20; ++i) ASSERT_FALSE(a.Admit(Req(Priority::kDefault, 50, 50)).has_value());
+  AdmissionRequest tight = Req(Priority::kDefault, 10, 10);
+  tight.deadline_micros = clock_.NowMicros() + 500'000;
+  auto refused = a.Admit(tight);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->reason, std::string(reason::kDeadlineUnmeetable));
+  // Interactive work is not behind the default queue.
+  AdmissionRequest inter = Req(Priority::kInteractive, 10, 10);
+  inter.deadline_micros = clock_.NowMicros() + 500'000;
+  ASSERT_FALSE(a.Admit(inter).has_value());
+  AdmissionRequest loose = Req(Priority::kDefault, 10, 10);
+  loose.deadline_micros = clock_.NowMicros() + 5'000'000;
+  ASSERT_FALSE(a.Admit(loose).has_value());
+  clock_.AdvanceMicros(600'000);
+  EXPECT_EQ(a.Expired(), std::vector<uint64_t>{inter.id});
+  // An expired request is never the next one, even at the head of the best class.
+  EXPECT_NE(a.Next(), inter.id);
+}
+
+// Must-show 1: thousands of random admit / reject / dispatch / requeue (worker death) / cancel /
+// expire / finish events on a fake clock; every step keeps the counters equal to the sums over
+// the live requests, no request past its deadline is dispatched, no dispatch exceeds the budget,
+// and once everything has ended every counter is zero and every tenant's bucket is full again.
+TEST_F(AdmissionTest, RandomEventsKeepInvariantsAndEndAtZero) {
+  AdmissionOptions o;
+  o.max_queued_requests = 40;
+  o.max_queued_tokens = 4000;
+  o.interactive_reserve_tokens = 200;
+  o.priority_aging_ms = 300;
+  AdmissionController a = Make(o, /*tenants=*/true);
+  std::mt19937_64 rng(1234);
+  auto uniform = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  absl::flat_hash_set<uint64_t> queued, inflight;
+  absl::flat_hash_map<uint64_t, int64_t> deadline;
+  int admitted = 0, refused = 0, dispatched = 0, requeued = 0, expired = 0, finished = 0;
+  a.SetCapacityTokens(1000);
+  for (int step = 0; step < 20000; ++step) {
+    const int64_t op = uniform(0, 99);
+    if (op < 35) {
+      AdmissionRequest r = Req(static_cast<Priority>(uniform(0, 2)), uniform(1, 200),
+                               uniform(1, 200), static_cast<int>(uniform(-1, 1)));
+      if (uniform(0, 3) == 0) r.deadline_micros = clock_.NowMicros() + uniform(1, 400) * 1000;
+      if (a.Admit(r).has_value()) {
+        ++refused;
+      } else {
+        ++admitted;
+        queued.insert(r.id);
+        deadline[r.id] = r.deadline_micros;
+      }
+    } else if (op < 60) {
+      const int64_t before = a.counters().inflight_tokens;
+      std::optional<uint64_t> id = a.Next();
+      if (id) {
+        ASSERT_TRUE(queued.contains(*id));
+        ASSERT_TRUE(deadline[*id] == 0 || clock_.NowMicros() < deadline[*id]);
+        ASSERT_TRUE(before == 0 || a.counters().inflight == 0 ||
+                    before <= a.max_inflight_tokens());
+        a.MarkDispatched(*id);
+        queued.erase(*id);
+        inflight.insert(*id);
+        ++dispatched;
+        ASSERT_TRUE(a.counters().inflight == 1 ||
+                    a.counters().inflight_tokens <= a.max_inflight_tokens());
+      }
+    } else if (op < 68 && !inflight.empty()) {
+      // A worker died: some of its requests go back to the front.
+      const uint64_t id = *inflight.begin();
+      a.Requeue(id);
+      inflight.erase(id);
+      queued.insert(id);
+      ++requeued;
+    } else if (op < 80 && !inflight.empty()) {
+      const uint64_t id = *inflight.begin();
+      ASSERT_TRUE(a.Release(id, uniform(0, 50), /*completed=*/true));
+      inflight.erase(id);
+      ++finished;
+    } else if (op < 86 && !queued.empty()) {
+      const uint64_t id = *queued.begin();  // cancelled while queued
+      ASSERT_TRUE(a.Release(id, 0, false));
+      queued.erase(id);
+    } else if (op < 95) {
+      clock_.AdvanceMicros(uniform(1, 50) * 1000);
+      for (uint64_t id : a.Expired()) {
+        ASSERT_TRUE(queued.contains(id));
+        ASSERT_TRUE(a.Release(id, 0, false));
+        queued.erase(id);
+        ++expired;
+      }
+      for (uint64_t id : a.Overdue()) {
+        ASSERT_TRUE(inflight.contains(id));
+        ASSERT_TRUE(a.Release(id, 1, false));
+        inflight.erase(id);
+      }
+    } else {
+      a.SetCapacityTokens(uniform(0, 2000));  // workers come and go
+    }
+    ASSERT_TRUE(a.CheckInvariants().ok()) << a.CheckInvariants() << " at step " << step;
+    ASSERT_EQ(static_cast<int>(queued.size()),
+              a.counters().queued[0] + a.counters().queued[1] + a.counters().queued[2]);
+    ASSERT_EQ(static_cast<int>(inflight.size()), a.counters().inflight);
+  }
+  for (uint64_t id : queued) ASSERT_TRUE(a.Release(id, 0, false));
+  for (uint64_t id : inflight) ASSERT_TRUE(a.Release(id, 3, true));
+  const AdmissionCounters& c = a.counters();
+  EXPECT_EQ(c.queued[0] + c.queued[1] + c.queued[2], 0);
+  EXPECT_EQ(c.inflight, 0);
+  EXPECT_EQ(c.queued_tokens, 0);
+  EXPECT_EQ(c.inflight_tokens, 0);
+  for (int p = 0; p < kNumPriorities; ++p) EXPECT_EQ(c.queued_tokens_by_class[p], 0);
+  EXPECT_EQ(a.TenantActive(0), 0);
+  EXPECT_EQ(a.TenantActive(1), 0);
+  EXPECT_TRUE(a.CheckInvariants().ok());
+  EXPECT_EQ(a.Next(), std::nullopt);
+  // A minute later alpha's bucket is full again: a request of its whole burst is admitted.
+  clock_.AdvanceMicros(60'000'000);
+  const AdmissionRequest whole = Req(Priority::kDefault, 300, 300, 0);
+  EXPECT_FALSE(a.Admit(whole).has_value());
+  // Every kind of event happened, many times.
+  EXPECT_GT(admitted, 1000);
+  EXPECT_GT(refused, 100);
+  EXPECT_GT(dispatched, 1000);
+  EXPECT_GT(requeued, 100);
+  EXPECT_GT(expired, 50);
+  EXPECT_GT(finished, 500);
+}
+
+}  // namespace
+}  // namespace carpool::router

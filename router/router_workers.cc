@@ -1,0 +1,307 @@
+// Router::Impl, worker side: dispatch, registrations, token relay, failover, stats.
+#include <algorithm>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "router/router_impl.h"
+#include "worker/tokenizer.h"
+
+namespace carpool::router {
+namespace {
+
+double Millis(int64_t from, int64_t to) { return to > 0 ? (to - from) / 1000.0 : 0.0; }
+
+int64_t CapacityTokens(const WorkerState& w) {
+  return int64_t{w.info.num_kv_blocks} * std::max(0, w.info.block_size);
+}
+
+}  // namespace
+
+// ---- dispatch
+
+void Router::Impl::TryDispatch() {
+  if (registry_.empty()) return;
+  std::vector<WorkerState*> workers;
+  std::vector<WorkerSnapshot> snapshots;
+  const bool affinity = options_.placement == PlacementPolicy::kPrefixAffinity;
+  while (std::optional<uint64_t> id = admission_->Next()) {
+    Request& r = requests_.at(*id);
+    if (!r.validated && !Validate(&r)) {
+      End(*id);
+      continue;
+    }
+    if (workers.empty()) {
+      workers = registry_.Mutable();
+      snapshots.resize(workers.size());
+    }
+    std::vector<uint64_t> chain;
+    int chain_block_size = -1;
+    for (size_t i = 0; i < workers.size(); ++i) {
+      const WorkerState& w = *workers[i];
+      snapshots[i] = {w.credit(), w.outstanding_tokens, CapacityTokens(w), 0};
+      if (affinity && w.credit() > 0) {
+        if (w.info.block_size != chain_block_size) {
+          chain_block_size = w.info.block_size;
+          chain = PromptBlockHashes(r.prompt, chain_block_size, r.cache_salt);
+        }
+        snapshots[i].cached_prefix_tokens =
+            int64_t{prefix_index_.MatchedBlocks(w.identity, chain)} * w.info.block_size;
+      }
+    }
+    PlacementInput in;
+    in.request_tokens = static_cast<int64_t>(r.prompt.size()) + r.sampling.max_tokens;
+    in.cursor = placements_;
+    in.random = rng_();
+    in.affinity_load_weight = options_.affinity_load_weight;
+    std::optional<int> pick = Place(options_.placement, snapshots, in);
+    if (!pick) return;
+    admission_->MarkDispatched(*id);
+    ++placements_;
+    Dispatch(&r, workers[*pick], snapshots[*pick].cached_prefix_tokens);
+  }
+}
+
+void Router::Impl::Dispatch(Request* r, WorkerState* w, int64_t cached_tokens) {
+  r->worker = w->identity;
+  r->dispatch_id = next_dispatch_id_++;
+  dispatch_to_request_[r->dispatch_id] = r->id;
+  if (r->dispatched == 0) r->dispatched = clock_->NowMicros();
+  // Work still to do: the prompt and the tokens already produced (recomputed on a resumed
+  // stream) less what the worker's cache holds, plus the tokens left to generate.
+  r->outstanding = std::max<int64_t>(
+                       1, static_cast<int64_t>(r->prompt.size() + r->output.size()) -
+                              cached_tokens) +
+                   (r->sampling.max_tokens - static_cast<int64_t>(r->output.size()));
+  w->requests.insert(r->id);
+  w->outstanding_tokens += r->outstanding;
+  if (r->migrations > 0) ++w->migrations_in;
+  DispatchInfo d;
+  d.request_id = r->dispatch_id;
+  d.prompt_tokens = r->prompt;
+  for (const SampleResult& t : r->output) d.output_tokens.push_back(t.token);
+  d.sampling = r->sampling;
+  d.priority = r->priority;
+  d.cache_salt = r->cache_salt;
+  SendToWorker(w->identity, d);
+}
+
+// ---- workers
+
+void Router::Impl::OnWorkerMessage(const std::string& identity, WorkerMessage m) {
+  const int64_t now = clock_->NowMicros();
+  if (auto* reg = std::get_if<RegisterInfo>(&m)) {
+    OnRegister(identity, *reg, now);
+    return;
+  }
+  uint64_t epoch = 0;
+  std::visit(
+      [&](const auto& v) {
+        if constexpr (!std::is_same_v<std::decay_t<decltype(v)>, RegisterInfo>) epoch = v.epoch;
+      },
+      m);
+  WorkerState* w = registry_.Find(identity, epoch);
+  if (w == nullptr) {
+    // Unknown (e.g. after a router restart, or declared dead): ask it to register again. A
+    // known worker's message from an older epoch is stale and dropped.
+    if (registry_.Find(identity) == nullptr) SendToWorker(identity, RegisterAckInfo{0});
+    return;
+  }
+  w->last_seen_micros = now;
+  if (auto* h = std::get_if<HeartbeatInfo>(&m)) {
+    w->load = h->load;
+  } else if (auto* s = std::get_if<StepTokensInfo>(&m)) {
+    w->load = s->load;
+    for (TokenEvent& e : s->events) OnTokenEvent(w, std::move(e), now);
+  } else if (auto* f = std::get_if<RequestFailedInfo>(&m)) {
+    OnFailed(w, *f);
+  } else if (auto* k = std::get_if<KvEventsInfo>(&m)) {
+    prefix_index_.Apply(identity, *k, std::max(1, w->info.num_kv_blocks));
+  } else if (std::holds_alternative<DeregisterInfo>(m)) {
+    RemoveWorker(identity, "deregistered");
+  }
+}
+
+void Router::Impl::OnRegister(const std::string& identity, const RegisterInfo& info,
+                              int64_t now) {
+  std::vector<uint64_t> orphaned;
+  const uint64_t epoch = registry_.Register(identity, info, now, &orphaned);
+  prefix_index_.RemoveWorker(identity);
+  if (!limits_.known || info.max_model_len < limits_.max_model_len) {
+    limits_.known = true;
+    limits_.vocab_size = info.vocab_size;
+    limits_.max_model_len = info.max_model_len;
+    limits_.tokenizer = info.tokenizer;
+    limits_.bos_token_id = info.bos_token_id;
+  }
+  std::cerr << "carpool-router: worker " << info.worker_id << " registered (epoch " << epoch
+            << ", model " << info.model << ", " << info.max_num_seqs << " seqs)\n";
+  SendToWorker(identity, RegisterAckInfo{epoch});
+  UpdateCapacity();
+  for (uint64_t id : orphaned) Failover(id);
+}
+
+Request* Router::Impl::Lookup(const WorkerState* w, uint64_t dispatch_id) {
+  auto d = dispatch_to_request_.find(dispatch_id);
+  if (d == dispatch_to_request_.end()) return nullptr;
+  auto it = requests_.find(d->second);
+  if (it == requests_.end() || it->second.worker != w->identity ||
+      it->second.dispatch_id != dispatch_id) {
+    return nullptr;
+  }
+  return &it->second;
+}
+
+void Router::Impl::OnTokenEvent(WorkerState* w, TokenEvent e, int64_t now) {
+  Request* r = Lookup(w, e.request_id);
+  if (r == nullptr) return;  // cancelled, migrated or stale
+  if (e.has_token) {
+    if (r->first_token == 0) r->first_token = now;
+    r->output.push_back(e.token);
+    const int64_t left = r->sampling.max_tokens - static_cast<int64_t>(r->output.size());
+    w->outstanding_tokens += left - r->outstanding;
+    r->outstanding = left;
+    if (r->stream) {
+      GenerateChunkOut chunk;
+      chunk.request_id = r->client_request_id;
+      chunk.index = static_cast<int>(r->output.size()) - 1;
+      chunk.tokens.push_back(e.token);
+      chunk.text = DecodeText({e.token.token});
+      SendToClient(r->client, chunk);
+      // The client may be gone (SendToClient ended its requests).
+      r = Lookup(w, e.request_id);
+      if (r == nullptr) return;
+    }
+  }
+  if (!e.finished) return;
+  r->cached_prompt_tokens = e.cached_prompt_tokens;
+  GenerateFinalOut f;
+  f.request_id = r->client_request_id;
+  std::vector<int32_t> ids;
+  for (const SampleResult& t : r->output) ids.push_back(t.token);
+  if (!r->stream) {
+    f.tokens = r->output;
+    f.text = DecodeText(ids);
+  }
+  f.finish_reason = e.finish_reason;
+  f.usage = {static_cast<int>(r->prompt.size()), static_cast<int>(r->output.size()),
+             r->cached_prompt_tokens};
+  f.timings = {Millis(r->arrival, r->dispatched), Millis(r->arrival, r->first_token),
+               Millis(r->arrival, now)};
+  ++w->requests_served;
+  const uint64_t id = r->id;
+  const std::string client = r->client;
+  w->requests.erase(id);
+  w->outstanding_tokens -= r->outstanding;
+  r->worker.clear();  // finished on the worker: End() must not cancel it there
+  End(id, /*completed=*/true);
+  SendToClient(client, f);
+}
+
+void Router::Impl::OnFailed(WorkerState* w, const RequestFailedInfo& f) {
+  Request* r = Lookup(w, f.request_id);
+  if (r == nullptr) return;
+  const uint64_t id = r->id;
+  w->requests.erase(id);
+  w->outstanding_tokens -= r->outstanding;
+  r->worker.clear();
+  r->outstanding = 0;
+  if (f.error.reason == reason::kDraining) {
+    w->draining = true;
+    dispatch_to_request_.erase(r->dispatch_id);
+    admission_->Requeue(id);
+    return;
+  }
+  Fail(id, f.error.code, f.error.reason.c_str(), f.error.message);
+}
+
+void Router::Impl::Failover(uint64_t id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  Request& r = it->second;
+  dispatch_to_request_.erase(r.dispatch_id);
+  r.worker.clear();
+  r.outstanding = 0;
+  if (r.migrations >= options_.max_migrations) {
+    Fail(id, absl::StatusCode::kUnavailable, reason::kWorkerLost,
+         absl::StrCat("its worker was lost ", r.migrations + 1, " times"));
+    return;
+  }
+  ++r.migrations;
+  ++migrations_total_;
+  admission_->Requeue(id);
+}
+
+void Router::Impl::RemoveWorker(const std::string& identity, const char* why) {
+  std::cerr << "carpool-router: worker " << identity << " " << why << "\n";
+  prefix_index_.RemoveWorker(identity);
+  const std::vector<uint64_t> held = registry_.Remove(identity);
+  UpdateCapacity();
+  for (uint64_t id : held) Failover(id);
+}
+
+void Router::Impl::CheckWorkers(int64_t now) {
+  for (const std::string& identity :
+       registry_.Silent(now, options_.heartbeat_timeout_ms * 1000)) {
+    RemoveWorker(identity, "missed its heartbeats: dead");
+  }
+}
+
+void Router::Impl::UpdateCapacity() {
+  int64_t tokens = 0;
+  for (const WorkerState* w : registry_.All()) tokens += CapacityTokens(*w);
+  admission_->SetCapacityTokens(tokens);
+}
+
+std::string Router::Impl::DecodeText(const std::vector<int32_t>& ids) const {
+  return limits_.tokenizer == "byte" ? worker::ByteTokenizer().Decode(ids) : std::string();
+}
+
+StatsOut Router::Impl::BuildStats() const {
+  const int64_t now = clock_->NowMicros();
+  StatsOut s;
+  for (const WorkerState* w : registry_.All()) {
+    WorkerStatsOut o;
+    o.worker_id = w->info.worker_id;
+    o.heartbeat_age_ms = (now - w->last_seen_micros) / 1000;
+    o.healthy = !w->draining && o.heartbeat_age_ms * 2 <= options_.heartbeat_timeout_ms;
+    o.epoch = w->epoch;
+    o.running = static_cast<int>(w->requests.size());
+    o.num_kv_blocks = w->info.num_kv_blocks;
+    o.kv_used_blocks = w->load.kv_used_blocks;
+    o.outstanding_tokens = w->outstanding_tokens;
+    o.max_num_seqs = w->info.max_num_seqs;
+    o.model = w->info.model;
+    o.requests_served = w->requests_served;
+    o.waiting = w->load.waiting;
+    o.draining = w->draining;
+    o.cached_prefix_blocks = prefix_index_.Size(w->identity);
+    o.migrations_in = w->migrations_in;
+    s.workers.push_back(std::move(o));
+  }
+  const AdmissionCounters& c = admission_->counters();
+  s.queued_interactive = c.queued[static_cast<int>(Priority::kInteractive)];
+  s.queued_default = c.queued[static_cast<int>(Priority::kDefault)];
+  s.queued_batch = c.queued[static_cast<int>(Priority::kBatch)];
+  s.queued = s.queued_interactive + s.queued_default + s.queued_batch;
+  s.inflight = c.inflight;
+  s.queued_tokens = c.queued_tokens;
+  s.inflight_tokens = c.inflight_tokens;
+  s.max_queued_tokens = options_.admission.max_queued_tokens;
+  s.max_inflight_tokens = admission_->max_inflight_tokens();
+  s.requests_total = requests_total_;
+  for (const auto& [why, n] : rejections_) {
+    s.rejections_by_reason[why] = n;
+    s.requests_rejected += n;
+  }
+  s.migrations = migrations_total_;
+  s.draining = draining_;
+  s.placement = PlacementPolicyName(options_.placement);
+  for (int t = 0; t < options_.tenants.size(); ++t) {
+    s.tenants.push_back(
+        {options_.tenants.at(t).name, admission_->TenantActive(t), tenant_rejections_[t]});
+  }
+  s.service_tokens_per_s = admission_->ServiceRate();
+  return s;
+}
+
+}  // namespace carpool::router
