@@ -1,14 +1,126 @@
 #include "worker/backend.h"
 
+#include <deque>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 
 namespace carpool::worker {
 namespace {
+
+// How often the held prefix blocks are checked against the cache for evictions.
+constexpr int64_t kKvCheckMicros = 250'000;
+// Prompt prefixes followed at once; the oldest is forgotten beyond this.
+constexpr size_t kMaxTrackedPrefixes = 4096;
+
+// A prompt prefix whose full blocks may sit in the prefix cache.
+struct PrefixChain {
+  std::vector<int32_t> tokens;  // the chain's blocks plus one token (LookupPrefix keeps the last)
+  uint64_t salt = 0;
+  std::vector<uint64_t> hashes;
+};
+
+// Tracks which prompt-prefix blocks the engine's KV cache holds, for the router's
+// prefix_affinity placement (KvEventsInfo). A request's prompt chain is recorded at Add and
+// confirmed at its first token (its prefill is computed and registered by then); a periodic
+// LookupPrefix over the followed chains finds the blocks evicted since.
+class PrefixTracker {
+ public:
+  void OnAdd(uint64_t router_id, const DispatchInfo& d, int block_size) {
+    if (d.prompt_tokens.size() < 2 || block_size <= 0) return;
+    const size_t blocks = (d.prompt_tokens.size() - 1) / block_size;
+    if (blocks == 0) return;
+    PrefixChain c;
+    c.tokens.assign(d.prompt_tokens.begin(), d.prompt_tokens.begin() + blocks * block_size + 1);
+    c.salt = d.cache_salt;
+    uint64_t parent = kRootBlockHash;
+    for (size_t b = 0; b < blocks; ++b) {
+      parent = BlockHash(parent, absl::MakeConstSpan(c.tokens).subspan(b * block_size, block_size),
+                         c.salt);
+      c.hashes.push_back(parent);
+    }
+    pending_[router_id] = std::move(c);
+  }
+
+  void Forget(uint64_t router_id) { pending_.erase(router_id); }
+
+  void OnFirstToken(uint64_t router_id, const KvCacheManager& kv) {
+    auto it = pending_.find(router_id);
+    if (it == pending_.end()) return;
+    PrefixChain c = std::move(it->second);
+    pending_.erase(it);
+    const int held = Held(c, kv);
+    for (int i = 0; i < held; ++i) {
+      if (held_.insert(c.hashes[i]).second) stored_.push_back(c.hashes[i]);
+    }
+    if (held == 0 || !chain_ends_.insert(c.hashes[held - 1]).second) return;
+    c.hashes.resize(held);
+    c.tokens.resize(held * kv.block_size() + 1);
+    chains_.push_back(std::move(c));
+    if (chains_.size() > kMaxTrackedPrefixes) {
+      chain_ends_.erase(chains_.front().hashes.back());
+      chains_.pop_front();
+    }
+  }
+
+  std::optional<KvEventsInfo> Take(bool snapshot, int64_t now, const KvCacheManager& kv) {
+    if (snapshot || now - last_check_ >= kKvCheckMicros) {
+      last_check_ = now;
+      Recheck(kv);
+    }
+    KvEventsInfo e;
+    e.reset = snapshot;
+    if (snapshot) {
+      e.stored.assign(held_.begin(), held_.end());
+    } else {
+      e.stored = std::move(stored_);
+      e.removed = std::move(removed_);
+    }
+    stored_.clear();
+    removed_.clear();
+    if (!snapshot && e.stored.empty() && e.removed.empty()) return std::nullopt;
+    return e;
+  }
+
+ private:
+  static int Held(const PrefixChain& c, const KvCacheManager& kv) {
+    return kv.LookupPrefix(TokenSpan(c.tokens), c.salt) / kv.block_size();
+  }
+
+  // Recomputes the held set from the cache; differences become stored / removed.
+  void Recheck(const KvCacheManager& kv) {
+    absl::flat_hash_set<uint64_t> now_held;
+    std::deque<PrefixChain> kept;
+    chain_ends_.clear();
+    for (PrefixChain& c : chains_) {
+      const int held = Held(c, kv);
+      if (held == 0) continue;
+      for (int i = 0; i < held; ++i) now_held.insert(c.hashes[i]);
+      c.hashes.resize(held);
+      c.tokens.resize(held * kv.block_size() + 1);
+      if (chain_ends_.insert(c.hashes.back()).second) kept.push_back(std::move(c));
+    }
+    for (uint64_t h : held_) {
+      if (!now_held.contains(h)) removed_.push_back(h);
+    }
+    for (uint64_t h : now_held) {
+      if (!held_.contains(h)) stored_.push_back(h);
+    }
+    held_ = std::move(now_held);
+    chains_ = std::move(kept);
+  }
+
+  absl::flat_hash_map<uint64_t, PrefixChain> pending_;  // router id -> its prompt chain
+  std::deque<PrefixChain> chains_;                       // confirmed, oldest first
+  absl::flat_hash_set<uint64_t> chain_ends_;             // last hash of each chain (dedup)
+  absl::flat_hash_set<uint64_t> held_;
+  std::vector<uint64_t> stored_, removed_;               // not reported yet
+  int64_t last_check_ = 0;
+};
 
 // Maps the router's request ids onto an Engine's.
 class EngineBackend : public Backend {
@@ -44,6 +156,9 @@ class EngineBackend : public Backend {
     ASSIGN_OR_RETURN(const int64_t id, engine_->Add(std::move(r)));
     engine_of_[d.request_id] = id;
     router_of_[id] = d.request_id;
+    if (engine_->kv_cache().prefix_caching_enabled()) {
+      prefixes_.OnAdd(d.request_id, d, engine_->kv_cache().block_size());
+    }
     return absl::OkStatus();
   }
 
@@ -52,11 +167,15 @@ class EngineBackend : public Backend {
     if (it == engine_of_.end()) return;
     engine_->Abort(it->second);
     router_of_.erase(it->second);
+    prefixes_.Forget(request_id);
     engine_of_.erase(it);
   }
 
   void CancelAll() override {
-    for (const auto& [engine_id, router_id] : router_of_) engine_->Abort(engine_id);
+    for (const auto& [engine_id, router_id] : router_of_) {
+      engine_->Abort(engine_id);
+      prefixes_.Forget(router_id);
+    }
     router_of_.clear();
     engine_of_.clear();
   }
@@ -71,11 +190,15 @@ class EngineBackend : public Backend {
       TokenEvent t;
       t.request_id = it->second;
       t.has_token = e.has_token;
-      if (e.has_token) t.token = std::move(e.sample);
+      if (e.has_token) {
+        t.token = std::move(e.sample);
+        prefixes_.OnFirstToken(it->second, engine_->kv_cache());
+      }
       if (e.finished) {
         t.finished = true;
         t.finish_reason = FinishReasonName(e.completion->finish_reason);
         t.cached_prompt_tokens = e.completion->cached_prompt_tokens;
+        prefixes_.Forget(it->second);
         engine_of_.erase(it->second);
         router_of_.erase(it);
       }
@@ -93,10 +216,16 @@ class EngineBackend : public Backend {
     return l;
   }
 
+  std::optional<KvEventsInfo> TakeKvEvents(bool snapshot, int64_t now_micros) override {
+    if (!engine_->kv_cache().prefix_caching_enabled()) return std::nullopt;
+    return prefixes_.Take(snapshot, now_micros, engine_->kv_cache());
+  }
+
  private:
   std::unique_ptr<Engine> engine_;
   absl::flat_hash_map<uint64_t, int64_t> engine_of_;  // router id -> engine id
   absl::flat_hash_map<int64_t, uint64_t> router_of_;  // engine id -> router id
+  PrefixTracker prefixes_;
 };
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -39,6 +40,14 @@ class Backend {
   virtual std::vector<TokenEvent> Step() = 0;
 
   virtual WorkerLoad Load() const = 0;
+
+  // Prefix-cache blocks (KvCacheManager block hashes of prompt prefixes) that this backend came
+  // to hold or stopped holding since the last call; with `snapshot`, a reset followed by every
+  // block held now. nullopt when there is nothing to report. `now_micros` paces the periodic
+  // check for evictions. Default: never anything (no prefix cache).
+  virtual std::optional<KvEventsInfo> TakeKvEvents(bool snapshot, int64_t now_micros) {
+    return std::nullopt;
+  }
 };
 
 // A Backend over Engine::Create(options).

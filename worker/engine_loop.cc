@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "common/clock.h"
 #include "common/codec.h"
 
 namespace carpool::worker::internal {
@@ -79,6 +80,15 @@ void EngineLoop::OnEpoch(uint64_t epoch) {
     backend_->CancelAll();
   }
   owner_epoch_ = epoch;
+  // The router forgets a registration's prefix blocks: tell the new one everything held.
+  SendKvEvents(/*snapshot=*/true);
+}
+
+void EngineLoop::SendKvEvents(bool snapshot) {
+  std::optional<KvEventsInfo> kv = backend_->TakeKvEvents(snapshot, Clock::Real()->NowMicros());
+  if (!kv.has_value()) return;
+  kv->epoch = epoch_;
+  SendToRouter(*kv);
 }
 
 void EngineLoop::OnDispatch(const DispatchInfo& d) {
@@ -95,6 +105,8 @@ void EngineLoop::OnDispatch(const DispatchInfo& d) {
 bool EngineLoop::StepOnce() {
   std::vector<TokenEvent> events = backend_->Step();
   if (events.empty()) return false;
+  // Before the step: a router that reads a request's final already knows its cached prefix.
+  SendKvEvents(/*snapshot=*/false);
   StepTokensInfo step;
   step.epoch = epoch_;
   step.events = std::move(events);

@@ -63,6 +63,8 @@ class SharedLoad {
 // Owns the Backend (through the pointer it is given) for as long as Run runs. Takes dispatches
 // and cancels from the pair, runs one step at a time, sends one `step` message per step that
 // produced events, stamped with the current epoch, and publishes the load after each step.
+// Prefix-cache changes go out as `kv_events` just before a step's message (at most one check
+// for evictions every 250 ms), and in full after every new registration.
 // Nothing is sent while the epoch is 0; a new nonzero epoch cancels the requests taken under the
 // previous one (the router that issued it has given them up).
 class EngineLoop {
@@ -81,6 +83,8 @@ class EngineLoop {
   void OnDispatch(const DispatchInfo& d);
   // Runs one step; false when it produced nothing.
   bool StepOnce();
+  // Sends the backend's prefix-cache changes (all it holds, as a reset, with `snapshot`).
+  void SendKvEvents(bool snapshot);
   void Fail(uint64_t request_id, absl::StatusCode code, const char* reason, std::string message);
   // Drops the message while no epoch is known.
   void SendToRouter(const WorkerMessage& message);

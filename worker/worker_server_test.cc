@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/checkpoint_writer.h"
+#include "worker/kv_cache/kv_cache_manager.h"
 #include "worker/weights/weights.h"
 
 namespace carpool::worker {
@@ -265,6 +266,46 @@ TEST_F(WorkerServerTest, GreedyDispatchStreamsWhatGenerateProduces) {
   const Stream rest = Collect(router_, 43);
   ASSERT_TRUE(rest.finished());
   EXPECT_THAT(rest.tokens(), ElementsAreArray(want[0]->tokens.begin() + 5, want[0]->tokens.end()));
+}
+
+// prefix_affinity's input: the prompt blocks a request leaves in the prefix cache are reported
+// (by hash, salted) before the step that finishes it, and in full to a new registration.
+TEST_F(WorkerServerTest, ReportsCachedPrefixBlocksAsKvEvents) {
+  RunningWorker worker(Options(router_.endpoint(), TinyEngine()));
+  ASSERT_TRUE(router_.Register(7).has_value());
+  std::vector<int32_t> prompt(40);
+  for (int i = 0; i < 40; ++i) prompt[i] = i + 1;
+  DispatchInfo d = Greedy(1, prompt, 2);
+  d.cache_salt = 99;
+  router_.Send(d);
+  std::vector<uint64_t> chain;
+  uint64_t parent = kRootBlockHash;
+  for (int b = 0; b < 2; ++b) {  // 39 reusable tokens: 2 blocks of 16
+    parent = BlockHash(parent, absl::MakeConstSpan(prompt).subspan(b * 16, 16), 99);
+    chain.push_back(parent);
+  }
+  bool finished_before_kv = false;
+  std::optional<KvEventsInfo> kv = router_.WaitFor<KvEventsInfo>(
+      [](const KvEventsInfo& k) { return !k.stored.empty(); },
+      [&](const WorkerMessage& m) {
+        if (const auto* s = std::get_if<StepTokensInfo>(&m)) {
+          for (const TokenEvent& e : s->events) finished_before_kv |= e.finished;
+        }
+      });
+  ASSERT_TRUE(kv.has_value());
+  EXPECT_FALSE(finished_before_kv);
+  EXPECT_EQ(kv->epoch, 7u);
+  EXPECT_FALSE(kv->reset);
+  EXPECT_THAT(kv->stored, ::testing::UnorderedElementsAreArray(chain));
+  EXPECT_TRUE(Collect(router_, 1).finished());
+  // A router that asks the worker to register again gets everything held, as a reset.
+  router_.Send(RegisterAckInfo{0});
+  ASSERT_TRUE(router_.Register(8).has_value());
+  kv = router_.WaitFor<KvEventsInfo>();
+  ASSERT_TRUE(kv.has_value());
+  EXPECT_TRUE(kv->reset);
+  EXPECT_EQ(kv->epoch, 8u);
+  EXPECT_THAT(kv->stored, ::testing::UnorderedElementsAreArray(chain));
 }
 
 TEST_F(WorkerServerTest, InvalidDispatchFailsWithInvalidArgument) {
