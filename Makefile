@@ -6,7 +6,7 @@ ifneq ($(CI),)
   CMAKE_FLAGS += -DCARPOOL_WERROR=ON
 endif
 
-.PHONY: deps configure build test run bench format clean
+.PHONY: deps configure build test run bench fuzz format clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -26,6 +26,12 @@ run: build
 
 bench: build
 	@bash scripts/bench.sh $(BUILD)
+
+# libFuzzer (clang, ASan + UBSan) over the router's frame decoder and request validator;
+# `make test` runs it for 30 s.
+FUZZ_SECONDS ?= 600
+fuzz: deps
+	@bash router/fuzz/run_fuzz.sh $(BUILD)/fuzz $(FUZZ_SECONDS)
 
 format:
 	@find common kernels worker client tests bench cluster router proto \

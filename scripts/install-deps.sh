@@ -6,6 +6,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config ccache git
+  clang libclang-rt-dev
   libabsl-dev
   libopenblas-dev
   libgtest-dev libgmock-dev libbenchmark-dev
