@@ -22,7 +22,16 @@ nlohmann::json StatsToJson(const StatsOut& s) {
                        {"kv_used_blocks", w.kv_used_blocks},
                        {"num_kv_blocks", w.num_kv_blocks},
                        {"outstanding_tokens", w.outstanding_tokens},
-                       {"requests_served", w.requests_served}});
+                       {"requests_served", w.requests_served},
+                       {"waiting", w.waiting},
+                       {"draining", w.draining},
+                       {"heartbeat_age_ms", w.heartbeat_age_ms},
+                       {"cached_prefix_blocks", w.cached_prefix_blocks},
+                       {"migrations_in", w.migrations_in}});
+  }
+  nlohmann::json tenants = nlohmann::json::array();
+  for (const TenantStatsOut& t : s.tenants) {
+    tenants.push_back({{"name", t.name}, {"active", t.active}, {"rejected", t.rejected}});
   }
   nlohmann::json rejections = nlohmann::json::object();
   for (const auto& [reason, n] : s.rejections_by_reason) rejections[reason] = n;
@@ -31,25 +40,52 @@ nlohmann::json StatsToJson(const StatsOut& s) {
           {"inflight", s.inflight},
           {"requests_total", s.requests_total},
           {"requests_rejected", s.requests_rejected},
-          {"rejections_by_reason", std::move(rejections)}};
+          {"rejections_by_reason", std::move(rejections)},
+          {"queued_by_priority",
+           {{"interactive", s.queued_interactive},
+            {"default", s.queued_default},
+            {"batch", s.queued_batch}}},
+          {"queued_tokens", s.queued_tokens},
+          {"inflight_tokens", s.inflight_tokens},
+          {"max_queued_tokens", s.max_queued_tokens},
+          {"max_inflight_tokens", s.max_inflight_tokens},
+          {"migrations", s.migrations},
+          {"draining", s.draining},
+          {"placement", s.placement},
+          {"service_tokens_per_s", s.service_tokens_per_s},
+          {"tenants", std::move(tenants)}};
 }
 
 std::string StatsToTable(const StatsOut& s) {
   size_t id_width = 6;
   for (const WorkerStatsOut& w : s.workers) id_width = std::max(id_width, w.worker_id.size());
   const int width = static_cast<int>(id_width);
-  std::string out =
-      absl::StrFormat("%-*s  %-7s  %5s  %11s  %13s  %11s  %8s\n", width, "worker", "healthy",
-                      "epoch", "running/max", "kv used/total", "outstanding", "served");
+  std::string out = absl::StrFormat(
+      "%-*s  %-8s  %5s  %11s  %7s  %13s  %11s  %8s  %8s  %8s  %6s\n", width, "worker", "health",
+      "epoch", "running/max", "waiting", "kv used/total", "outstanding", "served", "migrated",
+      "prefixes", "beat");
   for (const WorkerStatsOut& w : s.workers) {
-    absl::StrAppendFormat(&out, "%-*s  %-7s  %5d  %11s  %13s  %11d  %8d\n", width, w.worker_id,
-                          w.healthy ? "yes" : "NO", w.epoch,
-                          absl::StrCat(w.running, "/", w.max_num_seqs),
-                          absl::StrCat(w.kv_used_blocks, "/", w.num_kv_blocks),
-                          w.outstanding_tokens, w.requests_served);
+    const char* health = w.draining ? "draining" : (w.healthy ? "yes" : "NO");
+    absl::StrAppendFormat(
+        &out, "%-*s  %-8s  %5d  %11s  %7d  %13s  %11d  %8d  %8d  %8d  %4dms\n", width,
+        w.worker_id, health, w.epoch, absl::StrCat(w.running, "/", w.max_num_seqs), w.waiting,
+        absl::StrCat(w.kv_used_blocks, "/", w.num_kv_blocks), w.outstanding_tokens,
+        w.requests_served, w.migrations_in, w.cached_prefix_blocks, w.heartbeat_age_ms);
   }
   if (s.workers.empty()) out += "(no workers registered)\n";
-  absl::StrAppend(&out, "queue: ", s.queued, " waiting, ", s.inflight, " in flight\n");
+  absl::StrAppend(&out, "queue: ", s.queued, " waiting (interactive ", s.queued_interactive,
+                  ", default ", s.queued_default, ", batch ", s.queued_batch, "), ", s.inflight,
+                  " in flight", s.draining ? "; DRAINING" : "", "\n");
+  absl::StrAppend(&out, "reserved tokens: ", s.queued_tokens, " queued",
+                  s.max_queued_tokens > 0 ? absl::StrCat(" of ", s.max_queued_tokens) : "",
+                  ", ", s.inflight_tokens, " in flight of ", s.max_inflight_tokens,
+                  "; service rate ", static_cast<int64_t>(s.service_tokens_per_s),
+                  " tokens/s; placement ", s.placement.empty() ? "?" : s.placement,
+                  "; migrations ", s.migrations, "\n");
+  for (const TenantStatsOut& t : s.tenants) {
+    absl::StrAppend(&out, "tenant ", t.name, ": ", t.active, " active, ", t.rejected,
+                    " rejected\n");
+  }
   absl::StrAppend(&out, "requests: ", s.requests_total, " total, ", s.requests_rejected,
                   " rejected");
   if (!s.rejections_by_reason.empty()) {

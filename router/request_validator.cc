@@ -33,6 +33,13 @@ absl::Status ValidateShape(const GenerateInput& r, const RequestLimits& limits) 
     }
   } else if (r.token_ids.empty()) {
     return absl::InvalidArgumentError("prompt is empty: set text or token_ids");
+  } else if (static_cast<int64_t>(r.token_ids.size()) > limits.max_prompt_tokens) {
+    return PromptTooLong(absl::StrCat("prompt is ", r.token_ids.size(), " tokens; the limit is ",
+                                      limits.max_prompt_tokens));
+  }
+  if (r.sampling.max_tokens > limits.max_max_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("max_tokens is ", r.sampling.max_tokens,
+                                                   "; the limit is ", limits.max_max_tokens));
   }
   if (static_cast<int>(r.sampling.stop_token_ids.size()) > limits.max_stop_token_ids) {
     return absl::InvalidArgumentError(absl::StrCat("stop_token_ids has ",

@@ -25,8 +25,13 @@ struct RequestLimits {
   int max_request_id_bytes = 128;
   // Longest text prompt. Default: 1 MiB.
   int64_t max_prompt_bytes = 1 << 20;
-  // Most stop token ids. Default: 64.
+  // Most stop token ids (carpool's stop sequences are single tokens). Default: 64.
   int max_stop_token_ids = 64;
+  // Most prompt token ids, checked before the model is known. Default: 262144.
+  int64_t max_prompt_tokens = 1 << 18;
+  // Largest max_tokens, checked before the model is known (then max_model_len bounds it).
+  // Default: 1048576.
+  int64_t max_max_tokens = 1 << 20;
 };
 
 // The request's prompt as token ids (tokenizing text with the model's tokenizer), or an error
