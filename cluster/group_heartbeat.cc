@@ -49,7 +49,10 @@ GroupHeartbeat::GroupHeartbeat(MPI_Comm comm, int rank, int size,
   next_send_ = now;
 }
 
-GroupHeartbeat::~GroupHeartbeat() { Leave(); }
+GroupHeartbeat::~GroupHeartbeat() {
+  left_ = true;
+  CancelReceives();
+}
 
 absl::Status GroupHeartbeat::Post(Peer* peer) {
   return MpiStatus(MPI_Irecv(&peer->message, 1, MPI_INT, peer->rank, kTag, comm_, &peer->recv),
@@ -109,6 +112,10 @@ void GroupHeartbeat::Leave() {
   if (left_) return;
   left_ = true;
   if (!broken_) (void)Send(kLeave);
+  CancelReceives();
+}
+
+void GroupHeartbeat::CancelReceives() {
   for (Peer& peer : peers_) {
     if (peer.recv == MPI_REQUEST_NULL) continue;
     // A cancelled receive completes at once; one that matched a message completes too.

@@ -37,7 +37,8 @@ class GroupHeartbeat {
   // Duplicates `group` and starts listening. Collective over `group`.
   static absl::StatusOr<std::unique_ptr<GroupHeartbeat>> Create(MPI_Comm group,
                                                                 const GroupHeartbeatOptions& options);
-  // Leave().
+  // Stops listening without telling the peers: unless Leave() ran, they see this rank go silent
+  // (as they should when it failed).
   ~GroupHeartbeat();
   GroupHeartbeat(const GroupHeartbeat&) = delete;
   GroupHeartbeat& operator=(const GroupHeartbeat&) = delete;
@@ -66,6 +67,7 @@ class GroupHeartbeat {
   GroupHeartbeat(MPI_Comm comm, int rank, int size, const GroupHeartbeatOptions& options);
   absl::Status Post(Peer* peer);
   absl::Status Send(int message);
+  void CancelReceives();
 
   MPI_Comm comm_;
   int rank_;

@@ -4,8 +4,10 @@
 //   carpool-router keygen FILE        write a CURVE key pair: FILE (secret) and FILE.pub
 #include <atomic>
 #include <csignal>
+#include <cstdlib>
 #include <iostream>
 
+#include "cluster/router_launch.h"
 #include "common/flags.h"
 #include "router/router.h"
 #include "router/zap_handler.h"
@@ -116,6 +118,10 @@ int main(int argc, char** argv) {
   } else if (!curve_allow_file.empty()) {
     return fail(absl::InvalidArgumentError("--curve-allow needs --curve-secret-key-file"), 2);
   }
+  // Under mpirun the job's workers learn the backend over MPI (cluster/router_launch.h).
+  auto mpi = carpool::cluster::RouterMpiSession::JoinIfLaunched(&argc, &argv, std::getenv);
+  if (!mpi.ok()) return fail(mpi.status(), 1);
+  if (*mpi != nullptr && !flags.WasSet("backend")) options.backend = (*mpi)->backend();
   auto router = carpool::router::Router::Create(options);
   if (!router.ok()) return fail(router.status(), 1);
   g_router = router->get();
@@ -133,8 +139,12 @@ int main(int argc, char** argv) {
             << "\n";
   std::cerr << "carpool-router: frontend " << (*router)->frontend_endpoint() << ", backend "
             << (*router)->backend_endpoint() << std::endl;
+  if (*mpi != nullptr) {
+    if (absl::Status p = (*mpi)->Publish((*router)->backend_endpoint()); !p.ok()) return fail(p, 1);
+  }
   absl::Status s = (*router)->Run();
   g_router = nullptr;
+  if (*mpi != nullptr) (*mpi)->Stop();  // the job's workers stop too
   if (!s.ok()) return fail(s, 1);
   std::cerr << "carpool-router: stopped\n";
   return 0;

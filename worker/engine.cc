@@ -54,7 +54,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   std::unique_ptr<Engine> engine(new Engine());
   engine->options_ = options;
   engine->clock_ = clock != nullptr ? clock : Clock::Real();
-  ASSIGN_OR_RETURN(std::unique_ptr<LlamaWeights> weights, LoadWeights(options.model));
+  cluster::Communicator* group = options.tensor_parallel_group;
+  TensorParallelRank tp;
+  if (group != nullptr) tp = {group->rank(), group->size()};
+  ASSIGN_OR_RETURN(std::unique_ptr<LlamaWeights> weights, LoadWeights(options.model, tp));
   const ModelConfig config = weights->config;
 
   SchedulerOptions& sched = engine->options_.scheduler;
@@ -78,8 +81,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   kv_options.enable_prefix_caching = options.enable_prefix_caching;
   ASSIGN_OR_RETURN(engine->kv_cache_, KvCacheManager::Create(kv_options));
   ASSIGN_OR_RETURN(engine->model_,
-                   LlamaModel::Create(std::move(weights), KvCacheShape{static_cast<int>(blocks),
-                                                                       options.block_size}));
+                   LlamaModel::Create(std::move(weights),
+                                      KvCacheShape{static_cast<int>(blocks), options.block_size},
+                                      group));
   ASSIGN_OR_RETURN(engine->scheduler_, CreateScheduler(sched, engine->kv_cache_.get()));
   engine->sampler_ = std::make_unique<Sampler>(config.vocab_size);
   engine->next_seed_ = std::random_device{}();

@@ -40,6 +40,10 @@ struct EngineOptions {
   bool enable_prefix_caching = true;
   // Kernel threads; 0 = one per core. Default: 0.
   int num_threads = 0;
+  // Tensor parallelism: this process's group (not owned; outlives the engine). The engine loads
+  // its rank's slices and, on the group's leader, broadcasts every step to the followers (which
+  // run LlamaModel::ForwardStep). Null or a group of one: the whole model here. Default: null.
+  cluster::Communicator* tensor_parallel_group = nullptr;
 
   absl::Status Validate() const;
 };

@@ -2,17 +2,21 @@
 //
 //   carpool-worker --router tcp://127.0.0.1:5556 --model synthetic:tiny [engine flags]
 //                  [--worker-id ID] [--heartbeat-ms 200]
+//   mpirun -np 1 carpool-router : -np 4 carpool-worker --tp 2 --model DIR    (worker/mpi_worker.h)
 //
 // SIGTERM / SIGINT drain the worker: new requests are refused, running ones finish, it
-// deregisters and exits 0.
+// deregisters and exits 0. Under MPI they drain a group's leader; its followers wait for it.
 #include <signal.h>
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
+#include "cluster/mpi_job.h"
 #include "common/flags.h"
 #include "worker/engine_flags.h"
+#include "worker/mpi_worker.h"
 #include "worker/worker_server.h"
 
 namespace {
@@ -41,19 +45,48 @@ void InstallSignalHandlers() {
 }
 
 constexpr char kUsage[] =
-    "usage: carpool-worker --router ENDPOINT --model DIR|synthetic:PRESET|echo [flags]\n";
+    "usage: carpool-worker --router ENDPOINT --model DIR|synthetic:PRESET|echo [flags]\n"
+    "       mpirun ... carpool-worker [--router ENDPOINT] [--tp N] --model ... [flags]\n";
+
+// A rank of an MPI job: see worker/mpi_worker.h.
+int RunUnderMpi(int argc, char** argv, carpool::worker::MpiWorkerOptions options, int tp) {
+  auto job = carpool::cluster::MpiJob::Init(
+      &argc, &argv, {.role = carpool::cluster::Role::kWorker, .tensor_parallel = tp});
+  if (!job.ok()) {
+    std::cerr << "carpool-worker: " << job.status().message() << "\n";
+    return 1;
+  }
+  absl::Status s = carpool::worker::RunMpiWorker(job->get(), std::move(options), &g_server,
+                                                 &g_terminate);
+  if (!s.ok()) std::cerr << "carpool-worker: " << s.message() << "\n";
+  const int code = s.ok() ? 0 : 1;
+  (*job)->Finalize(absl::Seconds(10), code);
+  return code;
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  WorkerServerOptions options;
+  carpool::worker::MpiWorkerOptions mpi;
+  WorkerServerOptions& options = mpi.server;
   bool help = false;
+  int tp = 1;
+  int tp_heartbeat_ms = 100, tp_timeout_ms = 1000, tp_collective_timeout_ms = 60000;
   carpool::FlagParser parser;
   parser.AddString("router", &options.router_endpoint,
-                   "the router's worker endpoint, e.g. tcp://127.0.0.1:5556");
+                   "the router's worker endpoint, e.g. tcp://127.0.0.1:5556 (under mpirun: "
+                   "default the job's carpool-router rank)");
   carpool::worker::RegisterEngineFlags(&parser, &options.engine);
   parser.AddString("worker-id", &options.worker_id, "routing id (default: hostname:pid)");
   parser.AddInt("heartbeat-ms", &options.heartbeat_ms, "heartbeat interval (default 200)");
+  parser.AddInt("tp", &tp,
+                "tensor-parallel ranks per worker, consecutive ranks of the mpirun job (default 1)");
+  parser.AddInt("tp-heartbeat-ms", &tp_heartbeat_ms,
+                "heartbeat interval inside a tensor-parallel group (default 100)");
+  parser.AddInt("tp-timeout-ms", &tp_timeout_ms,
+                "a group peer silent this long is dead and the group exits (default 1000)");
+  parser.AddInt("tp-collective-timeout-ms", &tp_collective_timeout_ms,
+                "longest wait of one collective in a step (default 60000)");
   parser.AddBool("help", &help, "show this help");
   if (absl::Status s = parser.Parse(argc, argv, 1); !s.ok()) {
     std::cerr << "carpool-worker: " << s.message() << "\n" << kUsage;
@@ -71,6 +104,23 @@ int main(int argc, char** argv) {
   }
   // Before the model loads, so a SIGTERM during a long load is not lost.
   InstallSignalHandlers();
+  if (carpool::cluster::LaunchedByMpi(std::getenv) || tp > 1) {
+    if (!carpool::cluster::LaunchedByMpi(std::getenv)) {
+      std::cerr << "carpool-worker: --tp " << tp << " needs " << tp
+                << " ranks per worker: start it with mpirun (docs/cluster.md)\n";
+      return 2;
+    }
+    if (tp < 1 || tp_heartbeat_ms < 1 || tp_timeout_ms <= tp_heartbeat_ms ||
+        tp_collective_timeout_ms < 1) {
+      std::cerr << "carpool-worker: need --tp >= 1, 0 < --tp-heartbeat-ms < --tp-timeout-ms and "
+                   "--tp-collective-timeout-ms >= 1\n";
+      return 2;
+    }
+    mpi.heartbeat_interval = absl::Milliseconds(tp_heartbeat_ms);
+    mpi.heartbeat_timeout = absl::Milliseconds(tp_timeout_ms);
+    mpi.collective_timeout = absl::Milliseconds(tp_collective_timeout_ms);
+    return RunUnderMpi(argc, argv, std::move(mpi), tp);
+  }
   absl::StatusOr<std::unique_ptr<WorkerServer>> server = WorkerServer::Create(options);
   if (!server.ok()) {
     std::cerr << "carpool-worker: " << server.status().message() << "\n";

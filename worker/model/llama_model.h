@@ -4,6 +4,15 @@
 // grouped-query attention, SwiGLU MLP, optional q/k/v bias (Qwen2), tied or separate lm_head.
 // One Forward() runs one scheduler step: any mix of prefill chunks and decodes.
 //
+// Tensor parallelism (Megatron): with weights sliced for rank r of a group
+// (worker/weights/shard_layout.h) and the group's Communicator, each rank computes its query and
+// key/value heads and its share of the MLP's intermediate features; the partial outputs of
+// o_proj and down_proj are all-reduced, the vocabulary-parallel embedding is all-reduced, and the
+// head's logits are gathered on the leader (group rank 0). The leader's Forward broadcasts the
+// step (worker/model/step_plan.h) before computing it; followers receive it and call
+// ForwardStep. A collective that fails ends the process (cluster::FailGroup): the group cannot
+// finish the step.
+//
 // Thread-compatible: one engine loop drives it. Kernels parallelize internally.
 #ifndef CARPOOL_WORKER_MODEL_LLAMA_MODEL_H_
 #define CARPOOL_WORKER_MODEL_LLAMA_MODEL_H_
@@ -13,7 +22,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "cluster/communicator.h"
 #include "kernels/kernel_params.h"
+#include "worker/model/step_plan.h"
 #include "worker/scheduler/scheduler.h"
 #include "worker/weights/weights.h"
 
@@ -24,11 +35,23 @@ struct KvCacheShape {
   int block_size = 16;
 };
 
+// Where a tensor-parallel rank's time in collectives went, cumulative, in microseconds.
+struct CollectiveTimes {
+  int64_t all_reduce_micros = 0;  // embedding, o_proj and down_proj sums
+  int64_t all_reduces = 0;
+  int64_t gather_micros = 0;      // logits to the leader
+  int64_t broadcast_micros = 0;   // the leader's step plans
+};
+
 class LlamaModel {
  public:
-  // Takes the weights and allocates the KV pool: num_blocks x block_size slots per layer.
+  // Takes the weights and allocates the KV pool: num_blocks x block_size slots per layer (of
+  // this rank's key/value heads). `group` (not owned, outlives the model) is the
+  // tensor-parallel group when weights->tp.size > 1, and must then match weights->tp; nullptr
+  // otherwise.
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(
-      std::unique_ptr<LlamaWeights> weights, const KvCacheShape& kv_shape);
+      std::unique_ptr<LlamaWeights> weights, const KvCacheShape& kv_shape,
+      cluster::Communicator* group = nullptr);
 
   // Bytes of KV cache one block takes across all layers (keys and values, fp32).
   static int64_t KvBytesPerBlock(const ModelConfig& config, int block_size);
@@ -36,7 +59,12 @@ class LlamaModel {
   // Computes the plan's tokens, stores their keys and values in the cache, and writes the
   // logits of every scheduled sequence with `sample` set, in plan order, to `logits`
   // ([num sampled, vocab_size]). REQUIRES: every block table covers its sequence's tokens.
+  // Under tensor parallelism only the leader calls it, and it broadcasts the step first.
   void Forward(const BatchPlan& plan, std::vector<float>* logits);
+
+  // A tensor-parallel follower's Forward: the step the leader broadcast. `logits` is left
+  // empty (only the leader gathers them).
+  void ForwardStep(const StepPlan& step, std::vector<float>* logits);
 
   const ModelConfig& config() const { return weights_->config; }
   const LlamaWeights& weights() const { return *weights_; }
@@ -46,8 +74,13 @@ class LlamaModel {
   // head, but a single embedding row.
   int64_t DecodeWeightBytes() const;
 
+  // Null without tensor parallelism.
+  cluster::Communicator* group() const { return group_; }
+  const CollectiveTimes& collective_times() const { return times_; }
+
  private:
-  LlamaModel(std::unique_ptr<LlamaWeights> weights, const KvCacheShape& kv_shape);
+  LlamaModel(std::unique_ptr<LlamaWeights> weights, const KvCacheShape& kv_shape,
+             cluster::Communicator* group);
 
   // Per-step inputs derived from the plan.
   struct StepInputs {
@@ -59,11 +92,24 @@ class LlamaModel {
     bool decode_only = true;
   };
   void PrepareInputs(const BatchPlan& plan, StepInputs* in) const;
+  void PrepareInputs(const StepPlan& step, StepInputs* in) const;
+  void Compute(const StepInputs& in, std::vector<float>* logits);
+  void Embed(const StepInputs& in, int64_t t);
   void Attention(int layer, const StepInputs& in, int64_t t);
   void Mlp(int layer, int64_t t);
+  void Head(const StepInputs& in, std::vector<float>* logits);
+  // Sums `count` floats of `data` over the group (no-op without one).
+  void AllReduce(float* data, int64_t count);
 
   std::unique_ptr<LlamaWeights> weights_;
   KvCacheShape kv_shape_;
+  cluster::Communicator* const group_;
+  // This rank's heads and widths (the whole model's without tensor parallelism).
+  int num_heads_;
+  int num_kv_heads_;
+  int64_t intermediate_;
+  int64_t vocab_;
+  CollectiveTimes times_;
   kernels::KvCacheLayout layout_;
   std::vector<float> inv_freq_;
   // KV pool: per layer, keys then values, each num_blocks * block_size * kv_heads * head_dim.
@@ -71,6 +117,7 @@ class LlamaModel {
   std::vector<std::unique_ptr<float[]>> value_cache_;
   // Activation scratch, grown on demand and reused across steps.
   std::vector<float> residual_, hidden_, q_, k_, v_, attn_, gate_, up_, out_;
+  std::vector<float> local_logits_, gathered_;  // tensor parallelism: the head's slices
 };
 
 }  // namespace carpool::worker

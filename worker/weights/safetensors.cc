@@ -301,4 +301,53 @@ absl::StatusOr<Tensor> SafetensorsFile::Read(const SafetensorsEntry& entry) cons
   return Tensor::Owned(std::move(values), entry.shape);
 }
 
+absl::StatusOr<Tensor> SafetensorsFile::ReadSlice(const SafetensorsEntry& entry, int dim,
+                                                  int64_t begin, int64_t end) const {
+  if (!entry.supported) {
+    return absl::UnimplementedError(absl::StrCat(path(), ": dtype ", entry.dtype_name,
+                                                 " of tensor ", entry.name,
+                                                 " is not supported (F32, F16, BF16)"));
+  }
+  const int rank = static_cast<int>(entry.shape.size());
+  if (rank < 1 || rank > 2 || dim < 0 || dim >= rank || begin < 0 || begin > end ||
+      end > entry.shape[dim]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path(), ": cannot take [", begin, ", ", end, ") of dimension ", dim, " of tensor ",
+        entry.name, " with shape ", ShapeString(entry.shape)));
+  }
+  const int64_t rows = entry.shape[0];
+  const int64_t cols = rank == 2 ? entry.shape[1] : 1;
+  std::vector<int64_t> shape = entry.shape;
+  shape[dim] = end - begin;
+  const size_t element = DTypeSize(entry.dtype);
+  if (dim == 0) {
+    const uint8_t* first = entry.data + static_cast<size_t>(begin * cols) * element;
+    const int64_t count = (end - begin) * cols;
+    if (entry.dtype == DType::kF32 && reinterpret_cast<uintptr_t>(first) % alignof(float) == 0) {
+      return Tensor::View(reinterpret_cast<const float*>(first), std::move(shape));
+    }
+    auto values = std::make_unique_for_overwrite<float[]>(count);
+    float* out = values.get();
+    constexpr int64_t kChunk = 1 << 16;
+    ThreadPool::Default()->ParallelFor(
+        (count + kChunk - 1) / kChunk, [&](int64_t chunk_begin, int64_t chunk_end) {
+          const int64_t from = chunk_begin * kChunk;
+          const int64_t to = std::min(count, chunk_end * kChunk);
+          ConvertToFloat(entry.dtype, first + from * element, to - from, out + from);
+        });
+    return Tensor::Owned(std::move(values), std::move(shape));
+  }
+  // Columns: one run per row.
+  const int64_t width = end - begin;
+  auto values = std::make_unique_for_overwrite<float[]>(rows * width);
+  float* out = values.get();
+  ThreadPool::Default()->ParallelFor(rows, [&](int64_t first_row, int64_t last_row) {
+    for (int64_t r = first_row; r < last_row; ++r) {
+      ConvertToFloat(entry.dtype, entry.data + static_cast<size_t>(r * cols + begin) * element,
+                     width, out + r * width);
+    }
+  });
+  return Tensor::Owned(std::move(values), std::move(shape));
+}
+
 }  // namespace carpool::worker

@@ -90,6 +90,11 @@ class SafetensorsFile {
   // The tensor as fp32: a View into the mapping for 4-byte-aligned F32 data (valid while
   // file() lives), otherwise an owned converted copy. UNIMPLEMENTED for other dtypes.
   absl::StatusOr<Tensor> Read(const SafetensorsEntry& entry) const;
+  // Indices [begin, end) of dimension `dim` (0: rows, 1: columns of a 2-D tensor) as fp32: a
+  // View for a row slice of 4-byte-aligned F32 data, otherwise an owned copy of the slice alone.
+  // INVALID_ARGUMENT for a dimension or range outside the tensor; UNIMPLEMENTED for other dtypes.
+  absl::StatusOr<Tensor> ReadSlice(const SafetensorsEntry& entry, int dim, int64_t begin,
+                                   int64_t end) const;
 
  private:
   SafetensorsFile() = default;

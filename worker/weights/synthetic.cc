@@ -57,9 +57,20 @@ Distribution DistributionFor(const TensorSlot& slot, const ModelConfig& config) 
   return {0.0f, std::sqrt(3.0f / in_features)};
 }
 
+// The slot's slice (or whole tensor): element i of the slice is element WholeIndex(i) of the
+// whole tensor, so every split of the model draws the same values.
 Tensor Generate(const TensorSlot& slot, const ModelConfig& config, uint64_t key) {
+  const std::vector<int64_t> shape = slot.LocalShape();
   int64_t count = 1;
-  for (int64_t dim : slot.shape) count *= dim;
+  for (int64_t dim : shape) count *= dim;
+  // Row length of the whole tensor and of the slice (1-D tensors are one row).
+  const int64_t whole_row = slot.shape.size() == 2 ? slot.shape[1] : slot.shape[0];
+  const int64_t local_row = shape.size() == 2 ? shape[1] : shape[0];
+  auto whole_index = [&](int64_t i) -> int64_t {
+    if (slot.split_dim < 0) return i;
+    if (slot.split_dim == 0) return slot.split_begin * (slot.shape.size() == 2 ? whole_row : 1) + i;
+    return (i / local_row) * whole_row + slot.split_begin + i % local_row;
+  };
   auto values = std::make_unique_for_overwrite<float[]>(count);
   float* out = values.get();
   const Distribution dist = DistributionFor(slot, config);
@@ -68,10 +79,11 @@ Tensor Generate(const TensorSlot& slot, const ModelConfig& config, uint64_t key)
       (count + kChunk - 1) / kChunk, [&](int64_t begin, int64_t end) {
         const int64_t last = std::min(count, end * kChunk);
         for (int64_t i = begin * kChunk; i < last; ++i) {
-          out[i] = dist.center + dist.half_width * Uniform(key, static_cast<uint64_t>(i));
+          out[i] = dist.center +
+                   dist.half_width * Uniform(key, static_cast<uint64_t>(whole_index(i)));
         }
       });
-  return Tensor::Owned(std::move(values), slot.shape);
+  return Tensor::Owned(std::move(values), shape);
 }
 
 ModelConfig Preset(int vocab, int hidden, int intermediate, int layers, int heads, int kv_heads) {
@@ -137,9 +149,14 @@ absl::StatusOr<ModelConfig> SyntheticConfig(const std::string& preset) {
   return it->second;
 }
 
-std::unique_ptr<LlamaWeights> SyntheticWeights(const ModelConfig& config, uint64_t seed) {
+std::unique_ptr<LlamaWeights> SyntheticWeights(const ModelConfig& config, uint64_t seed,
+                                               const TensorParallelRank& tp) {
   auto weights = std::make_unique<LlamaWeights>();
   weights->config = config;
+  weights->tp = tp;
+  absl::StatusOr<ShardLayout> shard = PlanShard(config, tp);
+  CARPOOL_CHECK(shard.ok());
+  weights->shard = *shard;
   const std::vector<TensorSlot> slots = TensorSlots(weights.get());
   for (size_t i = 0; i < slots.size(); ++i) {
     *slots[i].tensor = Generate(slots[i], config, Mix(seed + (i + 1) * kGolden));

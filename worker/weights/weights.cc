@@ -112,7 +112,8 @@ class Checkpoint {
           "shape mismatch for ", slot.name, ": expected ", ShapeString(slot.shape), ", got ",
           ShapeString(entry.shape), " in ", fs::path(it->second.file->path()).filename().string()));
     }
-    return it->second.file->Read(entry);
+    if (slot.split_dim < 0) return it->second.file->Read(entry);
+    return it->second.file->ReadSlice(entry, slot.split_dim, slot.split_begin, slot.split_end);
   }
 
   std::vector<std::shared_ptr<MappedFile>> Files() const {
@@ -133,7 +134,8 @@ class Checkpoint {
   std::map<std::string, Located> located_;
 };
 
-absl::StatusOr<std::unique_ptr<LlamaWeights>> LoadFolder(const std::string& folder) {
+absl::StatusOr<std::unique_ptr<LlamaWeights>> LoadFolder(const std::string& folder,
+                                                         const TensorParallelRank& tp) {
   const fs::path dir(folder);
   std::error_code error;
   if (!fs::is_directory(dir, error)) {
@@ -153,6 +155,13 @@ absl::StatusOr<std::unique_ptr<LlamaWeights>> LoadFolder(const std::string& fold
   if (checkpoint.Has("model.layers.0.self_attn.q_proj.bias")) {
     weights->config.attention_bias = true;
   }
+  weights->tp = tp;
+  absl::StatusOr<ShardLayout> shard = PlanShard(weights->config, tp);
+  if (!shard.ok()) {
+    return absl::Status(shard.status().code(),
+                        absl::StrCat(folder, ": ", shard.status().message()));
+  }
+  weights->shard = *shard;
   for (const TensorSlot& slot : TensorSlots(weights.get())) {
     if (slot.name == "lm_head.weight" && !checkpoint.Has(slot.name)) {
       return absl::InvalidArgumentError(
@@ -196,6 +205,12 @@ Tensor Tensor::Owned(std::unique_ptr<float[]> values, std::vector<int64_t> shape
 
 int64_t Tensor::numel() const { return data_ == nullptr ? 0 : Product(shape_); }
 
+std::vector<int64_t> TensorSlot::LocalShape() const {
+  std::vector<int64_t> local = shape;
+  if (split_dim >= 0) local[split_dim] = split_end - split_begin;
+  return local;
+}
+
 int64_t LlamaWeights::ParameterBytes() const {
   int64_t count = embed_tokens.numel() + final_norm.numel();
   if (lm_head.data() != embed_tokens.data()) count += lm_head.numel();
@@ -212,47 +227,78 @@ int64_t LlamaWeights::ParameterBytes() const {
 
 std::vector<TensorSlot> TensorSlots(LlamaWeights* weights) {
   const ModelConfig& c = weights->config;
+  const ShardLayout& shard = weights->shard;
+  const bool split = weights->tp.size > 1;
   const int64_t hidden = c.hidden_size;
-  const int64_t q_dim = static_cast<int64_t>(c.num_heads) * c.head_dim;
-  const int64_t kv_dim = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
+  const int64_t d = c.head_dim;
+  const int64_t q_dim = static_cast<int64_t>(c.num_heads) * d;
+  const int64_t kv_dim = static_cast<int64_t>(c.num_kv_heads) * d;
   const int64_t inter = c.intermediate_size;
+  // Slices along dimension `dim` (a no-op for the whole model).
+  auto part = [&](TensorSlot slot, int dim, int64_t begin, int64_t count) {
+    if (split) {
+      slot.split_dim = dim;
+      slot.split_begin = begin;
+      slot.split_end = begin + count;
+    }
+    return slot;
+  };
+  const int64_t q_begin = shard.heads_begin * d, q_count = shard.num_heads * d;
+  const int64_t kv_begin = shard.kv_heads_begin * d, kv_count = shard.num_kv_heads * d;
   weights->layers.resize(c.num_layers);
   std::vector<TensorSlot> slots;
-  slots.push_back({"model.embed_tokens.weight", {c.vocab_size, hidden}, &weights->embed_tokens});
+  slots.push_back(part({"model.embed_tokens.weight", {c.vocab_size, hidden}, &weights->embed_tokens},
+                       0, shard.vocab_begin, shard.vocab));
   for (int i = 0; i < c.num_layers; ++i) {
     LayerWeights& layer = weights->layers[i];
     const std::string prefix = absl::StrCat("model.layers.", i, ".");
     const std::string attn = prefix + "self_attn.";
     slots.push_back({prefix + "input_layernorm.weight", {hidden}, &layer.input_norm});
-    slots.push_back({attn + "q_proj.weight", {q_dim, hidden}, &layer.q_proj});
-    slots.push_back({attn + "k_proj.weight", {kv_dim, hidden}, &layer.k_proj});
-    slots.push_back({attn + "v_proj.weight", {kv_dim, hidden}, &layer.v_proj});
+    slots.push_back(part({attn + "q_proj.weight", {q_dim, hidden}, &layer.q_proj}, 0, q_begin,
+                         q_count));
+    slots.push_back(part({attn + "k_proj.weight", {kv_dim, hidden}, &layer.k_proj}, 0, kv_begin,
+                         kv_count));
+    slots.push_back(part({attn + "v_proj.weight", {kv_dim, hidden}, &layer.v_proj}, 0, kv_begin,
+                         kv_count));
     if (c.attention_bias) {
-      slots.push_back({attn + "q_proj.bias", {q_dim}, &layer.q_bias});
-      slots.push_back({attn + "k_proj.bias", {kv_dim}, &layer.k_bias});
-      slots.push_back({attn + "v_proj.bias", {kv_dim}, &layer.v_bias});
+      slots.push_back(part({attn + "q_proj.bias", {q_dim}, &layer.q_bias}, 0, q_begin, q_count));
+      slots.push_back(part({attn + "k_proj.bias", {kv_dim}, &layer.k_bias}, 0, kv_begin,
+                           kv_count));
+      slots.push_back(part({attn + "v_proj.bias", {kv_dim}, &layer.v_bias}, 0, kv_begin,
+                           kv_count));
     }
-    slots.push_back({attn + "o_proj.weight", {hidden, q_dim}, &layer.o_proj});
+    slots.push_back(part({attn + "o_proj.weight", {hidden, q_dim}, &layer.o_proj}, 1, q_begin,
+                         q_count));
     slots.push_back(
         {prefix + "post_attention_layernorm.weight", {hidden}, &layer.post_attention_norm});
-    slots.push_back({prefix + "mlp.gate_proj.weight", {inter, hidden}, &layer.gate_proj});
-    slots.push_back({prefix + "mlp.up_proj.weight", {inter, hidden}, &layer.up_proj});
-    slots.push_back({prefix + "mlp.down_proj.weight", {hidden, inter}, &layer.down_proj});
+    slots.push_back(part({prefix + "mlp.gate_proj.weight", {inter, hidden}, &layer.gate_proj}, 0,
+                         shard.intermediate_begin, shard.intermediate));
+    slots.push_back(part({prefix + "mlp.up_proj.weight", {inter, hidden}, &layer.up_proj}, 0,
+                         shard.intermediate_begin, shard.intermediate));
+    slots.push_back(part({prefix + "mlp.down_proj.weight", {hidden, inter}, &layer.down_proj}, 1,
+                         shard.intermediate_begin, shard.intermediate));
   }
   slots.push_back({"model.norm.weight", {hidden}, &weights->final_norm});
   if (!c.tie_word_embeddings) {
-    slots.push_back({"lm_head.weight", {c.vocab_size, hidden}, &weights->lm_head});
+    slots.push_back(part({"lm_head.weight", {c.vocab_size, hidden}, &weights->lm_head}, 0,
+                         shard.vocab_begin, shard.vocab));
   }
   return slots;
 }
 
-absl::StatusOr<std::unique_ptr<LlamaWeights>> LoadWeights(const std::string& spec) {
+absl::StatusOr<std::unique_ptr<LlamaWeights>> LoadWeights(const std::string& spec,
+                                                          const TensorParallelRank& tp) {
   if (absl::StartsWith(spec, kSyntheticPrefix)) {
     ASSIGN_OR_RETURN(ModelConfig config,
                      SyntheticConfig(spec.substr(sizeof(kSyntheticPrefix) - 1)));
-    return SyntheticWeights(config, kSyntheticSeed);
+    absl::StatusOr<ShardLayout> shard = PlanShard(config, tp);
+    if (!shard.ok()) {
+      return absl::Status(shard.status().code(),
+                          absl::StrCat(spec, ": ", shard.status().message()));
+    }
+    return SyntheticWeights(config, kSyntheticSeed, tp);
   }
-  return LoadFolder(spec);
+  return LoadFolder(spec, tp);
 }
 
 }  // namespace carpool::worker

@@ -3,6 +3,10 @@
 // F32 tensors of a safetensors file are used in place from the memory map; F16 and BF16 ones
 // are converted once into owned fp32 buffers. Linear weights keep the checkpoint layout
 // [out_features, in_features].
+//
+// Under tensor parallelism (TensorParallelRank) each rank reads only its slices
+// (worker/weights/shard_layout.h): row slices of aligned F32 tensors are views into the mapping,
+// other slices are converted copies of just the slice. No rank copies a whole split tensor.
 #ifndef CARPOOL_WORKER_WEIGHTS_WEIGHTS_H_
 #define CARPOOL_WORKER_WEIGHTS_WEIGHTS_H_
 
@@ -13,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/weights/model_config.h"
+#include "worker/weights/shard_layout.h"
 
 namespace carpool::worker {
 
@@ -50,8 +55,11 @@ struct LayerWeights {
 
 class MappedFile;  // defined in safetensors.h
 
+// Shapes are the whole model's; a tensor-parallel rank holds its slices of them (`shard`).
 struct LlamaWeights {
   ModelConfig config;
+  TensorParallelRank tp;                 // the whole model unless tp.size > 1
+  ShardLayout shard;                     // what this rank holds (PlanShard(config, tp))
   Tensor embed_tokens;                   // [V, H]
   std::vector<LayerWeights> layers;
   Tensor final_norm;                     // [H]
@@ -65,12 +73,21 @@ struct LlamaWeights {
 // One tensor a config calls for: its Hugging Face name, its shape, and where it goes.
 struct TensorSlot {
   std::string name;              // e.g. "model.layers.0.self_attn.q_proj.weight"
-  std::vector<int64_t> shape;
+  std::vector<int64_t> shape;    // the whole tensor's, as the checkpoint stores it
   Tensor* tensor;
+  // The part this rank holds: indices [split_begin, split_end) of dimension split_dim (0: rows,
+  // 1: columns); split_dim -1: the whole tensor.
+  int split_dim = -1;
+  int64_t split_begin = 0;
+  int64_t split_end = 0;
+
+  // `shape` with the split dimension cut to the slice.
+  std::vector<int64_t> LocalShape() const;
 };
 // Every tensor `weights->config` calls for, in checkpoint order: embed_tokens, per layer
 // input_layernorm, q/k/v_proj (+ their biases with attention_bias), o_proj,
-// post_attention_layernorm, gate/up/down_proj, then model.norm and, unless tied, lm_head.
+// post_attention_layernorm, gate/up/down_proj, then model.norm and, unless tied, lm_head. With
+// weights->tp.size > 1 each slot names this rank's slice of weights->shard.
 // Resizes weights->layers to config.num_layers; the pointers stay valid while `weights` does.
 std::vector<TensorSlot> TensorSlots(LlamaWeights* weights);
 
@@ -81,13 +98,19 @@ inline constexpr uint64_t kSyntheticSeed = 0x5eed'ca49'0017'2024ULL;
 // model.safetensors.index.json plus shards). Errors: NOT_FOUND (no such folder or file),
 // INVALID_ARGUMENT (bad config, missing tensor, shape mismatch, truncated or malformed file),
 // UNIMPLEMENTED (architecture or dtype not supported). Each message names the file and tensor.
-absl::StatusOr<std::unique_ptr<LlamaWeights>> LoadWeights(const std::string& spec);
+// With tp.size > 1, only rank tp.rank's slices are read; INVALID_ARGUMENT (PlanShard) when the
+// model does not divide by tp.size.
+absl::StatusOr<std::unique_ptr<LlamaWeights>> LoadWeights(const std::string& spec,
+                                                          const TensorParallelRank& tp = {});
 
 // Presets: "tiny" (a few MB, vocab 258 for the byte tokenizer), "small" (~100M parameters),
 // "1b" and "8b" (Llama 3 shapes; generated lazily, meant for GPUs).
 absl::StatusOr<ModelConfig> SyntheticConfig(const std::string& preset);
-// Deterministic random weights for `config` from `seed`; same config + seed, same values.
-std::unique_ptr<LlamaWeights> SyntheticWeights(const ModelConfig& config, uint64_t seed);
+// Deterministic random weights for `config` from `seed`; same config + seed, same values. Every
+// value is a pure function of (seed, tensor, index in the whole tensor), so rank r of a group
+// gets exactly its slices of the whole model. REQUIRES: PlanShard(config, tp) is OK.
+std::unique_ptr<LlamaWeights> SyntheticWeights(const ModelConfig& config, uint64_t seed,
+                                               const TensorParallelRank& tp = {});
 
 }  // namespace carpool::worker
 

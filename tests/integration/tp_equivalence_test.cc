@@ -1,0 +1,202 @@
+// Tensor parallelism over MPI gives the whole model's answers: run as 2 ranks of one mpirun job
+// (one TP-2 group). Rank 0 runs each workload twice, on the whole model alone (TP=1) and as the
+// group's leader (TP=2) while rank 1 follows; greedy tokens must be identical and every logprob
+// (the sampled token's and the top 5) within 1e-4.
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cluster/mpi_communicator.h"
+#include "cluster/testing/mpi_test_main.h"
+#include "gtest/gtest.h"
+#include "tests/testing/checkpoint_writer.h"
+#include "worker/engine.h"
+#include "worker/mpi_worker.h"
+
+namespace carpool {
+
+cluster::MpiJobOptions cluster::testing::TestJobOptions(int, int) {
+  return MpiJobOptions{.role = Role::kWorker, .tensor_parallel = 2};
+}
+
+namespace {
+
+namespace fs = std::filesystem;
+using worker::Completion;
+using worker::Engine;
+using worker::EngineOptions;
+using worker::EngineRequest;
+using worker::ModelConfig;
+
+constexpr double kLogprobTolerance = 1e-4;
+
+ModelConfig Config(int heads, int kv_heads) {
+  ModelConfig c = worker::SyntheticConfig("tiny").value();  // vocab 258, hidden 64, I 176
+  c.num_heads = heads;
+  c.num_kv_heads = kv_heads;
+  c.head_dim = c.hidden_size / heads;
+  c.max_position_embeddings = 512;
+  return c;
+}
+
+// Prompts of 1..90 tokens (longer than one step's token budget, so prefill is chunked), several
+// sharing a 40-token prefix.
+std::vector<EngineRequest> Requests(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> token(0, 255), length(1, 90);
+  std::vector<int32_t> prefix;
+  for (int i = 0; i < 40; ++i) prefix.push_back(token(rng));
+  std::vector<EngineRequest> requests;
+  for (int i = 0; i < n; ++i) {
+    EngineRequest r;
+    r.prompt_tokens.push_back(256);
+    if (i % 3 == 0) r.prompt_tokens.insert(r.prompt_tokens.end(), prefix.begin(), prefix.end());
+    for (int j = length(rng); j > 0; --j) r.prompt_tokens.push_back(token(rng));
+    r.sampling.temperature = 0;
+    r.sampling.max_tokens = 12 + i % 5;
+    r.sampling.ignore_eos = true;
+    r.sampling.logprobs = 5;
+    requests.push_back(std::move(r));
+  }
+  return requests;
+}
+
+class TpEquivalenceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    MPI_Comm comm = cluster::testing::Job().tp_comm();
+    MPI_Comm_rank(comm, &rank_);
+    // One folder for the group: rank 0 names it.
+    int pid = getpid();
+    MPI_Bcast(&pid, 1, MPI_INT, 0, comm);
+    dir_ = fs::temp_directory_path() / ("carpool_tp_equivalence_" + std::to_string(pid));
+    auto group = cluster::MpiCommunicator::Create(comm, {.timeout = absl::Seconds(60)});
+    ASSERT_TRUE(group.ok()) << group.status();
+    group_ = std::move(*group);
+  }
+  void TearDown() override {
+    MPI_Barrier(cluster::testing::Job().tp_comm());
+    if (rank_ == 0) fs::remove_all(dir_);
+  }
+
+  // Rank 0 writes the checkpoint; everyone waits for it.
+  std::string Write(const std::string& name, const testing::CheckpointSpec& spec) {
+    const fs::path path = dir_ / name;
+    if (rank_ == 0) {
+      auto written = testing::WriteCheckpoint(path.string(), spec);
+      EXPECT_TRUE(written.ok()) << written.status();
+    }
+    MPI_Barrier(cluster::testing::Job().tp_comm());
+    return path.string();
+  }
+
+  EngineOptions Options(const std::string& model) {
+    EngineOptions o;
+    o.model = model;
+    o.scheduler.max_model_len = 256;
+    o.scheduler.max_num_batched_tokens = 64;
+    o.scheduler.max_num_seqs = 8;
+    o.num_kv_blocks = 160;
+    o.num_threads = 1;
+    return o;
+  }
+
+  // Two rounds on one engine (the second reuses the first's cached prefix blocks).
+  std::vector<Completion> Run(Engine* engine) {
+    std::vector<Completion> out;
+    for (uint32_t round : {1u, 2u}) {
+      for (auto& r : engine->Generate(Requests(9, round))) {
+        EXPECT_TRUE(r.ok()) << r.status();
+        if (r.ok()) out.push_back(*std::move(r));
+      }
+    }
+    return out;
+  }
+
+  // Rank 0: TP=1 then TP=2 as leader, compared. Rank 1: follows.
+  void ExpectSameAnswers(const std::string& model) {
+    if (rank_ == 1) {
+      EngineOptions o = Options(model);
+      o.tensor_parallel_group = group_.get();
+      auto follower = Engine::Create(o);
+      ASSERT_TRUE(follower.ok()) << follower.status();
+      ASSERT_TRUE(worker::RunFollower(&(*follower)->model(), group_.get()).ok());
+      return;
+    }
+    auto whole = Engine::Create(Options(model));
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    const std::vector<Completion> expected = Run(whole->get());
+
+    EngineOptions o = Options(model);
+    o.tensor_parallel_group = group_.get();
+    auto leader = Engine::Create(o);
+    ASSERT_TRUE(leader.ok()) << leader.status();
+    EXPECT_EQ((*leader)->model().weights().shard.num_heads,
+              (*whole)->model_config().num_heads / 2);
+    const std::vector<Completion> got = Run(leader->get());
+    ASSERT_TRUE(worker::StopFollowers(group_.get()).ok());
+    EXPECT_GT((*leader)->model().collective_times().all_reduces, 0);
+
+    ASSERT_EQ(got.size(), expected.size());
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i].tokens, expected[i].tokens) << "request " << i;
+      for (size_t j = 0; j < got[i].logprobs.size(); ++j) {
+        const auto& a = got[i].logprobs[j];
+        const auto& b = expected[i].logprobs[j];
+        worst = std::max(worst, std::abs(double{a.logprob} - b.logprob));
+        ASSERT_EQ(a.top_logprobs.size(), b.top_logprobs.size());
+        for (size_t k = 0; k < a.top_logprobs.size(); ++k) {
+          worst = std::max(worst,
+                           std::abs(double{a.top_logprobs[k].logprob} - b.top_logprobs[k].logprob));
+        }
+      }
+    }
+    EXPECT_LE(worst, kLogprobTolerance);
+    std::printf("%s: %zu requests, greedy tokens identical, worst logprob difference %.3g\n",
+                model.c_str(), got.size(), worst);
+  }
+
+  int rank_ = 0;
+  fs::path dir_;
+  std::unique_ptr<cluster::MpiCommunicator> group_;
+};
+
+TEST_F(TpEquivalenceTest, GroupedQueryAttentionSplitsKeyValueHeads) {
+  testing::CheckpointSpec spec;
+  spec.config = Config(8, 4);  // 4 kv heads over 2 ranks: 2 each
+  spec.seed = 11;
+  ExpectSameAnswers(Write("gqa", spec));
+}
+
+TEST_F(TpEquivalenceTest, FewerKeyValueHeadsThanRanksAreReplicated) {
+  testing::CheckpointSpec spec;
+  spec.config = Config(8, 1);  // 1 kv head, 2 ranks: both hold it
+  spec.seed = 12;
+  ExpectSameAnswers(Write("mqa", spec));
+}
+
+TEST_F(TpEquivalenceTest, Qwen2BiasesTiedHeadBf16Shards) {
+  testing::CheckpointSpec spec;
+  spec.config = Config(4, 2);
+  spec.config.architecture = "Qwen2ForCausalLM";
+  spec.config.attention_bias = true;
+  spec.config.tie_word_embeddings = true;
+  spec.dtype = worker::DType::kBF16;
+  spec.num_shards = 2;
+  spec.seed = 13;
+  ExpectSameAnswers(Write("qwen2", spec));
+}
+
+TEST_F(TpEquivalenceTest, SyntheticWeightsAreTheSameWholeModelAtAnyTp) {
+  ExpectSameAnswers("synthetic:tiny");
+}
+
+}  // namespace
+}  // namespace carpool

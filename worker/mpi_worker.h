@@ -1,0 +1,58 @@
+// carpool-worker as a rank of an mpirun (or srun) job: the MPI half of worker_main.
+//
+// Each tensor-parallel group's rank 0 (the leader) runs the WorkerServer: scheduler, KV cache,
+// the router connection, and before every step a broadcast of the step to its followers. The
+// other ranks (followers) load their slices of the same model and run every step they receive
+// (RunFollower) until the leader says it is done.
+//
+// Liveness, so that no rank ever hangs:
+//   - a watcher thread per rank exchanges heartbeats with its group (cluster/group_heartbeat.h)
+//     and ends the process (cluster::FailGroup, exit code 75) when a peer goes silent;
+//   - every collective inside a step has a timeout, and a failed one ends the process too;
+//   - the leader's router then sees one dead worker (its heartbeats stop).
+// When the router is a rank of the same job, its endpoint comes over MPI (no --router needed),
+// and its "stopping" message drains the leaders, which then release their followers.
+#ifndef CARPOOL_WORKER_MPI_WORKER_H_
+#define CARPOOL_WORKER_MPI_WORKER_H_
+
+#include <atomic>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "cluster/communicator.h"
+#include "cluster/mpi_job.h"
+#include "worker/model/llama_model.h"
+#include "worker/worker_server.h"
+
+namespace carpool::worker {
+
+struct MpiWorkerOptions {
+  // What the leader serves with. server.router_endpoint may be empty when the job has a router
+  // rank; when both exist, the flag wins.
+  WorkerServerOptions server;
+  // Between heartbeats inside a group, and how long a silent peer may stay silent.
+  // Default: 100 ms, 1 s.
+  absl::Duration heartbeat_interval = absl::Milliseconds(100);
+  absl::Duration heartbeat_timeout = absl::Seconds(1);
+  // Longest wait of one collective inside a step. Default: 60 s.
+  absl::Duration collective_timeout = absl::Seconds(60);
+};
+
+// Runs this rank until its group is done: the leader until drained (SIGTERM, the router's
+// `drain`, or the router rank stopping), a follower until its leader is done. `server_slot`
+// holds the leader's server while it runs, for signal handlers (nullptr otherwise);
+// `terminate` is set by them. Errors: no router endpoint, a model the group cannot load, or
+// ranks that disagree on the engine's shape.
+absl::Status RunMpiWorker(cluster::MpiJob* job, MpiWorkerOptions options,
+                          std::atomic<WorkerServer*>* server_slot,
+                          const std::atomic<bool>* terminate);
+
+// A follower's loop: runs every step its leader broadcasts on `group` until the leader's
+// shutdown. Errors: a malformed message (a failed collective ends the process instead).
+absl::Status RunFollower(LlamaModel* model, cluster::Communicator* group);
+// The leader's shutdown message to its followers.
+absl::Status StopFollowers(cluster::Communicator* group);
+
+}  // namespace carpool::worker
+
+#endif  // CARPOOL_WORKER_MPI_WORKER_H_
