@@ -1,5 +1,13 @@
 #include "cluster/group_heartbeat.h"
 
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <fstream>
+#include <iterator>
+#include <string>
+
 #include "absl/strings/str_cat.h"
 #include "cluster/mpi_util.h"
 #include "common/status.h"
@@ -12,6 +20,37 @@ constexpr int kBeat = 1;
 constexpr int kLeave = 2;
 // Sent with MPI_Isend + MPI_Request_free: the buffers must outlive the sends.
 const int kMessages[3] = {0, kBeat, kLeave};
+
+// Exists and is not a zombie (a dead rank whose launcher has not reaped it yet).
+bool ProcessAlive(int pid) {
+  if (kill(pid, 0) != 0 && errno != EPERM) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  const std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const size_t paren = text.rfind(')');
+  return paren == std::string::npos || paren + 2 >= text.size() || text[paren + 2] != 'Z';
+}
+
+// Every group rank's pid if it runs on this node, else 0. Collective over `comm`.
+absl::StatusOr<std::vector<int>> LocalPids(MPI_Comm comm, int size) {
+  MPI_Comm node = MPI_COMM_NULL;
+  int rank = 0;
+  RETURN_IF_ERROR(MpiStatus(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank"));
+  RETURN_IF_ERROR(MpiStatus(
+      MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node),
+      "MPI_Comm_split_type"));
+  int node_id = rank;  // the group rank of the node's first rank
+  RETURN_IF_ERROR(MpiStatus(MPI_Bcast(&node_id, 1, MPI_INT, 0, node), "MPI_Bcast"));
+  MPI_Comm_free(&node);
+  const int mine[2] = {node_id, static_cast<int>(getpid())};
+  std::vector<int> all(2 * size);
+  RETURN_IF_ERROR(
+      MpiStatus(MPI_Allgather(mine, 2, MPI_INT, all.data(), 2, MPI_INT, comm), "MPI_Allgather"));
+  std::vector<int> pids(size, 0);
+  for (int r = 0; r < size; ++r) {
+    if (all[2 * r] == node_id) pids[r] = all[2 * r + 1];
+  }
+  return pids;
+}
 
 }  // namespace
 
@@ -32,8 +71,12 @@ absl::StatusOr<std::unique_ptr<GroupHeartbeat>> GroupHeartbeat::Create(
   int rank = 0, size = 0;
   RETURN_IF_ERROR(MpiStatus(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank"));
   RETURN_IF_ERROR(MpiStatus(MPI_Comm_size(comm, &size), "MPI_Comm_size"));
+  ASSIGN_OR_RETURN(const std::vector<int> pids, LocalPids(comm, size));
   std::unique_ptr<GroupHeartbeat> beats(new GroupHeartbeat(comm, rank, size, options));
-  for (Peer& peer : beats->peers_) RETURN_IF_ERROR(beats->Post(&peer));
+  for (Peer& peer : beats->peers_) {
+    peer.pid = pids[peer.rank];
+    RETURN_IF_ERROR(beats->Post(&peer));
+  }
   return beats;
 }
 
@@ -95,6 +138,10 @@ absl::Status GroupHeartbeat::Poll() {
       next_send_ = now + options_.interval;
     }
     for (const Peer& peer : peers_) {
+      if (!peer.left && peer.pid != 0 && !ProcessAlive(peer.pid)) {
+        return absl::UnavailableError(absl::StrCat("tensor-parallel rank ", peer.rank, " (pid ",
+                                                   peer.pid, ", this node) has exited"));
+      }
       if (!peer.left && now - peer.last_seen > options_.timeout) {
         return absl::UnavailableError(absl::StrCat(
             "tensor-parallel rank ", peer.rank, " has been silent for ",

@@ -2,6 +2,9 @@
 // every follower send each other a small message every `interval` over their own communicator.
 // A peer silent for `timeout` is dead, even where MPI itself would wait forever (a peer killed
 // inside a shared-memory collective, a stopped process, a runtime that keeps the job going).
+// Peers on the same node are also watched by process id: one that exited is dead at the next
+// Poll, without waiting for the timeout (mpirun itself only signals the survivors a second
+// after a rank died).
 //
 //   ASSIGN_OR_RETURN(auto beats, GroupHeartbeat::Create(job->tp_comm(), {}));
 //   while (running) { if (auto s = beats->Poll(); !s.ok()) FailGroup(s); sleep(interval / 2); }
@@ -49,6 +52,10 @@ class GroupHeartbeat {
   // least every interval. After an error the heartbeat is unusable.
   absl::Status Poll();
 
+  // Replaces the timeout from the next Poll on (e.g. a shorter one once the job is being torn
+  // down, when a silent peer is almost surely dead).
+  void SetTimeout(absl::Duration timeout) { options_.timeout = timeout; }
+
   // Tells the peers this rank leaves on purpose (they stop expecting its beats) and stops
   // listening. Idempotent.
   void Leave();
@@ -63,6 +70,7 @@ class GroupHeartbeat {
     MPI_Request recv = MPI_REQUEST_NULL;
     absl::Time last_seen;
     bool left = false;
+    int pid = 0;  // on this node; 0 elsewhere
   };
   GroupHeartbeat(MPI_Comm comm, int rank, int size, const GroupHeartbeatOptions& options);
   absl::Status Post(Peer* peer);

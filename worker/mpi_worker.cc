@@ -27,8 +27,15 @@ void Log(const cluster::MpiJob& job, const Args&... args) {
 class Watcher {
  public:
   Watcher(cluster::MpiJob* job, cluster::GroupHeartbeat* beats, absl::Duration period,
-          bool leader, std::atomic<WorkerServer*>* server_slot)
-      : job_(job), beats_(beats), period_(period), leader_(leader), server_slot_(server_slot) {
+          bool leader, std::atomic<WorkerServer*>* server_slot,
+          const std::atomic<bool>* terminate, absl::Duration terminating_timeout)
+      : job_(job),
+        beats_(beats),
+        period_(period),
+        leader_(leader),
+        server_slot_(server_slot),
+        terminate_(terminate),
+        terminating_timeout_(terminating_timeout) {
     thread_ = std::thread([this] { Run(); });
   }
   ~Watcher() { Stop(/*leave=*/false); }
@@ -46,7 +53,12 @@ class Watcher {
 
  private:
   void Run() {
+    bool terminating = false;
     while (!stop_.load()) {
+      if (beats_ != nullptr && !terminating && terminate_->load()) {
+        terminating = true;
+        beats_->SetTimeout(terminating_timeout_);
+      }
       if (beats_ != nullptr) {
         if (absl::Status s = beats_->Poll(); !s.ok()) cluster::FailGroup(s);
       }
@@ -66,6 +78,8 @@ class Watcher {
   const absl::Duration period_;
   const bool leader_;
   std::atomic<WorkerServer*>* const server_slot_;
+  const std::atomic<bool>* const terminate_;
+  const absl::Duration terminating_timeout_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> router_stopping_{false};
   std::thread thread_;
@@ -182,7 +196,7 @@ absl::Status RunMpiWorker(cluster::MpiJob* job, MpiWorkerOptions options,
   }
   Watcher watcher(job, beats.get(),
                   std::min(options.heartbeat_interval / 2, absl::Milliseconds(50)), leader,
-                  server_slot);
+                  server_slot, terminate, options.heartbeat_timeout_terminating);
   absl::Status status = leader ? RunLeader(job, options, group.get(), &watcher, server_slot,
                                            terminate)
                                : RunGroupFollower(job, options, group.get());

@@ -7,7 +7,8 @@
 //
 // Liveness, so that no rank ever hangs:
 //   - a watcher thread per rank exchanges heartbeats with its group (cluster/group_heartbeat.h)
-//     and ends the process (cluster::FailGroup, exit code 75) when a peer goes silent;
+//     and ends the process (cluster::FailGroup, exit code 75) when a peer goes silent (for
+//     heartbeat_timeout, or heartbeat_timeout_terminating once a SIGTERM/SIGINT arrived);
 //   - every collective inside a step has a timeout, and a failed one ends the process too;
 //   - the leader's router then sees one dead worker (its heartbeats stop).
 // When the router is a rank of the same job, its endpoint comes over MPI (no --router needed),
@@ -34,6 +35,11 @@ struct MpiWorkerOptions {
   // Default: 100 ms, 1 s.
   absl::Duration heartbeat_interval = absl::Milliseconds(100);
   absl::Duration heartbeat_timeout = absl::Seconds(1);
+  // The timeout once this rank got SIGTERM/SIGINT. mpirun sends SIGTERM to every surviving rank
+  // when one dies, so a peer silent this long then is dead, and the group must exit before
+  // mpirun's SIGKILL (1 s later) for its router to notice within its heartbeat timeout.
+  // Default: 300 ms.
+  absl::Duration heartbeat_timeout_terminating = absl::Milliseconds(300);
   // Longest wait of one collective inside a step. Default: 60 s.
   absl::Duration collective_timeout = absl::Seconds(60);
 };

@@ -8,6 +8,7 @@
 // deregisters and exits 0. Under MPI they drain a group's leader; its followers wait for it.
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -119,6 +120,9 @@ int main(int argc, char** argv) {
     mpi.heartbeat_interval = absl::Milliseconds(tp_heartbeat_ms);
     mpi.heartbeat_timeout = absl::Milliseconds(tp_timeout_ms);
     mpi.collective_timeout = absl::Milliseconds(tp_collective_timeout_ms);
+    mpi.heartbeat_timeout_terminating =
+        std::min(mpi.heartbeat_timeout,
+                 std::max(absl::Milliseconds(300), 3 * mpi.heartbeat_interval));
     return RunUnderMpi(argc, argv, std::move(mpi), tp);
   }
   absl::StatusOr<std::unique_ptr<WorkerServer>> server = WorkerServer::Create(options);
