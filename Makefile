@@ -24,8 +24,11 @@ test: build
 run: build
 	@bash scripts/run-local.sh $(BUILD)
 
+# The benchmark suite; SCENARIO=b (or a,c) runs some scenarios only. Rewrites the suite's sections
+# of docs/PERFORMANCE.md.
+SCENARIO ?= abcdefg
 bench: build
-	@bash scripts/bench.sh $(BUILD)
+	@bash scripts/bench.sh $(BUILD) $(SCENARIO)
 
 # libFuzzer (clang, ASan + UBSan) over the router's frame decoder and request validator;
 # `make test` runs it for 30 s.

@@ -6,15 +6,18 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <random>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_format.h"
 #include "common/clock.h"
 #include "common/flags.h"
+#include "common/status.h"
 #include "common/thread_pool.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "nlohmann/json.hpp"
@@ -148,6 +151,114 @@ double MeasureWorkload(Engine* engine, int num_requests, double mean_output, int
   return total / (NowSeconds() - t0);
 }
 
+struct OverheadResult {
+  double forward_ms_per_step = 0;
+  double step_ms = 0;
+  double ratio = 0;  // forward time / step wall time
+  int steps = 0;
+};
+
+// Engine overhead: wall time inside the model's forward over the wall time of Engine::Step(),
+// over the steps after `prefill_first` (when true, every sequence has its first token before
+// timing starts, so the timed steps are pure decode).
+OverheadResult TimeSteps(Engine* engine, bool prefill_first, int expected) {
+  if (prefill_first) {
+    std::set<int64_t> first;
+    while (static_cast<int>(first.size()) < expected) {
+      for (const auto& e : engine->Step()) first.insert(e.request_id);
+    }
+  }
+  OverheadResult r;
+  const int64_t f0 = engine->forward_micros();
+  const double t0 = NowSeconds();
+  while (engine->has_unfinished()) {
+    engine->Step();
+    ++r.steps;
+  }
+  const double wall = NowSeconds() - t0;
+  const double forward = (engine->forward_micros() - f0) / 1e6;
+  r.ratio = wall > 0 ? forward / wall : 0;
+  r.step_ms = r.steps > 0 ? wall / r.steps * 1e3 : 0;
+  r.forward_ms_per_step = r.steps > 0 ? forward / r.steps * 1e3 : 0;
+  return r;
+}
+
+// Decode-only overhead at `batch` sequences.
+OverheadResult MeasureDecodeOverhead(Engine* engine, int batch, int decode_steps) {
+  std::mt19937 rng(100 + batch);
+  for (int i = 0; i < batch; ++i) {
+    (void)engine->Add(
+        Greedy(RandomPrompt(&rng, 16, engine->model_config().vocab_size), decode_steps + 1));
+  }
+  return TimeSteps(engine, /*prefill_first=*/true, batch);
+}
+
+// Overhead on a saturated mixed workload: `num_requests` queued at once (32-token prompts,
+// exponential output lengths), so every step is full and prefill chunks ride with decodes.
+OverheadResult MeasureMixedOverhead(Engine* engine, int num_requests) {
+  std::mt19937 rng(13);
+  std::exponential_distribution<double> len(1.0 / 48);
+  for (int i = 0; i < num_requests; ++i) {
+    const int out = std::clamp(static_cast<int>(std::ceil(len(rng))), 1, 256);
+    (void)engine->Add(Greedy(RandomPrompt(&rng, 32, engine->model_config().vocab_size), out));
+  }
+  return TimeSteps(engine, /*prefill_first=*/false, 0);
+}
+
+struct PagedResult {
+  int kv_tokens = 0;          // the KV budget: num_kv_blocks * block_size
+  int contiguous_seqs = 0;    // kv_tokens / max_model_len: a max-length slot per sequence
+  int peak_running = 0;
+  double mean_running = 0;    // over steps with requests still waiting (the cache is the limit)
+  double mean_seq_tokens = 0; // prompt + output, averaged over requests
+  int64_t preemptions = 0;
+  int saturated_steps = 0;
+};
+
+// Paged KV: how many sequences run at once on a fixed KV budget, against allocating every
+// sequence a contiguous max_model_len region. Requests: prompts uniform in [64, 512], outputs
+// exponential (mean 128, at most 1024), all queued at once.
+absl::StatusOr<PagedResult> MeasurePaged(const std::string& model, int num_kv_blocks,
+                                         int max_model_len, int num_requests) {
+  EngineOptions o;
+  o.model = model;
+  o.num_kv_blocks = num_kv_blocks;
+  o.scheduler.max_model_len = max_model_len;
+  o.scheduler.max_num_seqs = 256;
+  o.enable_prefix_caching = false;  // random prompts share nothing; keep the count honest
+  ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(o));
+  std::mt19937 rng(21);
+  std::uniform_int_distribution<int> prompt_len(64, 512);
+  std::exponential_distribution<double> out_len(1.0 / 128);
+  int64_t total_tokens = 0;
+  for (int i = 0; i < num_requests; ++i) {
+    const int p = prompt_len(rng);
+    const int out = std::clamp(static_cast<int>(std::ceil(out_len(rng))), 1, 1024);
+    total_tokens += p + out;
+    RETURN_IF_ERROR(
+        engine->Add(Greedy(RandomPrompt(&rng, p, engine->model_config().vocab_size), out))
+            .status());
+  }
+  PagedResult r;
+  r.kv_tokens = num_kv_blocks * o.block_size;
+  r.contiguous_seqs = r.kv_tokens / max_model_len;
+  r.mean_seq_tokens = static_cast<double>(total_tokens) / num_requests;
+  int64_t running_sum = 0;
+  while (engine->has_unfinished()) {
+    const bool saturated = engine->scheduler().num_waiting() > 0;
+    engine->Step();
+    const int running = engine->scheduler().num_running();
+    r.peak_running = std::max(r.peak_running, running);
+    if (saturated) {
+      running_sum += running;
+      ++r.saturated_steps;
+    }
+  }
+  r.mean_running = r.saturated_steps > 0 ? static_cast<double>(running_sum) / r.saturated_steps : 0;
+  r.preemptions = engine->scheduler().num_preemptions();
+  return r;
+}
+
 }  // namespace
 }  // namespace carpool::bench
 
@@ -158,19 +269,45 @@ int main(int argc, char** argv) {
   int decode_steps = 32;
   int batching_seqs = 16;
   int batching_requests = 256;
+  std::string paged_model = "synthetic:tiny";
+  int paged_kv_blocks = 512;
+  int paged_max_model_len = 2048;
+  int paged_requests = 200;
   bool json_out = false;
+  std::string json_file;
   std::string only;
   FlagParser parser;
   parser.AddString("model", &model, "model to measure (default synthetic:small)");
   parser.AddInt("decode-steps", &decode_steps, "timed decode steps per batch size (default 32)");
   parser.AddInt("batching-seqs", &batching_seqs, "max-num-seqs of the batching comparison (16)");
   parser.AddInt("batching-requests", &batching_requests, "requests in the batching comparison (256)");
-  parser.AddString("only", &only, "run one part: bandwidth, decode, prefill, batching");
+  parser.AddString("paged-model", &paged_model, "model of the paged-KV count (synthetic:tiny)");
+  parser.AddInt("paged-kv-blocks", &paged_kv_blocks, "KV budget of the paged-KV count (512)");
+  parser.AddInt("paged-max-model-len", &paged_max_model_len, "max-model-len of it (2048)");
+  parser.AddInt("paged-requests", &paged_requests, "requests of the paged-KV count (200)");
+  parser.AddString("only", &only,
+                   "comma-separated parts: bandwidth, decode, prefill, batching, overhead, paged "
+                   "(default: all)");
   parser.AddBool("json", &json_out, "also print a JSON object");
+  parser.AddString("json-file", &json_file, "also write the JSON object to this file");
   if (auto s = parser.Parse(argc, argv, 1); !s.ok()) {
     std::cerr << "carpool-bench-engine: " << s.message() << "\n" << parser.Help();
     return 2;
   }
+  std::set<std::string> parts;
+  {
+    std::stringstream list(only);
+    for (std::string part; std::getline(list, part, ',');) {
+      if (part.empty()) continue;
+      if (part != "bandwidth" && part != "decode" && part != "prefill" && part != "batching" &&
+          part != "overhead" && part != "paged") {
+        std::cerr << "carpool-bench-engine: unknown part '" << part << "' in --only\n";
+        return 2;
+      }
+      parts.insert(part);
+    }
+  }
+  const auto run = [&](const char* part) { return parts.empty() || parts.count(part) > 0; };
   nlohmann::json out;
   out["model"] = model;
   out["threads"] = ThreadPool::Default()->num_threads();
@@ -179,47 +316,54 @@ int main(int argc, char** argv) {
   options.model = model;
   options.scheduler.max_model_len = 1024;
   options.scheduler.max_num_seqs = 64;
-  auto engine = worker::Engine::Create(options);
-  if (!engine.ok()) {
-    std::cerr << engine.status() << "\n";
-    return 1;
-  }
-  const double bandwidth = MeasureBandwidth(int64_t{1} << 30, 5);
-  const int64_t weight_bytes = (*engine)->model().DecodeWeightBytes();
-  const double floor_ms = weight_bytes / bandwidth * 1e3;
-  out["bandwidth_gb_s"] = bandwidth / 1e9;
-  out["decode_weight_bytes"] = weight_bytes;
-  out["batch1_floor_ms"] = floor_ms;
-  std::printf("model %s, %d threads, bandwidth %.1f GB/s, decode reads %.1f MB -> floor %.2f ms\n",
-              model.c_str(), ThreadPool::Default()->num_threads(), bandwidth / 1e9,
-              weight_bytes / 1e6, floor_ms);
+  std::unique_ptr<worker::Engine> engine;
+  if (run("bandwidth") || run("decode") || run("prefill") || run("batching") || run("overhead")) {
+    auto created = worker::Engine::Create(options);
+    if (!created.ok()) {
+      std::cerr << created.status() << "\n";
+      return 1;
+    }
+    engine = std::move(*created);
+    const double bandwidth = MeasureBandwidth(int64_t{1} << 30, 5);
+    const int64_t weight_bytes = engine->model().DecodeWeightBytes();
+    const double floor_ms = weight_bytes / bandwidth * 1e3;
+    out["bandwidth_gb_s"] = bandwidth / 1e9;
+    out["decode_weight_bytes"] = weight_bytes;
+    out["batch1_floor_ms"] = floor_ms;
+    std::printf(
+        "model %s, %d threads, bandwidth %.1f GB/s, decode reads %.1f MB -> floor %.2f ms\n",
+        model.c_str(), ThreadPool::Default()->num_threads(), bandwidth / 1e9, weight_bytes / 1e6,
+        floor_ms);
 
-  if (only.empty() || only == "decode") {
-    std::printf("%-8s %12s %10s %12s\n", "batch", "tokens/s", "step ms", "step/floor");
-    double base = 0;
-    for (int batch : {1, 8, 32, 64}) {
-      DecodeResult r = MeasureDecode(engine->get(), batch, 16, decode_steps);
-      if (batch == 1) base = r.tokens_per_s;
-      std::printf("%-8d %12.1f %10.2f %12.2f\n", batch, r.tokens_per_s, r.step_ms,
-                  r.step_ms / floor_ms);
-      out["decode"][std::to_string(batch)] = {{"tokens_per_s", r.tokens_per_s},
-                                              {"step_ms", r.step_ms},
-                                              {"speedup_vs_batch1", r.tokens_per_s / base}};
+    if (run("decode")) {
+      std::printf("%-8s %12s %10s %12s\n", "batch", "tokens/s", "step ms", "step/floor");
+      double base = 0;
+      for (int batch : {1, 8, 32, 64}) {
+        DecodeResult r = MeasureDecode(engine.get(), batch, 16, decode_steps);
+        if (batch == 1) base = r.tokens_per_s;
+        std::printf("%-8d %12.1f %10.2f %12.2f\n", batch, r.tokens_per_s, r.step_ms,
+                    r.step_ms / floor_ms);
+        out["decode"][std::to_string(batch)] = {{"tokens_per_s", r.tokens_per_s},
+                                                {"step_ms", r.step_ms},
+                                                {"step_over_floor", r.step_ms / floor_ms},
+                                                {"speedup_vs_batch1", r.tokens_per_s / base}};
+      }
+    }
+    if (run("prefill")) {
+      const double gemm = MeasureGemm(512, 2048, 768, 5);
+      const double prefill = MeasurePrefill(engine.get(), 8, 256);
+      const double flops_per_token = 2.0 * (weight_bytes / 4.0);
+      std::printf(
+          "prefill %.0f tokens/s = %.1f GFLOP/s; OpenBLAS sgemm 512x2048x768 %.1f GFLOP/s "
+          "(ratio %.2f)\n",
+          prefill, prefill * flops_per_token / 1e9, gemm / 1e9, prefill * flops_per_token / gemm);
+      out["prefill"] = {{"tokens_per_s", prefill},
+                        {"gflops", prefill * flops_per_token / 1e9},
+                        {"openblas_gflops", gemm / 1e9},
+                        {"ratio", prefill * flops_per_token / gemm}};
     }
   }
-  if (only.empty() || only == "prefill") {
-    const double gemm = MeasureGemm(512, 2048, 768, 5);
-    const double prefill = MeasurePrefill(engine->get(), 8, 256);
-    const double flops_per_token = 2.0 * (weight_bytes / 4.0);
-    std::printf("prefill %.0f tokens/s = %.1f GFLOP/s; OpenBLAS sgemm 512x2048x768 %.1f GFLOP/s "
-                "(ratio %.2f)\n", prefill, prefill * flops_per_token / 1e9, gemm / 1e9,
-                prefill * flops_per_token / gemm);
-    out["prefill"] = {{"tokens_per_s", prefill},
-                      {"gflops", prefill * flops_per_token / 1e9},
-                      {"openblas_gflops", gemm / 1e9},
-                      {"ratio", prefill * flops_per_token / gemm}};
-  }
-  if (only.empty() || only == "batching") {
+  if (run("batching")) {
     double result[2];
     for (int i = 0; i < 2; ++i) {
       EngineOptions o = options;
@@ -238,6 +382,57 @@ int main(int argc, char** argv) {
                        {"static_tokens_per_s", result[1]},
                        {"ratio", result[0] / result[1]}};
   }
+  if (run("overhead")) {
+    std::printf("engine overhead: forward time / Engine::Step wall time\n");
+    std::printf("%-22s %8s %14s %10s %8s\n", "load", "steps", "forward ms", "step ms", "ratio");
+    const auto print = [&](const std::string& name, const OverheadResult& r) {
+      std::printf("%-22s %8d %14.2f %10.2f %8.3f\n", name.c_str(), r.steps,
+                  r.forward_ms_per_step, r.step_ms, r.ratio);
+      out["overhead"][name] = {{"steps", r.steps},
+                               {"forward_ms_per_step", r.forward_ms_per_step},
+                               {"step_ms", r.step_ms},
+                               {"ratio", r.ratio}};
+    };
+    for (int batch : {1, 16, 64}) {
+      print("decode_batch_" + std::to_string(batch),
+            MeasureDecodeOverhead(engine.get(), batch, decode_steps));
+    }
+    print("mixed_saturated", MeasureMixedOverhead(engine.get(), 2 * options.scheduler.max_num_seqs));
+  }
+  if (run("paged")) {
+    absl::StatusOr<PagedResult> r =
+        MeasurePaged(paged_model, paged_kv_blocks, paged_max_model_len, paged_requests);
+    if (!r.ok()) {
+      std::cerr << "paged: " << r.status() << "\n";
+      return 1;
+    }
+    std::printf(
+        "paged KV (%s): budget %d tokens; contiguous max-length (%d) slots: %d sequences; paged: "
+        "peak %d, mean %.1f running while requests waited (%d steps); mean sequence %.0f "
+        "tokens; %lld preemptions\n",
+        paged_model.c_str(), r->kv_tokens, paged_max_model_len, r->contiguous_seqs,
+        r->peak_running, r->mean_running, r->saturated_steps, r->mean_seq_tokens,
+        static_cast<long long>(r->preemptions));
+    out["paged"] = {{"model", paged_model},
+                    {"kv_tokens", r->kv_tokens},
+                    {"num_kv_blocks", paged_kv_blocks},
+                    {"max_model_len", paged_max_model_len},
+                    {"requests", paged_requests},
+                    {"contiguous_seqs", r->contiguous_seqs},
+                    {"peak_running", r->peak_running},
+                    {"mean_running", r->mean_running},
+                    {"saturated_steps", r->saturated_steps},
+                    {"mean_seq_tokens", r->mean_seq_tokens},
+                    {"preemptions", r->preemptions}};
+  }
   if (json_out) std::cout << out.dump(2) << "\n";
+  if (!json_file.empty()) {
+    std::ofstream f(json_file);
+    f << out.dump(2) << "\n";
+    if (!f) {
+      std::cerr << "carpool-bench-engine: cannot write " << json_file << "\n";
+      return 1;
+    }
+  }
   return 0;
 }
