@@ -1,0 +1,33 @@
+"""carpool's Python SDK: generate, stream, cancel and stats against a carpool router over ZeroMQ.
+
+  import carpool
+  with carpool.Client("tcp://127.0.0.1:5555") as client:
+      print(client.generate("Hello", max_tokens=16, temperature=0).text)
+
+Usage: docs/python.md. Wire protocol: docs/protocol.md.
+"""
+
+# The generated carpool_pb2 module may sit in another directory named carpool on sys.path (the
+# CMake build tree generates it into build/client/python/carpool): look there too.
+from pkgutil import extend_path
+
+__path__ = extend_path(__path__, __name__)
+
+from .aio import AsyncClient, AsyncStream  # noqa: E402
+from .client import Client, Stream  # noqa: E402
+from .errors import (  # noqa: E402
+    Cancelled, CarpoolError, DeadlineExceeded, DeadlineUnmeetable, Draining, InternalError,
+    InvalidArgument, PromptTooLong, QueueFull, TenantQuota, Timeout, TokenBudget,
+    Unauthenticated, UnknownModel, WorkerLost)
+from .types import (  # noqa: E402
+    Chunk, GenerateResult, Stats, TenantStats, Timings, Token, TokenLogprob, Usage, WorkerStats)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncClient", "AsyncStream", "Cancelled", "CarpoolError", "Chunk", "Client",
+    "DeadlineExceeded", "DeadlineUnmeetable", "Draining", "GenerateResult", "InternalError",
+    "InvalidArgument", "PromptTooLong", "QueueFull", "Stats", "Stream", "TenantQuota",
+    "TenantStats", "Timeout", "Timings", "Token", "TokenBudget", "TokenLogprob",
+    "Unauthenticated", "UnknownModel", "Usage", "WorkerLost", "WorkerStats",
+]

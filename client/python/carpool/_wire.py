@@ -1,0 +1,212 @@
+"""The edge between the SDK and carpool.v1 protobuf messages: requests out, results in.
+
+Shared by the sync and asyncio clients; no sockets here.
+"""
+
+import codecs
+import itertools
+import operator
+import os
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+from . import errors
+from .types import (Chunk, GenerateResult, Stats, TenantStats, Timings, Token, TokenLogprob,
+                    Usage, WorkerStats)
+
+try:
+    from . import carpool_pb2 as pb
+except ImportError as e:  # pragma: no cover - a setup problem, not a code path
+    raise ImportError(
+        "carpool.carpool_pb2 is missing: it is generated from proto/carpool.proto at build time. "
+        "Install the package (pip install ./client/python), or build the CMake target "
+        "carpool_python and put build/client/python on PYTHONPATH") from e
+
+PROTOCOL_VERSION = 1
+
+Prompt = Union[str, bytes, bytearray, Sequence[int]]
+
+_PRIORITIES = {
+    "default": pb.PRIORITY_DEFAULT,
+    "interactive": pb.PRIORITY_INTERACTIVE,
+    "batch": pb.PRIORITY_BATCH,
+}
+
+# Optional SamplingParams fields: None leaves them unset (the router's defaults apply).
+_OPTIONAL_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
+                      "presence_penalty", "frequency_penalty", "seed", "max_tokens")
+
+
+class RequestIds:
+    """Unique request ids for one client: a random prefix and a counter."""
+
+    def __init__(self) -> None:
+        self._prefix = "py-" + os.urandom(6).hex()
+        self._counter = itertools.count(1)
+
+    def next(self) -> str:
+        return "%s-%d" % (self._prefix, next(self._counter))
+
+
+def _token_list(values: Any, what: str) -> List[int]:
+    try:
+        return [operator.index(v) for v in values]
+    except TypeError:
+        raise TypeError("%s must be a sequence of ints" % what) from None
+
+
+def generate_frame(request_id: str, prompt: Optional[Prompt], token_ids: Optional[Sequence[int]],
+                   stream: bool, api_key: str, priority: Union[str, int], deadline_ms: int,
+                   add_bos: bool, stop_token_ids: Optional[Sequence[int]], ignore_eos: bool,
+                   logprobs: int, sampling: Dict[str, Any]) -> bytes:
+    """The encoded ClientMessage for a generate call.
+
+    Raises TypeError for arguments of the wrong type and InvalidArgument for values the wire
+    cannot carry (out of the field's range, an unknown priority); the router checks the rest.
+    """
+    if prompt is not None and token_ids is not None:
+        raise TypeError("pass either a prompt or token_ids, not both")
+    if prompt is None and token_ids is None:
+        raise TypeError("generate() needs a prompt (str, bytes or a list of token ids) "
+                        "or token_ids")
+    msg = pb.ClientMessage(protocol_version=PROTOCOL_VERSION)
+    g = msg.generate
+    try:
+        g.request_id = request_id
+        if isinstance(prompt, str):
+            g.text = prompt.encode("utf-8")
+        elif isinstance(prompt, (bytes, bytearray)):
+            g.text = bytes(prompt)
+        else:
+            ids = prompt if prompt is not None else token_ids
+            g.token_ids.ids.extend(_token_list(ids, "token_ids"))
+            # An empty list still selects the token_ids prompt (the router refuses it).
+            g.token_ids.SetInParent()
+        if isinstance(priority, str):
+            if priority not in _PRIORITIES:
+                raise errors.InvalidArgument(
+                    "priority must be one of %s, not %r" % (sorted(_PRIORITIES), priority))
+            g.priority = _PRIORITIES[priority]
+        else:
+            g.priority = priority
+        g.deadline_ms = deadline_ms
+        g.api_key = api_key
+        g.stream = stream
+        g.add_bos = add_bos
+        s = g.sampling
+        for name in _OPTIONAL_SAMPLING:
+            value = sampling.get(name)
+            if value is not None:
+                setattr(s, name, value)
+        if stop_token_ids:
+            s.stop_token_ids.extend(_token_list(stop_token_ids, "stop_token_ids"))
+        s.ignore_eos = ignore_eos
+        s.logprobs = logprobs
+    except ValueError as e:  # protobuf: a value out of the field's range
+        if isinstance(e, errors.CarpoolError):
+            raise
+        raise errors.InvalidArgument(str(e), request_id=request_id) from None
+    return msg.SerializeToString()
+
+
+def cancel_frame(request_id: str) -> bytes:
+    msg = pb.ClientMessage(protocol_version=PROTOCOL_VERSION)
+    msg.cancel.request_id = request_id
+    return msg.SerializeToString()
+
+
+def stats_frame() -> bytes:
+    msg = pb.ClientMessage(protocol_version=PROTOCOL_VERSION)
+    msg.stats.SetInParent()
+    return msg.SerializeToString()
+
+
+def parse_server(frame: bytes) -> "pb.ServerMessage":
+    """Decodes one frame from the router; ValueError when it is not a v1 ServerMessage."""
+    msg = pb.ServerMessage()
+    try:
+        msg.ParseFromString(frame)
+    except Exception as e:  # google.protobuf.message.DecodeError and friends
+        raise ValueError("undecodable frame of %d bytes: %s" % (len(frame), e)) from None
+    if msg.protocol_version != PROTOCOL_VERSION:
+        raise ValueError("protocol version %d, expected %d" %
+                         (msg.protocol_version, PROTOCOL_VERSION))
+    if msg.WhichOneof("body") is None:
+        raise ValueError("a ServerMessage with no body")
+    return msg
+
+
+def request_id_of(msg: "pb.ServerMessage") -> str:
+    return getattr(msg, msg.WhichOneof("body")).request_id
+
+
+def _tokens(tokens) -> List[Token]:
+    return [Token(t.id, t.logprob, [TokenLogprob(x.token, x.logprob) for x in t.top_logprobs])
+            for t in tokens]
+
+
+def _fields(cls: Any, message: Any) -> Dict[str, Any]:
+    """The dataclass fields of `cls` that `message` has, by name (so a newer or older proto
+    leaves the others at their defaults)."""
+    names = set(message.DESCRIPTOR.fields_by_name)
+    return {f: getattr(message, f) for f in cls.__dataclass_fields__ if f in names}
+
+
+def stats_from(s: Any) -> Stats:
+    scalars = {k: v for k, v in _fields(Stats, s).items()
+               if k not in ("workers", "tenants", "rejections_by_reason")}
+    return Stats(workers=[WorkerStats(**_fields(WorkerStats, w)) for w in s.workers],
+                 tenants=[TenantStats(**_fields(TenantStats, t))
+                          for t in getattr(s, "tenants", ())],
+                 rejections_by_reason=dict(s.rejections_by_reason), **scalars)
+
+
+class Accumulator:
+    """Builds one request's GenerateResult from its chunks and final message."""
+
+    def __init__(self, request_id: str) -> None:
+        self.result = GenerateResult(request_id)
+        self._text = bytearray()
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def chunk(self, c) -> Chunk:
+        tokens = _tokens(c.tokens)
+        self.result.tokens.extend(tokens)
+        self._text += c.text
+        return Chunk(self.result.request_id, c.index, tokens, self._decoder.decode(c.text),
+                     bytes(c.text))
+
+    def final(self, f) -> GenerateResult:
+        r = self.result
+        if len(f.tokens):  # non-streaming: the final holds everything
+            r.tokens = _tokens(f.tokens)
+            self._text = bytearray(f.text)
+        elif f.text:
+            self._text = bytearray(f.text)
+        r.text_bytes = bytes(self._text)
+        r.text = r.text_bytes.decode("utf-8", "replace")
+        r.finish_reason = f.finish_reason
+        r.usage = Usage(f.usage.prompt_tokens, f.usage.completion_tokens,
+                        f.usage.cached_prompt_tokens)
+        r.timings = Timings(f.timings.queue_ms, f.timings.ttft_ms, f.timings.total_ms)
+        return r
+
+    def partial(self) -> GenerateResult:
+        """The result so far (tokens and text of the chunks read)."""
+        self.result.text_bytes = bytes(self._text)
+        self.result.text = self.result.text_bytes.decode("utf-8", "replace")
+        return self.result
+
+
+def timeout_error(request_id: str, what: str, timeout: float, note: str = "") -> errors.Timeout:
+    return errors.Timeout("no %s from the router within %.3g s%s" % (what, timeout, note),
+                          request_id=request_id)
+
+
+def check_timeout(timeout: Any) -> float:
+    try:
+        t = float(timeout)
+    except (TypeError, ValueError):
+        raise TypeError("timeout must be a number of seconds, not %r" % (timeout,)) from None
+    if not t > 0:
+        raise ValueError("timeout must be > 0 seconds, not %r" % (timeout,))
+    return t

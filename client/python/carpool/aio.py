@@ -1,0 +1,459 @@
+"""The asyncio client (zmq.asyncio): the same calls as Client, awaited, with async-iterable streams.
+
+Thread safety: an AsyncClient belongs to one event loop (the loop of its first call) and one
+thread; use a separate AsyncClient per loop. Any number of coroutines on that loop may use it at
+once: one reader task per client routes the router's messages by request_id.
+"""
+
+import asyncio
+import collections
+import time
+from typing import Any, Deque, Dict, List, Optional, Sequence, Set, Union
+
+import zmq
+import zmq.asyncio
+
+from . import _wire
+from . import errors
+from .client import DEFAULT_URL, SocketOptions, configure_socket
+from .types import Chunk, GenerateResult, Stats
+
+
+class AsyncStream:
+    """One streaming request: `async for chunk in stream`; `result` is complete at the end.
+
+    From AsyncClient.generate(..., stream=True) the request is already sent; from
+    AsyncClient.stream(...) it is sent on the first iteration (or `await stream.start()`, or
+    `async with`). Iteration raises the request's CarpoolError (Timeout past the call's timeout,
+    Cancelled after cancel()). Closing an unfinished stream cancels its request.
+    """
+
+    def __init__(self, client: "AsyncClient", request_id: str, frame: bytes,
+                 timeout: float) -> None:
+        self._client = client
+        self._request_id = request_id
+        self._frame = frame
+        self._timeout = timeout
+        self._deadline = 0.0
+        self._events: Optional["asyncio.Queue[Any]"] = None
+        self._acc = _wire.Accumulator(request_id)
+        self._done = False
+        self._error: Optional[errors.CarpoolError] = None
+
+    @property
+    def request_id(self) -> str:
+        return self._request_id
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    @property
+    def result(self) -> GenerateResult:
+        """Everything received so far; the complete result once the stream ended normally."""
+        return self._acc.result if self._done and self._error is None else self._acc.partial()
+
+    async def start(self) -> None:
+        """Sends the request (once; later calls do nothing)."""
+        if self._events is not None or self._done:
+            return
+        self._deadline = time.monotonic() + self._timeout
+        self._events = await self._client._start(self._request_id, self._frame, self._deadline,
+                                                 self._timeout)
+
+    def __aiter__(self) -> "AsyncStream":
+        return self
+
+    async def __anext__(self) -> Chunk:
+        while True:
+            if self._done:
+                if self._error is not None:
+                    raise self._error
+                raise StopAsyncIteration
+            try:
+                await self.start()
+                event = await self._client._wait(self._request_id, self._events, self._deadline,
+                                                 self._timeout)
+            except errors.CarpoolError as e:
+                self._end(e)
+                continue
+            except asyncio.CancelledError:  # the awaiting task was cancelled: so is the request
+                self._client._cancel_nowait(self._request_id)
+                self._end(errors.Cancelled("the awaiting task was cancelled",
+                                           request_id=self._request_id))
+                raise
+            if isinstance(event, errors.CarpoolError):
+                self._end(event)
+                continue
+            kind = event.WhichOneof("body")
+            if kind == "chunk":
+                return self._acc.chunk(event.chunk)
+            if kind == "final":
+                self._acc.final(event.final)
+                self._done = True
+            else:
+                self._end(errors.from_error(event.error))
+
+    async def wait(self) -> GenerateResult:
+        """Reads the remaining chunks and returns the whole result (raises the stream's error)."""
+        async for _ in self:
+            pass
+        return self._acc.result
+
+    async def cancel(self) -> bool:
+        """Ends the request; iteration raises Cancelled once the chunks already received are read.
+        False when the request had already ended (or was never sent)."""
+        return await self._client.cancel(self._request_id)
+
+    async def aclose(self) -> None:
+        """Cancels the request if it has not ended."""
+        if not self._done:
+            if self._events is not None:
+                await self._client.cancel(self._request_id)
+            self._end(errors.Cancelled("the stream was closed", request_id=self._request_id))
+
+    def _end(self, error: errors.CarpoolError) -> None:
+        self._done = True
+        self._error = error
+
+    async def __aenter__(self) -> "AsyncStream":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    def __del__(self) -> None:
+        try:
+            if not self._done and self._events is not None:
+                self._client._cancel_nowait(self._request_id)
+        except Exception:
+            pass
+
+
+class AsyncClient:
+    """An asyncio carpool client over one zmq.asyncio DEALER socket.
+
+      async with carpool.AsyncClient("tcp://10.0.0.1:5555") as client:
+          result = await client.generate("Hello", max_tokens=16)
+          async for chunk in client.stream("Once upon a time", max_tokens=64):
+              print(chunk.text, end="")
+
+    Arguments as for Client. Connecting does not wait for the router.
+    """
+
+    def __init__(self, url: str = DEFAULT_URL, *, timeout: float = 60.0, api_key: str = "",
+                 max_message_bytes: int = 16 << 20, heartbeat_ms: int = 1000,
+                 curve_server_key: str = "", curve_public_key: str = "",
+                 curve_secret_key: str = "",
+                 context: Optional["zmq.asyncio.Context"] = None) -> None:
+        self.url = url
+        self.timeout = _wire.check_timeout(timeout)
+        self.api_key = api_key
+        self._ids = _wire.RequestIds()
+        options = SocketOptions(max_message_bytes, heartbeat_ms, curve_server_key,
+                                curve_public_key, curve_secret_key)
+        self._own_context = context is None
+        self._context = context if context is not None else zmq.asyncio.Context()
+        try:
+            self._sock = self._context.socket(zmq.DEALER)
+            configure_socket(self._sock, url, options)
+        except BaseException:
+            if self._own_context:
+                self._context.term()
+            raise
+        self._calls: Dict[str, "asyncio.Queue[Any]"] = {}
+        self._stats_calls: Deque["asyncio.Future[Any]"] = collections.deque()
+        self._reader: Optional["asyncio.Task[None]"] = None
+        self._background: Set["asyncio.Future[Any]"] = set()
+        self._closed = False
+        self._broken: Optional[errors.CarpoolError] = None
+        self._problems = 0
+        self._last_problem = ""
+
+    async def generate(self, prompt: Optional[_wire.Prompt] = None, *,
+                       token_ids: Optional[Sequence[int]] = None,
+                       max_tokens: Optional[int] = None,
+                       temperature: Optional[float] = None,
+                       top_k: Optional[int] = None,
+                       top_p: Optional[float] = None,
+                       min_p: Optional[float] = None,
+                       repetition_penalty: Optional[float] = None,
+                       presence_penalty: Optional[float] = None,
+                       frequency_penalty: Optional[float] = None,
+                       seed: Optional[int] = None,
+                       stop_token_ids: Optional[Sequence[int]] = None,
+                       ignore_eos: bool = False,
+                       logprobs: int = 0,
+                       priority: Union[str, int] = "default",
+                       deadline_ms: int = 0,
+                       add_bos: bool = False,
+                       request_id: Optional[str] = None,
+                       api_key: Optional[str] = None,
+                       timeout: Optional[float] = None,
+                       stream: bool = False) -> Union[GenerateResult, AsyncStream]:
+        """As Client.generate. stream=False: the GenerateResult. stream=True: an AsyncStream
+        whose request is already sent."""
+        s = self._make_stream(
+            prompt, stream, token_ids=token_ids, max_tokens=max_tokens, temperature=temperature,
+            top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
+            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, seed=seed,
+            stop_token_ids=stop_token_ids, ignore_eos=ignore_eos, logprobs=logprobs,
+            priority=priority, deadline_ms=deadline_ms, add_bos=add_bos, request_id=request_id,
+            api_key=api_key, timeout=timeout)
+        if stream:
+            await s.start()
+            return s
+        return await s.wait()
+
+    def stream(self, prompt: Optional[_wire.Prompt] = None, **kwargs: Any) -> AsyncStream:
+        """An AsyncStream (not awaited: `async for chunk in client.stream(...)`), sent on its first
+        iteration. Keyword arguments as for generate."""
+        kwargs.pop("stream", None)
+        return self._make_stream(prompt, True, **kwargs)
+
+    async def cancel(self, request_id: str) -> bool:
+        """Cancels a call of this client in flight: it raises Cancelled and the router frees the
+        request's resources. False when no call with that id is in flight."""
+        events = self._calls.pop(request_id, None)
+        if events is None:
+            return False
+        events.put_nowait(errors.Cancelled("cancelled by the client", request_id=request_id))
+        await self._send(_wire.cancel_frame(request_id))
+        return True
+
+    async def stats(self, timeout: Optional[float] = None) -> Stats:
+        """The router's view of the cluster: workers, queue, totals."""
+        timeout = self.timeout if timeout is None else _wire.check_timeout(timeout)
+        self._check_open("")
+        self._ensure_reader()
+        deadline = time.monotonic() + timeout
+        answer: "asyncio.Future[Any]" = asyncio.get_running_loop().create_future()
+        self._stats_calls.append(answer)
+        try:
+            await asyncio.wait_for(self._send(_wire.stats_frame()), timeout)
+            # On timeout wait_for cancels `answer`, and the reader skips cancelled answers.
+            s = await asyncio.wait_for(answer, max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            answer.cancel()
+            raise _wire.timeout_error("", "stats answer", timeout, self._problem_note()) from None
+        if isinstance(s, errors.CarpoolError):
+            raise s
+        return _wire.stats_from(s)
+
+    def embed(self, *args: Any, **kwargs: Any) -> List[List[float]]:
+        """Not available: the wire protocol has no embedding requests yet."""
+        raise NotImplementedError(
+            "carpool's wire protocol (carpool.v1) has no embedding requests yet; "
+            "AsyncClient.embed will arrive with them")
+
+    async def aclose(self) -> None:
+        """Ends every call in flight with Cancelled (telling the router) and closes the socket.
+        Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        calls, self._calls = self._calls, {}
+        for request_id, events in calls.items():
+            events.put_nowait(errors.Cancelled("the client was closed", request_id=request_id))
+        if calls:  # tell the router, allowing the cancels ~200 ms to leave
+            sends = [self._send_quietly(_wire.cancel_frame(rid)) for rid in calls]
+            try:
+                await asyncio.wait_for(asyncio.gather(*sends), 0.2)
+            except asyncio.TimeoutError:
+                pass
+        while self._stats_calls:
+            f = self._stats_calls.popleft()
+            if not f.done():
+                f.set_result(errors.Cancelled("the client was closed"))
+        if self._reader is not None:
+            self._reader.cancel()
+            try:
+                await self._reader
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._sock.close(linger=200)
+        if self._own_context:
+            self._context.term()
+
+    close = aclose
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    # ---- internals
+
+    def _make_stream(self, prompt: Any, stream: bool, *, token_ids: Any = None,
+                     max_tokens: Any = None, temperature: Any = None, top_k: Any = None,
+                     top_p: Any = None, min_p: Any = None, repetition_penalty: Any = None,
+                     presence_penalty: Any = None, frequency_penalty: Any = None,
+                     seed: Any = None, stop_token_ids: Any = None, ignore_eos: bool = False,
+                     logprobs: int = 0, priority: Any = "default", deadline_ms: int = 0,
+                     add_bos: bool = False, request_id: Optional[str] = None,
+                     api_key: Optional[str] = None,
+                     timeout: Optional[float] = None) -> AsyncStream:
+        rid = request_id if request_id is not None else self._ids.next()
+        call_timeout = self.timeout if timeout is None else _wire.check_timeout(timeout)
+        frame = _wire.generate_frame(
+            rid, prompt, token_ids, stream, self.api_key if api_key is None else api_key,
+            priority, deadline_ms, add_bos, stop_token_ids, ignore_eos, logprobs,
+            dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                 min_p=min_p, repetition_penalty=repetition_penalty,
+                 presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                 seed=seed))
+        return AsyncStream(self, rid, frame, call_timeout)
+
+    def _check_open(self, request_id: str) -> None:
+        if self._closed:
+            raise errors.Cancelled("the client is closed", request_id=request_id)
+        if self._broken is not None:
+            raise self._broken
+
+    async def _start(self, request_id: str, frame: bytes, deadline: float,
+                     timeout: float) -> "asyncio.Queue[Any]":
+        self._check_open(request_id)
+        if request_id in self._calls:
+            raise errors.InvalidArgument(
+                "request_id %r is already in flight on this client" % request_id,
+                code="ALREADY_EXISTS", request_id=request_id)
+        self._ensure_reader()
+        events: "asyncio.Queue[Any]" = asyncio.Queue()
+        self._calls[request_id] = events
+        try:
+            await asyncio.wait_for(self._send(frame), max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            self._forget(request_id, events)
+            raise _wire.timeout_error(request_id, "room to send", timeout) from None
+        except BaseException:
+            self._forget(request_id, events)
+            raise
+        return events
+
+    async def _wait(self, request_id: str, events: "asyncio.Queue[Any]", deadline: float,
+                    timeout: float) -> Any:
+        if not events.empty():
+            return events.get_nowait()
+        try:
+            return await asyncio.wait_for(events.get(), max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            pass
+        self._forget(request_id, events)
+        raise _wire.timeout_error(request_id, "answer", timeout, self._problem_note())
+
+    def _forget(self, request_id: str, events: "asyncio.Queue[Any]") -> None:
+        """Drops a call (if still in flight) and tells the router to cancel it."""
+        if self._calls.get(request_id) is events:
+            del self._calls[request_id]
+            self._cancel_frame_soon(request_id)
+
+    def _cancel_nowait(self, request_id: str) -> None:
+        """cancel() without waiting; on the client's loop only (elsewhere, e.g. in a finalizer,
+        it does nothing and aclose() cancels the call)."""
+        if not self._on_running_loop():
+            return
+        events = self._calls.pop(request_id, None)
+        if events is not None:
+            events.put_nowait(errors.Cancelled("cancelled", request_id=request_id))
+            self._cancel_frame_soon(request_id)
+
+    def _cancel_frame_soon(self, request_id: str) -> None:
+        if self._closed or not self._on_running_loop():
+            return
+        f = asyncio.ensure_future(self._send_quietly(_wire.cancel_frame(request_id)))
+        self._background.add(f)
+        f.add_done_callback(self._background.discard)
+
+    @staticmethod
+    def _on_running_loop() -> bool:
+        try:
+            asyncio.get_running_loop()
+            return True
+        except RuntimeError:
+            return False
+
+    async def _send_quietly(self, frame: bytes) -> None:
+        """_send for best-effort messages (cancels): a failure is not worth an exception."""
+        try:
+            await self._send(frame)
+        except errors.CarpoolError:
+            pass
+
+    async def _send(self, frame: bytes) -> None:
+        try:
+            await self._sock.send(frame)
+        except zmq.ZMQError as e:
+            raise errors.CarpoolError("cannot send to the router: %s" % e,
+                                      code="UNAVAILABLE") from None
+
+    def _ensure_reader(self) -> None:
+        if self._reader is None:
+            self._reader = asyncio.ensure_future(self._read_loop())
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                self._route(await self._sock.recv())
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a broken socket or context: fail every call, never hang them
+            self._fail_all(errors.InternalError("the client's reader failed: %r" % (e,)))
+
+    def _route(self, frame: bytes) -> None:
+        try:
+            msg = _wire.parse_server(frame)
+        except ValueError as e:
+            self._note_problem(str(e))
+            return
+        kind = msg.WhichOneof("body")
+        if kind == "stats":
+            while self._stats_calls:
+                f = self._stats_calls.popleft()
+                if not f.done():
+                    f.set_result(msg.stats)
+                    return
+            return
+        request_id = _wire.request_id_of(msg)
+        events = self._calls.get(request_id)
+        if events is not None:
+            if kind != "chunk":
+                del self._calls[request_id]
+            events.put_nowait(msg)
+        elif kind == "error" and not request_id:
+            self._note_problem("%s: %s" % (msg.error.reason, msg.error.message))
+
+    def _note_problem(self, what: str) -> None:
+        self._problems += 1
+        self._last_problem = what
+
+    def _problem_note(self) -> str:
+        if not self._last_problem:
+            return ""
+        return "; the router sent %d message(s) this client could not match or decode " \
+               "(last: %s)" % (self._problems, self._last_problem)
+
+    def _fail_all(self, error: errors.CarpoolError) -> None:
+        self._broken = error
+        calls, self._calls = self._calls, {}
+        for events in calls.values():
+            events.put_nowait(error)
+        while self._stats_calls:
+            f = self._stats_calls.popleft()
+            if not f.done():
+                f.set_result(error)
+
+    def __del__(self) -> None:
+        try:
+            if not self._closed:
+                self._closed = True
+                if self._reader is not None:
+                    self._reader.cancel()
+                self._sock.close(linger=0)
+        except Exception:
+            pass

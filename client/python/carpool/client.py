@@ -1,0 +1,541 @@
+"""The blocking client: generate (whole or streamed), cancel and stats against a carpool router.
+
+Thread safety: a Client may be shared by any number of threads. One background I/O thread per
+Client owns its ZeroMQ DEALER socket (ZeroMQ sockets are not thread-safe); calling threads hand it
+frames through a queue and wait for their own answers, which it routes by request_id, so calls
+never wait for one another. A Stream belongs to one thread at a time, except Stream.cancel(), which
+any thread may call.
+"""
+
+import collections
+import os
+import queue
+import threading
+import time
+from typing import Any, Deque, Dict, List, Optional, Sequence, Union
+
+import zmq
+
+from . import _wire
+from . import errors
+from .types import Chunk, GenerateResult, Stats
+
+DEFAULT_URL = "tcp://127.0.0.1:5555"
+
+
+class SocketOptions:
+    """Connection options shared by Client and AsyncClient (see Client's docstring)."""
+
+    def __init__(self, max_message_bytes: int = 16 << 20, heartbeat_ms: int = 1000,
+                 curve_server_key: str = "", curve_public_key: str = "",
+                 curve_secret_key: str = "") -> None:
+        if max_message_bytes <= 0:
+            raise ValueError("max_message_bytes must be > 0")
+        if heartbeat_ms < 0:
+            raise ValueError("heartbeat_ms must be >= 0")
+        keys = {"curve_server_key": curve_server_key, "curve_public_key": curve_public_key,
+                "curve_secret_key": curve_secret_key}
+        for name, key in keys.items():
+            if key and len(key) != 40:
+                raise errors.InvalidArgument("%s must be a 40-character Z85 key" % name)
+        if bool(curve_public_key) != bool(curve_secret_key):
+            raise errors.InvalidArgument(
+                "curve_public_key and curve_secret_key go together (or both stay empty)")
+        if curve_public_key and not curve_server_key:
+            raise errors.InvalidArgument("a CURVE key pair needs curve_server_key")
+        self.max_message_bytes = int(max_message_bytes)
+        self.heartbeat_ms = int(heartbeat_ms)
+        self.curve_server_key = curve_server_key
+        self.curve_public_key = curve_public_key
+        self.curve_secret_key = curve_secret_key
+
+
+def configure_socket(sock: "zmq.Socket", url: str, options: SocketOptions) -> None:
+    """Applies `options` to a DEALER socket and connects it (InvalidArgument for a bad url)."""
+    try:
+        sock.setsockopt(zmq.LINGER, 200)  # on close, cancels get ~200 ms to leave
+        sock.setsockopt(zmq.MAXMSGSIZE, options.max_message_bytes)
+        if options.heartbeat_ms > 0 and hasattr(zmq, "HEARTBEAT_IVL"):
+            sock.setsockopt(zmq.HEARTBEAT_IVL, options.heartbeat_ms)
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * options.heartbeat_ms)
+        if options.curve_server_key:
+            if not zmq.has("curve"):
+                raise errors.InvalidArgument("this libzmq has no CURVE support")
+            public, secret = options.curve_public_key, options.curve_secret_key
+            if not public:
+                public, secret = (k.decode("ascii") for k in zmq.curve_keypair())
+            sock.setsockopt_string(zmq.CURVE_SERVERKEY, options.curve_server_key)
+            sock.setsockopt_string(zmq.CURVE_PUBLICKEY, public)
+            sock.setsockopt_string(zmq.CURVE_SECRETKEY, secret)
+        sock.connect(url)
+    except zmq.ZMQError as e:
+        sock.close(linger=0)
+        raise errors.InvalidArgument("cannot connect to %r: %s" % (url, e)) from None
+    except BaseException:
+        sock.close(linger=0)
+        raise
+
+
+class _Call:
+    """One generate call in flight: the I/O thread appends what arrives for it."""
+    __slots__ = ("request_id", "events")
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        # ServerMessage (chunk, final, error) or a CarpoolError made in this client.
+        self.events: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+
+
+class _StatsCall:
+    __slots__ = ("answer", "abandoned")
+
+    def __init__(self) -> None:
+        self.answer: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        self.abandoned = False
+
+
+class _Core:
+    """The socket, its I/O thread and the calls in flight. Shared by a Client and its Streams."""
+
+    def __init__(self, url: str, options: SocketOptions,
+                 context: Optional["zmq.Context"]) -> None:
+        self._own_context = context is None
+        self._context = context if context is not None else zmq.Context()
+        try:
+            self._sock = self._context.socket(zmq.DEALER)
+            configure_socket(self._sock, url, options)
+        except BaseException:
+            if self._own_context:
+                self._context.term()
+            raise
+        # _mu guards the fields below it; the socket belongs to the I/O thread alone.
+        self._mu = threading.Lock()
+        self._calls: Dict[str, _Call] = {}
+        self._stats_calls: Deque[_StatsCall] = collections.deque()  # in send order
+        self._outbox: Deque[bytes] = collections.deque()  # frames for the I/O thread to send
+        self._closed = False
+        self._broken: Optional[errors.CarpoolError] = None  # set when the I/O thread failed
+        self._undecodable = 0  # frames from the router matching no call, or undecodable
+        self._last_problem = ""
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._thread = threading.Thread(target=self._run, name="carpool-client-io", daemon=True)
+        self._thread.start()
+
+    # ---- calling threads
+
+    def start(self, request_id: str, frame: bytes) -> _Call:
+        call = _Call(request_id)
+        with self._mu:
+            if self._closed:
+                raise errors.Cancelled("the client is closed", request_id=request_id)
+            if self._broken is not None:
+                raise self._broken
+            if request_id in self._calls:
+                raise errors.InvalidArgument(
+                    "request_id %r is already in flight on this client" % request_id,
+                    code="ALREADY_EXISTS", request_id=request_id)
+            self._calls[request_id] = call
+            self._outbox.append(frame)
+        self._wake()
+        return call
+
+    def wait(self, call: _Call, deadline: float, timeout: float) -> Any:
+        """The next event of `call`; on timeout, cancels it at the router and raises Timeout."""
+        try:
+            return call.events.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            pass
+        self._forget(call.request_id, call)
+        raise _wire.timeout_error(call.request_id, "answer", timeout, self._problems())
+
+    def cancel(self, request_id: str, message: str = "cancelled by the client") -> bool:
+        with self._mu:
+            call = self._calls.pop(request_id, None)
+            if call is None:
+                return False
+            self._outbox.append(_wire.cancel_frame(request_id))
+        call.events.put(errors.Cancelled(message, request_id=request_id))
+        self._wake()
+        return True
+
+    def _forget(self, request_id: str, call: _Call) -> None:
+        """Drops `call` (if still in flight) and tells the router to cancel it."""
+        with self._mu:
+            if self._calls.get(request_id) is not call:
+                return
+            del self._calls[request_id]
+            if self._closed:
+                return
+            self._outbox.append(_wire.cancel_frame(request_id))
+        self._wake()
+
+    def stats(self, timeout: float) -> Stats:
+        call = _StatsCall()
+        with self._mu:
+            if self._closed:
+                raise errors.Cancelled("the client is closed")
+            if self._broken is not None:
+                raise self._broken
+            self._stats_calls.append(call)
+            self._outbox.append(_wire.stats_frame())
+        self._wake()
+        try:
+            answer = call.answer.get(timeout=timeout)
+        except queue.Empty:
+            with self._mu:
+                call.abandoned = True
+            raise _wire.timeout_error("", "stats answer", timeout, self._problems()) from None
+        if isinstance(answer, errors.CarpoolError):
+            raise answer
+        return _wire.stats_from(answer)
+
+    def close(self) -> None:
+        with self._mu:
+            if self._closed:
+                return
+            self._closed = True
+            calls = list(self._calls.values())
+            self._calls.clear()
+            for call in calls:
+                self._outbox.append(_wire.cancel_frame(call.request_id))
+            stats_calls = list(self._stats_calls)
+            self._stats_calls.clear()
+        for call in calls:
+            call.events.put(errors.Cancelled("the client was closed", request_id=call.request_id))
+        for s in stats_calls:
+            s.answer.put(errors.Cancelled("the client was closed"))
+        self._wake()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=2.0)
+        if not self._thread.is_alive():
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            if self._own_context:
+                self._context.term()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"\0")
+        except (BlockingIOError, OSError):
+            pass  # the pipe is full (a wake-up is pending anyway) or closed
+
+    def _problems(self) -> str:
+        with self._mu:
+            if not self._last_problem:
+                return ""
+            return "; the router sent %d message(s) this client could not match or decode " \
+                   "(last: %s)" % (self._undecodable, self._last_problem)
+
+    # ---- the I/O thread
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        unsent: Deque[bytes] = collections.deque()
+        try:
+            while True:
+                events = dict(poller.poll(1000))
+                if self._wake_r in events:
+                    self._drain_wake_pipe()
+                with self._mu:
+                    unsent.extend(self._outbox)
+                    self._outbox.clear()
+                    closing = self._closed
+                while unsent:
+                    try:
+                        self._sock.send(unsent[0], zmq.NOBLOCK)
+                    except zmq.Again:  # high-water mark: wait for POLLOUT
+                        break
+                    unsent.popleft()
+                poller.modify(self._sock, zmq.POLLIN | (zmq.POLLOUT if unsent else 0))
+                if closing:
+                    break
+                self._receive_all()
+        except Exception as e:  # a broken socket or context: fail every call, never hang them
+            self._fail_all(errors.InternalError("the client's I/O thread failed: %r" % (e,)))
+        finally:
+            self._sock.close(linger=200)
+
+    def _drain_wake_pipe(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _receive_all(self) -> None:
+        while True:
+            try:
+                frame = self._sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._route(frame)
+
+    def _route(self, frame: bytes) -> None:
+        try:
+            msg = _wire.parse_server(frame)
+        except ValueError as e:
+            self._note_problem(str(e))
+            return
+        kind = msg.WhichOneof("body")
+        if kind == "stats":
+            with self._mu:
+                while self._stats_calls:
+                    call = self._stats_calls.popleft()
+                    if not call.abandoned:
+                        call.answer.put(msg.stats)
+                        return
+            return
+        request_id = _wire.request_id_of(msg)
+        with self._mu:
+            call = self._calls.get(request_id)
+            if call is not None and kind != "chunk":
+                del self._calls[request_id]
+        if call is not None:
+            call.events.put(msg)
+        elif kind == "error" and not request_id:
+            # A refusal the router could not tie to a request (a message over its size limit).
+            self._note_problem("%s: %s" % (msg.error.reason, msg.error.message))
+
+    def _note_problem(self, what: str) -> None:
+        with self._mu:
+            self._undecodable += 1
+            self._last_problem = what
+
+    def _fail_all(self, error: errors.CarpoolError) -> None:
+        with self._mu:
+            self._broken = error
+            calls = list(self._calls.values())
+            self._calls.clear()
+            stats_calls = list(self._stats_calls)
+            self._stats_calls.clear()
+        for call in calls:
+            call.events.put(error)
+        for s in stats_calls:
+            s.answer.put(error)
+
+
+class Stream:
+    """One streaming request: iterate it for Chunks; `result` is complete once iteration ends.
+
+    Iteration raises the request's CarpoolError (Timeout when the call's timeout passes, Cancelled
+    after cancel()) and, once ended, raises the same end again. Dropping or closing an unfinished
+    Stream cancels its request.
+    """
+
+    def __init__(self, client: "Client", core: _Core, call: _Call, deadline: float,
+                 timeout: float) -> None:
+        self._client = client  # keeps the client (and its socket) alive while the stream is
+        self._core = core
+        self._call = call
+        self._deadline = deadline
+        self._timeout = timeout
+        self._acc = _wire.Accumulator(call.request_id)
+        self._done = False
+        self._error: Optional[errors.CarpoolError] = None
+
+    @property
+    def request_id(self) -> str:
+        return self._call.request_id
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    @property
+    def result(self) -> GenerateResult:
+        """Everything received so far; the complete result once the stream ended normally."""
+        return self._acc.result if self._done and self._error is None else self._acc.partial()
+
+    def __iter__(self) -> "Stream":
+        return self
+
+    def __next__(self) -> Chunk:
+        while True:
+            if self._done:
+                if self._error is not None:
+                    raise self._error
+                raise StopIteration
+            try:
+                event = self._core.wait(self._call, self._deadline, self._timeout)
+            except errors.CarpoolError as e:
+                self._end(e)
+                continue
+            if isinstance(event, errors.CarpoolError):
+                self._end(event)
+                continue
+            kind = event.WhichOneof("body")
+            if kind == "chunk":
+                return self._acc.chunk(event.chunk)
+            if kind == "final":
+                self._acc.final(event.final)
+                self._done = True
+            else:
+                self._end(errors.from_error(event.error))
+
+    def wait(self) -> GenerateResult:
+        """Reads the remaining chunks and returns the whole result (raises the stream's error)."""
+        for _ in self:
+            pass
+        return self._acc.result
+
+    def cancel(self) -> bool:
+        """Ends the request: the router is told, and iteration raises Cancelled once the chunks
+        already received are read. False when the request had already ended. Any thread."""
+        return self._core.cancel(self.request_id)
+
+    def close(self) -> None:
+        """Cancels the request if it has not ended."""
+        if not self._done:
+            self._core.cancel(self.request_id)
+            self._end(errors.Cancelled("the stream was closed", request_id=self.request_id))
+
+    def _end(self, error: errors.CarpoolError) -> None:
+        self._done = True
+        self._error = error
+
+    def __enter__(self) -> "Stream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if not self._done and not self._core.closed:
+                self._core.cancel(self.request_id)
+        except Exception:
+            pass
+
+
+class Client:
+    """A blocking carpool client over one ZeroMQ DEALER socket.
+
+      client = carpool.Client("tcp://10.0.0.1:5555", timeout=30)
+      print(client.generate("The carpool left at dawn", max_tokens=32, temperature=0).text)
+      for chunk in client.stream("Once upon a time", max_tokens=64):
+          print(chunk.text, end="", flush=True)
+
+    Args:
+      url: the router's frontend endpoint. Default: tcp://127.0.0.1:5555.
+      timeout: seconds a call may take, unless the call names its own. Default: 60.
+      api_key: sent with every request that names none. Default: none.
+      max_message_bytes: largest message accepted from the router. Default: 16 MiB.
+      heartbeat_ms: ZMTP heartbeat interval, so a dead TCP peer is noticed; 0: off. Default: 1000.
+      curve_server_key: the router's CURVE public key (Z85, 40 characters): encrypts the
+        connection. Default: off.
+      curve_public_key, curve_secret_key: this client's CURVE key pair, for a router that checks
+        client keys (--curve-allow). Default: generated per client.
+      context: a zmq.Context to use; by default the client makes (and terminates) its own.
+
+    Connecting does not wait for the router: calls to a router that never answers raise Timeout.
+    Thread-safe (see the module docstring). Use it as a context manager, or call close().
+    """
+
+    def __init__(self, url: str = DEFAULT_URL, *, timeout: float = 60.0, api_key: str = "",
+                 max_message_bytes: int = 16 << 20, heartbeat_ms: int = 1000,
+                 curve_server_key: str = "", curve_public_key: str = "",
+                 curve_secret_key: str = "", context: Optional["zmq.Context"] = None) -> None:
+        self.url = url
+        self.timeout = _wire.check_timeout(timeout)
+        self.api_key = api_key
+        self._ids = _wire.RequestIds()
+        options = SocketOptions(max_message_bytes, heartbeat_ms, curve_server_key,
+                                curve_public_key, curve_secret_key)
+        self._core = _Core(url, options, context)
+
+    def generate(self, prompt: Optional[_wire.Prompt] = None, *,
+                 token_ids: Optional[Sequence[int]] = None,
+                 max_tokens: Optional[int] = None,
+                 temperature: Optional[float] = None,
+                 top_k: Optional[int] = None,
+                 top_p: Optional[float] = None,
+                 min_p: Optional[float] = None,
+                 repetition_penalty: Optional[float] = None,
+                 presence_penalty: Optional[float] = None,
+                 frequency_penalty: Optional[float] = None,
+                 seed: Optional[int] = None,
+                 stop_token_ids: Optional[Sequence[int]] = None,
+                 ignore_eos: bool = False,
+                 logprobs: int = 0,
+                 priority: Union[str, int] = "default",
+                 deadline_ms: int = 0,
+                 add_bos: bool = False,
+                 request_id: Optional[str] = None,
+                 api_key: Optional[str] = None,
+                 timeout: Optional[float] = None,
+                 stream: bool = False) -> Union[GenerateResult, Stream]:
+        """Generates from `prompt` (str or bytes: text; a list of ints: token ids).
+
+        Unset sampling arguments take the router's defaults (temperature 1, top_p 1,
+        max_tokens 16). priority: "interactive", "default" or "batch". deadline_ms: the router
+        drops the request if it is not done this long after arrival (0: none). logprobs: how
+        many top alternatives to return per token. request_id: unique among this client's calls
+        in flight (default: generated). timeout: seconds for the whole call (default: the
+        client's); past it the router is told to cancel and Timeout is raised.
+
+        stream=False: waits and returns the GenerateResult. stream=True: returns a Stream at
+        once (the request is sent); iterate it for Chunks.
+        Raises the CarpoolError subclass of the router's reason, or Timeout.
+        """
+        rid = request_id if request_id is not None else self._ids.next()
+        call_timeout = self.timeout if timeout is None else _wire.check_timeout(timeout)
+        frame = _wire.generate_frame(
+            rid, prompt, token_ids, stream, self.api_key if api_key is None else api_key,
+            priority, deadline_ms, add_bos, stop_token_ids, ignore_eos, logprobs,
+            dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                 min_p=min_p, repetition_penalty=repetition_penalty,
+                 presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                 seed=seed))
+        deadline = time.monotonic() + call_timeout
+        call = self._core.start(rid, frame)
+        s = Stream(self, self._core, call, deadline, call_timeout)
+        return s if stream else s.wait()
+
+    def stream(self, prompt: Optional[_wire.Prompt] = None, **kwargs: Any) -> Stream:
+        """generate(prompt, stream=True, **kwargs): a Stream of Chunks."""
+        kwargs["stream"] = True
+        return self.generate(prompt, **kwargs)
+
+    def cancel(self, request_id: str) -> bool:
+        """Cancels a call of this client in flight: it raises Cancelled and the router frees the
+        request's resources. False when no call with that id is in flight."""
+        return self._core.cancel(request_id)
+
+    def stats(self, timeout: Optional[float] = None) -> Stats:
+        """The router's view of the cluster: workers, queue, totals."""
+        return self._core.stats(self.timeout if timeout is None else _wire.check_timeout(timeout))
+
+    def embed(self, *args: Any, **kwargs: Any) -> List[List[float]]:
+        """Not available: the wire protocol has no embedding requests yet."""
+        raise NotImplementedError(
+            "carpool's wire protocol (carpool.v1) has no embedding requests yet; "
+            "Client.embed will arrive with them")
+
+    def close(self) -> None:
+        """Ends every call in flight with Cancelled (telling the router) and closes the socket.
+        Idempotent."""
+        self._core.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._core.closed
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self._core.close()
+        except Exception:
+            pass

@@ -1,0 +1,255 @@
+"""The SDK against a real cluster: carpool-router and one carpool-worker (synthetic:tiny) run as
+subprocesses on ephemeral ports. Binaries come from $CARPOOL_BIN_DIR (CTest sets it), else
+build/bin; the tests skip when they are not built."""
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+import carpool
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+BIN_DIR = os.environ.get("CARPOOL_BIN_DIR") or os.path.join(REPO, "build", "bin")
+ROUTER_BIN = os.path.join(BIN_DIR, "carpool-router")
+WORKER_BIN = os.path.join(BIN_DIR, "carpool-worker")
+MAX_MODEL_LEN = 2048
+LONG = 2000  # max_tokens of a request meant to still run while the test acts (~0.1 s)
+KEY = "py-key"          # the tenant every test uses
+ONE_KEY = "one-key"     # a tenant with one request at a time
+TENANTS = """
+tenant { key: "py-key" name: "py" }
+tenant { key: "one-key" name: "one" max_concurrent: 1 }
+"""
+
+pytestmark = pytest.mark.skipif(
+    not (os.access(ROUTER_BIN, os.X_OK) and os.access(WORKER_BIN, os.X_OK)),
+    reason="carpool-router / carpool-worker not built in %s" % BIN_DIR)
+
+
+def _wait_for_log(path, pattern, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(path, errors="replace") as f:
+            m = re.search(pattern, f.read())
+        if m:
+            return m
+        time.sleep(0.05)
+    return None
+
+
+def _stop(proc, timeout=10):
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout)
+
+
+class Cluster:
+    def __init__(self, frontend, router, worker, logs):
+        self.frontend = frontend
+        self.router = router
+        self.worker = worker
+        self.logs = logs
+
+    def log_text(self):
+        out = []
+        for path in self.logs:
+            with open(path, errors="replace") as f:
+                out.append("==> %s\n%s" % (os.path.basename(path), f.read()[-4000:]))
+        return "\n".join(out)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cluster")
+    router_log, worker_log = str(tmp / "router.log"), str(tmp / "worker.log")
+    tenants = tmp / "tenants.textproto"
+    tenants.write_text(TENANTS)
+    procs = []
+    try:
+        with open(router_log, "w") as log:
+            router = subprocess.Popen(
+                [ROUTER_BIN, "--frontend", "tcp://127.0.0.1:*", "--backend", "tcp://127.0.0.1:*",
+                 "--tenants", str(tenants)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        procs.append(router)
+        m = _wait_for_log(router_log, r"frontend (tcp://[0-9.:]+), backend (tcp://[0-9.:]+)", 15)
+        if m is None:
+            pytest.fail("the router did not report its endpoints:\n" + open(router_log).read())
+        frontend, backend = m.group(1), m.group(2)
+        with open(worker_log, "w") as log:
+            worker = subprocess.Popen(
+                [WORKER_BIN, "--router", backend, "--model", "synthetic:tiny", "--worker-id",
+                 "py-w1", "--threads", "1", "--max-model-len", str(MAX_MODEL_LEN)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        procs.append(worker)
+        c = Cluster(frontend, router, worker, [router_log, worker_log])
+        with carpool.Client(frontend, timeout=5, api_key=KEY) as client:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    if client.stats(timeout=1).workers:
+                        break
+                except carpool.Timeout:
+                    pass
+                if time.monotonic() > deadline or worker.poll() is not None:
+                    pytest.fail("the worker did not register:\n" + c.log_text())
+                time.sleep(0.05)
+        yield c
+    finally:
+        for p in reversed(procs):
+            _stop(p)
+
+
+PROMPT = "The carpool left at dawn"
+
+
+def greedy(**extra):
+    args = dict(max_tokens=12, temperature=0, ignore_eos=True)
+    args.update(extra)
+    return args
+
+
+def test_generate(cluster):
+    with carpool.Client(cluster.frontend, api_key=KEY, timeout=60) as client:
+        result = client.generate(PROMPT, logprobs=2, **greedy())
+    assert len(result.tokens) == 12
+    assert all(0 <= t < 258 for t in result.token_ids)
+    assert all(len(t.top_logprobs) == 2 for t in result.tokens)
+    assert result.finish_reason == "length"
+    assert result.usage.prompt_tokens == len(PROMPT)
+    assert result.usage.completion_tokens == 12
+    assert 0 <= result.timings.queue_ms <= result.timings.ttft_ms <= result.timings.total_ms
+    # The byte tokenizer: ids below 256 are the text's bytes.
+    assert result.text_bytes == bytes(t for t in result.token_ids if t < 256)
+
+
+def test_sync_stream_matches_the_whole_answer(cluster):
+    with carpool.Client(cluster.frontend, api_key=KEY, timeout=60) as client:
+        whole = client.generate(PROMPT, **greedy())
+        stream = client.stream(PROMPT, **greedy())
+        chunks = list(stream)
+    assert [c.index for c in chunks] == list(range(len(chunks)))
+    assert sum((c.token_ids for c in chunks), []) == whole.token_ids
+    assert b"".join(c.text_bytes for c in chunks) == whole.text_bytes
+    assert stream.result.token_ids == whole.token_ids
+    assert stream.result.text == whole.text
+    assert stream.result.usage.completion_tokens == 12
+    assert stream.result.finish_reason == "length"
+
+
+def test_async_stream_matches_the_whole_answer(cluster):
+    async def main():
+        async with carpool.AsyncClient(cluster.frontend, api_key=KEY, timeout=60) as client:
+            whole = await client.generate([256, 10, 20, 30], **greedy())
+
+            async def one():
+                s = client.stream([256, 10, 20, 30], **greedy())
+                ids = [t async for c in s for t in c.token_ids]
+                return ids, s.result
+
+            streams = await asyncio.gather(*(one() for _ in range(3)))
+            return whole, streams
+
+    whole, streams = asyncio.run(asyncio.wait_for(main(), 120))
+    assert len(whole.token_ids) == 12
+    for ids, result in streams:
+        assert ids == whole.token_ids
+        assert result.token_ids == whole.token_ids
+        assert result.usage.prompt_tokens == 4
+
+
+def test_typed_errors(cluster):
+    with carpool.Client(cluster.frontend, api_key=KEY, timeout=30) as client:
+        with pytest.raises(carpool.InvalidArgument) as info:
+            client.generate(PROMPT, max_tokens=100000)
+        assert info.value.code == "INVALID_ARGUMENT"
+        assert "max_tokens" in info.value.message
+        with pytest.raises(carpool.PromptTooLong) as info:
+            client.generate([1] * MAX_MODEL_LEN, max_tokens=1)
+        assert info.value.reason == "prompt_too_long"
+        with pytest.raises(carpool.InvalidArgument) as info:
+            client.stream([100000], max_tokens=1).wait()
+        assert "vocabulary" in info.value.message
+        with pytest.raises(carpool.Unauthenticated) as info:
+            client.generate(PROMPT, api_key="not-a-key")
+        assert info.value.code == "UNAUTHENTICATED"
+
+
+def test_tenant_quota(cluster):
+    # While one request of tenant "one" runs, a second one is refused. synthetic:tiny is fast, so
+    # a long request may still end before the second arrives: then try again.
+    refused = None
+    with carpool.Client(cluster.frontend, api_key=ONE_KEY, timeout=60) as client:
+        for _ in range(5):
+            with client.stream(PROMPT, max_tokens=LONG, ignore_eos=True) as first:
+                next(first)
+                try:
+                    client.generate(PROMPT, max_tokens=1)
+                except carpool.TenantQuota as e:
+                    refused = e
+                    break
+        assert refused is not None, "never refused"
+        assert refused.code == "RESOURCE_EXHAUSTED"
+        assert refused.retry_after_ms > 0
+        # Closing the stream cancelled it: the tenant's slot is free again.
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                assert len(client.generate(PROMPT, max_tokens=2).tokens) == 2
+                break
+            except carpool.TenantQuota:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+
+
+def test_async_typed_error(cluster):
+    async def main():
+        async with carpool.AsyncClient(cluster.frontend, api_key=KEY, timeout=30) as client:
+            with pytest.raises(carpool.InvalidArgument):
+                async for _ in client.stream(PROMPT, max_tokens=100000):
+                    pass
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_cancel_mid_stream_frees_the_request(cluster):
+    with carpool.Client(cluster.frontend, api_key=KEY, timeout=60) as client:
+        for _ in range(5):  # a long request may end before the cancel arrives: try again
+            stream = client.stream(PROMPT, max_tokens=LONG, ignore_eos=True)
+            assert next(stream).index == 0
+            if stream.cancel():
+                break
+            stream.wait()
+        else:
+            pytest.fail("every stream ended before its cancel")
+        with pytest.raises(carpool.Cancelled):
+            stream.wait()
+        assert stream.result.tokens  # the chunks read before the cancel
+        deadline = time.monotonic() + 10
+        while True:
+            stats = client.stats()
+            if stats.inflight == 0 and stats.queued == 0 and stats.workers[0].running == 0:
+                break
+            assert time.monotonic() < deadline, stats
+            time.sleep(0.05)
+
+
+def test_stats(cluster):
+    with carpool.Client(cluster.frontend, api_key=KEY, timeout=10) as client:
+        stats = client.stats()
+    (w,) = stats.workers
+    assert w.worker_id == "py-w1"
+    assert w.healthy
+    assert w.model.endswith("tiny")
+    assert w.num_kv_blocks > 0
+    assert stats.requests_total >= 1
+    assert {t.name for t in stats.tenants} == {"py", "one"}
