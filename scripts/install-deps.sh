@@ -14,6 +14,7 @@ packages=(
   libzmq3-dev cppzmq-dev
   libprotobuf-dev protobuf-compiler
   libopenmpi-dev openmpi-bin
+  slurmctld slurmd slurm-client munge
   libcpp-httplib-dev
   python3 python3-zmq python3-protobuf python3-numpy python3-pytest python3-matplotlib
 )

@@ -22,3 +22,18 @@ add_dependencies(carpool_tp_mpirun_test carpool-router carpool-worker)
 gtest_discover_tests(carpool_tp_mpirun_test
   PROPERTIES LABELS mpi RESOURCE_LOCK carpool_mpirun TIMEOUT 120
   DISCOVERY_TIMEOUT 60)
+
+# cluster/launch/mpirun.sh in both layouts, with a rank killed under --router-outside.
+add_test(NAME carpool_tp_launch_test
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tp_launch_test.sh ${CMAKE_BINARY_DIR}/bin
+          ${PROJECT_SOURCE_DIR})
+set_tests_properties(carpool_tp_launch_test PROPERTIES
+  LABELS mpi RESOURCE_LOCK carpool_mpirun TIMEOUT 180)
+
+# Must-show 3: a one-node Slurm cluster (munged, slurmctld, slurmd) runs cluster/slurm/carpool.sbatch;
+# skipped (exit 77) with the reason where the Slurm packages are missing.
+add_test(NAME carpool_slurm_test
+  COMMAND bash ${PROJECT_SOURCE_DIR}/tests/slurm/slurm_test.sh ${CMAKE_BINARY_DIR}/bin
+          ${PROJECT_SOURCE_DIR})
+set_tests_properties(carpool_slurm_test PROPERTIES
+  LABELS slurm RESOURCE_LOCK carpool_mpirun SKIP_RETURN_CODE 77 TIMEOUT 240)
