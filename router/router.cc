@@ -87,6 +87,10 @@ absl::Status Router::Impl::Run(const std::atomic<bool>& stop, const std::atomic<
     }
     TryDispatch();
     if (draining_ && DrainDone(now)) {
+      if (options_.drain_workers) {
+        for (const WorkerState* w : registry_.All()) SendToWorker(w->identity, DrainInfo{});
+        backend_->raw().set(zmq::sockopt::linger, kDrainLingerMillis);
+      }
       frontend_->raw().set(zmq::sockopt::linger, kDrainLingerMillis);
       return absl::OkStatus();
     }

@@ -48,6 +48,9 @@ struct RouterOptions {
   // After Drain(): how long in-flight and queued requests may take to finish before they are
   // ended with UNAVAILABLE / draining and Run returns. Default: 30000.
   int64_t drain_grace_ms = 30000;
+  // When a drain ends, tell every worker to drain too (finish, deregister, exit). Off: workers
+  // outlive the router and register with the next one. Default: true.
+  bool drain_workers = true;
   // CURVE on the frontend: the router's secret key (Z85); empty: plain TCP. With it, only
   // clients whose public key (Z85) is in curve_allowed_client_keys are served. Default: off.
   std::string curve_secret_key;
@@ -77,8 +80,8 @@ class Router {
   // Makes Run() return within one poll interval. Async-signal-safe.
   void Stop() { stop_.store(true, std::memory_order_relaxed); }
   // Stops admitting (new requests get UNAVAILABLE / draining), finishes what was admitted within
-  // drain_grace_ms, then Run() returns. Workers are not drained: they outlive the router and
-  // register with the next one. Async-signal-safe.
+  // drain_grace_ms, then (with options.drain_workers) drains the workers, and Run() returns.
+  // Async-signal-safe.
   void Drain() { drain_.store(true, std::memory_order_relaxed); }
 
  private:

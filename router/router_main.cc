@@ -73,6 +73,8 @@ int main(int argc, char** argv) {
   flags.AddDouble("affinity-load-weight", &options.affinity_load_weight,
                   "prefix_affinity: load tokens one cached token is worth (default 1)");
   flags.AddString("tenants", &tenants_file, "API keys and quotas, textproto (default: none)");
+  flags.AddBool("drain-workers", &options.drain_workers,
+                "on SIGTERM, drain the workers too once in-flight work is done (default true)");
   flags.AddInt64("drain-grace-ms", &options.drain_grace_ms,
                  "after SIGTERM, how long admitted requests may take to finish (default 30000)");
   flags.AddString("curve-secret-key-file", &curve_secret_file,

@@ -315,7 +315,7 @@ TEST_F(FailoverTest, RouterRestartWorkersReRegisterAndNoCallHangs) {
 }
 
 // SIGTERM on the router: new requests are refused `draining`, the one in flight finishes, the
-// router exits 0 and the worker stays up for the next router.
+// router drains its worker and both exit 0.
 TEST_F(FailoverTest, SigtermOnTheRouterFinishesInFlightWorkThenExits) {
   StartRouter({"--drain-grace-ms", "20000"});
   // synthetic:small decodes slowly enough that the request is surely still running.
@@ -343,7 +343,7 @@ TEST_F(FailoverTest, SigtermOnTheRouterFinishesInFlightWorkThenExits) {
   EXPECT_EQ(r->tokens.size(), 300u);
   EXPECT_LT(before, 300) << "the request finished before the drain began";
   EXPECT_EQ(router_->Wait(10000), 0) << router_->Log();
-  EXPECT_TRUE(worker->running());
+  EXPECT_EQ(worker->Wait(10000), 0) << worker->Log();
 }
 
 // 9. Groups of requests sharing long prefixes: prefix_affinity gets a strictly higher
