@@ -21,6 +21,12 @@ constexpr int kLeave = 2;
 // Sent with MPI_Isend + MPI_Request_free: the buffers must outlive the sends.
 const int kMessages[3] = {0, kBeat, kLeave};
 
+bool Finalized() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  return finalized != 0;
+}
+
 // Exists and is not a zombie (a dead rank whose launcher has not reaped it yet).
 bool ProcessAlive(int pid) {
   if (kill(pid, 0) != 0 && errno != EPERM) return false;
@@ -158,11 +164,13 @@ absl::Status GroupHeartbeat::Poll() {
 void GroupHeartbeat::Leave() {
   if (left_) return;
   left_ = true;
+  if (Finalized()) return;
   if (!broken_) (void)Send(kLeave);
   CancelReceives();
 }
 
 void GroupHeartbeat::CancelReceives() {
+  if (Finalized()) return;  // MPI_Finalize has released everything
   for (Peer& peer : peers_) {
     if (peer.recv == MPI_REQUEST_NULL) continue;
     // A cancelled receive completes at once; one that matched a message completes too.

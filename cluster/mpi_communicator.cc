@@ -33,8 +33,11 @@ absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(
 }
 
 MpiCommunicator::~MpiCommunicator() {
-  // Freeing a communicator with abandoned operations could wait for peers that never come.
-  if (!broken_) MPI_Comm_free(&comm_);
+  // Freeing a communicator with abandoned operations could wait for peers that never come;
+  // after MPI_Finalize nothing may be freed (and nothing needs to be).
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!broken_ && !finalized) MPI_Comm_free(&comm_);
 }
 
 absl::Status MpiCommunicator::Wait(MPI_Request* request, absl::Duration timeout,

@@ -31,6 +31,7 @@ class MpiCommunicator : public Communicator {
   // every rank of `group` calls it.
   static absl::StatusOr<std::unique_ptr<MpiCommunicator>> Create(MPI_Comm group,
                                                                  const MpiCommunicatorOptions& options);
+  // Frees the duplicate, unless an operation failed (the group is broken) or MPI is finalized.
   ~MpiCommunicator() override;
 
   int rank() const override { return rank_; }
