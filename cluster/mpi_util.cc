@@ -1,5 +1,6 @@
 #include "cluster/mpi_util.h"
 
+#include <sched.h>
 #include <time.h>
 
 #include <algorithm>
@@ -9,8 +10,11 @@
 namespace carpool::cluster {
 namespace {
 
-// Polls before the first sleep: a peer a few microseconds behind costs no sleep.
-constexpr int kSpinPolls = 2000;
+// Spin first (a peer a few microseconds behind costs nothing), then yield the core between polls
+// (a rank sharing its core with the peer it waits for lets that peer run at once), then sleep
+// with a growing pause (an idle follower waiting for the next step costs almost no CPU).
+constexpr absl::Duration kSpinFor = absl::Microseconds(20);
+constexpr absl::Duration kYieldFor = absl::Milliseconds(2);
 constexpr int64_t kMinSleepNanos = 20'000;
 constexpr int64_t kMaxSleepNanos = 1'000'000;
 
@@ -27,15 +31,22 @@ absl::Status MpiStatus(int rc, absl::string_view what) {
 
 absl::Status WaitRequest(MPI_Request* request, absl::Time deadline, absl::string_view what) {
   int64_t sleep_nanos = kMinSleepNanos;
+  const absl::Time start = absl::Now();
   for (int polls = 0;; ++polls) {
     int done = 0;
     const int rc = MPI_Test(request, &done, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) return MpiStatus(rc, what);
     if (done) return absl::OkStatus();
-    if (polls < kSpinPolls) continue;
-    if (deadline != absl::InfiniteFuture() && absl::Now() >= deadline) {
+    if (polls % 64 != 63) continue;  // read the clock now and then only
+    const absl::Time now = absl::Now();
+    if (now - start < kSpinFor) continue;
+    if (deadline != absl::InfiniteFuture() && now >= deadline) {
       return absl::DeadlineExceededError(
           absl::StrCat(what, ": peers did not arrive in time; the group is unusable"));
+    }
+    if (now - start < kYieldFor) {
+      sched_yield();
+      continue;
     }
     const timespec pause = {0, static_cast<long>(sleep_nanos)};
     nanosleep(&pause, nullptr);

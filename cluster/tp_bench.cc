@@ -7,7 +7,9 @@
 // For each batch size the leader admits that many requests (32-token prompts), runs them into
 // decode, then times --steps decode steps of the whole batch (Engine::Step: schedule, forward
 // with the step broadcast, all-reduces and logits gather, sampling). It prints one table row per
-// batch size and, with --json, writes them to a file.
+// batch size and, with --json, writes them to a file. "1 allreduce us" is one all-reduce of
+// batch x hidden floats timed back to back before the run: the transport alone; the step's
+// all-reduce time also holds the wait for the slower rank.
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -33,10 +35,22 @@ using carpool::worker::Engine;
 using carpool::worker::EngineOptions;
 using carpool::worker::EngineRequest;
 
+// Mean time of one AllReduceSum of `count` floats, back to back (the transport alone, no rank
+// waiting for a slower one's compute). Collective: every rank calls it.
+double AllReduceMicros(carpool::cluster::Communicator* group, int64_t count, int reps) {
+  std::vector<float> data(count, 1.0f);
+  for (int i = 0; i < 10; ++i) (void)group->AllReduceSum(data.data(), count);
+  (void)group->Barrier();
+  const int64_t start = Clock::Real()->NowMicros();
+  for (int i = 0; i < reps; ++i) (void)group->AllReduceSum(data.data(), count);
+  return static_cast<double>(Clock::Real()->NowMicros() - start) / reps;
+}
+
 struct Row {
   int tp = 1;
   int threads = 0;
   int batch = 0;
+  double step_ms_min = 0;
   double step_ms_median = 0;
   double step_ms_p90 = 0;
   double all_reduce_ms_per_step = 0;
@@ -44,6 +58,8 @@ struct Row {
   double gather_share = 0;
   double broadcast_share = 0;
   double tokens_per_s = 0;
+  double all_reduce_alone_us = 0;  // one all-reduce of batch x hidden floats, back to back
+  int all_reduces_per_step = 0;
 };
 
 double Percentile(std::vector<double> v, double p) {
@@ -87,11 +103,13 @@ Row Measure(Engine* engine, int batch, int warmup, int steps) {
 
   Row row;
   row.batch = batch;
+  row.step_ms_min = Percentile(step_ms, 0);
   row.step_ms_median = Percentile(step_ms, 0.5);
   row.step_ms_p90 = Percentile(step_ms, 0.9);
   const double total = static_cast<double>(total_micros);
   row.all_reduce_ms_per_step = (after.all_reduce_micros - before.all_reduce_micros) / 1000.0 / steps;
   row.all_reduce_share = (after.all_reduce_micros - before.all_reduce_micros) / total;
+  row.all_reduces_per_step = static_cast<int>((after.all_reduces - before.all_reduces) / steps);
   row.gather_share = (after.gather_micros - before.gather_micros) / total;
   row.broadcast_share = (after.broadcast_micros - before.broadcast_micros) / total;
   row.tokens_per_s = batch * steps / (total / 1e6);
@@ -146,6 +164,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "carpool-bench-tp: %s\n", std::string(engine.status().message()).c_str());
     return 1;
   }
+  // The transport alone, per batch size, before the followers start following.
+  std::vector<double> alone_us;
+  if (group != nullptr) {
+    for (int batch : batches) {
+      alone_us.push_back(
+          AllReduceMicros(group.get(), int64_t{batch} * (*engine)->model_config().hidden_size, 200));
+    }
+  }
   if ((*job)->tp_rank() != 0) {
     absl::Status s = carpool::worker::RunFollower(&(*engine)->model(), group.get());
     (*job)->Finalize(absl::Seconds(10), s.ok() ? 0 : 1);
@@ -156,24 +182,29 @@ int main(int argc, char** argv) {
   const int threads = carpool::ThreadPool::Default()->num_threads();
   std::printf("carpool-bench-tp: %s, TP=%d, %d kernel thread(s) per rank, %d timed steps\n",
               options.model.c_str(), tp, threads, steps);
-  std::printf("%4s %7s %6s %12s %10s %14s %11s %8s %10s %10s\n", "tp", "threads", "batch",
-              "step ms p50", "p90", "allreduce ms", "allreduce %", "gather %", "bcast %",
-              "tokens/s");
+  std::printf("%4s %7s %6s %8s %12s %8s %14s %11s %8s %8s %10s %16s\n", "tp", "threads",
+              "batch", "step min", "step ms p50", "p90", "allreduce ms", "allreduce %",
+              "gather %", "bcast %", "tokens/s", "1 allreduce us");
   nlohmann::json rows = nlohmann::json::array();
-  for (int batch : batches) {
+  for (size_t b = 0; b < batches.size(); ++b) {
+    const int batch = batches[b];
     Row r = Measure(engine->get(), batch, warmup, steps);
     r.tp = tp;
     r.threads = threads;
-    std::printf("%4d %7d %6d %12.2f %10.2f %14.2f %10.1f%% %7.1f%% %9.1f%% %10.1f\n", r.tp,
-                r.threads, r.batch, r.step_ms_median, r.step_ms_p90, r.all_reduce_ms_per_step,
-                100 * r.all_reduce_share, 100 * r.gather_share, 100 * r.broadcast_share,
-                r.tokens_per_s);
+    r.all_reduce_alone_us = b < alone_us.size() ? alone_us[b] : 0;
+    std::printf("%4d %7d %6d %8.2f %12.2f %8.2f %14.2f %10.1f%% %7.1f%% %7.1f%% %10.1f %16.1f\n",
+                r.tp, r.threads, r.batch, r.step_ms_min, r.step_ms_median, r.step_ms_p90,
+                r.all_reduce_ms_per_step, 100 * r.all_reduce_share, 100 * r.gather_share,
+                100 * r.broadcast_share, r.tokens_per_s, r.all_reduce_alone_us);
     rows.push_back({{"model", options.model}, {"tp", r.tp}, {"threads", r.threads},
-                    {"batch", r.batch}, {"step_ms_p50", r.step_ms_median},
+                    {"batch", r.batch}, {"step_ms_min", r.step_ms_min},
+                    {"step_ms_p50", r.step_ms_median},
                     {"step_ms_p90", r.step_ms_p90},
                     {"all_reduce_ms_per_step", r.all_reduce_ms_per_step},
                     {"all_reduce_share", r.all_reduce_share}, {"gather_share", r.gather_share},
-                    {"broadcast_share", r.broadcast_share}, {"tokens_per_s", r.tokens_per_s}});
+                    {"broadcast_share", r.broadcast_share}, {"tokens_per_s", r.tokens_per_s},
+                    {"all_reduce_alone_us", r.all_reduce_alone_us},
+                    {"all_reduces_per_step", r.all_reduces_per_step}});
   }
   if (group != nullptr) (void)carpool::worker::StopFollowers(group.get());
   if (!json_path.empty()) std::ofstream(json_path) << rows.dump(2) << "\n";
