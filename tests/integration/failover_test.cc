@@ -343,7 +343,7 @@ TEST_F(FailoverTest, SigtermOnTheRouterFinishesInFlightWorkThenExits) {
   EXPECT_EQ(r->tokens.size(), 300u);
   EXPECT_LT(before, 300) << "the request finished before the drain began";
   EXPECT_EQ(router_->Wait(10000), 0) << router_->Log();
-  EXPECT_EQ(worker->Wait(10000), 0) << worker->Log();
+  EXPECT_EQ(worker->Wait(20000), 0) << worker->Log();
 }
 
 // 9. Groups of requests sharing long prefixes: prefix_affinity gets a strictly higher
