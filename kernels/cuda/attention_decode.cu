@@ -20,6 +20,7 @@ constexpr int kDecodeThreads = 128;
 constexpr int kDecodeWarps = kDecodeThreads / 32;
 constexpr int kDecodeHeadTile = 4;  // query heads per block
 constexpr int kChunk = 256;         // context positions scored per pass through shared memory
+constexpr int kRowsInFlight = 2;    // cache rows each thread loads before using them
 // Split long contexts until the grid has about this many blocks.
 constexpr int kTargetBlocks = 512;
 constexpr int kReduceThreads = 128;
@@ -50,6 +51,11 @@ struct DecodeArgs {
   float* partial_max;  // [num_seqs][num_heads][num_splits]
   float* partial_sum;  // [num_seqs][num_heads][num_splits]
 };
+
+// Pool slot of a sequence's context position.
+__device__ __forceinline__ int64_t SlotOf(const int32_t* table, int position, int block_size) {
+  return static_cast<int64_t>(table[position / block_size]) * block_size + position % block_size;
+}
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kDecodeThreads)
@@ -116,26 +122,29 @@ __global__ void __launch_bounds__(kDecodeThreads)
 
   for (int chunk = begin; chunk < end; chunk += kChunk) {
     const int n = min(kChunk, end - chunk);
-    // 1. Scores of this chunk. The loop bound is uniform across the warp (for the shuffles).
-    for (int warp_t = warp * S::kGroupsPerWarp; warp_t < n; warp_t += S::kGroups) {
-      const int t = warp_t + lane / S::kLanes;
-      float k[S::kVec] = {};
-      if (t < n) {
-        const int position = chunk + t;
-        const int64_t slot = static_cast<int64_t>(table[position / a.block_size]) * a.block_size +
-                             position % a.block_size;
-        LoadVec16(k_base + slot * row_stride, k);
+    // 1. Scores of this chunk, kRowsInFlight rows per token group at a time so that several
+    // loads are outstanding. The loop bound is uniform across the warp (for the shuffles).
+    for (int warp_t = warp * S::kGroupsPerWarp; warp_t < n; warp_t += kRowsInFlight * S::kGroups) {
+      float k[kRowsInFlight][S::kVec] = {};
+#pragma unroll
+      for (int r = 0; r < kRowsInFlight; ++r) {
+        const int t = warp_t + r * S::kGroups + lane / S::kLanes;
+        if (t < n) LoadVec16(k_base + SlotOf(table, chunk + t, a.block_size) * row_stride, k[r]);
       }
 #pragma unroll
-      for (int h = 0; h < kDecodeHeadTile; ++h) {
-        float dot = 0.0f;
+      for (int r = 0; r < kRowsInFlight; ++r) {
+        const int t = warp_t + r * S::kGroups + lane / S::kLanes;
 #pragma unroll
-        for (int j = 0; j < S::kVec; ++j) dot += q_reg[h][j] * k[j];
+        for (int h = 0; h < kDecodeHeadTile; ++h) {
+          float dot = 0.0f;
 #pragma unroll
-        for (int offset = S::kLanes / 2; offset > 0; offset /= 2) {
-          dot += __shfl_xor_sync(kFullMask, dot, offset);
+          for (int j = 0; j < S::kVec; ++j) dot += q_reg[h][j] * k[r][j];
+#pragma unroll
+          for (int offset = S::kLanes / 2; offset > 0; offset /= 2) {
+            dot += __shfl_xor_sync(kFullMask, dot, offset);
+          }
+          if (lane_in_row == 0 && h < heads && t < n) scores[h * kChunk + t] = dot;
         }
-        if (lane_in_row == 0 && h < heads && t < n) scores[h * kChunk + t] = dot;
       }
     }
     __syncthreads();
@@ -170,18 +179,24 @@ __global__ void __launch_bounds__(kDecodeThreads)
         for (int j = 0; j < S::kVec; ++j) acc[h][j] *= rescale;
       }
     }
-    for (int t = token_group; t < n; t += S::kGroups) {
-      const int position = chunk + t;
-      const int64_t slot = static_cast<int64_t>(table[position / a.block_size]) * a.block_size +
-                           position % a.block_size;
-      float v[S::kVec];
-      LoadVec16(v_base + slot * row_stride, v);
+    for (int first = token_group; first < n; first += kRowsInFlight * S::kGroups) {
+      float v[kRowsInFlight][S::kVec] = {};
 #pragma unroll
-      for (int h = 0; h < kDecodeHeadTile; ++h) {
-        if (h < heads) {
-          const float p = scores[h * kChunk + t];
+      for (int r = 0; r < kRowsInFlight; ++r) {
+        const int t = first + r * S::kGroups;
+        if (t < n) LoadVec16(v_base + SlotOf(table, chunk + t, a.block_size) * row_stride, v[r]);
+      }
 #pragma unroll
-          for (int j = 0; j < S::kVec; ++j) acc[h][j] += p * v[j];
+      for (int r = 0; r < kRowsInFlight; ++r) {
+        const int t = first + r * S::kGroups;
+        if (t >= n) break;
+#pragma unroll
+        for (int h = 0; h < kDecodeHeadTile; ++h) {
+          if (h < heads) {
+            const float p = scores[h * kChunk + t];
+#pragma unroll
+            for (int j = 0; j < S::kVec; ++j) acc[h][j] += p * v[r][j];
+          }
         }
       }
     }
