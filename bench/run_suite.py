@@ -181,46 +181,66 @@ class Suite:
         model = "synthetic:small"
         seqs = 16
         slo = "ttft:500 tpot:50"
-        rates = [4, 8, 12]
+        fractions = [0.25, 0.5, 0.75]
         lengths = ["exponential:48:256", "fixed:48"]
-        rows = {}
-        # The two policies run back to back at each point (a fresh cluster each), so a burst of
-        # load from elsewhere on the machine hits both sides of a ratio alike.
+        workers = {p: [["--model", model, "--max-num-seqs", str(seqs), "--max-model-len", "1024",
+                        "--scheduler", p]] for p in ("continuous", "static")}
+        rows, capacity, rates = {}, {}, {}
         for out_len in lengths:
-            for rate in rates:
-                for policy in ["continuous", "static"]:
-                    workers = [["--model", model, "--max-num-seqs", str(seqs), "--max-model-len",
-                                "1024", "--scheduler", policy]]
-                    tag = f"a_{policy}_{out_len.split(':')[0]}_{rate}"
-                    with Cluster(self.bindir, self.logdir, tag, workers) as c:
-                        rows[(out_len, policy, rate)] = self.bench_serve(c, [
-                            "--num-prompts", str(10 * rate), "--input-len", "32", "--output-len",
-                            out_len, "--request-rate", str(rate), "--goodput", *slo.split(),
-                            "--seed", "1", "--num-warmups", "2"], tag)
+            dist = out_len.split(":")[0]
+            # The offered loads are fractions of what continuous batching sustains on this
+            # machine right now (closed loop, 16 in flight), so the sweep means the same on a
+            # faster or a busier machine.
+            with Cluster(self.bindir, self.logdir, f"a_capacity_{dist}",
+                         workers["continuous"]) as c:
+                cap = self.bench_serve(c, ["--num-prompts", str(4 * seqs), "--input-len", "32",
+                                           "--output-len", out_len, "--max-concurrency",
+                                           str(seqs), "--seed", "1", "--num-warmups", "2"],
+                                       f"a_capacity_{dist}")
+            capacity[out_len] = cap["request_throughput"]
+            rates[out_len] = [round(f * capacity[out_len], 2) for f in fractions]
+            # The two policies run back to back at each point (a fresh cluster each), so a
+            # burst of load from elsewhere on the machine hits both sides of a ratio alike.
+            for f, rate in zip(fractions, rates[out_len]):
+                for policy in ("continuous", "static"):
+                    tag = f"a_{policy}_{dist}_{f}"
+                    with Cluster(self.bindir, self.logdir, tag, workers[policy]) as c:
+                        rows[(out_len, policy, f)] = self.bench_serve(c, [
+                            "--num-prompts", str(max(24, round(8 * rate))), "--input-len", "32",
+                            "--output-len", out_len, "--request-rate", str(rate), "--goodput",
+                            *slo.split(), "--seed", "1", "--num-warmups", "2"], tag)
         md = [
-            f"Model `{model}`, one worker, `--max-num-seqs {seqs}`; 32-token prompts; Poisson "
-            f"arrivals; SLO `{slo}` (ms) for both policies. Goodput = requests meeting every "
-            "SLO per second of the run; static batching starts a batch when 16 requests wait or "
-            "50 ms after the first arrived, and nobody joins a running batch.", "",
+            f"Model `{model}`, one worker, `--max-num-seqs {seqs}`; 32-token prompts; SLO "
+            f"`{slo}` (ms) for both policies. Goodput = requests meeting every SLO per second of "
+            "the run. Static batching starts a batch when 16 requests wait or 50 ms after the "
+            "first arrived, and nobody joins a running batch. Capacity = requests/s of "
+            "continuous batching with 16 requests always in flight (closed loop, 64 requests), "
+            "measured first; the sweep then offers Poisson arrivals at 0.25, 0.5 and 0.75 of it "
+            "(about 8 s of arrivals, at least 24 requests), each policy on a fresh worker, back "
+            "to back.", "",
             "```", f"carpool-worker --model {model} --max-num-seqs {seqs} --max-model-len 1024 "
             "--scheduler {continuous|static}",
-            "carpool bench serve --num-prompts 10xRATE --input-len 32 --output-len "
-            "{exponential:48:256|fixed:48} --request-rate {4|8|12} --goodput " + slo +
+            "carpool bench serve --num-prompts 64 --input-len 32 --output-len "
+            "{exponential:48:256|fixed:48} --max-concurrency 16 --seed 1 --num-warmups 2   "
+            "# capacity",
+            "carpool bench serve --num-prompts max(24,8xRATE) --input-len 32 --output-len "
+            "{exponential:48:256|fixed:48} --request-rate RATE --goodput " + slo +
             " --seed 1 --num-warmups 2", "```", "",
-            "| output lengths | req/s offered | goodput cont. / static (req/s) | ratio | "
-            "output tok/s cont. / static | TTFT p50 cont. / static (ms) | TPOT p50 cont. / "
-            "static (ms) |",
+            "| output lengths | offered req/s (x capacity) | goodput cont. / static (req/s) | "
+            "ratio | output tok/s cont. / static | TTFT p50 cont. / static (ms) | TPOT p50 "
+            "cont. / static (ms) |",
             "| --- | --- | --- | --- | --- | --- | --- |"]
         summary = []
         for out_len in lengths:
             peak = {}
-            for rate in rates:
-                c, s = rows[(out_len, "continuous", rate)], rows[(out_len, "static", rate)]
+            for f, rate in zip(fractions, rates[out_len]):
+                c, s = rows[(out_len, "continuous", f)], rows[(out_len, "static", f)]
                 gc, gs = c["request_goodput"], s["request_goodput"]
-                md.append(f"| {out_len} | {rate} | {gc:.2f} / {gs:.2f} | {ratio(gc, gs)} | "
-                          f"{c['output_throughput']:.0f} / {s['output_throughput']:.0f} | "
-                          f"{c['median_ttft_ms']:.0f} / {s['median_ttft_ms']:.0f} | "
-                          f"{c['median_tpot_ms']:.1f} / {s['median_tpot_ms']:.1f} |")
+                md.append(f"| {out_len} | {rate:.2f} ({f}) | {gc:.2f} / {gs:.2f} | "
+                          f"{ratio(gc, gs)} | {c['output_throughput']:.0f} / "
+                          f"{s['output_throughput']:.0f} | {c['median_ttft_ms']:.0f} / "
+                          f"{s['median_ttft_ms']:.0f} | {c['median_tpot_ms']:.1f} / "
+                          f"{s['median_tpot_ms']:.1f} |")
                 for p, g in (("continuous", gc), ("static", gs)):
                     peak[p] = max(peak.get(p, 0), g)
             summary.append((out_len, peak["continuous"], peak["static"]))
@@ -228,19 +248,21 @@ class Suite:
         for out_len, pc, ps in summary:
             need = 3.0 if out_len.startswith("exponential") else 1.5
             ok = pc >= need * ps
-            md.append(f"- {out_len.split(':')[0]} output lengths: peak goodput over the sweep "
-                      f"{pc:.2f} (continuous) vs {ps:.2f} (static) req/s: **{ratio(pc, ps)}**; "
-                      f"target >= {need}x: {verdict(ok)}.")
+            md.append(f"- {out_len.split(':')[0]} output lengths (capacity "
+                      f"{capacity[out_len]:.2f} req/s): peak goodput over the sweep {pc:.2f} "
+                      f"(continuous) vs {ps:.2f} (static) req/s: **{ratio(pc, ps)}**; target "
+                      f">= {need}x: {verdict(ok)}.")
         if self.plt:
             fig, axes = self.plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
             for ax, out_len in zip(axes, lengths):
+                xs = rates[out_len]
                 for policy, style in (("continuous", "o-"), ("static", "s--")):
-                    ax.plot(rates, [rows[(out_len, policy, r)]["request_goodput"] for r in rates],
-                            style, label=f"{policy} goodput")
-                    ax.plot(rates, [rows[(out_len, policy, r)]["request_throughput"]
-                                    for r in rates], style, alpha=0.3,
+                    ax.plot(xs, [rows[(out_len, policy, f)]["request_goodput"]
+                                 for f in fractions], style, label=f"{policy} goodput")
+                    ax.plot(xs, [rows[(out_len, policy, f)]["request_throughput"]
+                                 for f in fractions], style, alpha=0.3,
                             label=f"{policy} throughput")
-                ax.plot(rates, rates, ":", color="gray", label="offered")
+                ax.plot(xs, xs, ":", color="gray", label="offered")
                 ax.set_title(f"{model}, output {out_len}, SLO {slo}", fontsize=9)
                 ax.set_xlabel("offered load (req/s)")
                 ax.grid(alpha=0.3)
@@ -248,7 +270,7 @@ class Suite:
             axes[0].legend(fontsize=7)
             md += ["", self.save_plot(fig, "bench_a_batching.png")]
         return {"data": {f"{k[0]}|{k[1]}|{k[2]}": v for k, v in rows.items()},
-                "summary": summary}, md
+                "capacity": capacity, "summary": summary}, md
 
     def scenario_b(self):
         model = "synthetic:small"
@@ -305,6 +327,7 @@ class Suite:
             ax[1].plot(ns, [j["median_e2el_ms"] / 64 for _, j in rows], "^:",
                        label="E2EL p50 / 64 tokens")
             ax[1].set_title("latency")
+            ax[1].set_yscale("log")
             ax[1].set_xscale("log", base=2)
             ax[1].set_xlabel("--max-num-seqs")
             ax[1].set_ylabel("ms")
@@ -628,7 +651,8 @@ def main():
     failed = []
     for s in wanted:
         t0 = time.time()
-        log(f"scenario {TITLES[s]}")
+        load = os.getloadavg()[0]
+        log(f"scenario {TITLES[s]} (load average {load:.2f})")
         try:
             data, md = getattr(suite, f"scenario_{s}")()
         except Exception as e:  # one failed scenario must not lose the others
@@ -638,7 +662,8 @@ def main():
         took = time.time() - t0
         stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         header = [f"### {TITLES[s]}", "",
-                  f"Run of {stamp}, commit `{commit()}`, {machine()}; the scenario took "
+                  f"Run of {stamp}, commit `{commit()}`, {machine()}; 1-minute load average "
+                  f"{load:.2f} when it started (other work on the machine); the scenario took "
                   f"{took:.0f} s (`make bench SCENARIO={s}`).", ""]
         update_doc(suite.doc, s, "\n".join(header + md))
         with open(os.path.join(suite.results, f"scenario_{s}.json"), "w") as f:
