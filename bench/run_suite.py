@@ -663,8 +663,8 @@ def main():
         stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         header = [f"### {TITLES[s]}", "",
                   f"Run of {stamp}, commit `{commit()}`, {machine()}; 1-minute load average "
-                  f"{load:.2f} when it started (other work on the machine); the scenario took "
-                  f"{took:.0f} s (`make bench SCENARIO={s}`).", ""]
+                  f"{load:.2f} when the scenario started; it took {took:.0f} s "
+                  f"(`make bench SCENARIO={s}`).", ""]
         update_doc(suite.doc, s, "\n".join(header + md))
         with open(os.path.join(suite.results, f"scenario_{s}.json"), "w") as f:
             json.dump({"took_s": took, **data}, f, indent=1, default=str)
