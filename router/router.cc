@@ -16,6 +16,10 @@ constexpr int kMaxMessagesPerWake = 512;
 constexpr int64_t kCheckIntervalMicros = 50'000;
 // How long the frontend keeps trying to deliver the last answers when Run returns after a drain.
 constexpr int kDrainLingerMillis = 1000;
+// After a drain, how long the router waits for its workers to confirm (deregister) and how often
+// it repeats the request meanwhile: a worker busy or slow to read still hears it.
+constexpr int64_t kWorkerDrainWaitMicros = 5'000'000;
+constexpr int64_t kWorkerDrainResendMicros = 500'000;
 
 }  // namespace
 
@@ -86,12 +90,9 @@ absl::Status Router::Impl::Run(const std::atomic<bool>& stop, const std::atomic<
       next_check = now + kCheckIntervalMicros;
     }
     TryDispatch();
-    if (draining_ && DrainDone(now)) {
-      if (options_.drain_workers) {
-        for (const WorkerState* w : registry_.All()) SendToWorker(w->identity, DrainInfo{});
-        backend_->raw().set(zmq::sockopt::linger, kDrainLingerMillis);
-      }
+    if (draining_ && DrainDone(now) && WorkersDrained(now)) {
       frontend_->raw().set(zmq::sockopt::linger, kDrainLingerMillis);
+      backend_->raw().set(zmq::sockopt::linger, kDrainLingerMillis);
       return absl::OkStatus();
     }
   }
@@ -327,6 +328,22 @@ bool Router::Impl::DrainDone(int64_t now) {
          "the router shut down before the request finished");
   }
   return true;
+}
+
+bool Router::Impl::WorkersDrained(int64_t now) {
+  if (!options_.drain_workers || registry_.All().empty()) return true;
+  if (workers_drain_deadline_ == 0) workers_drain_deadline_ = now + kWorkerDrainWaitMicros;
+  if (now >= workers_drain_deadline_) {
+    std::cerr << "carpool-router: " << registry_.All().size()
+              << " worker(s) did not confirm the drain in time; exiting anyway\n";
+    return true;
+  }
+  if (now >= next_worker_drain_send_) {
+    // Deregistering answers it: each confirmed worker leaves the registry.
+    for (const WorkerState* w : registry_.All()) SendToWorker(w->identity, DrainInfo{});
+    next_worker_drain_send_ = now + kWorkerDrainResendMicros;
+  }
+  return false;
 }
 
 // ---- Router

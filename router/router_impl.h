@@ -84,6 +84,8 @@ class Router::Impl {
   void StartDraining(int64_t now);
   // True when Run should return: drained, or the grace period is over (the rest failed).
   bool DrainDone(int64_t now);
+  // After the requests: asks the workers to drain and waits (bounded) until they deregister.
+  bool WorkersDrained(int64_t now);
 
   // ---- router_workers.cc: dispatch, workers, failover, stats
   void TryDispatch();
@@ -128,6 +130,9 @@ class Router::Impl {
   std::vector<int64_t> tenant_rejections_;
   bool draining_ = false;
   int64_t drain_deadline_ = 0;
+  // The workers' part of a drain: until they confirm, or this deadline passes (0: not started).
+  int64_t workers_drain_deadline_ = 0;
+  int64_t next_worker_drain_send_ = 0;
 };
 
 }  // namespace carpool::router
