@@ -85,6 +85,13 @@ struct GenerateResult {
   std::vector<int32_t> TokenIds() const;
 };
 
+struct EmbedResult {
+  std::string request_id;
+  std::vector<std::vector<float>> embeddings;  // one per input, in order
+  Usage usage;                                 // prompt_tokens: every input's tokens
+  Timings timings;                             // measured by the router, in ms
+};
+
 // Payload keys of a server error's details on an absl::Status.
 inline constexpr char kReasonPayloadUrl[] = "carpool.reason";
 inline constexpr char kRetryAfterPayloadUrl[] = "carpool.retry_after_ms";
@@ -167,6 +174,10 @@ class Client {
   // Starts a streaming request and returns it to be read with Stream::Next.
   absl::StatusOr<std::unique_ptr<Stream>> StartStream(GenerateInput request,
                                                       const CallOptions& call = {});
+
+  // Embeddings of request.inputs (text or token ids), one per input, in order. Same ids,
+  // api_key defaults, retries and deadline as Generate.
+  absl::StatusOr<EmbedResult> Embed(EmbedInput request, const CallOptions& call = {});
 
   // Cancels a call of this Client in flight: it returns CANCELLED and the router frees its
   // resources. NOT_FOUND when no call with that id is in flight.

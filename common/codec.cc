@@ -105,10 +105,34 @@ void ToProto(const WorkerLoad& l, pb::WorkerLoad* p) {
   p->set_waiting(l.waiting);
   p->set_kv_used_blocks(l.kv_used_blocks);
   p->set_kv_free_blocks(l.kv_free_blocks);
+  p->set_preemptions(l.preemptions);
+  p->set_embed_queued(l.embed_queued);
 }
 
 WorkerLoad FromProto(const pb::WorkerLoad& p) {
-  return WorkerLoad{p.running(), p.waiting(), p.kv_used_blocks(), p.kv_free_blocks()};
+  return WorkerLoad{p.running(),     p.waiting(),     p.kv_used_blocks(),
+                    p.kv_free_blocks(), p.preemptions(), p.embed_queued()};
+}
+
+pb::Pooling ToProto(Pooling p) {
+  return p == Pooling::kLast ? pb::POOLING_LAST : pb::POOLING_MEAN;
+}
+
+Pooling FromProto(pb::Pooling p) { return p == pb::POOLING_LAST ? Pooling::kLast : Pooling::kMean; }
+
+void ToProto(const std::vector<std::vector<float>>& embeddings,
+             google::protobuf::RepeatedPtrField<pb::Embedding>* p) {
+  for (const std::vector<float>& e : embeddings) {
+    p->Add()->mutable_values()->Add(e.begin(), e.end());
+  }
+}
+
+std::vector<std::vector<float>> FromProto(
+    const google::protobuf::RepeatedPtrField<pb::Embedding>& p) {
+  std::vector<std::vector<float>> out;
+  out.reserve(p.size());
+  for (const pb::Embedding& e : p) out.emplace_back(e.values().begin(), e.values().end());
+  return out;
 }
 
 std::string Serialize(const google::protobuf::Message& m) {
@@ -159,6 +183,25 @@ struct ClientEncoder {
   }
   void operator()(const CancelInput& c) const { m->mutable_cancel()->set_request_id(c.request_id); }
   void operator()(const StatsQuery&) const { m->mutable_stats(); }
+  void operator()(const EmbedInput& e) const {
+    pb::EmbedRequest* p = m->mutable_embed();
+    p->set_request_id(e.request_id);
+    for (const EmbedItem& item : e.inputs) {
+      pb::EmbedInput* q = p->add_inputs();
+      if (item.has_text) {
+        q->set_text(item.text);
+      } else {
+        auto* ids = q->mutable_token_ids();
+        ids->mutable_ids()->Add(item.token_ids.begin(), item.token_ids.end());
+      }
+    }
+    p->set_normalize(e.normalize);
+    p->set_pooling(ToProto(e.pooling));
+    p->set_priority(ToProto(e.priority));
+    p->set_deadline_ms(static_cast<uint32_t>(std::max<int64_t>(0, e.deadline_ms)));
+    p->set_api_key(e.api_key);
+    p->set_add_bos(e.add_bos);
+  }
 };
 
 struct ServerEncoder {
@@ -227,6 +270,17 @@ struct ServerEncoder {
     }
     p->set_service_tokens_per_s(s.service_tokens_per_s);
   }
+  void operator()(const EmbedResultOut& e) const {
+    pb::EmbedResult* p = m->mutable_embed_result();
+    p->set_request_id(e.request_id);
+    ToProto(e.embeddings, p->mutable_embeddings());
+    p->mutable_usage()->set_prompt_tokens(e.usage.prompt_tokens);
+    p->mutable_usage()->set_completion_tokens(e.usage.completion_tokens);
+    p->mutable_usage()->set_cached_prompt_tokens(e.usage.cached_prompt_tokens);
+    p->mutable_timings()->set_queue_ms(e.timings.queue_ms);
+    p->mutable_timings()->set_ttft_ms(e.timings.ttft_ms);
+    p->mutable_timings()->set_total_ms(e.timings.total_ms);
+  }
 };
 
 // ---- worker <-> router
@@ -245,6 +299,8 @@ struct WorkerEncoder {
     p->set_tokenizer(r.tokenizer);
     p->set_bos_token_id(r.bos_token_id);
     p->set_max_num_batched_tokens(r.max_num_batched_tokens);
+    p->set_embed_queue_size(r.embed_queue_size);
+    p->set_hidden_size(r.hidden_size);
   }
   void operator()(const HeartbeatInfo& h) const {
     m->mutable_heartbeat()->set_epoch(h.epoch);
@@ -276,6 +332,12 @@ struct WorkerEncoder {
     p->mutable_stored()->Add(k.stored.begin(), k.stored.end());
     p->mutable_removed()->Add(k.removed.begin(), k.removed.end());
   }
+  void operator()(const EmbedDoneInfo& e) const {
+    pb::EmbedDone* p = m->mutable_embedded();
+    p->set_epoch(e.epoch);
+    p->set_request_id(e.request_id);
+    ToProto(e.embeddings, p->mutable_embeddings());
+  }
 };
 
 struct RouterEncoder {
@@ -294,6 +356,16 @@ struct RouterEncoder {
     m->mutable_cancel()->set_request_id(c.request_id);
   }
   void operator()(const DrainInfo&) const { m->mutable_drain(); }
+  void operator()(const EmbedDispatchInfo& e) const {
+    pb::EmbedDispatch* p = m->mutable_embed();
+    p->set_request_id(e.request_id);
+    for (const std::vector<int32_t>& input : e.inputs) {
+      p->add_inputs()->mutable_ids()->Add(input.begin(), input.end());
+    }
+    p->set_normalize(e.normalize);
+    p->set_pooling(ToProto(e.pooling));
+    p->set_priority(ToProto(e.priority));
+  }
 };
 
 }  // namespace
@@ -349,6 +421,25 @@ absl::StatusOr<ClientMessage> DecodeClientMessage(std::string_view frame) {
       return ClientMessage(CancelInput{m.cancel().request_id()});
     case pb::ClientMessage::kStats:
       return ClientMessage(StatsQuery{});
+    case pb::ClientMessage::kEmbed: {
+      const pb::EmbedRequest& p = m.embed();
+      EmbedInput e;
+      e.request_id = p.request_id();
+      for (const pb::EmbedInput& q : p.inputs()) {
+        EmbedItem item;
+        item.has_text = q.input_case() == pb::EmbedInput::kText;
+        item.text = q.text();
+        item.token_ids.assign(q.token_ids().ids().begin(), q.token_ids().ids().end());
+        e.inputs.push_back(std::move(item));
+      }
+      e.normalize = p.normalize();
+      e.pooling = FromProto(p.pooling());
+      e.priority = FromProto(p.priority());
+      e.deadline_ms = p.deadline_ms();
+      e.api_key = p.api_key();
+      e.add_bos = p.add_bos();
+      return ClientMessage(std::move(e));
+    }
     default:
       return UnknownType("client");
   }
@@ -423,6 +514,16 @@ absl::StatusOr<ServerMessage> DecodeServerMessage(std::string_view frame) {
       s.service_tokens_per_s = p.service_tokens_per_s();
       return ServerMessage(std::move(s));
     }
+    case pb::ServerMessage::kEmbedResult: {
+      const pb::EmbedResult& p = m.embed_result();
+      EmbedResultOut e;
+      e.request_id = p.request_id();
+      e.embeddings = FromProto(p.embeddings());
+      e.usage = {p.usage().prompt_tokens(), p.usage().completion_tokens(),
+                 p.usage().cached_prompt_tokens()};
+      e.timings = {p.timings().queue_ms(), p.timings().ttft_ms(), p.timings().total_ms()};
+      return ServerMessage(std::move(e));
+    }
     default:
       return UnknownType("server");
   }
@@ -437,7 +538,8 @@ absl::StatusOr<WorkerMessage> DecodeWorkerMessage(std::string_view frame) {
       return WorkerMessage(RegisterInfo{p.worker_id(), p.model(), p.max_num_seqs(),
                                         p.num_kv_blocks(), p.block_size(), p.max_model_len(),
                                         p.vocab_size(), p.tokenizer(), p.bos_token_id(),
-                                        p.max_num_batched_tokens()});
+                                        p.max_num_batched_tokens(), p.embed_queue_size(),
+                                        p.hidden_size()});
     }
     case pb::WorkerMessage::kHeartbeat:
       return WorkerMessage(
@@ -472,6 +574,10 @@ absl::StatusOr<WorkerMessage> DecodeWorkerMessage(std::string_view frame) {
       k.removed.assign(p.removed().begin(), p.removed().end());
       return WorkerMessage(std::move(k));
     }
+    case pb::WorkerMessage::kEmbedded: {
+      const pb::EmbedDone& p = m.embedded();
+      return WorkerMessage(EmbedDoneInfo{p.epoch(), p.request_id(), FromProto(p.embeddings())});
+    }
     default:
       return UnknownType("worker");
   }
@@ -498,6 +604,16 @@ absl::StatusOr<RouterMessage> DecodeRouterMessage(std::string_view frame) {
       return RouterMessage(WorkerCancelInfo{m.cancel().request_id()});
     case pb::RouterMessage::kDrain:
       return RouterMessage(DrainInfo{});
+    case pb::RouterMessage::kEmbed: {
+      const pb::EmbedDispatch& p = m.embed();
+      EmbedDispatchInfo e;
+      e.request_id = p.request_id();
+      for (const pb::TokenIds& ids : p.inputs()) e.inputs.emplace_back(ids.ids().begin(), ids.ids().end());
+      e.normalize = p.normalize();
+      e.pooling = FromProto(p.pooling());
+      e.priority = FromProto(p.priority());
+      return RouterMessage(std::move(e));
+    }
     default:
       return UnknownType("router");
   }

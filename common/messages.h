@@ -76,13 +76,33 @@ struct GenerateInput {
   bool add_bos = true;
 };
 
+enum class Pooling { kMean = 0, kLast = 1 };
+
+// One input of an embed request: text (tokenized by the router) or token ids.
+struct EmbedItem {
+  bool has_text = false;
+  std::string text;
+  std::vector<int32_t> token_ids;
+};
+
+struct EmbedInput {
+  std::string request_id;
+  std::vector<EmbedItem> inputs;
+  bool normalize = true;
+  Pooling pooling = Pooling::kMean;
+  Priority priority = Priority::kDefault;
+  int64_t deadline_ms = 0;           // 0: none
+  std::string api_key;
+  bool add_bos = true;
+};
+
 struct CancelInput {
   std::string request_id;
 };
 
 struct StatsQuery {};
 
-using ClientMessage = std::variant<GenerateInput, CancelInput, StatsQuery>;
+using ClientMessage = std::variant<GenerateInput, CancelInput, StatsQuery, EmbedInput>;
 
 // ---- router -> client
 
@@ -148,7 +168,15 @@ struct StatsOut {
   double service_tokens_per_s = 0;
 };
 
-using ServerMessage = std::variant<GenerateChunkOut, GenerateFinalOut, ErrorInfo, StatsOut>;
+struct EmbedResultOut {
+  std::string request_id;
+  std::vector<std::vector<float>> embeddings;  // one per input, in order
+  Usage usage;                                 // prompt_tokens only
+  Timings timings;
+};
+
+using ServerMessage =
+    std::variant<GenerateChunkOut, GenerateFinalOut, ErrorInfo, StatsOut, EmbedResultOut>;
 
 // ---- worker -> router
 
@@ -163,6 +191,8 @@ struct RegisterInfo {
   std::string tokenizer;             // "byte" or ""
   int bos_token_id = -1;
   int max_num_batched_tokens = 0;
+  int embed_queue_size = 0;          // 0: cannot embed
+  int hidden_size = 0;
 };
 
 struct WorkerLoad {
@@ -170,6 +200,8 @@ struct WorkerLoad {
   int waiting = 0;
   int kv_used_blocks = 0;
   int kv_free_blocks = 0;
+  int64_t preemptions = 0;           // cumulative
+  int embed_queued = 0;
 };
 
 struct HeartbeatInfo {
@@ -211,8 +243,14 @@ struct KvEventsInfo {
   std::vector<uint64_t> removed;
 };
 
+struct EmbedDoneInfo {
+  uint64_t epoch = 0;
+  uint64_t request_id = 0;
+  std::vector<std::vector<float>> embeddings;
+};
+
 using WorkerMessage = std::variant<RegisterInfo, HeartbeatInfo, StepTokensInfo, RequestFailedInfo,
-                                   DeregisterInfo, KvEventsInfo>;
+                                   DeregisterInfo, KvEventsInfo, EmbedDoneInfo>;
 
 // ---- router -> worker
 
@@ -229,13 +267,22 @@ struct DispatchInfo {
   uint64_t cache_salt = 0;
 };
 
+struct EmbedDispatchInfo {
+  uint64_t request_id = 0;
+  std::vector<std::vector<int32_t>> inputs;
+  bool normalize = true;
+  Pooling pooling = Pooling::kMean;
+  Priority priority = Priority::kDefault;
+};
+
 struct WorkerCancelInfo {
   uint64_t request_id = 0;
 };
 
 struct DrainInfo {};
 
-using RouterMessage = std::variant<RegisterAckInfo, DispatchInfo, WorkerCancelInfo, DrainInfo>;
+using RouterMessage =
+    std::variant<RegisterAckInfo, DispatchInfo, WorkerCancelInfo, DrainInfo, EmbedDispatchInfo>;
 
 }  // namespace carpool
 
