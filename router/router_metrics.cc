@@ -1,0 +1,170 @@
+#include "router/router_metrics.h"
+
+#include <algorithm>
+
+namespace carpool::router {
+namespace {
+
+using metrics::ExponentialBuckets;
+
+// 1 ms .. ~65 s.
+std::vector<double> LatencyBuckets() { return ExponentialBuckets(0.001, 2, 17); }
+// 0.5 ms .. ~4 s per output token.
+std::vector<double> TokenBuckets() { return ExponentialBuckets(0.0005, 2, 14); }
+
+}  // namespace
+
+RouterMetrics::RouterMetrics()
+    : requests_(registry_.AddCounter("carpool_requests_total",
+                                     "Requests received by the router, by kind.", {"kind"})),
+      finished_(registry_.AddCounter("carpool_requests_finished_total",
+                                     "Requests answered in full, by kind and finish reason.",
+                                     {"kind", "finish_reason"})),
+      errors_(registry_.AddCounter(
+          "carpool_rejections_total",
+          "Requests refused at admission or ended with an error, by reason.", {"reason"})),
+      prompt_tokens_(registry_.AddCounter("carpool_prompt_tokens_total",
+                                          "Prompt (prefill) tokens of finished requests.",
+                                          {"kind"})),
+      generation_tokens_(registry_.AddCounter("carpool_generation_tokens_total",
+                                              "Tokens generated (decode) by finished requests.")),
+      prefix_hit_tokens_(registry_.AddCounter(
+          "carpool_prefix_cache_hit_tokens_total",
+          "Prompt tokens of finished requests that were served from the prefix cache.")),
+      prefix_hit_ratio_(registry_.AddGauge(
+          "carpool_prefix_cache_hit_ratio",
+          "carpool_prefix_cache_hit_tokens_total / carpool_prompt_tokens_total{kind=generate}.")),
+      preemptions_(registry_.AddCounter("carpool_preemptions_total",
+                                        "Sequences preempted by the workers' schedulers.")),
+      migrations_(registry_.AddCounter(
+          "carpool_migrations_total", "Requests moved to another worker after theirs died.")),
+      ttft_(registry_.AddHistogram("carpool_time_to_first_token_seconds",
+                                   "From arrival at the router to the first token.",
+                                   LatencyBuckets())),
+      tpot_(registry_.AddHistogram("carpool_time_per_output_token_seconds",
+                                   "Mean time between output tokens after the first, per request.",
+                                   TokenBuckets())),
+      e2e_(registry_.AddHistogram("carpool_e2e_request_latency_seconds",
+                                  "From arrival at the router to the last answer, by kind.",
+                                  LatencyBuckets(), {"kind"})),
+      queue_(registry_.AddHistogram("carpool_request_queue_time_seconds",
+                                    "From arrival at the router to dispatch to a worker, by kind.",
+                                    LatencyBuckets(), {"kind"})),
+      batch_size_(registry_.AddHistogram(
+          "carpool_batch_size", "Sequences with news per engine step, over all workers.",
+          ExponentialBuckets(1, 2, 10))),
+      fill_ratio_(registry_.AddHistogram(
+          "carpool_batch_fill_ratio",
+          "Sequences with news per engine step divided by the worker's max_num_seqs.",
+          metrics::LinearBuckets(0.1, 0.1, 10))),
+      embed_inputs_(registry_.AddHistogram("carpool_embed_request_inputs",
+                                           "Inputs per finished embed request.",
+                                           ExponentialBuckets(1, 2, 12))),
+      waiting_(registry_.AddGauge("carpool_requests_waiting",
+                                  "Requests admitted and queued in the router.")),
+      running_(registry_.AddGauge("carpool_requests_running",
+                                  "Requests dispatched to a worker and not finished.")),
+      worker_up_(registry_.AddGauge(
+          "carpool_worker_up", "1 while the worker is registered, heartbeating and not draining.",
+          {"worker"})),
+      worker_running_(registry_.AddGauge("carpool_worker_requests_running",
+                                         "Requests the router has dispatched to the worker.",
+                                         {"worker"})),
+      worker_waiting_(registry_.AddGauge("carpool_worker_requests_waiting",
+                                         "Requests queued inside the worker (last load report).",
+                                         {"worker"})),
+      kv_usage_(registry_.AddGauge("carpool_kv_cache_usage_ratio",
+                                   "Fraction of the worker's KV blocks in use.", {"worker"})),
+      workers_(registry_.AddGauge("carpool_workers", "Workers registered with the router.")) {
+  // Series that exist from the start, so a scrape before any traffic sees them at zero.
+  for (const char* kind : {"generate", "embed"}) {
+    requests_.With({kind});
+    prompt_tokens_.With({kind});
+  }
+  generation_tokens_.With({});
+  prefix_hit_tokens_.With({});
+  prefix_hit_ratio_.With({});
+  preemptions_.With({});
+  migrations_.With({});
+  ttft_.With({});
+  tpot_.With({});
+  batch_size_.With({});
+  fill_ratio_.With({});
+  waiting_.With({});
+  running_.With({});
+  workers_.With({});
+}
+
+void RouterMetrics::OnReceived(const char* kind) { requests_.With({kind}).Inc(); }
+
+void RouterMetrics::OnError(const std::string& reason) { errors_.With({reason}).Inc(); }
+
+void RouterMetrics::OnGenerateFinished(const std::string& finish_reason, double queue_s,
+                                       double ttft_s, double tpot_s, double e2e_s,
+                                       int prompt_tokens, int completion_tokens,
+                                       int cached_prompt_tokens) {
+  finished_.With({"generate", finish_reason}).Inc();
+  queue_.With({"generate"}).Observe(queue_s);
+  if (ttft_s >= 0) ttft_.With({}).Observe(ttft_s);
+  if (tpot_s >= 0) tpot_.With({}).Observe(tpot_s);
+  e2e_.With({"generate"}).Observe(e2e_s);
+  metrics::Counter& prompt = prompt_tokens_.With({"generate"});
+  prompt.Inc(prompt_tokens);
+  generation_tokens_.With({}).Inc(completion_tokens);
+  metrics::Counter& hits = prefix_hit_tokens_.With({});
+  hits.Inc(cached_prompt_tokens);
+  if (prompt.Value() > 0) prefix_hit_ratio_.With({}).Set(hits.Value() / prompt.Value());
+}
+
+void RouterMetrics::OnEmbedFinished(double queue_s, double e2e_s, int inputs, int prompt_tokens) {
+  finished_.With({"embed", "stop"}).Inc();
+  queue_.With({"embed"}).Observe(queue_s);
+  e2e_.With({"embed"}).Observe(e2e_s);
+  embed_inputs_.With({}).Observe(inputs);
+  prompt_tokens_.With({"embed"}).Inc(prompt_tokens);
+}
+
+void RouterMetrics::OnStep(int sequences, int max_num_seqs) {
+  if (sequences <= 0) return;
+  batch_size_.With({}).Observe(sequences);
+  if (max_num_seqs > 0) {
+    fill_ratio_.With({}).Observe(static_cast<double>(sequences) / max_num_seqs);
+  }
+}
+
+void RouterMetrics::OnMigration() { migrations_.With({}).Inc(); }
+
+void RouterMetrics::UpdateCluster(int waiting, int running,
+                                  const std::vector<WorkerMetricsSnapshot>& workers) {
+  waiting_.With({}).Set(waiting);
+  running_.With({}).Set(running);
+  workers_.With({}).Set(static_cast<double>(workers.size()));
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> now;
+  for (const WorkerMetricsSnapshot& w : workers) {
+    now.push_back(w.worker_id);
+    worker_up_.With({w.worker_id}).Set(w.up ? 1 : 0);
+    worker_running_.With({w.worker_id}).Set(w.running);
+    worker_waiting_.With({w.worker_id}).Set(w.waiting);
+    kv_usage_.With({w.worker_id})
+        .Set(w.num_kv_blocks > 0 ? static_cast<double>(w.kv_used_blocks) / w.num_kv_blocks : 0);
+    auto [it, inserted] = last_preemptions_.try_emplace(w.worker_id, 0);
+    // A restarted worker counts from zero again.
+    const int64_t delta = w.preemptions >= it->second ? w.preemptions - it->second : w.preemptions;
+    if (delta > 0) preemptions_.With({}).Inc(static_cast<double>(delta));
+    it->second = w.preemptions;
+  }
+  for (const std::string& gone : known_workers_) {
+    if (std::find(now.begin(), now.end(), gone) != now.end()) continue;
+    // Left or died: down until it registers again, and no stale load.
+    worker_up_.With({gone}).Set(0);
+    worker_running_.Remove({gone});
+    worker_waiting_.Remove({gone});
+    kv_usage_.Remove({gone});
+    last_preemptions_.erase(gone);
+    now.push_back(gone);  // keep reporting it as down
+  }
+  known_workers_ = std::move(now);
+}
+
+}  // namespace carpool::router

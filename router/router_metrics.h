@@ -1,0 +1,87 @@
+// The router's Prometheus metrics: the cluster view served at the HTTP gateway's /metrics
+// (docs/http.md lists every name). The router's event loop records into it; any thread renders.
+//
+// Thread-safe (see common/metrics.h).
+#ifndef CARPOOL_ROUTER_ROUTER_METRICS_H_
+#define CARPOOL_ROUTER_ROUTER_METRICS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "common/messages.h"
+#include "common/metrics.h"
+
+namespace carpool::router {
+
+// One worker as the router last saw it.
+struct WorkerMetricsSnapshot {
+  std::string worker_id;
+  bool up = false;  // registered, heartbeating and not draining
+  int running = 0;
+  int waiting = 0;
+  int kv_used_blocks = 0;
+  int num_kv_blocks = 0;
+  int64_t preemptions = 0;  // the worker's cumulative count
+};
+
+class RouterMetrics {
+ public:
+  RouterMetrics();
+
+  // A request arrived: kind "generate" or "embed".
+  void OnReceived(const char* kind);
+  // A request was refused or ended with an error, by reason (cancellations included).
+  void OnError(const std::string& reason);
+  // A generate request finished on a worker. Times in seconds; ttft and tpot < 0: unknown.
+  void OnGenerateFinished(const std::string& finish_reason, double queue_s, double ttft_s,
+                          double tpot_s, double e2e_s, int prompt_tokens, int completion_tokens,
+                          int cached_prompt_tokens);
+  void OnEmbedFinished(double queue_s, double e2e_s, int inputs, int prompt_tokens);
+  // One engine step's message from a worker: `sequences` got news, of `max_num_seqs`.
+  void OnStep(int sequences, int max_num_seqs);
+  void OnMigration();
+
+  // Gauges: the router's queue and the workers now registered. Workers not listed any more
+  // drop out (their preemptions stay counted).
+  void UpdateCluster(int waiting, int running, const std::vector<WorkerMetricsSnapshot>& workers);
+
+  std::string Render() const { return registry_.Render(); }
+
+ private:
+  metrics::Registry registry_;
+  metrics::Family<metrics::Counter>& requests_;
+  metrics::Family<metrics::Counter>& finished_;
+  metrics::Family<metrics::Counter>& errors_;
+  metrics::Family<metrics::Counter>& prompt_tokens_;
+  metrics::Family<metrics::Counter>& generation_tokens_;
+  metrics::Family<metrics::Counter>& prefix_hit_tokens_;
+  metrics::Family<metrics::Gauge>& prefix_hit_ratio_;
+  metrics::Family<metrics::Counter>& preemptions_;
+  metrics::Family<metrics::Counter>& migrations_;
+  metrics::Family<metrics::Histogram>& ttft_;
+  metrics::Family<metrics::Histogram>& tpot_;
+  metrics::Family<metrics::Histogram>& e2e_;
+  metrics::Family<metrics::Histogram>& queue_;
+  metrics::Family<metrics::Histogram>& batch_size_;
+  metrics::Family<metrics::Histogram>& fill_ratio_;
+  metrics::Family<metrics::Histogram>& embed_inputs_;
+  metrics::Family<metrics::Gauge>& waiting_;
+  metrics::Family<metrics::Gauge>& running_;
+  metrics::Family<metrics::Gauge>& worker_up_;
+  metrics::Family<metrics::Gauge>& worker_running_;
+  metrics::Family<metrics::Gauge>& worker_waiting_;
+  metrics::Family<metrics::Gauge>& kv_usage_;
+  metrics::Family<metrics::Gauge>& workers_;
+
+  absl::Mutex mu_;
+  // Cumulative preemptions last reported per worker, to count deltas.
+  absl::flat_hash_map<std::string, int64_t> last_preemptions_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> known_workers_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace carpool::router
+
+#endif  // CARPOOL_ROUTER_ROUTER_METRICS_H_
