@@ -129,6 +129,7 @@ const std::string& RequestIdOf(const ServerMessage& m) {
   if (auto* c = std::get_if<GenerateChunkOut>(&m)) return c->request_id;
   if (auto* f = std::get_if<GenerateFinalOut>(&m)) return f->request_id;
   if (auto* e = std::get_if<ErrorInfo>(&m)) return e->request_id;
+  if (auto* r = std::get_if<EmbedResultOut>(&m)) return r->request_id;
   return kNone;
 }
 
@@ -485,24 +486,42 @@ absl::Status Stream::Finish(absl::Status status) {
   return status;
 }
 
-bool Stream::Retry(const ErrorInfo& error) {
-  const ClientOptions& o = core_->options();
-  if (error.code != absl::StatusCode::kUnavailable || received_chunk_ ||
-      retries_ >= o.max_retries) {
-    return false;
-  }
+namespace {
+
+// Handles an UNAVAILABLE error of a call not yet answered in part: waits (exponential backoff
+// with jitter, at least the server's retry_after_ms) and sends `frame` again. False when the
+// call should end with `error` instead (another code, retries used up, or past the deadline).
+bool RetryCall(Core& core, const std::shared_ptr<Call>& call, const std::string& frame,
+               const ErrorInfo& error, absl::Time deadline, int* retries) {
+  const ClientOptions& o = core.options();
+  if (error.code != absl::StatusCode::kUnavailable || *retries >= o.max_retries) return false;
   int64_t base = o.initial_backoff_ms;
-  for (int k = 0; k < retries_ && base < o.max_backoff_ms; ++k) base *= 2;
+  for (int k = 0; k < *retries && base < o.max_backoff_ms; ++k) base *= 2;
   base = std::min(base, o.max_backoff_ms);
   absl::BitGen gen;
   int64_t wait_ms = absl::Uniform<int64_t>(absl::IntervalClosed, gen, base / 2, base);
   wait_ms = std::max(wait_ms, error.retry_after_ms);
   const absl::Time resume = absl::Now() + absl::Milliseconds(wait_ms);
-  if (resume >= deadline_) return false;
-  ++retries_;
+  if (resume >= deadline) return false;
+  ++*retries;
   // While no attempt is open, only a Cancel() or the client closing can add an event.
-  if (core_->AwaitEvent(*call_, resume)) return true;
-  return core_->SendAttempt(call_, frame_).ok();  // on failure: end with `error`
+  if (core.AwaitEvent(*call, resume)) return true;
+  return core.SendAttempt(call, frame).ok();  // on failure: end with `error`
+}
+
+absl::Status CallTimedOut(Core& core, const std::string& request_id, int64_t timeout_ms) {
+  absl::Status status = absl::DeadlineExceededError(
+      absl::StrCat("request ", request_id, " got no answer within ", timeout_ms, " ms",
+                   core.DecodeFailures()));
+  status.SetPayload(kReasonPayloadUrl, absl::Cord(reason::kDeadlineExceeded));
+  return status;
+}
+
+}  // namespace
+
+bool Stream::Retry(const ErrorInfo& error) {
+  if (received_chunk_) return false;
+  return RetryCall(*core_, call_, frame_, error, deadline_, &retries_);
 }
 
 absl::StatusOr<std::optional<GenerateChunkOut>> Stream::Next(int64_t wait_ms) {
@@ -518,11 +537,8 @@ absl::StatusOr<std::optional<GenerateChunkOut>> Stream::Next(int64_t wait_ms) {
       if (absl::Now() < deadline_) {
         return absl::DeadlineExceededError(absl::StrCat("no chunk within ", wait_ms, " ms"));
       }
-      absl::Status status = absl::DeadlineExceededError(
-          absl::StrCat("request ", call_->request_id, " got no answer within ", timeout_ms_, " ms",
-                       core_->DecodeFailures()));
-      status.SetPayload(kReasonPayloadUrl, absl::Cord(reason::kDeadlineExceeded));
-      return Finish(status);  // tells the router to cancel
+      // Tells the router to cancel.
+      return Finish(CallTimedOut(*core_, call_->request_id, timeout_ms_));
     }
     if (auto* chunk = std::get_if<GenerateChunkOut>(&*event)) {
       received_chunk_ = true;
@@ -602,6 +618,42 @@ absl::StatusOr<std::unique_ptr<Stream>> Client::StartStream(GenerateInput reques
                                                             const CallOptions& call) {
   request.stream = true;
   return Start(std::move(request), call);
+}
+
+absl::StatusOr<EmbedResult> Client::Embed(EmbedInput request, const CallOptions& options) {
+  if (request.request_id.empty()) request.request_id = core_->NextRequestId();
+  if (request.api_key.empty()) request.api_key = core_->options().api_key;
+  const int64_t timeout_ms =
+      options.timeout_ms > 0 ? options.timeout_ms : core_->options().default_timeout_ms;
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(timeout_ms);
+  auto call = std::make_shared<Call>(request.request_id);
+  RETURN_IF_ERROR(core_->Register(call));
+  const auto finish = [&](absl::StatusOr<EmbedResult> result) {
+    core_->EndCall(*call, std::nullopt);  // tells the router to cancel if still open
+    core_->Unregister(call);
+    return result;
+  };
+  const std::string frame = Encode(ClientMessage(std::move(request)));
+  if (absl::Status s = core_->SendAttempt(call, frame); !s.ok()) return finish(s);
+  int retries = 0;
+  for (;;) {
+    std::optional<ServerMessage> event = core_->WaitEvent(*call, deadline);
+    if (!event.has_value()) return finish(CallTimedOut(*core_, call->request_id, timeout_ms));
+    if (auto* out = std::get_if<EmbedResultOut>(&*event)) {
+      EmbedResult result;
+      result.request_id = std::move(out->request_id);
+      result.embeddings = std::move(out->embeddings);
+      result.usage = out->usage;
+      result.timings = out->timings;
+      return finish(std::move(result));
+    }
+    if (auto* error = std::get_if<ErrorInfo>(&*event)) {
+      if (!RetryCall(*core_, call, frame, *error, deadline, &retries)) {
+        return finish(StatusFromError(*error));
+      }
+    }
+    // Anything else (a generate answer under this id) cannot be ours: ignored.
+  }
 }
 
 absl::Status Client::Cancel(const std::string& request_id) {

@@ -17,6 +17,15 @@ absl::Status PromptTooLong(std::string message) {
   return s;
 }
 
+absl::Status CheckRequestId(const std::string& id, const RequestLimits& limits) {
+  if (id.empty()) return absl::InvalidArgumentError("request_id is empty");
+  if (static_cast<int>(id.size()) > limits.max_request_id_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request_id is longer than ", limits.max_request_id_bytes, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateShape(const GenerateInput& r, const RequestLimits& limits) {
@@ -86,6 +95,79 @@ absl::StatusOr<ValidatedPrompt> ValidateGenerate(const GenerateInput& r, const M
                                                    r.sampling.max_tokens,
                                                    ") exceeds max_model_len ",
                                                    model.max_model_len));
+  }
+  return out;
+}
+
+absl::Status ValidateEmbedShape(const EmbedInput& r, const RequestLimits& limits) {
+  if (absl::Status s = CheckRequestId(r.request_id, limits); !s.ok()) return s;
+  if (r.inputs.empty()) return absl::InvalidArgumentError("inputs is empty: give at least one");
+  if (static_cast<int64_t>(r.inputs.size()) > limits.max_embed_inputs) {
+    return absl::InvalidArgumentError(absl::StrCat("inputs has ", r.inputs.size(),
+                                                   " entries; the limit is ",
+                                                   limits.max_embed_inputs));
+  }
+  if (r.pooling != Pooling::kMean && r.pooling != Pooling::kLast) {
+    return absl::InvalidArgumentError("pooling must be mean or last");
+  }
+  for (size_t i = 0; i < r.inputs.size(); ++i) {
+    const EmbedItem& item = r.inputs[i];
+    if (item.has_text) {
+      if (item.text.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat("inputs[", i, "]: text is empty"));
+      }
+      if (static_cast<int64_t>(item.text.size()) > limits.max_prompt_bytes) {
+        return PromptTooLong(absl::StrCat("inputs[", i, "]: text is ", item.text.size(),
+                                          " bytes; the limit is ", limits.max_prompt_bytes));
+      }
+    } else if (item.token_ids.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("inputs[", i, "] is empty: set text or token_ids"));
+    } else if (static_cast<int64_t>(item.token_ids.size()) > limits.max_prompt_tokens) {
+      return PromptTooLong(absl::StrCat("inputs[", i, "] is ", item.token_ids.size(),
+                                        " tokens; the limit is ", limits.max_prompt_tokens));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ValidatedEmbed> ValidateEmbed(const EmbedInput& r, const ModelLimits& model,
+                                             const RequestLimits& limits) {
+  if (absl::Status s = ValidateEmbedShape(r, limits); !s.ok()) return s;
+  ValidatedEmbed out;
+  out.inputs.reserve(r.inputs.size());
+  for (size_t i = 0; i < r.inputs.size(); ++i) {
+    const EmbedItem& item = r.inputs[i];
+    std::vector<int32_t> tokens;
+    if (item.has_text) {
+      if (model.tokenizer != "byte") {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "inputs[", i,
+            "]: the served model has no tokenizer in carpool yet: send token_ids instead of "
+            "text"));
+      }
+      auto ids = worker::ByteTokenizer().Encode(item.text, r.add_bos);
+      if (!ids.ok()) return ids.status();
+      tokens = std::move(*ids);
+    } else {
+      tokens = item.token_ids;
+    }
+    if (tokens.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("inputs[", i, "] has no tokens"));
+    }
+    for (size_t t = 0; t < tokens.size(); ++t) {
+      if (tokens[t] < 0 || tokens[t] >= model.vocab_size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("inputs[", i, "] token ", t, " has id ", tokens[t],
+                         ", outside the vocabulary [0, ", model.vocab_size, ")"));
+      }
+    }
+    if (static_cast<int64_t>(tokens.size()) > model.max_model_len) {
+      return PromptTooLong(absl::StrCat("inputs[", i, "] is ", tokens.size(),
+                                        " tokens; max_model_len is ", model.max_model_len));
+    }
+    out.total_tokens += static_cast<int64_t>(tokens.size());
+    out.inputs.push_back(std::move(tokens));
   }
   return out;
 }

@@ -32,6 +32,8 @@ struct RequestLimits {
   // Largest max_tokens, checked before the model is known (then max_model_len bounds it).
   // Default: 1048576.
   int64_t max_max_tokens = 1 << 20;
+  // Most inputs in one embed request. Default: 2048.
+  int max_embed_inputs = 2048;
 };
 
 // The request's prompt as token ids (tokenizing text with the model's tokenizer), or an error
@@ -46,6 +48,20 @@ absl::StatusOr<ValidatedPrompt> ValidateGenerate(const GenerateInput& request,
 
 // Checks that need no model (ids, sizes, sampling ranges); run at arrival.
 absl::Status ValidateShape(const GenerateInput& request, const RequestLimits& limits);
+
+// An embed request's inputs as token ids (text tokenized with the model's tokenizer), or an
+// error naming the input: INVALID_ARGUMENT with reason invalid_argument (no inputs, more than
+// max_embed_inputs, an empty input, a token id outside the vocabulary, text without a tokenizer)
+// or prompt_too_long (an input longer than max_model_len tokens). REQUIRES: model.known.
+struct ValidatedEmbed {
+  std::vector<std::vector<int32_t>> inputs;
+  int64_t total_tokens = 0;
+};
+absl::StatusOr<ValidatedEmbed> ValidateEmbed(const EmbedInput& request, const ModelLimits& model,
+                                             const RequestLimits& limits);
+
+// The embed checks that need no model; run at arrival.
+absl::Status ValidateEmbedShape(const EmbedInput& request, const RequestLimits& limits);
 
 // The reason string for a validation error (prompt_too_long or invalid_argument).
 const char* ValidationReason(const absl::Status& status);

@@ -166,6 +166,8 @@ void Router::Impl::OnClientFrame(const std::string& client, const std::string& p
   }
   if (auto* g = std::get_if<GenerateInput>(&*m)) {
     OnGenerate(client, std::move(*g));
+  } else if (auto* e = std::get_if<EmbedInput>(&*m)) {
+    OnEmbed(client, std::move(*e));
   } else if (auto* c = std::get_if<CancelInput>(&*m)) {
     OnCancel(client, c->request_id);
   } else {
@@ -173,30 +175,50 @@ void Router::Impl::OnClientFrame(const std::string& client, const std::string& p
   }
 }
 
-void Router::Impl::OnGenerate(const std::string& client, GenerateInput input) {
-  ++requests_total_;
-  const std::string rid = input.request_id;
+bool Router::Impl::Accept(const std::string& client, const std::string& rid,
+                          const absl::Status& shape, const std::string& api_key, int* tenant) {
   if (draining_) {
     SendError(client, rid, absl::StatusCode::kUnavailable, reason::kDraining,
               "the router is shutting down and takes no new requests", 1000);
-    return;
+    return false;
   }
-  if (absl::Status s = ValidateShape(input, options_.request_limits); !s.ok()) {
-    SendError(client, rid, s.code(), ValidationReason(s), std::string(s.message()));
-    return;
+  if (!shape.ok()) {
+    SendError(client, rid, shape.code(), ValidationReason(shape), std::string(shape.message()));
+    return false;
   }
-  int tenant = -1;
+  *tenant = -1;
   if (options_.tenants.enabled()) {
-    tenant = options_.tenants.Authenticate(input.api_key);
-    if (tenant < 0) {
+    *tenant = options_.tenants.Authenticate(api_key);
+    if (*tenant < 0) {
       SendError(client, rid, absl::StatusCode::kUnauthenticated, reason::kUnauthenticated,
-                input.api_key.empty() ? "an API key is required" : "unknown API key");
-      return;
+                api_key.empty() ? "an API key is required" : "unknown API key");
+      return false;
     }
   }
   if (by_client_.contains({client, rid})) {
     SendError(client, rid, absl::StatusCode::kInvalidArgument, reason::kInvalidArgument,
               absl::StrCat("request_id '", rid, "' is already in flight"));
+    return false;
+  }
+  return true;
+}
+
+bool Router::Impl::Enqueue(Request r, AdmissionRequest a) {
+  if (std::optional<Refusal> refusal = admission_->Admit(a)) {
+    Refuse(r.client, r.client_request_id, r.tenant, *refusal);
+    return false;
+  }
+  by_client_[{r.client, r.client_request_id}] = r.id;
+  requests_.emplace(r.id, std::move(r));
+  return true;
+}
+
+void Router::Impl::OnGenerate(const std::string& client, GenerateInput input) {
+  ++requests_total_;
+  const std::string rid = input.request_id;
+  int tenant = -1;
+  if (!Accept(client, rid, ValidateShape(input, options_.request_limits), input.api_key,
+              &tenant)) {
     return;
   }
   Request r;
@@ -228,12 +250,47 @@ void Router::Impl::OnGenerate(const std::string& client, GenerateInput input) {
     a.prompt_tokens = r.input.has_text ? static_cast<int64_t>(r.input.text.size()) + 1
                                        : static_cast<int64_t>(r.input.token_ids.size());
   }
-  if (std::optional<Refusal> refusal = admission_->Admit(a)) {
-    Refuse(client, rid, tenant, *refusal);
+  Enqueue(std::move(r), a);
+}
+
+void Router::Impl::OnEmbed(const std::string& client, EmbedInput input) {
+  ++requests_total_;
+  const std::string rid = input.request_id;
+  int tenant = -1;
+  if (!Accept(client, rid, ValidateEmbedShape(input, options_.request_limits), input.api_key,
+              &tenant)) {
     return;
   }
-  by_client_[{client, rid}] = r.id;
-  requests_.emplace(r.id, std::move(r));
+  if (!registry_.empty() && !AnyWorkerCanEmbed()) {
+    SendError(client, rid, absl::StatusCode::kFailedPrecondition, kReasonUnsupported,
+              "no worker of this cluster serves embeddings (embed_queue_size 0)");
+    return;
+  }
+  Request r;
+  r.id = next_request_id_++;
+  r.client = client;
+  r.client_request_id = rid;
+  r.embed = true;
+  r.priority = input.priority;
+  r.tenant = tenant;
+  r.arrival = clock_->NowMicros();
+  // Admitted like a generate request of the inputs' tokens and max_tokens 0.
+  AdmissionRequest a;
+  a.id = r.id;
+  a.tenant = tenant;
+  a.priority = input.priority;
+  if (input.deadline_ms > 0) a.deadline_micros = r.arrival + input.deadline_ms * 1000;
+  r.embed_input = std::move(input);
+  if (limits_.known) {
+    if (!Validate(&r)) return;
+    a.prompt_tokens = r.embed_total_tokens;
+  } else {
+    for (const EmbedItem& item : r.embed_input.inputs) {
+      a.prompt_tokens += item.has_text ? static_cast<int64_t>(item.text.size()) + 1
+                                       : static_cast<int64_t>(item.token_ids.size());
+    }
+  }
+  Enqueue(std::move(r), a);
 }
 
 void Router::Impl::Refuse(const std::string& client, const std::string& request_id, int tenant,
@@ -244,6 +301,7 @@ void Router::Impl::Refuse(const std::string& client, const std::string& request_
 }
 
 bool Router::Impl::Validate(Request* r) {
+  if (r->embed) return ValidateEmbedRequest(r);
   absl::StatusOr<ValidatedPrompt> v =
       ValidateGenerate(r->input, limits_, options_.request_limits);
   if (!v.ok()) {
@@ -254,6 +312,21 @@ bool Router::Impl::Validate(Request* r) {
   r->prompt = std::move(v->tokens);
   r->validated = true;
   r->input = GenerateInput();
+  return true;
+}
+
+bool Router::Impl::ValidateEmbedRequest(Request* r) {
+  absl::StatusOr<ValidatedEmbed> v =
+      ValidateEmbed(r->embed_input, limits_, options_.request_limits);
+  if (!v.ok()) {
+    SendError(r->client, r->client_request_id, v.status().code(), ValidationReason(v.status()),
+              std::string(v.status().message()));
+    return false;
+  }
+  r->embed_tokens = std::move(v->inputs);
+  r->embed_total_tokens = v->total_tokens;
+  r->validated = true;
+  r->embed_input.inputs.clear();
   return true;
 }
 
@@ -280,8 +353,7 @@ void Router::Impl::End(uint64_t id, bool completed) {
   Request& r = it->second;
   if (!r.worker.empty()) {
     if (WorkerState* w = registry_.Find(r.worker)) {
-      w->requests.erase(id);
-      w->outstanding_tokens -= r.outstanding;
+      DetachFromWorker(&r, w);
       SendToWorker(r.worker, WorkerCancelInfo{r.dispatch_id});
     }
   }

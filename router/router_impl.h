@@ -22,6 +22,9 @@
 
 namespace carpool::router {
 
+// The reason of FAILED_PRECONDITION for an embed request no worker of the cluster can serve.
+inline constexpr char kReasonUnsupported[] = "unsupported";
+
 // A request the router has admitted and not yet ended.
 struct Request {
   uint64_t id = 0;
@@ -44,6 +47,11 @@ struct Request {
   uint64_t dispatch_id = 0;           // the current dispatch; events of older ones are stale
   int64_t outstanding = 0;            // what it adds to its worker's outstanding_tokens
   int migrations = 0;
+  // An embed request (OnEmbed): its input until validated, then each input's tokens.
+  bool embed = false;
+  EmbedInput embed_input;             // inputs cleared once validated
+  std::vector<std::vector<int32_t>> embed_tokens;
+  int64_t embed_total_tokens = 0;
 };
 
 class Router::Impl {
@@ -69,10 +77,19 @@ class Router::Impl {
                  const char* why, std::string message, int64_t retry_after_ms = 0);
   void OnClientFrame(const std::string& client, const std::string& payload);
   void OnGenerate(const std::string& client, GenerateInput input);
+  void OnEmbed(const std::string& client, EmbedInput input);
+  // Checks arrival conditions shared by generate and embed (draining, shape, API key, duplicate
+  // id); on failure answers the client and returns false. `tenant` is set on success.
+  bool Accept(const std::string& client, const std::string& request_id,
+              const absl::Status& shape, const std::string& api_key, int* tenant);
+  // Queues an accepted request under `a` (its id, tenant and tokens set); false if refused.
+  bool Enqueue(Request r, AdmissionRequest a);
   void Refuse(const std::string& client, const std::string& request_id, int tenant,
               const Refusal& refusal);
-  // Tokenizes and checks `r` against the model; on failure answers the client, returns false.
+  // Tokenizes and checks `r` (generate or embed) against the model; on failure answers the
+  // client, returns false.
   bool Validate(Request* r);
+  bool ValidateEmbedRequest(Request* r);
   void OnCancel(const std::string& client, const std::string& request_id);
   void DropClient(const std::string& client);
   // Ends a request everywhere (admission, worker, tables); tells its worker to stop it.
@@ -90,6 +107,14 @@ class Router::Impl {
   // ---- router_workers.cc: dispatch, workers, failover, stats
   void TryDispatch();
   void Dispatch(Request* r, WorkerState* w, int64_t cached_tokens);
+  // Places and sends the queued embed request `r`: true when it left the queue (dispatched, or
+  // failed because no worker can embed), false when it must wait for embed credit.
+  bool TryDispatchEmbed(Request* r);
+  void DispatchEmbed(Request* r, WorkerState* w);
+  void OnEmbedDone(WorkerState* w, EmbedDoneInfo done, int64_t now);
+  // Takes `r` off its worker's books (sequence or embed slots, outstanding tokens).
+  void DetachFromWorker(Request* r, WorkerState* w);
+  bool AnyWorkerCanEmbed() const;
   void OnWorkerMessage(const std::string& identity, WorkerMessage m);
   void OnRegister(const std::string& identity, const RegisterInfo& info, int64_t now);
   Request* Lookup(const WorkerState* w, uint64_t dispatch_id);

@@ -30,6 +30,11 @@ void Router::Impl::TryDispatch() {
       End(*id);
       continue;
     }
+    if (r.embed) {
+      if (!TryDispatchEmbed(&r)) return;
+      workers.clear();  // embed credit and load changed: fresh snapshots for the next one
+      continue;
+    }
     if (workers.empty()) {
       workers = registry_.Mutable();
       snapshots.resize(workers.size());
@@ -85,6 +90,67 @@ void Router::Impl::Dispatch(Request* r, WorkerState* w, int64_t cached_tokens) {
   SendToWorker(w->identity, d);
 }
 
+bool Router::Impl::AnyWorkerCanEmbed() const {
+  for (const WorkerState* w : registry_.All()) {
+    if (w->can_embed()) return true;
+  }
+  return false;
+}
+
+bool Router::Impl::TryDispatchEmbed(Request* r) {
+  if (!AnyWorkerCanEmbed()) {
+    Fail(r->id, absl::StatusCode::kFailedPrecondition, kReasonUnsupported,
+         "no worker of this cluster serves embeddings (embed_queue_size 0)");
+    return true;
+  }
+  const int inputs = static_cast<int>(r->embed_tokens.size());
+  std::vector<WorkerState*> workers = registry_.Mutable();
+  std::vector<WorkerSnapshot> snapshots(workers.size());
+  for (size_t i = 0; i < workers.size(); ++i) {
+    // No KV capacity check: an embed keeps no blocks once its forward pass is done.
+    snapshots[i] = {workers[i]->HasEmbedCredit(inputs) ? 1 : 0,
+                    workers[i]->outstanding_tokens, 0, 0};
+  }
+  PlacementInput in;
+  in.request_tokens = r->embed_total_tokens;
+  in.cursor = placements_;
+  in.random = rng_();
+  in.affinity_load_weight = options_.affinity_load_weight;
+  std::optional<int> pick = Place(options_.placement, snapshots, in);
+  if (!pick) return false;
+  admission_->MarkDispatched(r->id);
+  ++placements_;
+  DispatchEmbed(r, workers[*pick]);
+  return true;
+}
+
+void Router::Impl::DispatchEmbed(Request* r, WorkerState* w) {
+  r->worker = w->identity;
+  r->dispatch_id = next_dispatch_id_++;
+  dispatch_to_request_[r->dispatch_id] = r->id;
+  if (r->dispatched == 0) r->dispatched = clock_->NowMicros();
+  r->outstanding = r->embed_total_tokens;
+  w->embeds.insert(r->id);
+  w->embed_inputs += static_cast<int>(r->embed_tokens.size());
+  w->outstanding_tokens += r->outstanding;
+  if (r->migrations > 0) ++w->migrations_in;
+  EmbedDispatchInfo d;
+  d.request_id = r->dispatch_id;
+  d.inputs = r->embed_tokens;
+  d.normalize = r->embed_input.normalize;
+  d.pooling = r->embed_input.pooling;
+  d.priority = r->priority;
+  SendToWorker(w->identity, d);
+}
+
+void Router::Impl::DetachFromWorker(Request* r, WorkerState* w) {
+  w->requests.erase(r->id);
+  if (w->embeds.erase(r->id) > 0) {
+    w->embed_inputs -= static_cast<int>(r->embed_tokens.size());
+  }
+  w->outstanding_tokens -= r->outstanding;
+}
+
 // ---- workers
 
 void Router::Impl::OnWorkerMessage(const std::string& identity, WorkerMessage m) {
@@ -112,6 +178,8 @@ void Router::Impl::OnWorkerMessage(const std::string& identity, WorkerMessage m)
   } else if (auto* s = std::get_if<StepTokensInfo>(&m)) {
     w->load = s->load;
     for (TokenEvent& e : s->events) OnTokenEvent(w, std::move(e), now);
+  } else if (auto* e = std::get_if<EmbedDoneInfo>(&m)) {
+    OnEmbedDone(w, std::move(*e), now);
   } else if (auto* f = std::get_if<RequestFailedInfo>(&m)) {
     OnFailed(w, *f);
   } else if (auto* k = std::get_if<KvEventsInfo>(&m)) {
@@ -197,12 +265,36 @@ void Router::Impl::OnTokenEvent(WorkerState* w, TokenEvent e, int64_t now) {
   SendToClient(client, f);
 }
 
+void Router::Impl::OnEmbedDone(WorkerState* w, EmbedDoneInfo done, int64_t now) {
+  Request* r = Lookup(w, done.request_id);
+  if (r == nullptr) return;  // cancelled, migrated or stale
+  const uint64_t id = r->id;
+  if (done.embeddings.size() != r->embed_tokens.size()) {
+    Fail(id, absl::StatusCode::kInternal, reason::kInternal,
+         absl::StrCat("the worker returned ", done.embeddings.size(), " embeddings for ",
+                      r->embed_tokens.size(), " inputs"));
+    return;
+  }
+  EmbedResultOut out;
+  out.request_id = r->client_request_id;
+  out.embeddings = std::move(done.embeddings);
+  out.usage.prompt_tokens = static_cast<int>(r->embed_total_tokens);
+  // No tokens stream back: the "first token" is the answer.
+  out.timings = {Millis(r->arrival, r->dispatched), Millis(r->arrival, now),
+                 Millis(r->arrival, now)};
+  ++w->requests_served;
+  const std::string client = r->client;
+  DetachFromWorker(r, w);
+  r->worker.clear();  // finished on the worker: End() must not cancel it there
+  End(id, /*completed=*/true);
+  SendToClient(client, out);
+}
+
 void Router::Impl::OnFailed(WorkerState* w, const RequestFailedInfo& f) {
   Request* r = Lookup(w, f.request_id);
   if (r == nullptr) return;
   const uint64_t id = r->id;
-  w->requests.erase(id);
-  w->outstanding_tokens -= r->outstanding;
+  DetachFromWorker(r, w);
   r->worker.clear();
   r->outstanding = 0;
   if (f.error.reason == reason::kDraining) {

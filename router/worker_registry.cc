@@ -9,6 +9,7 @@ uint64_t WorkerRegistry::Register(const std::string& identity, const RegisterInf
   auto it = workers_.find(identity);
   if (it != workers_.end()) {
     for (uint64_t id : it->second.requests) orphaned->push_back(id);
+    for (uint64_t id : it->second.embeds) orphaned->push_back(id);
   }
   WorkerState& w = workers_[identity];
   w = WorkerState();
@@ -34,6 +35,7 @@ std::vector<uint64_t> WorkerRegistry::Remove(const std::string& identity) {
   auto it = workers_.find(identity);
   if (it == workers_.end()) return held;
   held.assign(it->second.requests.begin(), it->second.requests.end());
+  held.insert(held.end(), it->second.embeds.begin(), it->second.embeds.end());
   std::sort(held.begin(), held.end());
   workers_.erase(it);
   return held;

@@ -24,17 +24,28 @@ struct WorkerState {
   int64_t requests_served = 0;
   int64_t migrations_in = 0;               // resumed requests dispatched to it
   bool draining = false;
+  // Embed requests dispatched and not answered (not in `requests`: they take no sequence slot)
+  // and the sum of their inputs, against info.embed_queue_size.
+  absl::flat_hash_set<uint64_t> embeds;
+  int embed_inputs = 0;
 
   // Requests this worker can still take now.
   int credit() const {
     return draining ? 0 : std::max(0, info.max_num_seqs - static_cast<int>(requests.size()));
+  }
+  bool can_embed() const { return info.embed_queue_size > 0 && !draining; }
+  // Whether it can take an embed request of `inputs` inputs now: it fits the embed queue, or
+  // the worker embeds nothing at the moment (a request larger than the queue goes alone).
+  bool HasEmbedCredit(int inputs) const {
+    return can_embed() &&
+           (embed_inputs == 0 || embed_inputs + inputs <= info.embed_queue_size);
   }
 };
 
 class WorkerRegistry {
  public:
   // Registers (or re-registers) a worker under a new epoch. A re-registration replaces the old
-  // one: the requests the old registration held are returned in `orphaned`.
+  // one: the requests the old registration held (embeds included) are returned in `orphaned`.
   uint64_t Register(const std::string& identity, const RegisterInfo& info, int64_t now_micros,
                     std::vector<uint64_t>* orphaned);
 
@@ -43,7 +54,7 @@ class WorkerRegistry {
   WorkerState* Find(const std::string& identity, uint64_t epoch);
   WorkerState* Find(const std::string& identity);
 
-  // Removes a worker; returns the requests it held.
+  // Removes a worker; returns the requests it held, embeds included.
   std::vector<uint64_t> Remove(const std::string& identity);
 
   // Identities of workers not heard from within timeout_micros.
