@@ -227,6 +227,21 @@ std::vector<EngineEvent> Engine::Step() {
   return events;
 }
 
+absl::StatusOr<std::vector<std::vector<float>>> Engine::Embed(
+    absl::Span<const EmbeddingInput* const> inputs) {
+  const int max_len = options_.scheduler.max_model_len;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (static_cast<int64_t>(inputs[i]->tokens.size()) > max_len) {
+      return absl::InvalidArgumentError(absl::StrCat("embedding input ", i, " has ",
+                                                     inputs[i]->tokens.size(),
+                                                     " tokens; max_model_len is ", max_len));
+    }
+  }
+  std::vector<std::vector<float>> out;
+  RETURN_IF_ERROR(model_->Embed(inputs, &out, options_.scheduler.max_num_batched_tokens));
+  return out;
+}
+
 std::vector<absl::StatusOr<Completion>> Engine::Generate(std::vector<EngineRequest> requests) {
   std::vector<absl::StatusOr<Completion>> results(requests.size(),
                                                   absl::InternalError("not run"));

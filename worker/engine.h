@@ -103,6 +103,14 @@ class Engine {
   std::vector<EngineEvent> Step();
   bool has_unfinished() const { return scheduler_->has_unfinished(); }
 
+  // Embeddings of one-shot inputs (LlamaModel::Embed), one vector of hidden_size floats per
+  // input, in order. Runs now, between steps; takes no KV blocks. Passes are bounded by
+  // scheduler.max_num_batched_tokens, so they need no more activation memory than a step.
+  // INVALID_ARGUMENT naming the input: empty, a token outside the vocabulary, or longer than
+  // max_model_len. UNIMPLEMENTED under tensor parallelism.
+  absl::StatusOr<std::vector<std::vector<float>>> Embed(
+      absl::Span<const EmbeddingInput* const> inputs);
+
   // Offline batch mode: runs every valid request through the engine together; results in input
   // order, invalid requests get their error and do not disturb the others.
   std::vector<absl::StatusOr<Completion>> Generate(std::vector<EngineRequest> requests);
@@ -113,6 +121,7 @@ class Engine {
   const KvCacheManager& kv_cache() const { return *kv_cache_; }
   const Scheduler& scheduler() const { return *scheduler_; }
   // Wall time spent inside the model's forward, cumulative (for overhead measurements).
+  // Embed's passes are not included.
   int64_t forward_micros() const { return forward_micros_; }
 
  private:

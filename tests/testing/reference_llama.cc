@@ -68,7 +68,7 @@ void ReferenceLlama::Rope(std::vector<double>* v, int heads, int pos) const {
   }
 }
 
-std::vector<double> ReferenceLlama::NextLogprobs(const std::vector<int32_t>& tokens) const {
+std::vector<std::vector<double>> ReferenceLlama::Layers(const std::vector<int32_t>& tokens) const {
   const worker::ModelConfig& c = config_;
   const int n = static_cast<int>(tokens.size());
   const int d = c.head_dim;
@@ -118,6 +118,35 @@ std::vector<double> ReferenceLlama::NextLogprobs(const std::vector<int32_t>& tok
       for (int i = 0; i < c.hidden_size; ++i) x[t][i] += m[i];
     }
   }
+  return x;
+}
+
+std::vector<double> ReferenceLlama::Embedding(const std::vector<int32_t>& tokens, Pooling pooling,
+                                              bool normalize) const {
+  const std::vector<std::vector<double>> x = Layers(tokens);
+  std::vector<double> pooled(config_.hidden_size, 0.0);
+  if (pooling == Pooling::kLast) {
+    pooled = Norm("model.norm.weight", x.back());
+  } else {
+    for (const std::vector<double>& row : x) {
+      const std::vector<double> h = Norm("model.norm.weight", row);
+      for (size_t i = 0; i < h.size(); ++i) pooled[i] += h[i] / static_cast<double>(x.size());
+    }
+  }
+  if (normalize) {
+    double ss = 0.0;
+    for (double v : pooled) ss += v * v;
+    const double norm = std::sqrt(ss);
+    if (norm > 0.0) {
+      for (double& v : pooled) v /= norm;
+    }
+  }
+  return pooled;
+}
+
+std::vector<double> ReferenceLlama::NextLogprobs(const std::vector<int32_t>& tokens) const {
+  const std::vector<std::vector<double>> x = Layers(tokens);
+  const int n = static_cast<int>(x.size());
   const std::vector<double> h = Norm("model.norm.weight", x[n - 1]);
   const bool tied = tensors_.count("lm_head.weight") == 0;
   std::vector<double> logits = Mat(tied ? "model.embed_tokens" : "lm_head", h);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/messages.h"
 #include "worker/weights/model_config.h"
 
 namespace carpool::testing {
@@ -23,6 +24,11 @@ class ReferenceLlama {
   // Log-softmax of the next-token logits after `tokens`.
   std::vector<double> NextLogprobs(const std::vector<int32_t>& tokens) const;
 
+  // The embedding of `tokens`: the final-norm hidden states pooled (kMean: averaged over every
+  // token; kLast: the last token's), scaled to unit L2 norm when `normalize`.
+  std::vector<double> Embedding(const std::vector<int32_t>& tokens, Pooling pooling,
+                                bool normalize) const;
+
   struct Greedy {
     std::vector<int32_t> tokens;
     std::vector<double> logprobs;
@@ -31,6 +37,8 @@ class ReferenceLlama {
   Greedy Generate(const std::vector<int32_t>& prompt, int n, bool ignore_eos) const;
 
  private:
+  // The residual stream of every token after the last layer (before the final norm).
+  std::vector<std::vector<double>> Layers(const std::vector<int32_t>& tokens) const;
   const std::vector<float>& W(const std::string& name) const;
   // y = W x (+ b) for one row; W is [out, in].
   std::vector<double> Mat(const std::string& name, const std::vector<double>& x) const;

@@ -1,6 +1,8 @@
 #include "worker/model/llama_model.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
@@ -146,6 +148,11 @@ void LlamaModel::ForwardStep(const StepPlan& step, std::vector<float>* logits) {
 }
 
 void LlamaModel::Compute(const StepInputs& in, std::vector<float>* logits) {
+  RunLayers(in);
+  Head(in, logits);
+}
+
+void LlamaModel::RunLayers(const StepInputs& in) {
   const ModelConfig& c = weights_->config;
   const int64_t t = static_cast<int64_t>(in.token_ids.size());
   const int64_t h = c.hidden_size;
@@ -154,7 +161,7 @@ void LlamaModel::Compute(const StepInputs& in, std::vector<float>* logits) {
   Grow(&out_, t * h);
   const float eps = static_cast<float>(c.rms_norm_eps);
 
-  Embed(in, t);  // -> residual_
+  EmbedTokens(in, t);  // -> residual_
   cpu::RmsNorm(residual_.data(), weights_->layers[0].input_norm.data(), eps, hidden_.data(), t, h);
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& lw = weights_->layers[l];
@@ -166,10 +173,116 @@ void LlamaModel::Compute(const StepInputs& in, std::vector<float>* logits) {
         l + 1 < c.num_layers ? weights_->layers[l + 1].input_norm : weights_->final_norm;
     cpu::AddRmsNorm(out_.data(), residual_.data(), next_norm.data(), eps, hidden_.data(), t, h);
   }
-  Head(in, logits);
 }
 
-void LlamaModel::Embed(const StepInputs& in, int64_t t) {
+absl::Status LlamaModel::Embed(absl::Span<const EmbeddingInput* const> inputs,
+                               std::vector<std::vector<float>>* out, int64_t max_tokens_per_pass) {
+  if (group_ != nullptr) {
+    return absl::UnimplementedError(
+        "embeddings are not supported under tensor parallelism (--tp > 1): the step plan that "
+        "leaders broadcast carries only generation steps");
+  }
+  const ModelConfig& c = weights_->config;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const std::vector<int32_t>& tokens = inputs[i]->tokens;
+    if (tokens.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("embedding input ", i, " is empty"));
+    }
+    if (static_cast<int64_t>(tokens.size()) > c.max_position_embeddings) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("embedding input ", i, " has ", tokens.size(),
+                       " tokens; the model's max_position_embeddings is ",
+                       c.max_position_embeddings));
+    }
+    for (size_t j = 0; j < tokens.size(); ++j) {
+      if (tokens[j] < 0 || tokens[j] >= c.vocab_size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("embedding input ", i, ": token ", j, " has id ", tokens[j],
+                         ", outside the vocabulary [0, ", c.vocab_size, ")"));
+      }
+    }
+  }
+  out->assign(inputs.size(), std::vector<float>());
+  const int64_t budget = max_tokens_per_pass > 0 ? max_tokens_per_pass : INT64_MAX;
+  for (size_t begin = 0; begin < inputs.size();) {
+    size_t end = begin;
+    int64_t tokens = 0;
+    while (end < inputs.size() &&
+           (end == begin ||
+            tokens + static_cast<int64_t>(inputs[end]->tokens.size()) <= budget)) {
+      tokens += static_cast<int64_t>(inputs[end++]->tokens.size());
+    }
+    EmbedPass(inputs.subspan(begin, end - begin), out->data() + begin);
+    begin = end;
+  }
+  return absl::OkStatus();
+}
+
+void LlamaModel::EmbedPass(absl::Span<const EmbeddingInput* const> inputs,
+                           std::vector<float>* out) {
+  const ModelConfig& c = weights_->config;
+  StepInputs in;
+  in.decode_only = false;
+  in.scratch_kv = true;
+  for (const EmbeddingInput* input : inputs) {
+    const int len = static_cast<int>(input->tokens.size());
+    kernels::AttentionSeq a;
+    a.query_start = static_cast<int>(in.token_ids.size());
+    a.query_len = len;
+    a.context_len = len;
+    in.attention_seqs.push_back(a);
+    for (int p = 0; p < len; ++p) {
+      in.slots.push_back(static_cast<int64_t>(in.token_ids.size()));
+      in.token_ids.push_back(input->tokens[p]);
+      in.positions.push_back(p);
+    }
+  }
+  // Token r's keys and values sit in scratch slot r: each sequence's block table (block_size 1)
+  // is the run of slot numbers from its first token.
+  const int64_t t = static_cast<int64_t>(in.token_ids.size());
+  const int64_t kv_dim = static_cast<int64_t>(num_kv_heads_) * c.head_dim;
+  if (static_cast<int64_t>(embed_table_.size()) < t) {
+    embed_table_.resize(t);
+    for (int64_t r = 0; r < t; ++r) embed_table_[r] = static_cast<int32_t>(r);
+  }
+  for (kernels::AttentionSeq& a : in.attention_seqs) {
+    a.block_table = embed_table_.data() + a.query_start;
+  }
+  Grow(&embed_keys_, t * kv_dim);
+  Grow(&embed_values_, t * kv_dim);
+  embed_layout_ = layout_;
+  embed_layout_.num_blocks = static_cast<int>(t);
+  embed_layout_.block_size = 1;
+
+  RunLayers(in);  // final-norm hidden states -> hidden_
+
+  const int64_t h = c.hidden_size;
+  std::vector<double> pooled(h);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const kernels::AttentionSeq& a = in.attention_seqs[i];
+    const float* rows = hidden_.data() + static_cast<int64_t>(a.query_start) * h;
+    if (inputs[i]->pooling == Pooling::kLast) {
+      const float* last = rows + static_cast<int64_t>(a.query_len - 1) * h;
+      for (int64_t j = 0; j < h; ++j) pooled[j] = last[j];
+    } else {
+      std::fill(pooled.begin(), pooled.end(), 0.0);
+      for (int r = 0; r < a.query_len; ++r) {
+        for (int64_t j = 0; j < h; ++j) pooled[j] += rows[r * h + j];
+      }
+      for (double& v : pooled) v /= a.query_len;
+    }
+    double scale = 1.0;
+    if (inputs[i]->normalize) {
+      double ss = 0.0;
+      for (double v : pooled) ss += v * v;
+      scale = ss > 0.0 ? 1.0 / std::sqrt(ss) : 0.0;
+    }
+    out[i].resize(h);
+    for (int64_t j = 0; j < h; ++j) out[i][j] = static_cast<float>(pooled[j] * scale);
+  }
+}
+
+void LlamaModel::EmbedTokens(const StepInputs& in, int64_t t) {
   const int64_t h = weights_->config.hidden_size;
   if (group_ == nullptr) {
     cpu::EmbeddingGather(weights_->embed_tokens.data(), in.token_ids.data(), residual_.data(), t,
@@ -256,21 +369,21 @@ void LlamaModel::Attention(int layer, const StepInputs& in, int64_t t) {
                        c.head_dim, c.head_dim);
   cpu::RotaryEmbedding(k_.data(), in.positions.data(), inv_freq_.data(), t, num_kv_heads_,
                        c.head_dim, c.head_dim);
-  cpu::WriteKvCache(k_.data(), v_.data(), in.slots.data(), t, layout_, key_cache_[layer].get(),
-                    value_cache_[layer].get());
+  float* const keys = in.scratch_kv ? embed_keys_.data() : key_cache_[layer].get();
+  float* const values = in.scratch_kv ? embed_values_.data() : value_cache_[layer].get();
+  const kernels::KvCacheLayout& layout = in.scratch_kv ? embed_layout_ : layout_;
+  cpu::WriteKvCache(k_.data(), v_.data(), in.slots.data(), t, layout, keys, values);
 
   kernels::AttentionParams params;
-  params.cache = layout_;
+  params.cache = layout;
   params.num_heads = num_heads_;
   params.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
   params.num_seqs = static_cast<int>(in.attention_seqs.size());
   params.seqs = in.attention_seqs.data();
   if (in.decode_only) {
-    cpu::PagedAttentionDecode(q_.data(), key_cache_[layer].get(), value_cache_[layer].get(),
-                              params, attn_.data());
+    cpu::PagedAttentionDecode(q_.data(), keys, values, params, attn_.data());
   } else {
-    cpu::PagedAttention(q_.data(), key_cache_[layer].get(), value_cache_[layer].get(), params,
-                        attn_.data());
+    cpu::PagedAttention(q_.data(), keys, values, params, attn_.data());
   }
   cpu::Linear(attn_.data(), lw.o_proj.data(), nullptr, out_.data(), t, h, q_dim);
   AllReduce(out_.data(), t * h);  // partial sums over this rank's heads
