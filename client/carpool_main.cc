@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "client/bench_serve_command.h"
+#include "client/embed_command.h"
 #include "client/generate_command.h"
 #include "client/status_command.h"
 
@@ -13,6 +14,8 @@ constexpr char kUsage[] =
     "commands:\n"
     "  generate   run prompts through an in-process engine (--model) or a carpool router\n"
     "             (--router tcp://host:port)            (carpool generate --help)\n"
+    "  embed      embeddings of texts or token ids through a carpool router\n"
+    "             (--router tcp://host:port)            (carpool embed --help)\n"
     "  status     show a router's workers, queue and totals (carpool status --help)\n"
     "  bench      serving benchmark against a router: carpool bench serve (--help)\n";
 
@@ -24,6 +27,7 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   if (std::strcmp(argv[1], "generate") == 0) return carpool::client::RunGenerate(argc, argv, 2);
+  if (std::strcmp(argv[1], "embed") == 0) return carpool::client::RunEmbed(argc, argv, 2);
   if (std::strcmp(argv[1], "status") == 0) return carpool::client::RunStatus(argc, argv, 2);
   if (std::strcmp(argv[1], "bench") == 0) return carpool::client::RunBench(argc, argv, 2);
   std::cerr << "carpool: unknown command '" << argv[1] << "'\n" << kUsage;
