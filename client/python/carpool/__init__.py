@@ -1,4 +1,5 @@
-"""carpool's Python SDK: generate, stream, cancel and stats against a carpool router over ZeroMQ.
+"""carpool's Python SDK: generate, stream, embed, cancel and stats against a carpool router over
+ZeroMQ.
 
   import carpool
   with carpool.Client("tcp://127.0.0.1:5555") as client:
@@ -18,16 +19,18 @@ from .client import Client, Stream  # noqa: E402
 from .errors import (  # noqa: E402
     Cancelled, CarpoolError, DeadlineExceeded, DeadlineUnmeetable, Draining, InternalError,
     InvalidArgument, PromptTooLong, QueueFull, TenantQuota, Timeout, TokenBudget,
-    Unauthenticated, UnknownModel, WorkerLost)
+    Unauthenticated, UnknownModel, Unsupported, WorkerLost)
 from .types import (  # noqa: E402
-    Chunk, GenerateResult, Stats, TenantStats, Timings, Token, TokenLogprob, Usage, WorkerStats)
+    Chunk, EmbedResult, GenerateResult, Stats, TenantStats, Timings, Token, TokenLogprob, Usage,
+    WorkerStats)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AsyncClient", "AsyncStream", "Cancelled", "CarpoolError", "Chunk", "Client",
-    "DeadlineExceeded", "DeadlineUnmeetable", "Draining", "GenerateResult", "InternalError",
+    "DeadlineExceeded", "DeadlineUnmeetable", "Draining", "EmbedResult", "GenerateResult",
+    "InternalError",
     "InvalidArgument", "PromptTooLong", "QueueFull", "Stats", "Stream", "TenantQuota",
     "TenantStats", "Timeout", "Timings", "Token", "TokenBudget", "TokenLogprob",
-    "Unauthenticated", "UnknownModel", "Usage", "WorkerLost", "WorkerStats",
+    "Unauthenticated", "UnknownModel", "Unsupported", "Usage", "WorkerLost", "WorkerStats",
 ]

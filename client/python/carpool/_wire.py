@@ -10,8 +10,8 @@ import os
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 from . import errors
-from .types import (Chunk, GenerateResult, Stats, TenantStats, Timings, Token, TokenLogprob,
-                    Usage, WorkerStats)
+from .types import (Chunk, EmbedResult, GenerateResult, Stats, TenantStats, Timings, Token,
+                    TokenLogprob, Usage, WorkerStats)
 
 try:
     from . import carpool_pb2 as pb
@@ -106,6 +106,74 @@ def generate_frame(request_id: str, prompt: Optional[Prompt], token_ids: Optiona
             raise
         raise errors.InvalidArgument(str(e), request_id=request_id) from None
     return msg.SerializeToString()
+
+
+_POOLINGS = {"mean": pb.POOLING_MEAN, "last": pb.POOLING_LAST}
+
+EmbedInputs = Union[str, bytes, bytearray, Sequence[Union[str, bytes, bytearray, Sequence[int]]]]
+
+
+def _set_priority(message: Any, priority: Union[str, int]) -> None:
+    if isinstance(priority, str):
+        if priority not in _PRIORITIES:
+            raise errors.InvalidArgument(
+                "priority must be one of %s, not %r" % (sorted(_PRIORITIES), priority))
+        message.priority = _PRIORITIES[priority]
+    else:
+        message.priority = priority
+
+
+def embed_frame(request_id: str, inputs: EmbedInputs, normalize: bool, pooling: str,
+                api_key: str, priority: Union[str, int], deadline_ms: int,
+                add_bos: bool) -> bytes:
+    """The encoded ClientMessage for an embed call.
+
+    inputs: one text (str or bytes), or a list whose items are each a text (str, bytes) or a
+    list of token ids. Raises TypeError for inputs of the wrong type and InvalidArgument for an
+    unknown pooling or priority; the router checks the rest (empty inputs, vocabulary, length).
+    """
+    if isinstance(inputs, (str, bytes, bytearray)):
+        inputs = [inputs]
+    try:
+        items = list(inputs)
+    except TypeError:
+        raise TypeError("embed() needs a text or a list of inputs (str, bytes or lists of "
+                        "token ids), not %r" % type(inputs).__name__) from None
+    if items and all(isinstance(x, int) for x in items):
+        raise TypeError("embed() takes a list of inputs: wrap token ids as [[1, 2, 3]]")
+    if pooling not in _POOLINGS:
+        raise errors.InvalidArgument(
+            "pooling must be one of %s, not %r" % (sorted(_POOLINGS), pooling))
+    msg = pb.ClientMessage(protocol_version=PROTOCOL_VERSION)
+    e = msg.embed
+    try:
+        e.request_id = request_id
+        for i, item in enumerate(items):
+            one = e.inputs.add()
+            if isinstance(item, str):
+                one.text = item.encode("utf-8")
+            elif isinstance(item, (bytes, bytearray)):
+                one.text = bytes(item)
+            else:
+                one.token_ids.ids.extend(_token_list(item, "inputs[%d]" % i))
+                one.token_ids.SetInParent()
+        e.normalize = bool(normalize)
+        e.pooling = _POOLINGS[pooling]
+        _set_priority(e, priority)
+        e.deadline_ms = deadline_ms
+        e.api_key = api_key
+        e.add_bos = add_bos
+    except ValueError as err:  # protobuf: a value out of the field's range
+        if isinstance(err, errors.CarpoolError):
+            raise
+        raise errors.InvalidArgument(str(err), request_id=request_id) from None
+    return msg.SerializeToString()
+
+
+def embed_result_from(r: Any) -> EmbedResult:
+    return EmbedResult(r.request_id, [list(e.values) for e in r.embeddings],
+                       Usage(prompt_tokens=r.usage.prompt_tokens),
+                       Timings(r.timings.queue_ms, r.timings.ttft_ms, r.timings.total_ms))
 
 
 def cancel_frame(request_id: str) -> bytes:

@@ -16,7 +16,7 @@ import zmq.asyncio
 from . import _wire
 from . import errors
 from .client import DEFAULT_URL, SocketOptions, configure_socket
-from .types import Chunk, GenerateResult, Stats
+from .types import Chunk, EmbedResult, GenerateResult, Stats
 
 
 class AsyncStream:
@@ -241,11 +241,32 @@ class AsyncClient:
             raise s
         return _wire.stats_from(s)
 
-    def embed(self, *args: Any, **kwargs: Any) -> List[List[float]]:
-        """Not available: the wire protocol has no embedding requests yet."""
-        raise NotImplementedError(
-            "carpool's wire protocol (carpool.v1) has no embedding requests yet; "
-            "AsyncClient.embed will arrive with them")
+    async def embed(self, inputs: _wire.EmbedInputs, *, normalize: bool = True,
+                    pooling: str = "mean", priority: Union[str, int] = "default",
+                    deadline_ms: int = 0, add_bos: bool = True,
+                    request_id: Optional[str] = None, api_key: Optional[str] = None,
+                    timeout: Optional[float] = None) -> EmbedResult:
+        """As Client.embed: one embedding per input, in order."""
+        rid = request_id if request_id is not None else self._ids.next()
+        call_timeout = self.timeout if timeout is None else _wire.check_timeout(timeout)
+        frame = _wire.embed_frame(rid, inputs, normalize, pooling,
+                                  self.api_key if api_key is None else api_key, priority,
+                                  deadline_ms, add_bos)
+        deadline = time.monotonic() + call_timeout
+        events = await self._start(rid, frame, deadline, call_timeout)
+        while True:
+            try:
+                event = await self._wait(rid, events, deadline, call_timeout)
+            except asyncio.CancelledError:  # the awaiting task was cancelled: so is the request
+                self._cancel_nowait(rid)
+                raise
+            if isinstance(event, errors.CarpoolError):
+                raise event
+            kind = event.WhichOneof("body")
+            if kind == "embed_result":
+                return _wire.embed_result_from(event.embed_result)
+            if kind == "error":
+                raise errors.from_error(event.error)
 
     async def aclose(self) -> None:
         """Ends every call in flight with Cancelled (telling the router) and closes the socket.

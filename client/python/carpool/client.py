@@ -1,4 +1,5 @@
-"""The blocking client: generate (whole or streamed), cancel and stats against a carpool router.
+"""The blocking client: generate (whole or streamed), embed, cancel and stats against a carpool
+router.
 
 Thread safety: a Client may be shared by any number of threads. One background I/O thread per
 Client owns its ZeroMQ DEALER socket (ZeroMQ sockets are not thread-safe); calling threads hand it
@@ -18,7 +19,7 @@ import zmq
 
 from . import _wire
 from . import errors
-from .types import Chunk, GenerateResult, Stats
+from .types import Chunk, EmbedResult, GenerateResult, Stats
 
 DEFAULT_URL = "tcp://127.0.0.1:5555"
 
@@ -513,11 +514,36 @@ class Client:
         """The router's view of the cluster: workers, queue, totals."""
         return self._core.stats(self.timeout if timeout is None else _wire.check_timeout(timeout))
 
-    def embed(self, *args: Any, **kwargs: Any) -> List[List[float]]:
-        """Not available: the wire protocol has no embedding requests yet."""
-        raise NotImplementedError(
-            "carpool's wire protocol (carpool.v1) has no embedding requests yet; "
-            "Client.embed will arrive with them")
+    def embed(self, inputs: _wire.EmbedInputs, *, normalize: bool = True,
+              pooling: str = "mean", priority: Union[str, int] = "default",
+              deadline_ms: int = 0, add_bos: bool = True,
+              request_id: Optional[str] = None, api_key: Optional[str] = None,
+              timeout: Optional[float] = None) -> EmbedResult:
+        """Embeddings of `inputs`: one text (str or bytes), or a list of texts and token-id lists.
+
+        normalize: scale each embedding to unit L2 norm. pooling: "mean" (over every token) or
+        "last" (the last token's hidden state). add_bos: prepend the model's BOS to text inputs.
+        priority, deadline_ms, request_id, api_key and timeout as for generate. Returns an
+        EmbedResult with one vector per input, in order. Raises the CarpoolError subclass of the
+        router's reason (InvalidArgument naming the bad input, FailedPrecondition when no worker
+        serves embeddings), or Timeout.
+        """
+        rid = request_id if request_id is not None else self._ids.next()
+        call_timeout = self.timeout if timeout is None else _wire.check_timeout(timeout)
+        frame = _wire.embed_frame(rid, inputs, normalize, pooling,
+                                  self.api_key if api_key is None else api_key, priority,
+                                  deadline_ms, add_bos)
+        deadline = time.monotonic() + call_timeout
+        call = self._core.start(rid, frame)
+        while True:
+            event = self._core.wait(call, deadline, call_timeout)
+            if isinstance(event, errors.CarpoolError):
+                raise event
+            kind = event.WhichOneof("body")
+            if kind == "embed_result":
+                return _wire.embed_result_from(event.embed_result)
+            if kind == "error":
+                raise errors.from_error(event.error)
 
     def close(self) -> None:
         """Ends every call in flight with Cancelled (telling the router) and closes the socket.

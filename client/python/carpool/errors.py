@@ -108,6 +108,11 @@ class Unauthenticated(CarpoolError):
     default_code, default_reason = "UNAUTHENTICATED", "unauthenticated"
 
 
+class Unsupported(CarpoolError):
+    """The cluster cannot serve this kind of request (an embed call when no worker embeds)."""
+    default_code, default_reason = "FAILED_PRECONDITION", "unsupported"
+
+
 class Timeout(DeadlineExceeded, TimeoutError):
     """This client's timeout passed before the request ended; the router was told to cancel it."""
     default_code, default_reason = "DEADLINE_EXCEEDED", "deadline_exceeded"
@@ -117,7 +122,7 @@ _BY_REASON: Dict[str, Type[CarpoolError]] = {
     cls.default_reason: cls
     for cls in (QueueFull, TokenBudget, TenantQuota, DeadlineUnmeetable, DeadlineExceeded,
                 PromptTooLong, InvalidArgument, UnknownModel, WorkerLost, Cancelled, Draining,
-                InternalError, Unauthenticated)
+                InternalError, Unauthenticated, Unsupported)
 }
 
 # For reasons this SDK does not know (a newer server), the class of the canonical code.
@@ -129,6 +134,7 @@ _BY_CODE: Dict[str, Type[CarpoolError]] = {
     "UNAUTHENTICATED": Unauthenticated,
     "PERMISSION_DENIED": Unauthenticated,
     "INTERNAL": InternalError,
+    "FAILED_PRECONDITION": Unsupported,
 }
 
 

@@ -1,4 +1,5 @@
-"""What the SDK returns: generation results, stream chunks and cluster stats (plain dataclasses)."""
+"""What the SDK returns: generation and embedding results, stream chunks and cluster stats
+(plain dataclasses)."""
 
 from dataclasses import dataclass, field
 from typing import Dict, List
@@ -72,6 +73,23 @@ class GenerateResult:
     @property
     def token_ids(self) -> List[int]:
         return [t.id for t in self.tokens]
+
+
+@dataclass
+class EmbedResult:
+    """The embeddings of an embed call: one vector per input, in input order (unit length unless
+    normalize=False). usage.prompt_tokens counts every input's tokens; timings: queue_ms until
+    dispatch, ttft_ms and total_ms until the answer."""
+    request_id: str
+    embeddings: List[List[float]] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+    timings: Timings = field(default_factory=Timings)
+
+    def __len__(self) -> int:
+        return len(self.embeddings)
+
+    def __getitem__(self, index: int) -> List[float]:
+        return self.embeddings[index]
 
 
 @dataclass

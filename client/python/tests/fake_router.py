@@ -53,6 +53,17 @@ def error(request_id: str, code: str, reason: str, message: str,
     return m
 
 
+def embed_result(request_id: str, embeddings, prompt_tokens: int) -> "pb.ServerMessage":
+    m = pb.ServerMessage(protocol_version=1)
+    r = m.embed_result
+    r.request_id = request_id
+    for e in embeddings:
+        r.embeddings.add().values.extend(e)
+    r.usage.prompt_tokens = prompt_tokens
+    r.timings.queue_ms, r.timings.ttft_ms, r.timings.total_ms = 1.0, 2.0, 2.0
+    return m
+
+
 def echo_handler(router: "FakeRouter", client: bytes, msg: "pb.ClientMessage") -> None:
     """Answers like a router over an echo worker: the prompt's token ids (or text bytes) come
     back as output, streamed one token per chunk when asked; stats list one worker."""
@@ -67,6 +78,17 @@ def echo_handler(router: "FakeRouter", client: bytes, msg: "pb.ClientMessage") -
         s.stats.requests_total, s.stats.requests_rejected = 9, 1
         s.stats.rejections_by_reason["queue_full"] = 1
         router.send(client, s)
+        return
+    if kind == "embed":
+        # Each input's embedding: [its token count, its first token, 1 if normalize, pooling].
+        e = msg.embed
+        vectors, tokens = [], 0
+        for item in e.inputs:
+            ids = list(item.text) if item.WhichOneof("input") == "text" else list(item.token_ids.ids)
+            tokens += len(ids)
+            vectors.append([float(len(ids)), float(ids[0] if ids else -1),
+                            float(e.normalize), float(e.pooling)])
+        router.send(client, embed_result(e.request_id, vectors, tokens))
         return
     if kind != "generate":
         return

@@ -198,8 +198,30 @@ def test_close_cancels_calls_in_flight():
         router.stop()
 
 
-def test_embed_is_not_available():
-    client = carpool.AsyncClient("tcp://127.0.0.1:1")
-    with pytest.raises(NotImplementedError):
-        client.embed(["x"])
-    run(client.aclose())
+def test_async_embed(fake_router):
+    async def main():
+        async with carpool.AsyncClient(fake_router.url, timeout=10) as client:
+            one, two = await asyncio.gather(client.embed(["ab", [5, 6, 7]]),
+                                            client.embed("xyz", pooling="last"))
+            assert one.embeddings == [[2.0, ord("a"), 1.0, 0.0], [3.0, 5.0, 1.0, 0.0]]
+            assert one.usage.prompt_tokens == 5
+            assert two.embeddings == [[3.0, ord("x"), 1.0, 1.0]]
+            with pytest.raises(carpool.InvalidArgument):
+                await client.embed(["x"], pooling="max")
+
+    run(main())
+
+
+def test_async_embed_timeout_cancels_at_the_router():
+    router = FakeRouter(lambda *args: None)
+
+    async def main():
+        async with carpool.AsyncClient(router.url, timeout=10) as client:
+            with pytest.raises(carpool.Timeout):
+                await client.embed(["x"], timeout=0.3, request_id="slow")
+
+    try:
+        run(main())
+        assert [m.cancel.request_id for m in router.wait_for("cancel", 1)] == ["slow"]
+    finally:
+        router.stop()

@@ -346,9 +346,86 @@ def test_garbage_from_the_router_is_ignored_and_reported_on_timeout():
         router.stop()
 
 
-def test_embed_is_not_available(client):
-    with pytest.raises(NotImplementedError, match="embedding"):
-        client.embed(["x"])
+def test_embed_returns_one_vector_per_input_in_order(client, fake_router):
+    r = client.embed(["hi", b"abc", [7, 8, 9, 10]], normalize=False, pooling="last",
+                     priority="batch", deadline_ms=500, add_bos=False, request_id="e1")
+    assert isinstance(r, carpool.EmbedResult)
+    assert r.request_id == "e1"
+    assert len(r) == 3
+    assert r.embeddings == [[2.0, ord("h"), 0.0, 1.0], [3.0, ord("a"), 0.0, 1.0],
+                            [4.0, 7.0, 0.0, 1.0]]
+    assert r[2][1] == 7.0
+    assert r.usage.prompt_tokens == 9
+    assert r.timings.total_ms == 2.0
+    sent = fake_router.messages("embed")[0].embed
+    assert sent.request_id == "e1" and not sent.add_bos and sent.deadline_ms == 500
+    assert sent.inputs[2].token_ids.ids == [7, 8, 9, 10]
+
+
+def test_embed_defaults_and_a_single_text(client, fake_router):
+    r = client.embed("hello")
+    assert r.embeddings == [[5.0, ord("h"), 1.0, 0.0]]  # normalize, mean pooling
+    sent = fake_router.messages("embed")[0].embed
+    assert sent.add_bos and sent.normalize and sent.api_key == ""
+
+
+def test_embed_rejects_bad_arguments_before_sending(client, fake_router):
+    with pytest.raises(carpool.InvalidArgument, match="pooling"):
+        client.embed(["x"], pooling="max")
+    with pytest.raises(carpool.InvalidArgument, match="priority"):
+        client.embed(["x"], priority="urgent")
+    with pytest.raises(TypeError, match="wrap token ids"):
+        client.embed([1, 2, 3])
+    with pytest.raises(TypeError):
+        client.embed([["not", "ids"]])
+    assert fake_router.messages("embed") == []
+
+
+def test_embed_raises_the_routers_error():
+    def handler(router, client_id, msg):
+        if msg.WhichOneof("body") == "embed":
+            e = msg.embed
+            if len(e.inputs) == 1:
+                router.send(client_id, error(e.request_id, "FAILED_PRECONDITION", "unsupported",
+                                             "no worker of this cluster serves embeddings"))
+            else:
+                router.send(client_id, error(e.request_id, "INVALID_ARGUMENT", "invalid_argument",
+                                             "inputs[1]: text is empty"))
+    router = FakeRouter(handler)
+    try:
+        with carpool.Client(router.url, timeout=10) as client:
+            with pytest.raises(carpool.Unsupported):
+                client.embed(["x"])
+            with pytest.raises(carpool.InvalidArgument, match=r"inputs\[1\]"):
+                client.embed(["x", ""])
+    finally:
+        router.stop()
+
+
+def test_embed_timeout_cancels_at_the_router():
+    router = FakeRouter(lambda *args: None)  # never answers
+    try:
+        with carpool.Client(router.url, timeout=10) as client:
+            with pytest.raises(carpool.Timeout):
+                client.embed(["x"], timeout=0.3, request_id="slow")
+        cancels = router.wait_for("cancel", 1)
+        assert [m.cancel.request_id for m in cancels] == ["slow"]
+    finally:
+        router.stop()
+
+
+def test_embed_cancel_from_another_thread():
+    router = FakeRouter(lambda *args: None)
+    try:
+        with carpool.Client(router.url, timeout=10) as client:
+            timer = threading.Timer(0.2, lambda: client.cancel("c1"))
+            timer.start()
+            with pytest.raises(carpool.Cancelled):
+                client.embed(["x"], request_id="c1")
+            timer.join()
+        assert [m.cancel.request_id for m in router.wait_for("cancel", 1)] == ["c1"]
+    finally:
+        router.stop()
 
 
 def test_curve_encrypts_the_connection():
