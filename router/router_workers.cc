@@ -105,6 +105,16 @@ bool Router::Impl::TryDispatchEmbed(Request* r) {
   }
   const int inputs = static_cast<int>(r->embed_tokens.size());
   std::vector<WorkerState*> workers = registry_.Mutable();
+  int largest_queue = 0;
+  for (const WorkerState* w : workers) {
+    if (w->can_embed()) largest_queue = std::max(largest_queue, w->info.embed_queue_size);
+  }
+  if (inputs > largest_queue) {
+    Fail(r->id, absl::StatusCode::kInvalidArgument, reason::kInvalidArgument,
+         absl::StrCat("inputs has ", inputs, " entries; this cluster's workers embed at most ",
+                      largest_queue, " at once (their embed_queue_size): split the request"));
+    return true;
+  }
   std::vector<WorkerSnapshot> snapshots(workers.size());
   for (size_t i = 0; i < workers.size(); ++i) {
     // No KV capacity check: an embed keeps no blocks once its forward pass is done.

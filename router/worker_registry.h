@@ -34,11 +34,10 @@ struct WorkerState {
     return draining ? 0 : std::max(0, info.max_num_seqs - static_cast<int>(requests.size()));
   }
   bool can_embed() const { return info.embed_queue_size > 0 && !draining; }
-  // Whether it can take an embed request of `inputs` inputs now: it fits the embed queue, or
-  // the worker embeds nothing at the moment (a request larger than the queue goes alone).
+  // Whether it can take an embed request of `inputs` inputs now: they fit its embed queue
+  // beside the inputs it already holds.
   bool HasEmbedCredit(int inputs) const {
-    return can_embed() &&
-           (embed_inputs == 0 || embed_inputs + inputs <= info.embed_queue_size);
+    return can_embed() && embed_inputs + inputs <= info.embed_queue_size;
   }
 };
 

@@ -251,12 +251,12 @@ TEST_F(EmbedRouterTest, EmbedCreditLimitsInputsInFlightPerWorker) {
   w->Send(EmbedDoneInfo{w->epoch, d2.request_id, Vectors(2)});
   EXPECT_TRUE(first.get().ok());
   EXPECT_TRUE(second.get().ok());
-  // Larger than the whole queue: it goes alone when the worker embeds nothing.
-  auto big = EmbedAsync(Texts({"1", "2", "3", "4", "5", "6"}));
-  EmbedDispatchInfo d3 = w->RecvAs<EmbedDispatchInfo>();
-  EXPECT_EQ(d3.inputs.size(), 6u);
-  w->Send(EmbedDoneInfo{w->epoch, d3.request_id, Vectors(6)});
-  EXPECT_TRUE(big.get().ok());
+  // Larger than any worker's whole embed queue: refused, naming the limit.
+  absl::StatusOr<EmbedResult> big = client_->Embed(Texts({"1", "2", "3", "4", "5", "6"}));
+  ASSERT_FALSE(big.ok());
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(big.status().message(), HasSubstr("embed at most 4 at once"));
+  EXPECT_FALSE(w->Recv(100).has_value());
   ExpectCountersBackToZero();
 }
 
