@@ -102,7 +102,7 @@ class Core {
   const ClientOptions options_;
   std::string id_prefix_;
   std::atomic<uint64_t> next_id_{0};
-  zmq::context_t context_;          // declared before socket_: outlives it
+  zmq::context_t context_;          // unless options_.zmq_context; declared before socket_
   std::unique_ptr<Socket> socket_;  // used by the I/O thread only
   int wake_fd_ = -1;
   std::thread io_thread_;
@@ -153,7 +153,9 @@ absl::StatusOr<std::shared_ptr<Core>> Core::Create(const ClientOptions& options)
       so.curve_secret_key = pair.secret_key;
     }
   }
-  ASSIGN_OR_RETURN(core->socket_, Socket::Create(&core->context_, zmq::socket_type::dealer, so));
+  zmq::context_t* context =
+      options.zmq_context != nullptr ? options.zmq_context : &core->context_;
+  ASSIGN_OR_RETURN(core->socket_, Socket::Create(context, zmq::socket_type::dealer, so));
   // Cancels queued just before the Client closes still leave (best effort, bounded).
   try {
     core->socket_->raw().set(zmq::sockopt::linger, 200);

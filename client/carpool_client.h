@@ -30,6 +30,10 @@
 #include "absl/time/time.h"
 #include "common/messages.h"
 
+namespace zmq {
+class context_t;
+}  // namespace zmq
+
 namespace carpool {
 
 namespace client_internal {
@@ -63,6 +67,10 @@ struct ClientOptions {
   int zmtp_heartbeat_ms = 1000;
   // Largest message accepted from the router. Default: 16 MiB.
   int64_t max_message_bytes = 16 << 20;
+  // The ZeroMQ context to open the socket in; not owned, must outlive the Client. Needed for an
+  // inproc:// router_endpoint (e.g. Router::inproc_endpoint(), in Router::zmq_context()).
+  // Default: nullptr (the Client has its own context).
+  zmq::context_t* zmq_context = nullptr;
 
   // INVALID_ARGUMENT naming the first bad field.
   absl::Status Validate() const;

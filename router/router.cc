@@ -67,6 +67,9 @@ absl::Status Router::Impl::Init() {
   RETURN_IF_ERROR(backend_->Bind(options_.backend));
   frontend_endpoint_ = frontend_->LastEndpoint();
   backend_endpoint_ = backend_->LastEndpoint();
+  // One context per Router, so a fixed name cannot clash.
+  inproc_endpoint_ = "inproc://carpool-frontend";
+  RETURN_IF_ERROR(frontend_->Bind(inproc_endpoint_));
   return absl::OkStatus();
 }
 
@@ -433,6 +436,8 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(const RouterOptions& opti
 const std::string& Router::frontend_endpoint() const { return impl_->frontend_endpoint(); }
 const std::string& Router::backend_endpoint() const { return impl_->backend_endpoint(); }
 const std::string& Router::curve_public_key() const { return impl_->curve_public_key(); }
+const std::string& Router::inproc_endpoint() const { return impl_->inproc_endpoint(); }
+zmq::context_t* Router::zmq_context() { return impl_->zmq_context(); }
 
 absl::Status Router::Run() { return impl_->Run(stop_, drain_); }
 

@@ -21,6 +21,10 @@
 #include "router/request_validator.h"
 #include "router/tenants.h"
 
+namespace zmq {
+class context_t;
+}  // namespace zmq
+
 namespace carpool::router {
 
 struct RouterOptions {
@@ -73,6 +77,11 @@ class Router {
   const std::string& backend_endpoint() const;
   // The frontend's CURVE public key (Z85); empty without CURVE.
   const std::string& curve_public_key() const;
+  // In-process clients (the HTTP gateway) connect here, with a socket of zmq_context(): the
+  // frontend socket is bound to this inproc:// endpoint too (no CURVE on inproc: it never leaves
+  // the process). The context lives as long as the Router; close its sockets before destroying it.
+  const std::string& inproc_endpoint() const;
+  zmq::context_t* zmq_context();
 
   // Serves until Stop(), or after Drain() until nothing is left (or the grace period ends).
   // Returns OK then; an error if a socket fails.

@@ -65,6 +65,8 @@ class Router::Impl {
   const std::string& frontend_endpoint() const { return frontend_endpoint_; }
   const std::string& backend_endpoint() const { return backend_endpoint_; }
   const std::string& curve_public_key() const { return curve_public_key_; }
+  const std::string& inproc_endpoint() const { return inproc_endpoint_; }
+  zmq::context_t* zmq_context() { return &context_; }
 
  private:
   // ---- router.cc: sockets, clients, admission, draining
@@ -137,6 +139,7 @@ class Router::Impl {
   std::string frontend_endpoint_;
   std::string backend_endpoint_;
   std::string curve_public_key_;
+  std::string inproc_endpoint_;
 
   ModelLimits limits_;
   WorkerRegistry registry_;

@@ -9,6 +9,7 @@
 
 #include "cluster/router_launch.h"
 #include "common/flags.h"
+#include "router/http_gateway.h"
 #include "router/router.h"
 #include "router/zap_handler.h"
 
@@ -49,6 +50,9 @@ int main(int argc, char** argv) {
   carpool::router::AdmissionOptions& a = options.admission;
   std::string placement = "least_loaded";
   std::string tenants_file, curve_secret_file, curve_allow_file;
+  carpool::router::HttpGatewayOptions http;
+  http.listen.clear();
+  std::string chat_template = "auto";
   bool help = false;
   carpool::FlagParser flags;
   flags.AddString("frontend", &options.frontend, "client endpoint (default tcp://127.0.0.1:5555)");
@@ -85,6 +89,21 @@ int main(int argc, char** argv) {
                  "largest client message (default 1MiB)");
   flags.AddInt("max-migrations", &options.max_migrations,
                "times a request may move after its worker died (default 3)");
+  flags.AddString("http", &http.listen,
+                  "serve the OpenAI-compatible HTTP API on HOST:PORT, port 0 picks one "
+                  "(default: off; docs/http.md)");
+  flags.AddInt("http-max-connections", &http.max_connections,
+               "HTTP connections served at once; more get 503 (default 64)");
+  flags.AddBytes("http-max-body-bytes", &http.max_body_bytes,
+                 "largest HTTP request body; larger get 413 (default 1MiB)");
+  flags.AddBytes("http-max-header-bytes", &http.max_header_bytes,
+                 "largest HTTP request header block; larger get 431 (default 16KiB)");
+  flags.AddInt64("http-idle-timeout-ms", &http.idle_timeout_ms,
+                 "close an HTTP connection silent this long (default 5000)");
+  flags.AddInt64("http-request-timeout-ms", &http.request_timeout_ms,
+                 "longest an HTTP generation may take without deadline_ms (default 600000)");
+  flags.AddString("chat-template", &chat_template,
+                  "llama3 | chatml | plain | auto: by the served model's name (default auto)");
   flags.AddBool("help", &help, "show this help");
   if (absl::Status s = flags.Parse(argc, argv, 1); !s.ok()) {
     std::cerr << "carpool-router: " << s.message() << "\n";
@@ -99,6 +118,9 @@ int main(int argc, char** argv) {
     std::cerr << "carpool-router: " << s.message() << "\n";
     return code;
   };
+  auto tmpl = carpool::router::ParseChatTemplate(chat_template);
+  if (!tmpl.ok()) return fail(tmpl.status(), 2);
+  http.chat_template = *tmpl;
   auto policy = carpool::router::ParsePlacementPolicy(placement);
   if (!policy.ok()) return fail(policy.status(), 2);
   options.placement = *policy;
@@ -144,7 +166,20 @@ int main(int argc, char** argv) {
   if (*mpi != nullptr) {
     if (absl::Status p = (*mpi)->Publish((*router)->backend_endpoint()); !p.ok()) return fail(p, 1);
   }
+  std::unique_ptr<carpool::router::HttpGateway> gateway;
+  if (!http.listen.empty()) {
+    http.router_endpoint = (*router)->inproc_endpoint();
+    http.zmq_context = (*router)->zmq_context();
+    auto started = carpool::router::HttpGateway::Start(http);
+    if (!started.ok()) return fail(started.status(), 1);
+    gateway = std::move(*started);
+    const std::string host = http.listen.substr(0, http.listen.rfind(':'));
+    std::cerr << "carpool-router: http gateway listening on http://" << host << ":"
+              << gateway->port() << " (chat template "
+              << carpool::router::ChatTemplateName(http.chat_template) << ")" << std::endl;
+  }
   absl::Status s = (*router)->Run();
+  gateway.reset();  // its client socket lives in the router's context
   g_router = nullptr;
   if (*mpi != nullptr) (*mpi)->Stop();  // the job's workers stop too
   if (!s.ok()) return fail(s, 1);

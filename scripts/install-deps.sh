@@ -16,7 +16,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   slurmctld slurmd slurm-client munge
   libcpp-httplib-dev
-  python3 python3-zmq python3-protobuf python3-numpy python3-pytest python3-matplotlib
+  python3 python3-zmq python3-protobuf python3-numpy python3-pytest python3-matplotlib python3-requests python3-prometheus-client
 )
 
 missing=()

@@ -1,0 +1,559 @@
+#include "router/openai_json.h"
+
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "client/carpool_client.h"
+#include "nlohmann/json.hpp"
+#include "router/text_stream.h"
+#include "worker/tokenizer.h"
+
+namespace carpool::router {
+namespace {
+
+using nlohmann::json;
+
+constexpr int kMaxStops = 4;
+
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+absl::Status Bad(absl::string_view field, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("'", field, "' ", what));
+}
+
+// Reads an optional field of `body` when present and not null.
+const json* Field(const json& body, const char* name) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+absl::Status GetInt(const json& body, const char* name, int64_t* out) {
+  const json* f = Field(body, name);
+  if (f == nullptr) return absl::OkStatus();
+  if (!f->is_number_integer()) return Bad(name, "must be an integer");
+  *out = f->get<int64_t>();
+  return absl::OkStatus();
+}
+
+absl::Status GetIntInRange(const json& body, const char* name, int64_t lo, int64_t hi, int* out) {
+  int64_t v = *out;
+  if (absl::Status s = GetInt(body, name, &v); !s.ok()) return s;
+  if (v < lo || v > hi) return Bad(name, absl::StrCat("must be in [", lo, ", ", hi, "]"));
+  *out = static_cast<int>(v);
+  return absl::OkStatus();
+}
+
+absl::Status GetFloat(const json& body, const char* name, float* out) {
+  const json* f = Field(body, name);
+  if (f == nullptr) return absl::OkStatus();
+  if (!f->is_number()) return Bad(name, "must be a number");
+  *out = f->get<float>();
+  return absl::OkStatus();
+}
+
+absl::Status GetBool(const json& body, const char* name, bool* out) {
+  const json* f = Field(body, name);
+  if (f == nullptr) return absl::OkStatus();
+  if (!f->is_boolean()) return Bad(name, "must be a boolean");
+  *out = f->get<bool>();
+  return absl::OkStatus();
+}
+
+absl::Status GetString(const json& body, const char* name, std::string* out) {
+  const json* f = Field(body, name);
+  if (f == nullptr) return absl::OkStatus();
+  if (!f->is_string()) return Bad(name, "must be a string");
+  *out = f->get<std::string>();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int32_t>> TokenIds(const json& list, absl::string_view field) {
+  std::vector<int32_t> ids;
+  ids.reserve(list.size());
+  for (const json& t : list) {
+    if (!t.is_number_integer()) return Bad(field, "must hold integers (token ids)");
+    const int64_t v = t.get<int64_t>();
+    if (v < 0 || v > INT32_MAX) return Bad(field, "holds a token id out of range");
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  return ids;
+}
+
+absl::StatusOr<json> ParseObject(const std::string& body) {
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::InvalidArgumentError("the request body is not valid JSON");
+  if (!j.is_object()) return absl::InvalidArgumentError("the request body must be a JSON object");
+  return j;
+}
+
+absl::Status ParsePrompt(const json& body, GenerateInput* input) {
+  const json* p = Field(body, "prompt");
+  if (p == nullptr) return Bad("prompt", "is required");
+  if (p->is_string()) {
+    input->has_text = true;
+    input->text = p->get<std::string>();
+    return absl::OkStatus();
+  }
+  if (!p->is_array() || p->empty()) {
+    return Bad("prompt", "must be a string or a non-empty list of token ids");
+  }
+  if ((*p)[0].is_string() || (*p)[0].is_array()) {
+    if (p->size() != 1) return Bad("prompt", "must be one prompt (batches are not supported)");
+    if ((*p)[0].is_string()) {
+      input->has_text = true;
+      input->text = (*p)[0].get<std::string>();
+      return absl::OkStatus();
+    }
+    p = &(*p)[0];
+  }
+  absl::StatusOr<std::vector<int32_t>> ids = TokenIds(*p, "prompt");
+  if (!ids.ok()) return ids.status();
+  input->token_ids = std::move(*ids);
+  return absl::OkStatus();
+}
+
+absl::Status ParseMessages(const json& body, std::vector<ChatMessage>* out) {
+  const json* m = Field(body, "messages");
+  if (m == nullptr) return Bad("messages", "is required");
+  if (!m->is_array() || m->empty()) return Bad("messages", "must be a non-empty list");
+  for (size_t i = 0; i < m->size(); ++i) {
+    const json& msg = (*m)[i];
+    const std::string field = absl::StrCat("messages[", i, "]");
+    if (!msg.is_object()) return Bad(field, "must be an object");
+    ChatMessage c;
+    if (absl::Status s = GetString(msg, "role", &c.role); !s.ok()) return Bad(field, s.message());
+    if (c.role.empty()) return Bad(field + ".role", "is required");
+    const json* content = Field(msg, "content");
+    if (content == nullptr) {
+      if (c.role != "assistant") return Bad(field + ".content", "is required");
+    } else if (content->is_string()) {
+      c.content = content->get<std::string>();
+    } else if (content->is_array()) {
+      for (const json& part : *content) {  // [{"type": "text", "text": "..."}]
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+            !part["text"].is_string()) {
+          return Bad(field + ".content", "parts must be {\"type\": \"text\", \"text\": string}");
+        }
+        c.content += part["text"].get<std::string>();
+      }
+    } else {
+      return Bad(field + ".content", "must be a string or a list of text parts");
+    }
+    out->push_back(std::move(c));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseStop(const json& body, std::vector<std::string>* out) {
+  const json* s = Field(body, "stop");
+  if (s == nullptr) return absl::OkStatus();
+  if (s->is_string()) {
+    out->push_back(s->get<std::string>());
+  } else if (s->is_array()) {
+    if (s->size() > kMaxStops) return Bad("stop", "may hold at most 4 strings");
+    for (const json& x : *s) {
+      if (!x.is_string()) return Bad("stop", "must be a string or a list of strings");
+      out->push_back(x.get<std::string>());
+    }
+  } else {
+    return Bad("stop", "must be a string or a list of strings");
+  }
+  for (const std::string& x : *out) {
+    if (x.empty()) return Bad("stop", "strings must not be empty");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseLogprobs(ApiKind kind, const json& body, GenerationRequest* r) {
+  if (kind == ApiKind::kCompletion) {
+    const json* l = Field(body, "logprobs");
+    if (l == nullptr) return absl::OkStatus();
+    if (!l->is_number_integer()) return Bad("logprobs", "must be an integer (top-N) or null");
+    r->logprobs = true;
+    return GetIntInRange(body, "logprobs", 0, worker::kMaxLogprobs, &r->top_logprobs);
+  }
+  if (absl::Status s = GetBool(body, "logprobs", &r->logprobs); !s.ok()) return s;
+  if (absl::Status s = GetIntInRange(body, "top_logprobs", 0, worker::kMaxLogprobs,
+                                     &r->top_logprobs);
+      !s.ok()) {
+    return s;
+  }
+  if (r->top_logprobs > 0 && !r->logprobs) return Bad("top_logprobs", "needs logprobs: true");
+  return absl::OkStatus();
+}
+
+absl::Status ParsePriority(const json& body, Priority* out) {
+  std::string p;
+  if (absl::Status s = GetString(body, "priority", &p); !s.ok()) return s;
+  if (p.empty() || p == "default") {
+    *out = Priority::kDefault;
+  } else if (p == "interactive") {
+    *out = Priority::kInteractive;
+  } else if (p == "batch") {
+    *out = Priority::kBatch;
+  } else {
+    return Bad("priority", "must be \"interactive\", \"default\" or \"batch\"");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseSampling(ApiKind kind, const json& body, const RequestDefaults& d,
+                           GenerationRequest* r) {
+  SamplingParams& p = r->input.sampling;
+  int64_t max_tokens = kind == ApiKind::kChat ? d.chat_max_tokens : d.completion_max_tokens;
+  RETURN_IF_ERROR(GetInt(body, "max_tokens", &max_tokens));
+  if (kind == ApiKind::kChat) RETURN_IF_ERROR(GetInt(body, "max_completion_tokens", &max_tokens));
+  if (max_tokens < 1 || max_tokens > INT32_MAX) return Bad("max_tokens", "must be >= 1");
+  p.max_tokens = static_cast<int>(max_tokens);
+  RETURN_IF_ERROR(GetFloat(body, "temperature", &p.temperature));
+  RETURN_IF_ERROR(GetFloat(body, "top_p", &p.top_p));
+  RETURN_IF_ERROR(GetFloat(body, "min_p", &p.min_p));
+  RETURN_IF_ERROR(GetFloat(body, "presence_penalty", &p.presence_penalty));
+  RETURN_IF_ERROR(GetFloat(body, "frequency_penalty", &p.frequency_penalty));
+  RETURN_IF_ERROR(GetFloat(body, "repetition_penalty", &p.repetition_penalty));
+  RETURN_IF_ERROR(GetIntInRange(body, "top_k", -1, INT32_MAX, &p.top_k));
+  RETURN_IF_ERROR(GetBool(body, "ignore_eos", &p.ignore_eos));
+  if (const json* seed = Field(body, "seed")) {
+    if (!seed->is_number_integer()) return Bad("seed", "must be an integer");
+    p.has_seed = true;
+    p.seed = seed->is_number_unsigned() ? seed->get<uint64_t>()
+                                        : static_cast<uint64_t>(seed->get<int64_t>());
+  }
+  RETURN_IF_ERROR(ParseLogprobs(kind, body, r));
+  p.logprobs = r->top_logprobs;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// ---- errors
+
+HttpError HttpErrorFromStatus(const absl::Status& status) {
+  HttpError e;
+  e.code = ErrorReason(status);
+  e.message = std::string(status.message());
+  const std::string& r = e.code;
+  if (r == reason::kInvalidArgument || r == reason::kPromptTooLong) {
+    e.status = 400;
+  } else if (r == reason::kUnauthenticated) {
+    e.status = 401;
+  } else if (r == reason::kUnknownModel) {
+    e.status = 404;
+  } else if (r == reason::kQueueFull || r == reason::kTokenBudget || r == reason::kTenantQuota) {
+    e.status = 429;
+  } else if (r == reason::kDraining || r == reason::kWorkerLost) {
+    e.status = 503;
+  } else if (r == reason::kDeadlineExceeded || r == reason::kDeadlineUnmeetable) {
+    e.status = 504;
+  } else if (r == reason::kCancelled) {
+    e.status = 499;
+  } else {
+    switch (status.code()) {
+      case absl::StatusCode::kInvalidArgument:
+      case absl::StatusCode::kOutOfRange:
+      case absl::StatusCode::kFailedPrecondition:
+        e.status = 400;
+        break;
+      case absl::StatusCode::kUnauthenticated:
+      case absl::StatusCode::kPermissionDenied:
+        e.status = 401;
+        break;
+      case absl::StatusCode::kNotFound:
+        e.status = 404;
+        break;
+      case absl::StatusCode::kResourceExhausted:
+        e.status = 429;
+        break;
+      case absl::StatusCode::kUnavailable:
+        e.status = 503;
+        break;
+      case absl::StatusCode::kDeadlineExceeded:
+        e.status = 504;
+        break;
+      case absl::StatusCode::kCancelled:
+        e.status = 499;
+        break;
+      default:
+        e.status = 500;
+    }
+    if (e.code.empty()) e.code = e.status == 500 ? reason::kInternal : "";
+    if (e.code.empty()) e.code = absl::AsciiStrToLower(absl::StatusCodeToString(status.code()));
+  }
+  switch (e.status) {
+    case 400:
+    case 404:
+      e.type = "invalid_request_error";
+      break;
+    case 401:
+      e.type = "authentication_error";
+      break;
+    case 429:
+      e.type = "rate_limit_error";
+      break;
+    case 504:
+      e.type = "timeout_error";
+      break;
+    default:
+      e.type = "server_error";
+  }
+  if (e.status == 429 || e.status == 503) {
+    const int64_t ms = RetryAfterMs(status);
+    e.retry_after_s = ms > 0 ? (ms + 999) / 1000 : 1;
+  }
+  return e;
+}
+
+HttpError BadRequest(std::string message, std::string code) {
+  return HttpError{400, "invalid_request_error", std::move(code), std::move(message), 0};
+}
+
+std::string ErrorBody(const HttpError& error) {
+  return Dump(json{{"error",
+                    {{"message", error.message},
+                     {"type", error.type},
+                     {"param", nullptr},
+                     {"code", error.code}}}});
+}
+
+// ---- generation requests
+
+absl::StatusOr<GenerationRequest> ParseGenerationRequest(ApiKind kind, const std::string& body,
+                                                         const RequestDefaults& defaults) {
+  absl::StatusOr<json> parsed = ParseObject(body);
+  if (!parsed.ok()) return parsed.status();
+  const json& j = *parsed;
+  GenerationRequest r;
+  r.kind = kind;
+  RETURN_IF_ERROR(GetString(j, "model", &r.model));
+  if (kind == ApiKind::kCompletion) {
+    RETURN_IF_ERROR(ParsePrompt(j, &r.input));
+    bool echo = false;
+    RETURN_IF_ERROR(GetBool(j, "echo", &echo));
+    if (echo) return Bad("echo", "is not supported");
+    int best_of = 1;
+    RETURN_IF_ERROR(GetIntInRange(j, "best_of", 1, 1, &best_of));
+    std::string suffix;
+    RETURN_IF_ERROR(GetString(j, "suffix", &suffix));
+    if (!suffix.empty()) return Bad("suffix", "is not supported");
+  } else {
+    RETURN_IF_ERROR(ParseMessages(j, &r.messages));
+  }
+  int64_t n = 1;
+  RETURN_IF_ERROR(GetInt(j, "n", &n));
+  if (n != 1) return Bad("n", "must be 1 (one choice per request)");
+  RETURN_IF_ERROR(ParseSampling(kind, j, defaults, &r));
+  RETURN_IF_ERROR(ParseStop(j, &r.stop));
+  RETURN_IF_ERROR(GetBool(j, "stream", &r.stream));
+  if (const json* so = Field(j, "stream_options")) {
+    if (!so->is_object()) return Bad("stream_options", "must be an object");
+    RETURN_IF_ERROR(GetBool(*so, "include_usage", &r.include_usage));
+  }
+  RETURN_IF_ERROR(ParsePriority(j, &r.input.priority));
+  RETURN_IF_ERROR(GetInt(j, "deadline_ms", &r.input.deadline_ms));
+  if (r.input.deadline_ms < 0) return Bad("deadline_ms", "must be >= 0");
+  r.input.stream = r.stream;
+  return r;
+}
+
+// ---- generation responses
+
+std::string TokenText(int32_t token, bool byte_tokens) {
+  if (byte_tokens) return worker::ByteTokenizer().Decode({token});
+  return absl::StrCat("token_id:", token);
+}
+
+namespace {
+
+json Bytes(const std::string& s) {
+  json b = json::array();
+  for (char c : s) b.push_back(static_cast<uint8_t>(c));
+  return b;
+}
+
+json CompletionLogprobs(const std::vector<SampleResult>& tokens, int64_t text_offset,
+                        bool byte_tokens) {
+  json out{{"tokens", json::array()},
+           {"token_logprobs", json::array()},
+           {"top_logprobs", json::array()},
+           {"text_offset", json::array()}};
+  for (const SampleResult& t : tokens) {
+    const std::string text = TokenText(t.token, byte_tokens);
+    out["tokens"].push_back(text);
+    out["token_logprobs"].push_back(t.logprob);
+    json top = json::object();
+    for (const worker::TokenLogprob& alt : t.top_logprobs) {
+      top[SanitizeUtf8(TokenText(alt.token, byte_tokens))] = alt.logprob;
+    }
+    out["top_logprobs"].push_back(std::move(top));
+    out["text_offset"].push_back(text_offset);
+    text_offset += static_cast<int64_t>(text.size());
+  }
+  return out;
+}
+
+json ChatLogprobs(const std::vector<SampleResult>& tokens, int top_n, bool byte_tokens) {
+  json content = json::array();
+  for (const SampleResult& t : tokens) {
+    const std::string text = TokenText(t.token, byte_tokens);
+    json top = json::array();
+    for (size_t i = 0; i < t.top_logprobs.size() && static_cast<int>(i) < top_n; ++i) {
+      const std::string alt = TokenText(t.top_logprobs[i].token, byte_tokens);
+      top.push_back({{"token", alt}, {"logprob", t.top_logprobs[i].logprob}, {"bytes", Bytes(alt)}});
+    }
+    content.push_back(
+        {{"token", text}, {"logprob", t.logprob}, {"bytes", Bytes(text)}, {"top_logprobs", top}});
+  }
+  return json{{"content", std::move(content)}};
+}
+
+json LogprobsJson(const GenerationRequest& r, const ResponseMeta& meta,
+                  const std::vector<SampleResult>& tokens, int64_t text_offset) {
+  if (!r.logprobs) return nullptr;
+  if (r.kind == ApiKind::kCompletion) {
+    return CompletionLogprobs(tokens, text_offset, meta.byte_tokens);
+  }
+  return ChatLogprobs(tokens, r.top_logprobs, meta.byte_tokens);
+}
+
+json UsageJson(const Usage& u) {
+  json usage{{"prompt_tokens", u.prompt_tokens},
+             {"completion_tokens", u.completion_tokens},
+             {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+  if (u.cached_prompt_tokens > 0) {
+    usage["prompt_tokens_details"] = {{"cached_tokens", u.cached_prompt_tokens}};
+  }
+  return usage;
+}
+
+json Envelope(const GenerationRequest& r, const ResponseMeta& meta, bool chunk) {
+  const char* object = r.kind == ApiKind::kCompletion ? "text_completion"
+                       : chunk                        ? "chat.completion.chunk"
+                                                      : "chat.completion";
+  return json{{"id", meta.id}, {"object", object}, {"created", meta.created}, {"model", meta.model}};
+}
+
+json FinishReason(const std::string& f) { return f.empty() ? json(nullptr) : json(f); }
+
+}  // namespace
+
+std::string ResponseBody(const GenerationRequest& request, const ResponseMeta& meta,
+                         const std::string& text, const std::vector<SampleResult>& tokens,
+                         const std::string& finish_reason, const Usage& usage) {
+  json out = Envelope(request, meta, /*chunk=*/false);
+  json choice{{"index", 0},
+              {"logprobs", LogprobsJson(request, meta, tokens, 0)},
+              {"finish_reason", FinishReason(finish_reason)}};
+  if (request.kind == ApiKind::kCompletion) {
+    choice["text"] = text;
+  } else {
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+  }
+  out["choices"] = json::array({std::move(choice)});
+  out["usage"] = UsageJson(usage);
+  return Dump(out);
+}
+
+std::string StreamChunkBody(const GenerationRequest& request, const ResponseMeta& meta,
+                            const std::string& text, const std::vector<SampleResult>& tokens,
+                            int64_t text_offset, const std::string& finish_reason, bool first) {
+  json out = Envelope(request, meta, /*chunk=*/true);
+  json choice{{"index", 0},
+              {"logprobs", LogprobsJson(request, meta, tokens, text_offset)},
+              {"finish_reason", FinishReason(finish_reason)}};
+  if (request.kind == ApiKind::kCompletion) {
+    choice["text"] = text;
+  } else {
+    json delta = json::object();
+    if (first) delta["role"] = "assistant";
+    if (!text.empty() || finish_reason.empty()) delta["content"] = text;
+    choice["delta"] = std::move(delta);
+  }
+  out["choices"] = json::array({std::move(choice)});
+  if (request.include_usage) out["usage"] = nullptr;
+  return Dump(out);
+}
+
+std::string UsageChunkBody(const GenerationRequest& request, const ResponseMeta& meta,
+                           const Usage& usage) {
+  json out = Envelope(request, meta, /*chunk=*/true);
+  out["choices"] = json::array();
+  out["usage"] = UsageJson(usage);
+  return Dump(out);
+}
+
+std::string SseEvent(const std::string& body) { return absl::StrCat("data: ", body, "\n\n"); }
+
+// ---- embeddings and models
+
+absl::StatusOr<EmbeddingsRequest> ParseEmbeddingsRequest(const std::string& body) {
+  absl::StatusOr<json> parsed = ParseObject(body);
+  if (!parsed.ok()) return parsed.status();
+  const json& j = *parsed;
+  EmbeddingsRequest r;
+  RETURN_IF_ERROR(GetString(j, "model", &r.model));
+  std::string format = "float";
+  RETURN_IF_ERROR(GetString(j, "encoding_format", &format));
+  if (format != "float") return Bad("encoding_format", "must be \"float\"");
+  const json* in = Field(j, "input");
+  if (in == nullptr) return Bad("input", "is required");
+  const auto text_item = [](const json& s) {
+    EmbedItem item;
+    item.has_text = true;
+    item.text = s.get<std::string>();
+    return item;
+  };
+  if (in->is_string()) {
+    r.input.inputs.push_back(text_item(*in));
+  } else if (in->is_array() && !in->empty()) {
+    if ((*in)[0].is_number_integer()) {
+      absl::StatusOr<std::vector<int32_t>> ids = TokenIds(*in, "input");
+      if (!ids.ok()) return ids.status();
+      r.input.inputs.push_back(EmbedItem{false, "", std::move(*ids)});
+    } else {
+      for (const json& x : *in) {
+        if (x.is_string()) {
+          r.input.inputs.push_back(text_item(x));
+        } else if (x.is_array() && !x.empty()) {
+          absl::StatusOr<std::vector<int32_t>> ids = TokenIds(x, "input");
+          if (!ids.ok()) return ids.status();
+          r.input.inputs.push_back(EmbedItem{false, "", std::move(*ids)});
+        } else {
+          return Bad("input", "items must be strings or non-empty lists of token ids");
+        }
+      }
+    }
+  } else {
+    return Bad("input", "must be a string, a list of strings or a list of token-id lists");
+  }
+  RETURN_IF_ERROR(ParsePriority(j, &r.input.priority));
+  RETURN_IF_ERROR(GetInt(j, "deadline_ms", &r.input.deadline_ms));
+  if (r.input.deadline_ms < 0) return Bad("deadline_ms", "must be >= 0");
+  return r;
+}
+
+std::string EmbeddingsBody(const std::vector<std::vector<float>>& embeddings,
+                           const std::string& model, const Usage& usage) {
+  json data = json::array();
+  for (size_t i = 0; i < embeddings.size(); ++i) {
+    data.push_back({{"object", "embedding"}, {"index", i}, {"embedding", embeddings[i]}});
+  }
+  return Dump(json{{"object", "list"},
+                   {"data", std::move(data)},
+                   {"model", model},
+                   {"usage",
+                    {{"prompt_tokens", usage.prompt_tokens},
+                     {"total_tokens", usage.prompt_tokens}}}});
+}
+
+std::string ModelsBody(const std::vector<std::string>& models) {
+  json data = json::array();
+  for (const std::string& m : models) {
+    data.push_back({{"id", m}, {"object", "model"}, {"created", 0}, {"owned_by", "carpool"}});
+  }
+  return Dump(json{{"object", "list"}, {"data", std::move(data)}});
+}
+
+}  // namespace carpool::router

@@ -1,0 +1,282 @@
+#include "router/openai_json.h"
+
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+#include "client/carpool_client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace carpool::router {
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+absl::Status Rejects(ApiKind kind, const std::string& body) {
+  return ParseGenerationRequest(kind, body).status();
+}
+
+TEST(OpenAiParseTest, CompletionFields) {
+  auto r = ParseGenerationRequest(
+      ApiKind::kCompletion,
+      R"({"model": "m", "prompt": "Hi", "max_tokens": 7, "temperature": 0, "top_p": 0.5,
+          "top_k": 3, "seed": 42, "stop": ["a", "b"], "stream": true,
+          "stream_options": {"include_usage": true}, "logprobs": 2, "priority": "batch",
+          "deadline_ms": 900, "user": "ignored"})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->model, "m");
+  EXPECT_TRUE(r->input.has_text);
+  EXPECT_EQ(r->input.text, "Hi");
+  EXPECT_EQ(r->input.sampling.max_tokens, 7);
+  EXPECT_EQ(r->input.sampling.temperature, 0.0f);
+  EXPECT_EQ(r->input.sampling.top_p, 0.5f);
+  EXPECT_EQ(r->input.sampling.top_k, 3);
+  EXPECT_TRUE(r->input.sampling.has_seed);
+  EXPECT_EQ(r->input.sampling.seed, 42u);
+  EXPECT_EQ(r->stop, (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(r->stream && r->input.stream && r->include_usage);
+  EXPECT_TRUE(r->logprobs);
+  EXPECT_EQ(r->input.sampling.logprobs, 2);
+  EXPECT_EQ(r->input.priority, Priority::kBatch);
+  EXPECT_EQ(r->input.deadline_ms, 900);
+}
+
+TEST(OpenAiParseTest, CompletionDefaultsAndTokenPrompts) {
+  auto r = ParseGenerationRequest(ApiKind::kCompletion, R"({"prompt": [1, 2, 3]})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->input.has_text);
+  EXPECT_EQ(r->input.token_ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(r->input.sampling.max_tokens, 16);
+  EXPECT_FALSE(r->logprobs);
+  EXPECT_EQ(r->input.priority, Priority::kDefault);
+  auto nested = ParseGenerationRequest(ApiKind::kCompletion, R"({"prompt": [[5, 6]]})");
+  ASSERT_TRUE(nested.ok());
+  EXPECT_EQ(nested->input.token_ids, (std::vector<int32_t>{5, 6}));
+  auto stop = ParseGenerationRequest(ApiKind::kCompletion, R"({"prompt": "x", "stop": "\n"})");
+  ASSERT_TRUE(stop.ok());
+  EXPECT_EQ(stop->stop, std::vector<std::string>{"\n"});
+}
+
+TEST(OpenAiParseTest, ChatFields) {
+  auto r = ParseGenerationRequest(
+      ApiKind::kChat,
+      R"({"model": "m", "messages": [{"role": "system", "content": "S"},
+          {"role": "user", "content": [{"type": "text", "text": "A"}, {"type": "text", "text": "B"}]},
+          {"role": "assistant", "content": null}],
+          "max_completion_tokens": 5, "logprobs": true, "top_logprobs": 3})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->messages.size(), 3u);
+  EXPECT_EQ(r->messages[1].content, "AB");
+  EXPECT_EQ(r->messages[2].content, "");
+  EXPECT_EQ(r->input.sampling.max_tokens, 5);
+  EXPECT_TRUE(r->logprobs);
+  EXPECT_EQ(r->input.sampling.logprobs, 3);
+  auto d = ParseGenerationRequest(ApiKind::kChat, R"({"messages": [{"role": "user", "content": "x"}]})");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->input.sampling.max_tokens, 256);
+}
+
+TEST(OpenAiParseTest, RejectsBadInputNamingTheField) {
+  EXPECT_THAT(Rejects(ApiKind::kCompletion, "{not json").message(), HasSubstr("not valid JSON"));
+  EXPECT_THAT(Rejects(ApiKind::kCompletion, "[1]").message(), HasSubstr("JSON object"));
+  EXPECT_THAT(Rejects(ApiKind::kCompletion, "{}").message(), HasSubstr("'prompt' is required"));
+  EXPECT_THAT(Rejects(ApiKind::kCompletion, R"({"prompt": 5})").message(), HasSubstr("'prompt'"));
+  EXPECT_THAT(Rejects(ApiKind::kCompletion, R"({"prompt": ["a", "b"]})").message(),
+              HasSubstr("one prompt"));
+  EXPECT_THAT(Rejects(ApiKind::kCompletion, R"({"prompt": [1, "x"]})").message(),
+              HasSubstr("token ids"));
+  EXPECT_THAT(Rejects(ApiKind::kCompletion, R"({"prompt": "x", "max_tokens": "3"})").message(),
+              HasSubstr("'max_tokens' must be an integer"));
+  EXPECT_THAT(Rejects(ApiKind::kCompletion, R"({"prompt": "x", "max_tokens": 0})").message(),
+              HasSubstr("'max_tokens'"));
+  EXPECT_THAT(Rejects(ApiKind::kCompletion, R"({"prompt": "x", "temperature": "hot"})").message(),
+              HasSubstr("'temperature' must be a number"));
+  EXPECT_THAT(Rejects(ApiKind::kCompletion, R"({"prompt": "x", "n": 2})").message(),
+              HasSubstr("'n' must be 1"));
+  EXPECT_THAT(Rejects(ApiKind::kCompletion, R"({"prompt": "x", "stream": "yes"})").message(),
+              HasSubstr("'stream' must be a boolean"));
+  EXPECT_THAT(Rejects(ApiKind::kCompletion, R"({"prompt": "x", "stop": [1]})").message(),
+              HasSubstr("'stop'"));
+  EXPECT_THAT(
+      Rejects(ApiKind::kCompletion, R"({"prompt": "x", "stop": ["a","b","c","d","e"]})").message(),
+      HasSubstr("at most 4"));
+  EXPECT_THAT(Rejects(ApiKind::kCompletion, R"({"prompt": "x", "priority": "urgent"})").message(),
+              HasSubstr("'priority'"));
+  EXPECT_THAT(Rejects(ApiKind::kCompletion, R"({"prompt": "x", "logprobs": 21})").message(),
+              HasSubstr("'logprobs'"));
+  EXPECT_THAT(Rejects(ApiKind::kCompletion, R"({"prompt": "x", "model": 3})").message(),
+              HasSubstr("'model' must be a string"));
+  EXPECT_THAT(Rejects(ApiKind::kChat, R"({"model": "m"})").message(),
+              HasSubstr("'messages' is required"));
+  EXPECT_THAT(Rejects(ApiKind::kChat, R"({"messages": []})").message(), HasSubstr("non-empty"));
+  EXPECT_THAT(Rejects(ApiKind::kChat, R"({"messages": [{"content": "x"}]})").message(),
+              HasSubstr("role"));
+  EXPECT_THAT(Rejects(ApiKind::kChat, R"({"messages": [{"role": "user", "content": 1}]})")
+                  .message(),
+              HasSubstr("messages[0].content"));
+  EXPECT_THAT(Rejects(ApiKind::kChat,
+                      R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})")
+                  .message(),
+              HasSubstr("needs logprobs"));
+  EXPECT_TRUE(absl::IsInvalidArgument(Rejects(ApiKind::kChat, "")));
+}
+
+absl::Status ServerError(absl::StatusCode code, const char* why, int64_t retry_after_ms = 0) {
+  return StatusFromError(ErrorInfo{"r", code, why, "message", retry_after_ms});
+}
+
+TEST(OpenAiErrorTest, StatusMapping) {
+  struct Case {
+    absl::Status status;
+    int http;
+    const char* type;
+  };
+  const Case cases[] = {
+      {ServerError(absl::StatusCode::kInvalidArgument, reason::kInvalidArgument), 400,
+       "invalid_request_error"},
+      {ServerError(absl::StatusCode::kInvalidArgument, reason::kPromptTooLong), 400,
+       "invalid_request_error"},
+      {ServerError(absl::StatusCode::kUnauthenticated, reason::kUnauthenticated), 401,
+       "authentication_error"},
+      {ServerError(absl::StatusCode::kNotFound, reason::kUnknownModel), 404,
+       "invalid_request_error"},
+      {ServerError(absl::StatusCode::kResourceExhausted, reason::kQueueFull, 1500), 429,
+       "rate_limit_error"},
+      {ServerError(absl::StatusCode::kResourceExhausted, reason::kTokenBudget), 429,
+       "rate_limit_error"},
+      {ServerError(absl::StatusCode::kResourceExhausted, reason::kTenantQuota), 429,
+       "rate_limit_error"},
+      {ServerError(absl::StatusCode::kUnavailable, reason::kDraining, 1000), 503, "server_error"},
+      {ServerError(absl::StatusCode::kUnavailable, reason::kWorkerLost), 503, "server_error"},
+      {ServerError(absl::StatusCode::kDeadlineExceeded, reason::kDeadlineExceeded), 504,
+       "timeout_error"},
+      {ServerError(absl::StatusCode::kInternal, reason::kInternal), 500, "server_error"},
+      {absl::UnavailableError("cannot send"), 503, "server_error"},
+      {absl::DeadlineExceededError("no answer"), 504, "timeout_error"},
+  };
+  for (const Case& c : cases) {
+    HttpError e = HttpErrorFromStatus(c.status);
+    EXPECT_EQ(e.status, c.http) << c.status;
+    EXPECT_EQ(e.type, c.type) << c.status;
+    EXPECT_FALSE(e.code.empty()) << c.status;
+  }
+  EXPECT_EQ(HttpErrorFromStatus(cases[4].status).retry_after_s, 2);  // 1500 ms rounds up
+  EXPECT_EQ(HttpErrorFromStatus(cases[4].status).code, "queue_full");
+  EXPECT_EQ(HttpErrorFromStatus(cases[5].status).retry_after_s, 1);  // at least 1 on 429
+  EXPECT_EQ(HttpErrorFromStatus(cases[7].status).retry_after_s, 1);
+  EXPECT_EQ(HttpErrorFromStatus(cases[0].status).retry_after_s, 0);
+
+  json body = json::parse(ErrorBody(HttpErrorFromStatus(cases[4].status)));
+  EXPECT_EQ(body["error"]["code"], "queue_full");
+  EXPECT_EQ(body["error"]["type"], "rate_limit_error");
+  EXPECT_EQ(body["error"]["message"], "message");
+}
+
+GenerationRequest Request(ApiKind kind, bool logprobs, int top = 0) {
+  GenerationRequest r;
+  r.kind = kind;
+  r.logprobs = logprobs;
+  r.top_logprobs = top;
+  return r;
+}
+
+std::vector<SampleResult> Tokens() {
+  SampleResult a{'H', -0.5f, {{'H', -0.5f}, {'J', -1.5f}}};
+  SampleResult b{'i', -0.25f, {{'i', -0.25f}, {'\xff' & 0xff, -2.0f}}};
+  return {a, b};
+}
+
+TEST(OpenAiResponseTest, CompletionWithLogprobs) {
+  ResponseMeta meta{"cmpl-1", 1700000000, "synthetic:small", true};
+  json j = json::parse(ResponseBody(Request(ApiKind::kCompletion, true, 2), meta, "Hi", Tokens(),
+                                    "length", Usage{3, 2, 0}));
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["model"], "synthetic:small");
+  EXPECT_EQ(j["choices"][0]["text"], "Hi");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  const json& lp = j["choices"][0]["logprobs"];
+  EXPECT_EQ(lp["tokens"], json({"H", "i"}));
+  EXPECT_EQ(lp["token_logprobs"], json({-0.5, -0.25}));
+  EXPECT_EQ(lp["text_offset"], json({0, 1}));
+  EXPECT_EQ(lp["top_logprobs"][0]["J"], -1.5);
+  EXPECT_TRUE(lp["top_logprobs"][1].contains("\xEF\xBF\xBD"));  // byte 0xff as U+FFFD
+  EXPECT_EQ(j["usage"], json({{"prompt_tokens", 3}, {"completion_tokens", 2},
+                              {"total_tokens", 5}}));
+}
+
+TEST(OpenAiResponseTest, ChatWithLogprobs) {
+  ResponseMeta meta{"chatcmpl-1", 1, "m", true};
+  json j = json::parse(ResponseBody(Request(ApiKind::kChat, true, 1), meta, "Hi", Tokens(), "stop",
+                                    Usage{3, 2, 0}));
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["choices"][0]["message"], json({{"role", "assistant"}, {"content", "Hi"}}));
+  const json& c = j["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[0]["token"], "H");
+  EXPECT_EQ(c[0]["bytes"], json({72}));
+  EXPECT_EQ(c[0]["top_logprobs"].size(), 1u);
+  EXPECT_EQ(c[1]["top_logprobs"][0]["token"], "i");
+  json plain = json::parse(ResponseBody(Request(ApiKind::kChat, false), meta, "Hi", Tokens(),
+                                        "stop", Usage{}));
+  EXPECT_TRUE(plain["choices"][0]["logprobs"].is_null());
+}
+
+TEST(OpenAiResponseTest, StreamChunksAndSse) {
+  ResponseMeta meta{"chatcmpl-1", 1, "m", false};
+  GenerationRequest r = Request(ApiKind::kChat, false);
+  r.include_usage = true;
+  json first = json::parse(StreamChunkBody(r, meta, "He", {}, 0, "", true));
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"], json({{"role", "assistant"}, {"content", "He"}}));
+  EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
+  EXPECT_TRUE(first.contains("usage") && first["usage"].is_null());
+  json last = json::parse(StreamChunkBody(r, meta, "", {}, 0, "length", false));
+  EXPECT_EQ(last["choices"][0]["delta"], json::object());
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "length");
+  json usage = json::parse(UsageChunkBody(r, meta, Usage{4, 2, 0}));
+  EXPECT_EQ(usage["choices"], json::array());
+  EXPECT_EQ(usage["usage"]["total_tokens"], 6);
+  EXPECT_EQ(SseEvent("{}"), "data: {}\n\n");
+  EXPECT_STREQ(kSseDone, "data: [DONE]\n\n");
+  GenerationRequest c = Request(ApiKind::kCompletion, true);
+  json lp = json::parse(StreamChunkBody(c, meta, "x", Tokens(), 7, "", true));
+  EXPECT_EQ(lp["choices"][0]["logprobs"]["tokens"], json({"token_id:72", "token_id:105"}));
+  EXPECT_EQ(lp["choices"][0]["logprobs"]["text_offset"][0], 7);
+}
+
+TEST(OpenAiEmbeddingsTest, ParsesEveryInputShape) {
+  auto s = ParseEmbeddingsRequest(R"({"model": "m", "input": "hello"})");
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ(s->input.inputs.size(), 1u);
+  EXPECT_TRUE(s->input.inputs[0].has_text);
+  auto list = ParseEmbeddingsRequest(R"({"input": ["a", "b"], "encoding_format": "float"})");
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ(list->input.inputs.size(), 2u);
+  auto ids = ParseEmbeddingsRequest(R"({"input": [1, 2, 3]})");
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(ids->input.inputs[0].token_ids, (std::vector<int32_t>{1, 2, 3}));
+  auto lists = ParseEmbeddingsRequest(R"({"input": [[1], [2, 3]]})");
+  ASSERT_TRUE(lists.ok());
+  EXPECT_EQ(lists->input.inputs.size(), 2u);
+  EXPECT_FALSE(ParseEmbeddingsRequest(R"({"input": 3})").ok());
+  EXPECT_FALSE(ParseEmbeddingsRequest(R"({"input": []})").ok());
+  EXPECT_FALSE(ParseEmbeddingsRequest(R"({"input": "x", "encoding_format": "base64"})").ok());
+  EXPECT_FALSE(ParseEmbeddingsRequest(R"({"model": "m"})").ok());
+}
+
+TEST(OpenAiEmbeddingsTest, Body) {
+  json j = json::parse(EmbeddingsBody({{1.0f, 0.0f}, {0.5f, 0.5f}}, "m", Usage{7, 0, 0}));
+  EXPECT_EQ(j["object"], "list");
+  ASSERT_EQ(j["data"].size(), 2u);
+  EXPECT_EQ(j["data"][1]["index"], 1);
+  EXPECT_EQ(j["data"][1]["object"], "embedding");
+  EXPECT_EQ(j["data"][0]["embedding"], json({1.0, 0.0}));
+  EXPECT_EQ(j["usage"], json({{"prompt_tokens", 7}, {"total_tokens", 7}}));
+  json models = json::parse(ModelsBody({"a", "b"}));
+  EXPECT_EQ(models["data"][1]["id"], "b");
+  EXPECT_EQ(models["data"][0]["object"], "model");
+}
+
+}  // namespace
+}  // namespace carpool::router
