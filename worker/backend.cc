@@ -139,6 +139,7 @@ class EngineBackend : public Backend {
     r.tokenizer = absl::StartsWith(o.model, "synthetic:") ? "byte" : "";
     r.bos_token_id = c.bos_token_id;
     r.max_num_batched_tokens = o.scheduler.max_num_batched_tokens;
+    r.hidden_size = c.hidden_size;
     return r;
   }
 
@@ -213,7 +214,19 @@ class EngineBackend : public Backend {
     l.waiting = engine_->scheduler().num_waiting();
     l.kv_used_blocks = engine_->kv_cache().num_used_blocks();
     l.kv_free_blocks = engine_->kv_cache().num_free_blocks();
+    l.preemptions = engine_->scheduler().num_preemptions();
     return l;
+  }
+
+  // Not under tensor parallelism: LlamaModel::Embed refuses there.
+  int embed_dim() const override {
+    const cluster::Communicator* group = engine_->options().tensor_parallel_group;
+    return group == nullptr || group->size() == 1 ? engine_->model_config().hidden_size : 0;
+  }
+
+  absl::StatusOr<std::vector<std::vector<float>>> EmbedBatch(
+      absl::Span<const EmbeddingInput* const> inputs) override {
+    return engine_->Embed(inputs);
   }
 
   std::optional<KvEventsInfo> TakeKvEvents(bool snapshot, int64_t now_micros) override {

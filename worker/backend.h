@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "common/messages.h"
 #include "worker/engine.h"
 
@@ -39,7 +40,22 @@ class Backend {
   // could run.
   virtual std::vector<TokenEvent> Step() = 0;
 
+  // running, waiting, KV blocks and the cumulative preemption count; embed_queued is left for
+  // the engine loop, which owns the embedding queue.
   virtual WorkerLoad Load() const = 0;
+
+  // Embeddings (docs/dynamic_batching.md, "Embeddings in the worker"). The width of the vectors
+  // EmbedBatch returns; 0 when this backend cannot embed. Default: 0.
+  virtual int embed_dim() const { return 0; }
+  // One vector of embed_dim() floats per input, in input order, or one error for the whole
+  // batch: INVALID_ARGUMENT naming the bad input (empty, a token outside the vocabulary, too
+  // long), UNIMPLEMENTED when this backend cannot embed. Runs at once on the calling (engine)
+  // thread, between steps; keeps nothing (no KV blocks) afterwards. A result depends only on
+  // its input, not on the rest of the batch.
+  virtual absl::StatusOr<std::vector<std::vector<float>>> EmbedBatch(
+      absl::Span<const EmbeddingInput* const> inputs) {
+    return absl::UnimplementedError("this worker's model cannot compute embeddings");
+  }
 
   // Prefix-cache blocks (KvCacheManager block hashes of prompt prefixes) that this backend came
   // to hold or stopped holding since the last call; with `snapshot`, a reset followed by every

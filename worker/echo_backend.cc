@@ -1,6 +1,7 @@
 #include "worker/echo_backend.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -63,12 +64,60 @@ class EchoBackend : public Backend {
     return l;
   }
 
+  int embed_dim() const override { return kEchoEmbedDim; }
+
+  absl::StatusOr<std::vector<std::vector<float>>> EmbedBatch(
+      absl::Span<const EmbeddingInput* const> inputs) override {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (inputs[i]->tokens.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat("embedding input ", i, " is empty"));
+      }
+      for (size_t j = 0; j < inputs[i]->tokens.size(); ++j) {
+        if (inputs[i]->tokens[j] < 0) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "embedding input ", i, ": token ", j, " has id ", inputs[i]->tokens[j],
+              ", outside the vocabulary [0, ", kEchoVocabSize, ")"));
+        }
+      }
+    }
+    std::vector<std::vector<float>> out;
+    for (const EmbeddingInput* in : inputs) {
+      out.push_back(EchoEmbedding(in->tokens, in->pooling, in->normalize));
+    }
+    return out;
+  }
+
  private:
   const RegisterInfo capacity_;
   std::vector<TokenEvent> pending_;  // answers for the next Step(), in dispatch order
 };
 
 }  // namespace
+
+std::vector<float> EchoEmbedding(const std::vector<int32_t>& tokens, Pooling pooling,
+                                 bool normalize) {
+  auto e = [](int32_t t, int j) {
+    return static_cast<double>((int64_t{t} + 1) * (j + 1) * 7919 % 2003) / 1001.0 - 1.0;
+  };
+  std::vector<double> v(kEchoEmbedDim, 0.0);
+  for (int j = 0; j < kEchoEmbedDim; ++j) {
+    if (pooling == Pooling::kLast) {
+      v[j] = e(tokens.back(), j);
+    } else {
+      for (int32_t t : tokens) v[j] += e(t, j);
+      v[j] /= static_cast<double>(tokens.size());
+    }
+  }
+  double scale = 1.0;
+  if (normalize) {
+    double ss = 0.0;
+    for (double x : v) ss += x * x;
+    scale = ss > 0.0 ? 1.0 / std::sqrt(ss) : 0.0;
+  }
+  std::vector<float> out(kEchoEmbedDim);
+  for (int j = 0; j < kEchoEmbedDim; ++j) out[j] = static_cast<float>(v[j] * scale);
+  return out;
+}
 
 std::unique_ptr<Backend> CreateEchoBackend(const EngineOptions& o) {
   RegisterInfo r;
@@ -78,6 +127,7 @@ std::unique_ptr<Backend> CreateEchoBackend(const EngineOptions& o) {
   r.vocab_size = kEchoVocabSize;
   r.tokenizer = "byte";
   r.max_num_batched_tokens = o.scheduler.max_num_batched_tokens;
+  r.hidden_size = kEchoEmbedDim;
   int64_t blocks = o.num_kv_blocks;
   if (blocks <= 0) {
     const int64_t per_seq = (int64_t{r.max_model_len} + r.block_size - 1) / r.block_size;

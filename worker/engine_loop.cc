@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <csignal>
 #include <utility>
 #include <vector>
@@ -24,19 +25,63 @@ void BlockTerminationSignals() {
 
 }  // namespace
 
+DynamicBatcherOptions EngineLoopOptions::DefaultEmbedOptions() {
+  DynamicBatcherOptions o;
+  o.max_batch_size = 32;
+  o.max_wait_micros = 2'000;
+  o.max_concurrent_batches = 1;
+  o.max_queue_size = 1024;
+  return o;
+}
+
+EngineLoop::EngineLoop(Backend* backend, Socket* pair, SharedLoad* load,
+                       const EngineLoopOptions& options)
+    : backend_(backend),
+      pair_(pair),
+      load_(load),
+      idle_wait_ms_(options.idle_wait_ms),
+      embed_options_(options.embed),
+      clock_(options.embed.clock != nullptr ? options.embed.clock : Clock::Real()),
+      described_(backend->Describe()) {
+  if (backend_->embed_dim() <= 0) return;
+  absl::StatusOr<std::unique_ptr<EmbedBatcher>> batcher = EmbedBatcher::Create(embed_options_);
+  if (!batcher.ok()) {
+    // WorkerServerOptions::Validate has checked the options; embed dispatches fail if not.
+    Log("engine: embeddings disabled: ", batcher.status().ToString());
+    return;
+  }
+  embedder_ = *std::move(batcher);
+}
+
+EngineLoop::~EngineLoop() {
+  embeds_.clear();  // the batcher's last callbacks (UNAVAILABLE) find nothing to answer
+  embedder_.reset();
+}
+
 void EngineLoop::Run() {
   BlockTerminationSignals();
   bool stalled = false;  // work queued but the last step ran nothing (static batching waits)
   for (;;) {
-    const int wait = !backend_->has_unfinished() ? idle_wait_ms_ : (stalled ? 1 : 0);
-    DrainInbox(wait);
+    DrainInbox(WaitMs(stalled));
     stalled = backend_->has_unfinished() && !StepOnce();
-    load_->Publish(backend_->Load());
-    if (draining_ && !backend_->has_unfinished()) break;
+    RunEmbedBatch();  // at most one between two steps
+    load_->Publish(CurrentLoad());
+    if (draining_ && !backend_->has_unfinished() && embeds_.empty()) break;
   }
   if (absl::Status s = pair_->Send({kTagDone}); !s.ok()) {
     Log("engine: cannot report done: ", s.ToString());
   }
+}
+
+int EngineLoop::WaitMs(bool stalled) const {
+  int64_t wait = !backend_->has_unfinished() ? idle_wait_ms_ : (stalled ? 1 : 0);
+  if (embedder_ != nullptr && wait > 0) {
+    if (std::optional<int64_t> due = embedder_->NextDeadline(); due.has_value()) {
+      const int64_t micros = *due - clock_->NowMicros();
+      wait = micros <= 0 ? 0 : std::min(wait, (micros + 999) / 1000);
+    }
+  }
+  return static_cast<int>(wait);
 }
 
 void EngineLoop::DrainInbox(int timeout_ms) {
@@ -67,8 +112,11 @@ void EngineLoop::HandleRouterFrame(const std::string& frame) {
   if (!m.ok()) return;  // the I/O thread has checked it already
   if (const auto* d = std::get_if<DispatchInfo>(&*m)) {
     OnDispatch(*d);
+  } else if (auto* e = std::get_if<EmbedDispatchInfo>(&*m)) {
+    OnEmbedDispatch(std::move(*e));
   } else if (const auto* c = std::get_if<WorkerCancelInfo>(&*m)) {
     backend_->Cancel(c->request_id);
+    CancelEmbed(c->request_id);
   }
 }
 
@@ -78,6 +126,9 @@ void EngineLoop::OnEpoch(uint64_t epoch) {
   if (owner_epoch_ != 0 && owner_epoch_ != epoch) {
     // The router gave up this worker's old registration and with it these requests.
     backend_->CancelAll();
+    std::vector<uint64_t> embeds;
+    for (const auto& [id, job] : embeds_) embeds.push_back(id);
+    for (uint64_t id : embeds) CancelEmbed(id);
   }
   owner_epoch_ = epoch;
   // The router forgets a registration's prefix blocks: tell the new one everything held.
@@ -102,6 +153,126 @@ void EngineLoop::OnDispatch(const DispatchInfo& d) {
   }
 }
 
+absl::Status EngineLoop::CheckEmbedDispatch(const EmbedDispatchInfo& d) const {
+  if (embedder_ == nullptr) {
+    return absl::InvalidArgumentError(
+        "this worker cannot compute embeddings (it registered embed_queue_size 0)");
+  }
+  if (embeds_.contains(d.request_id)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request ", d.request_id, " is already running on this worker"));
+  }
+  if (d.inputs.empty()) return absl::InvalidArgumentError("embed request has no inputs");
+  if (static_cast<int64_t>(d.inputs.size()) > embed_options_.max_queue_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("embed request has ", d.inputs.size(),
+                     " inputs; this worker's embed queue holds ", embed_options_.max_queue_size));
+  }
+  for (size_t i = 0; i < d.inputs.size(); ++i) {
+    const std::vector<int32_t>& tokens = d.inputs[i];
+    if (tokens.empty()) return absl::InvalidArgumentError(absl::StrCat("input ", i, " is empty"));
+    if (described_.max_model_len > 0 &&
+        static_cast<int64_t>(tokens.size()) > described_.max_model_len) {
+      return absl::InvalidArgumentError(absl::StrCat("input ", i, " has ", tokens.size(),
+                                                     " tokens; max_model_len is ",
+                                                     described_.max_model_len));
+    }
+    for (size_t j = 0; j < tokens.size(); ++j) {
+      if (tokens[j] < 0 || (described_.vocab_size > 0 && tokens[j] >= described_.vocab_size)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("input ", i, ": token ", j, " has id ", tokens[j],
+                         ", outside the vocabulary [0, ", described_.vocab_size, ")"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+void EngineLoop::OnEmbedDispatch(EmbedDispatchInfo d) {
+  if (absl::Status s = CheckEmbedDispatch(d); !s.ok()) {
+    Fail(d.request_id, s.code(), reason::kInvalidArgument, std::string(s.message()));
+    return;
+  }
+  const int64_t queued = embedder_->Stats().queued;
+  const int64_t n = static_cast<int64_t>(d.inputs.size());
+  if (queued + n > embed_options_.max_queue_size) {
+    Fail(d.request_id, absl::StatusCode::kResourceExhausted, reason::kQueueFull,
+         absl::StrCat("embed queue is full: ", queued, " of ", embed_options_.max_queue_size,
+                      " inputs queued, the request has ", n));
+    return;
+  }
+  EmbedJob& job = embeds_[d.request_id];
+  job.results.resize(d.inputs.size());
+  job.remaining = d.inputs.size();
+  for (size_t i = 0; i < d.inputs.size(); ++i) {
+    EmbeddingInput input;
+    input.tokens = std::move(d.inputs[i]);
+    input.pooling = d.pooling;
+    input.normalize = d.normalize;
+    const uint64_t id = d.request_id;
+    absl::StatusOr<EmbedBatcher::Ticket> ticket =
+        embedder_->Submit(std::move(input), [this, id, i](absl::StatusOr<std::vector<float>> r) {
+          OnEmbedResult(id, i, std::move(r));
+        });
+    if (!ticket.ok()) {  // not expected after the check above: nothing else fills the queue
+      CancelEmbed(id);
+      Fail(id, absl::StatusCode::kResourceExhausted, reason::kQueueFull,
+           std::string(ticket.status().message()));
+      return;
+    }
+    embeds_[id].tickets.push_back(*ticket);
+  }
+}
+
+void EngineLoop::OnEmbedResult(uint64_t request_id, size_t index,
+                               absl::StatusOr<std::vector<float>> r) {
+  auto it = embeds_.find(request_id);
+  if (it == embeds_.end()) return;  // cancelled, or failed by another input
+  if (!r.ok()) {
+    // Report once, and drop the other inputs still queued.
+    CancelEmbed(request_id);
+    const bool invalid = r.status().code() == absl::StatusCode::kInvalidArgument;
+    Fail(request_id, invalid ? absl::StatusCode::kInvalidArgument : absl::StatusCode::kInternal,
+         invalid ? reason::kInvalidArgument : reason::kInternal,
+         absl::StrCat("embedding input ", index, " of the request failed: ",
+                      invalid ? std::string(r.status().message()) : r.status().ToString()));
+    return;
+  }
+  EmbedJob& job = it->second;
+  job.results[index] = *std::move(r);
+  if (--job.remaining > 0) return;
+  EmbedDoneInfo done;
+  done.epoch = epoch_;
+  done.request_id = request_id;
+  done.embeddings = std::move(job.results);
+  embeds_.erase(it);
+  SendToRouter(done);
+}
+
+void EngineLoop::CancelEmbed(uint64_t request_id) {
+  auto it = embeds_.find(request_id);
+  if (it == embeds_.end()) return;
+  const std::vector<EmbedBatcher::Ticket> tickets = std::move(it->second.tickets);
+  embeds_.erase(it);  // first: Cancel runs the CANCELLED callbacks right here
+  for (EmbedBatcher::Ticket t : tickets) embedder_->Cancel(t);
+}
+
+bool EngineLoop::RunEmbedBatch() {
+  if (embedder_ == nullptr) return false;
+  std::optional<EmbedBatcher::Batch> batch = embedder_->TryTakeBatch(clock_->NowMicros());
+  if (!batch.has_value()) return false;
+  absl::StatusOr<std::vector<std::vector<float>>> results =
+      backend_->EmbedBatch(batch->requests());
+  embedder_->Complete(*std::move(batch), std::move(results));
+  return true;
+}
+
+WorkerLoad EngineLoop::CurrentLoad() const {
+  WorkerLoad l = backend_->Load();
+  l.embed_queued = embedder_ == nullptr ? 0 : static_cast<int>(embedder_->Stats().queued);
+  return l;
+}
+
 bool EngineLoop::StepOnce() {
   std::vector<TokenEvent> events = backend_->Step();
   if (events.empty()) return false;
@@ -110,7 +281,7 @@ bool EngineLoop::StepOnce() {
   StepTokensInfo step;
   step.epoch = epoch_;
   step.events = std::move(events);
-  step.load = backend_->Load();
+  step.load = CurrentLoad();
   SendToRouter(step);
   return true;
 }

@@ -6,18 +6,23 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/messages.h"
 #include "common/transport.h"
 #include "worker/backend.h"
+#include "worker/batching/dynamic_batcher.h"
 
 namespace carpool::worker::internal {
 
 // The inproc PAIR between the two threads carries [tag, payload...]:
-//   I/O -> engine: kTagRouter + a router frame (dispatch or cancel), kTagEpoch + the new
-//                  epoch (0: re-registering, send nothing), kTagDrain.
+//   I/O -> engine: kTagRouter + a router frame (dispatch, embed dispatch or cancel), kTagEpoch
+//                  + the new epoch (0: re-registering, send nothing), kTagDrain.
 //   engine -> I/O: kTagSend + the epoch it is stamped with + an encoded WorkerMessage,
 //                  kTagDone once drained (the engine thread has exited).
 inline constexpr char kTagRouter[] = "router";
@@ -49,38 +54,84 @@ class SharedLoad {
     waiting_.store(l.waiting, std::memory_order_relaxed);
     kv_used_.store(l.kv_used_blocks, std::memory_order_relaxed);
     kv_free_.store(l.kv_free_blocks, std::memory_order_relaxed);
+    preemptions_.store(l.preemptions, std::memory_order_relaxed);
+    embed_queued_.store(l.embed_queued, std::memory_order_relaxed);
   }
   WorkerLoad Read() const {
-    return WorkerLoad{
-        running_.load(std::memory_order_relaxed), waiting_.load(std::memory_order_relaxed),
-        kv_used_.load(std::memory_order_relaxed), kv_free_.load(std::memory_order_relaxed)};
+    WorkerLoad l;
+    l.running = running_.load(std::memory_order_relaxed);
+    l.waiting = waiting_.load(std::memory_order_relaxed);
+    l.kv_used_blocks = kv_used_.load(std::memory_order_relaxed);
+    l.kv_free_blocks = kv_free_.load(std::memory_order_relaxed);
+    l.preemptions = preemptions_.load(std::memory_order_relaxed);
+    l.embed_queued = embed_queued_.load(std::memory_order_relaxed);
+    return l;
   }
 
  private:
-  std::atomic<int> running_{0}, waiting_{0}, kv_used_{0}, kv_free_{0};
+  std::atomic<int> running_{0}, waiting_{0}, kv_used_{0}, kv_free_{0}, embed_queued_{0};
+  std::atomic<int64_t> preemptions_{0};
+};
+
+struct EngineLoopOptions {
+  // Longest sleep without work. Default: 50.
+  int idle_wait_ms = 50;
+  // The embedding batcher (pull mode, driven by the loop). max_concurrent_batches must be 1:
+  // batches run on the engine thread, one at a time. Unused when the backend cannot embed.
+  // Default: 32 inputs a batch, 2 ms wait, a queue of 1024 inputs, the real clock.
+  DynamicBatcherOptions embed = DefaultEmbedOptions();
+
+  static DynamicBatcherOptions DefaultEmbedOptions();
 };
 
 // Owns the Backend (through the pointer it is given) for as long as Run runs. Takes dispatches
 // and cancels from the pair, runs one step at a time, sends one `step` message per step that
 // produced events, stamped with the current epoch, and publishes the load after each step.
+// Embed dispatches go into a pull-mode DynamicBatcher, one item per input; each dispatch is
+// answered by one `embed_done` once all its inputs are done, or one `failed`. Policy: each
+// iteration runs at most one engine step and then at most one embedding batch, so no step
+// waits for more than one embedding batch; without generation work the iterations (and so the
+// batches) follow each other without sleeping, and the poll timeout never passes the
+// batcher's next deadline (rounded up to a millisecond), so max_wait is kept.
 // Prefix-cache changes go out as `kv_events` just before a step's message (at most one check
 // for evictions every 250 ms), and in full after every new registration.
 // Nothing is sent while the epoch is 0; a new nonzero epoch cancels the requests taken under the
 // previous one (the router that issued it has given them up).
 class EngineLoop {
  public:
-  EngineLoop(Backend* backend, Socket* pair, SharedLoad* load, int idle_wait_ms)
-      : backend_(backend), pair_(pair), load_(load), idle_wait_ms_(idle_wait_ms) {}
+  // REQUIRES: options.embed.Validate() is OK and max_concurrent_batches is 1.
+  EngineLoop(Backend* backend, Socket* pair, SharedLoad* load, const EngineLoopOptions& options);
+  ~EngineLoop();
 
-  // Returns once drained, after telling the I/O thread.
+  // Returns once drained (generation and embeddings), after telling the I/O thread.
   void Run();
 
  private:
+  using EmbedBatcher = DynamicBatcher<EmbeddingInput, std::vector<float>>;
+  // An embed dispatch in flight.
+  struct EmbedJob {
+    std::vector<EmbedBatcher::Ticket> tickets;
+    std::vector<std::vector<float>> results;  // by input
+    size_t remaining = 0;
+  };
+
+  // How long the next DrainInbox may wait.
+  int WaitMs(bool stalled) const;
   void DrainInbox(int timeout_ms);
   void Handle(const Frames& frames);
   void HandleRouterFrame(const std::string& frame);
   void OnEpoch(uint64_t epoch);
   void OnDispatch(const DispatchInfo& d);
+  void OnEmbedDispatch(EmbedDispatchInfo d);
+  // INVALID_ARGUMENT naming the problem when `d` cannot be embedded here.
+  absl::Status CheckEmbedDispatch(const EmbedDispatchInfo& d) const;
+  // The batcher's callback for input `index` of request `request_id`.
+  void OnEmbedResult(uint64_t request_id, size_t index, absl::StatusOr<std::vector<float>> r);
+  // Forgets an embed dispatch and cancels its inputs; nothing is sent. Unknown ids: no-op.
+  void CancelEmbed(uint64_t request_id);
+  // Runs one embedding batch if one is due; false when none was.
+  bool RunEmbedBatch();
+  WorkerLoad CurrentLoad() const;
   // Runs one step; false when it produced nothing.
   bool StepOnce();
   // Sends the backend's prefix-cache changes (all it holds, as a reset, with `snapshot`).
@@ -93,10 +144,17 @@ class EngineLoop {
   Socket* const pair_;
   SharedLoad* const load_;
   const int idle_wait_ms_;
+  const DynamicBatcherOptions embed_options_;
+  Clock* const clock_;
+  const RegisterInfo described_;  // vocabulary and max_model_len for checking embed inputs
   uint64_t epoch_ = 0;        // stamped on every message; 0 while (re)registering
   uint64_t owner_epoch_ = 0;  // the epoch the requests in flight were taken under
   bool draining_ = false;
   int64_t send_failures_ = 0;
+  absl::flat_hash_map<uint64_t, EmbedJob> embeds_;  // by router request id
+  // Null when the backend cannot embed. Last: destroyed first, while its callbacks can still
+  // reach embeds_.
+  std::unique_ptr<EmbedBatcher> embedder_;
 };
 
 }  // namespace carpool::worker::internal

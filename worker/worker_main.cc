@@ -1,7 +1,7 @@
 // carpool-worker: one engine (or echo) serving the router's requests.
 //
 //   carpool-worker --router tcp://127.0.0.1:5556 --model synthetic:tiny [engine flags]
-//                  [--worker-id ID] [--heartbeat-ms 200]
+//                  [--worker-id ID] [--heartbeat-ms 200] [--embed-* flags]
 //   mpirun -np 1 carpool-router : -np 4 carpool-worker --tp 2 --model DIR    (worker/mpi_worker.h)
 //
 // SIGTERM / SIGINT drain the worker: new requests are refused, running ones finish, it
@@ -14,6 +14,8 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "cluster/mpi_job.h"
 #include "common/flags.h"
 #include "worker/engine_flags.h"
@@ -80,6 +82,26 @@ int main(int argc, char** argv) {
   carpool::worker::RegisterEngineFlags(&parser, &options.engine);
   parser.AddString("worker-id", &options.worker_id, "routing id (default: hostname:pid)");
   parser.AddInt("heartbeat-ms", &options.heartbeat_ms, "heartbeat interval (default 200)");
+  parser.AddInt("embed-max-batch-size", &options.embed.max_batch_size,
+                "most embedding inputs in one batch (default 32)");
+  parser.AddCustom(
+      "embed-max-wait-ms",
+      [&options](const std::string& v) {
+        double ms;
+        if (!absl::SimpleAtod(v, &ms) || !(ms >= 0) || ms > 3.6e6) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("--embed-max-wait-ms must be a number in [0, 3600000], got '", v, "'"));
+        }
+        options.embed.max_wait_micros = static_cast<int64_t>(ms * 1000);
+        return absl::OkStatus();
+      },
+      "a batch that is not full runs this long after its first input arrived (default 2)");
+  parser.AddInt("embed-max-concurrent-batches", &options.embed.max_concurrent_batches,
+                "embedding batches running at once; must be 1: batches run on the engine thread, "
+                "one at a time, at most one between two generation steps (default 1)");
+  parser.AddInt("embed-queue-size", &options.embed.max_queue_size,
+                "most embedding inputs waiting for a batch, >= --embed-max-batch-size; more are "
+                "refused with queue_full (default 1024)");
   parser.AddInt("tp", &tp,
                 "tensor-parallel ranks per worker, consecutive ranks of the mpirun job (default 1)");
   parser.AddInt("tp-heartbeat-ms", &tp_heartbeat_ms,
@@ -101,6 +123,10 @@ int main(int argc, char** argv) {
   if (!parser.positionals().empty()) {
     std::cerr << "carpool-worker: unexpected argument '" << parser.positionals()[0] << "'\n"
               << kUsage;
+    return 2;
+  }
+  if (absl::Status s = options.ValidateEmbed(); !s.ok()) {
+    std::cerr << "carpool-worker: " << s.message() << "\n";
     return 2;
   }
   // Before the model loads, so a SIGTERM during a long load is not lost.

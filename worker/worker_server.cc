@@ -19,6 +19,7 @@ namespace carpool::worker {
 namespace {
 
 using internal::EngineLoop;
+using internal::EngineLoopOptions;
 using internal::kMaxFramesPerWake;
 using internal::kPairEndpoint;
 using internal::kPairHighWaterMark;
@@ -171,6 +172,10 @@ void IoLoop::OnRouterFrame(const std::string& frame) {
     RefuseDraining(d->request_id);
     return;
   }
+  if (const auto* e = std::get_if<EmbedDispatchInfo>(&*m); e != nullptr && draining_) {
+    RefuseDraining(e->request_id);
+    return;
+  }
   ToEngine({kTagRouter, frame});
 }
 
@@ -278,6 +283,36 @@ SocketOptions WorkerServerOptions::DefaultSocketOptions() {
   return o;
 }
 
+DynamicBatcherOptions WorkerServerOptions::DefaultEmbedOptions() {
+  return EngineLoopOptions::DefaultEmbedOptions();
+}
+
+absl::Status WorkerServerOptions::ValidateEmbed() const {
+  if (embed.max_batch_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--embed-max-batch-size must be >= 1, got ", embed.max_batch_size));
+  }
+  if (embed.max_wait_micros < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--embed-max-wait-ms must be >= 0, got ",
+                                                   embed.max_wait_micros / 1000.0));
+  }
+  if (embed.max_concurrent_batches != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--embed-max-concurrent-batches must be 1 (embedding batches run on the engine thread, "
+        "one at a time), got ",
+        embed.max_concurrent_batches));
+  }
+  if (embed.max_queue_size < embed.max_batch_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--embed-queue-size (", embed.max_queue_size,
+                     ") must be >= --embed-max-batch-size (", embed.max_batch_size, ")"));
+  }
+  if (absl::Status s = embed.Validate(); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--embed-* flags: ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status WorkerServerOptions::Validate() const {
   if (router_endpoint.empty()) return absl::InvalidArgumentError("--router is required");
   if (heartbeat_ms < 1) {
@@ -291,6 +326,7 @@ absl::Status WorkerServerOptions::Validate() const {
   if (engine.scheduler.max_num_seqs < 1 || engine.scheduler.max_num_batched_tokens < 1) {
     return absl::InvalidArgumentError("--max-num-seqs and --max-num-batched-tokens must be >= 1");
   }
+  RETURN_IF_ERROR(ValidateEmbed());
   return engine.Validate();
 }
 
@@ -308,6 +344,9 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(
   server->register_ = server->backend_->Describe();
   server->register_.worker_id = server->options_.worker_id;
   server->register_.model = options.engine.model;
+  const int embed_dim = server->backend_->embed_dim();
+  server->register_.embed_queue_size = embed_dim > 0 ? options.embed.max_queue_size : 0;
+  if (embed_dim > 0) server->register_.hidden_size = embed_dim;
   return server;
 }
 
@@ -336,12 +375,16 @@ absl::Status WorkerServer::Run() {
   Log("worker ", r.worker_id, " -> router ", options_.router_endpoint, "; model ", r.model,
       "; max_num_seqs ", r.max_num_seqs, ", kv ", r.num_kv_blocks, " blocks x ", r.block_size,
       " tokens, max_model_len ", r.max_model_len, ", vocab ", r.vocab_size,
-      ", max_num_batched_tokens ", r.max_num_batched_tokens);
+      ", max_num_batched_tokens ", r.max_num_batched_tokens, ", embed_queue_size ",
+      r.embed_queue_size, " (hidden_size ", r.hidden_size, ")");
   SharedLoad load;
   load.Publish(backend_->Load());
   // The engine thread takes over engine_pair and the backend until it reports done.
+  EngineLoopOptions loop_options;
+  loop_options.idle_wait_ms = options_.idle_wait_ms;
+  loop_options.embed = options_.embed;
   std::thread engine_thread(
-      [&] { EngineLoop(backend_.get(), engine_pair.get(), &load, options_.idle_wait_ms).Run(); });
+      [&] { EngineLoop(backend_.get(), engine_pair.get(), &load, loop_options).Run(); });
   IoLoop(options_, register_, dealer.get(), io_pair.get(), &load, &drain_requested_).Run();
   engine_thread.join();
   Log("exit");

@@ -13,7 +13,9 @@
 //     dispatches itself, so whatever reached the engine before the drain finishes.
 //   engine thread: owns the Backend. It takes dispatch / cancel / drain, runs one step at a time
 //     and sends one `step` message per step carrying every request's events, stamped with the
-//     current epoch, and publishes its load through atomics for the heartbeats.
+//     current epoch, and publishes its load through atomics for the heartbeats. Embed dispatches
+//     go through a dynamic batcher whose batches run on this thread, at most one between two
+//     steps (docs/dynamic_batching.md, "Embeddings in the worker").
 // The two talk over an inproc PAIR. A new registration epoch cancels the requests taken under
 // the previous one: a router that does not know this worker's epoch has already given them up.
 // Undecodable frames from the router are logged to stderr and dropped.
@@ -29,6 +31,7 @@
 #include "common/messages.h"
 #include "common/transport.h"
 #include "worker/backend.h"
+#include "worker/batching/batch_queue.h"
 #include "worker/engine.h"
 
 namespace carpool::worker {
@@ -48,12 +51,20 @@ struct WorkerServerOptions {
   int idle_wait_ms = 50;
   // How long exit waits to flush `deregister` to the router. Default: 1000.
   int linger_ms = 1000;
+  // Embedding batches (--embed-*). max_concurrent_batches must be 1: batches run on the engine
+  // thread, one at a time. max_queue_size is what `register` advertises as embed_queue_size
+  // (0 there when the model cannot embed, e.g. under tensor parallelism).
+  // Default: 32 inputs a batch, 2 ms max wait, one batch at a time, 1024 inputs queued.
+  DynamicBatcherOptions embed = DefaultEmbedOptions();
   // The DEALER's options (message size, queue, ...). routing_id is replaced by worker_id.
   // Default: reconnect every 100 ms at first, backing off to 2000 ms.
   SocketOptions socket = DefaultSocketOptions();
 
   absl::Status Validate() const;
+  // The embed options alone, with errors naming the --embed-* flags.
+  absl::Status ValidateEmbed() const;
   static SocketOptions DefaultSocketOptions();
+  static DynamicBatcherOptions DefaultEmbedOptions();
 };
 
 class WorkerServer {
