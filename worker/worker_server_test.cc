@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/checkpoint_writer.h"
+#include "worker/echo_backend.h"
 #include "worker/kv_cache/kv_cache_manager.h"
 #include "worker/weights/weights.h"
 
@@ -225,6 +226,8 @@ TEST_F(WorkerServerTest, RegistersWithEngineCapacityThenHeartbeatsCarryTheEpoch)
   EXPECT_EQ(r->tokenizer, "byte");
   EXPECT_EQ(r->bos_token_id, 256);
   EXPECT_EQ(r->max_num_batched_tokens, 2048);
+  EXPECT_EQ(r->embed_queue_size, 1024);
+  EXPECT_GT(r->hidden_size, 0);
 
   for (int i = 0; i < 3; ++i) {
     std::optional<HeartbeatInfo> hb = router_.WaitFor<HeartbeatInfo>();
@@ -554,6 +557,97 @@ TEST_F(WorkerServerTest, EchoRegistersItsCapacity) {
   EXPECT_EQ(r->vocab_size, 1 << 30);
   EXPECT_EQ(r->tokenizer, "byte");
   EXPECT_GT(r->num_kv_blocks, 0);
+  EXPECT_EQ(r->embed_queue_size, 1024);
+  EXPECT_EQ(r->hidden_size, kEchoEmbedDim);
+}
+
+TEST_F(WorkerServerTest, RegistersTheConfiguredEmbedQueueSize) {
+  WorkerServerOptions o = Options(router_.endpoint(), Echo());
+  o.embed.max_batch_size = 4;
+  o.embed.max_queue_size = 77;
+  RunningWorker worker(o);
+  std::optional<RegisterInfo> r = router_.Register(3);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->embed_queue_size, 77);
+}
+
+TEST_F(WorkerServerTest, BadEmbedOptionsAreRefusedNamingTheFlag) {
+  WorkerServerOptions o = Options(router_.endpoint(), Echo());
+  o.embed.max_concurrent_batches = 2;
+  EXPECT_THAT(WorkerServer::Create(o).status().message(),
+              ::testing::HasSubstr("--embed-max-concurrent-batches"));
+  o = Options(router_.endpoint(), Echo());
+  o.embed.max_queue_size = 8;
+  EXPECT_THAT(WorkerServer::Create(o).status().message(),
+              ::testing::HasSubstr("--embed-queue-size"));
+}
+
+TEST_F(WorkerServerTest, EchoAnswersAnEmbedDispatch) {
+  RunningWorker worker(Options(router_.endpoint(), Echo()));
+  ASSERT_TRUE(router_.Register(3).has_value());
+  EmbedDispatchInfo d;
+  d.request_id = 9;
+  d.inputs = {{1, 2, 3}, {70000}, {5, 5}};
+  d.pooling = Pooling::kMean;
+  d.normalize = true;
+  router_.Send(d);
+  std::optional<EmbedDoneInfo> done = router_.WaitFor<EmbedDoneInfo>();
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->epoch, 3u);
+  EXPECT_EQ(done->request_id, 9u);
+  ASSERT_EQ(done->embeddings.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(done->embeddings[i], EchoEmbedding(d.inputs[i], Pooling::kMean, true));
+    double ss = 0;
+    for (float x : done->embeddings[i]) ss += x * x;
+    EXPECT_NEAR(ss, 1.0, 1e-6);
+  }
+  EXPECT_EQ(EchoEmbedding({4, 9}, Pooling::kLast, false),
+            EchoEmbedding({9}, Pooling::kMean, false));
+}
+
+TEST_F(WorkerServerTest, EmbedDispatchMatchesTheEngine) {
+  RunningWorker worker(Options(router_.endpoint(), TinyEngine()));
+  ASSERT_TRUE(router_.Register(7).has_value());
+  EmbedDispatchInfo d;
+  d.request_id = 5;
+  d.inputs = {{256, 10, 20, 30}, {256, 7}};
+  d.pooling = Pooling::kLast;
+  d.normalize = false;
+  router_.Send(d);
+  std::optional<EmbedDoneInfo> done = router_.WaitFor<EmbedDoneInfo>();
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->request_id, 5u);
+
+  auto engine = Engine::Create(TinyEngine());
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::vector<EmbeddingInput> inputs(2);
+  std::vector<const EmbeddingInput*> pointers;
+  for (size_t i = 0; i < 2; ++i) {
+    inputs[i].tokens = d.inputs[i];
+    inputs[i].pooling = Pooling::kLast;
+    inputs[i].normalize = false;
+    pointers.push_back(&inputs[i]);
+  }
+  auto want = (*engine)->Embed(pointers);
+  ASSERT_TRUE(want.ok()) << want.status();
+  EXPECT_EQ(done->embeddings, *want);
+  EXPECT_EQ(done->embeddings[0].size(), static_cast<size_t>((*engine)->model_config().hidden_size));
+}
+
+TEST_F(WorkerServerTest, DrainingRefusesEmbedDispatches) {
+  RunningWorker worker(Options(router_.endpoint(), Echo()));
+  ASSERT_TRUE(router_.Register(3).has_value());
+  router_.Send(DrainInfo{});
+  EmbedDispatchInfo d;
+  d.request_id = 12;
+  d.inputs = {{1}};
+  router_.Send(d);
+  std::optional<RequestFailedInfo> failed = router_.WaitFor<RequestFailedInfo>();
+  ASSERT_TRUE(failed.has_value());
+  EXPECT_EQ(failed->request_id, 12u);
+  EXPECT_EQ(failed->error.reason, reason::kDraining);
+  ASSERT_TRUE(worker.WaitDone());
 }
 
 TEST_F(WorkerServerTest, EchoAnswersEachDispatchWithOneStep) {
