@@ -253,3 +253,32 @@ def test_stats(cluster):
     assert w.num_kv_blocks > 0
     assert stats.requests_total >= 1
     assert {t.name for t in stats.tenants} == {"py", "one"}
+
+
+def test_embed(cluster):
+    texts = ["the carpool left at dawn", "b", "the carpool left at dawn"]
+    with carpool.Client(cluster.frontend, api_key=KEY, timeout=60) as client:
+        r = client.embed(texts + [[256, 65, 66]], pooling="mean")
+        last = client.embed(texts[:1], pooling="last", normalize=False)
+        with pytest.raises(carpool.InvalidArgument, match=r"inputs\[1\]"):
+            client.embed(["ok", ""])
+    assert len(r) == 4
+    dim = len(r[0])
+    assert dim > 0 and all(len(e) == dim for e in r.embeddings)
+    assert r[0] == r[2]                       # same input, same embedding
+    assert abs(sum(x * x for x in r[0]) - 1.0) < 1e-4  # normalized by default
+    assert r.usage.prompt_tokens == (len(texts[0]) + 1) * 2 + 2 + 3  # BOS on each text
+    assert last[0] != r[0]
+
+
+def test_async_embed_concurrent_calls_match(cluster):
+    async def main():
+        async with carpool.AsyncClient(cluster.frontend, api_key=KEY, timeout=60) as client:
+            inputs = ["input %d" % i for i in range(12)]
+            together = await asyncio.gather(*(client.embed(t) for t in inputs))
+            alone = [await client.embed(t) for t in inputs]
+            return together, alone
+
+    together, alone = asyncio.run(main())
+    for a, b in zip(together, alone):
+        assert max(abs(x - y) for x, y in zip(a[0], b[0])) <= 1e-5
