@@ -123,10 +123,12 @@ TEST(BenchServeCliTest, JsonlDatasetReportAndDetailedResultFile) {
   EXPECT_EQ(sent[0].text, "hello");
 }
 
-TEST(BenchServeCliTest, HttpBackendIsNotYetAvailable) {
-  const testing::CommandResult r = RunBench("--backend http");
-  EXPECT_EQ(r.exit_code, 2);
-  EXPECT_THAT(r.output, HasSubstr("not yet available"));
+TEST(BenchServeCliTest, HttpBackendWithoutAGatewayFailsItsRequests) {
+  const testing::CommandResult r = RunBench(absl::StrCat(
+      "--backend http --url http://127.0.0.1:", testing::FreePort(), " --router tcp://127.0.0.1:",
+      testing::FreePort(), " --num-prompts 2 --no-progress"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("2 requests failed"));
 }
 
 TEST(BenchServeCliTest, BadFlagsExit2NamingTheProblem) {

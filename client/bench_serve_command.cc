@@ -40,6 +40,7 @@ struct ServeFlags {
   std::string dataset_name = "random";
   RunnerOptions runner;
   bench::ZmqSenderOptions sender;
+  bench::HttpSenderOptions http;
   std::string goodput;
   int64_t seed = 0;
   bool json = false;
@@ -58,7 +59,12 @@ absl::Status ParseLength(const std::string& v, LengthDist* out) {
 }
 
 void RegisterServeFlags(FlagParser* p, ServeFlags* f) {
-  p->AddString("backend", &f->backend, "zmq (the router's ZeroMQ frontend; default) or http");
+  p->AddString("backend", &f->backend,
+               "zmq (the router's ZeroMQ frontend; default) or http (the OpenAI gateway at --url)");
+  p->AddString("url", &f->http.url,
+               "http: the gateway's base URL (default http://127.0.0.1:8000); --router still "
+               "serves the stats when reachable");
+  p->AddString("model", &f->http.model, "http: the model name to send (default: none)");
   p->AddString("router", &f->client.router_endpoint,
                "the router's client endpoint (default tcp://127.0.0.1:5555)");
   p->AddInt("num-prompts", &f->dataset.num_prompts,
@@ -206,12 +212,7 @@ absl::Status Resolve(const FlagParser& parser, ServeFlags* f) {
     return absl::InvalidArgumentError(
         absl::StrCat("unexpected argument '", parser.positionals()[0], "'"));
   }
-  if (f->backend == "http") {
-    return absl::UnimplementedError(
-        "--backend http is not yet available: the HTTP gateway has not landed; use --backend "
-        "zmq (the router's ZeroMQ frontend)");
-  }
-  if (f->backend != "zmq") {
+  if (f->backend != "zmq" && f->backend != "http") {
     return absl::InvalidArgumentError(
         absl::StrCat("--backend must be zmq or http, got '", f->backend, "'"));
   }
@@ -281,24 +282,36 @@ int RunServe(int argc, char** argv, int first) {
 
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(f.client);
   if (!client.ok()) return Fail(client.status(), 2);
-  absl::StatusOr<StatsOut> first_stats = (*client)->Stats(5000);
-  if (!first_stats.ok()) {
+  const bool http = f.backend == "http";
+  absl::StatusOr<StatsOut> first_stats = (*client)->Stats(http ? 1000 : 5000);
+  if (!first_stats.ok() && !http) {
     return Fail(absl::UnavailableError(absl::StrCat("no router answered at ",
                                                     f.client.router_endpoint, ": ",
                                                     first_stats.status().message())),
                 1);
   }
-  std::unique_ptr<bench::RequestSender> sender = bench::NewZmqSender(client->get(), f.sender);
+  std::unique_ptr<bench::RequestSender> sender;
+  if (http) {
+    f.http.timeout_ms = f.sender.timeout_ms;
+    f.http.temperature = f.sender.temperature;
+    f.http.ignore_eos = f.sender.ignore_eos;
+    f.http.api_key = f.client.api_key;
+    sender = bench::NewHttpSender(f.http);
+  } else {
+    sender = bench::NewZmqSender(client->get(), f.sender);
+  }
+  // Over HTTP without a reachable router frontend: no server stats.
+  if (!first_stats.ok()) f.stats_interval_ms = 0;
   if (f.progress && isatty(STDERR_FILENO)) f.runner.progress = &std::cerr;
 
   StatsSampler sampler(client->get(), f.stats_interval_ms);
-  sampler.Sample(*first_stats);
+  if (first_stats.ok()) sampler.Sample(*first_stats);
   const bench::RunResult run = bench::RunWorkload(*requests, sender.get(), f.runner);
   sampler.Stop();
 
   bench::RunInfo info;
   info.backend = f.backend;
-  info.endpoint = f.client.router_endpoint;
+  info.endpoint = http ? f.http.url : f.client.router_endpoint;
   info.num_prompts = static_cast<int>(requests->size());
   info.request_rate = f.runner.request_rate;
   info.burstiness = f.runner.burstiness;

@@ -10,6 +10,7 @@
 #include <limits>
 #include <memory>
 #include <ostream>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -77,6 +78,23 @@ struct ZmqSenderOptions {
 // A RequestSender over carpool::Client: streaming generate, max_tokens = output_len. `client`
 // is not owned and must outlive the sender.
 std::unique_ptr<RequestSender> NewZmqSender(Client* client, const ZmqSenderOptions& options);
+
+struct HttpSenderOptions {
+  // The gateway's base URL (carpool-router --http). Default: http://127.0.0.1:8000.
+  std::string url = "http://127.0.0.1:8000";
+  // Sent as "model" when not empty; the gateway takes the served model otherwise. Default: "".
+  std::string model;
+  // Sent as "Authorization: Bearer KEY" when not empty. Default: "".
+  std::string api_key;
+  // Per request, read and write timeouts (whole seconds). Default: 600000.
+  int64_t timeout_ms = 600'000;
+  float temperature = 0;
+  bool ignore_eos = true;
+};
+
+// A RequestSender over the OpenAI-compatible HTTP gateway: POST /v1/completions with
+// stream: true, one keep-alive connection per request in flight; chunks are the SSE events.
+std::unique_ptr<RequestSender> NewHttpSender(const HttpSenderOptions& options);
 
 }  // namespace carpool::client::bench
 
