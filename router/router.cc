@@ -148,7 +148,10 @@ void Router::Impl::SendToWorker(const std::string& identity, const RouterMessage
 void Router::Impl::SendError(const std::string& client, const std::string& request_id,
                              absl::StatusCode code, const char* why, std::string message,
                              int64_t retry_after_ms) {
-  if (std::string_view(why) != reason::kCancelled) ++rejections_[why];
+  if (std::string_view(why) != reason::kCancelled) {
+    ++rejections_[why];
+    metrics_.OnError(why);
+  }
   SendToClient(client, ErrorInfo{request_id, code, why, std::move(message), retry_after_ms});
 }
 
@@ -218,6 +221,7 @@ bool Router::Impl::Enqueue(Request r, AdmissionRequest a) {
 
 void Router::Impl::OnGenerate(const std::string& client, GenerateInput input) {
   ++requests_total_;
+  metrics_.OnReceived("generate");
   const std::string rid = input.request_id;
   int tenant = -1;
   if (!Accept(client, rid, ValidateShape(input, options_.request_limits), input.api_key,
@@ -258,6 +262,7 @@ void Router::Impl::OnGenerate(const std::string& client, GenerateInput input) {
 
 void Router::Impl::OnEmbed(const std::string& client, EmbedInput input) {
   ++requests_total_;
+  metrics_.OnReceived("embed");
   const std::string rid = input.request_id;
   int tenant = -1;
   if (!Accept(client, rid, ValidateEmbedShape(input, options_.request_limits), input.api_key,
@@ -436,6 +441,7 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(const RouterOptions& opti
 const std::string& Router::frontend_endpoint() const { return impl_->frontend_endpoint(); }
 const std::string& Router::backend_endpoint() const { return impl_->backend_endpoint(); }
 const std::string& Router::curve_public_key() const { return impl_->curve_public_key(); }
+std::string Router::RenderMetrics() const { return impl_->metrics().Render(); }
 const std::string& Router::inproc_endpoint() const { return impl_->inproc_endpoint(); }
 zmq::context_t* Router::zmq_context() { return impl_->zmq_context(); }
 

@@ -77,6 +77,8 @@ class Router {
   const std::string& backend_endpoint() const;
   // The frontend's CURVE public key (Z85); empty without CURVE.
   const std::string& curve_public_key() const;
+  // The cluster view in the Prometheus text format (router/router_metrics.h). Any thread.
+  std::string RenderMetrics() const;
   // In-process clients (the HTTP gateway) connect here, with a socket of zmq_context(): the
   // frontend socket is bound to this inproc:// endpoint too (no CURVE on inproc: it never leaves
   // the process). The context lives as long as the Router; close its sockets before destroying it.

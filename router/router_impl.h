@@ -17,6 +17,7 @@
 #include "router/admission.h"
 #include "router/prefix_index.h"
 #include "router/router.h"
+#include "router/router_metrics.h"
 #include "router/worker_registry.h"
 #include "router/zap_handler.h"
 
@@ -65,6 +66,7 @@ class Router::Impl {
   const std::string& frontend_endpoint() const { return frontend_endpoint_; }
   const std::string& backend_endpoint() const { return backend_endpoint_; }
   const std::string& curve_public_key() const { return curve_public_key_; }
+  const RouterMetrics& metrics() const { return metrics_; }
   const std::string& inproc_endpoint() const { return inproc_endpoint_; }
   zmq::context_t* zmq_context() { return &context_; }
 
@@ -127,6 +129,8 @@ class Router::Impl {
   void RemoveWorker(const std::string& identity, const char* why);
   void CheckWorkers(int64_t now);
   void UpdateCapacity();
+  // The gauges of metrics_: queue, running, each worker's load.
+  void UpdateMetrics();
   std::string DecodeText(const std::vector<int32_t>& ids) const;
   StatsOut BuildStats() const;
 
@@ -141,6 +145,7 @@ class Router::Impl {
   std::string curve_public_key_;
   std::string inproc_endpoint_;
 
+  RouterMetrics metrics_;
   ModelLimits limits_;
   WorkerRegistry registry_;
   PrefixIndex prefix_index_;

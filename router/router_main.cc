@@ -170,6 +170,7 @@ int main(int argc, char** argv) {
   if (!http.listen.empty()) {
     http.router_endpoint = (*router)->inproc_endpoint();
     http.zmq_context = (*router)->zmq_context();
+    http.metrics = [r = router->get()] { return r->RenderMetrics(); };
     auto started = carpool::router::HttpGateway::Start(http);
     if (!started.ok()) return fail(started.status(), 1);
     gateway = std::move(*started);

@@ -187,6 +187,7 @@ void Router::Impl::OnWorkerMessage(const std::string& identity, WorkerMessage m)
     w->load = h->load;
   } else if (auto* s = std::get_if<StepTokensInfo>(&m)) {
     w->load = s->load;
+    metrics_.OnStep(static_cast<int>(s->events.size()), w->info.max_num_seqs);
     for (TokenEvent& e : s->events) OnTokenEvent(w, std::move(e), now);
   } else if (auto* e = std::get_if<EmbedDoneInfo>(&m)) {
     OnEmbedDone(w, std::move(*e), now);
@@ -265,6 +266,14 @@ void Router::Impl::OnTokenEvent(WorkerState* w, TokenEvent e, int64_t now) {
              r->cached_prompt_tokens};
   f.timings = {Millis(r->arrival, r->dispatched), Millis(r->arrival, r->first_token),
                Millis(r->arrival, now)};
+  const size_t n = r->output.size();
+  metrics_.OnGenerateFinished(
+      f.finish_reason, f.timings.queue_ms / 1e3,
+      r->first_token > 0 ? f.timings.ttft_ms / 1e3 : -1.0,
+      r->first_token > 0 && n > 1 ? (now - r->first_token) / 1e6 / static_cast<double>(n - 1)
+                                  : -1.0,
+      f.timings.total_ms / 1e3, f.usage.prompt_tokens, f.usage.completion_tokens,
+      f.usage.cached_prompt_tokens);
   ++w->requests_served;
   const uint64_t id = r->id;
   const std::string client = r->client;
@@ -292,6 +301,8 @@ void Router::Impl::OnEmbedDone(WorkerState* w, EmbedDoneInfo done, int64_t now) 
   // No tokens stream back: the "first token" is the answer.
   out.timings = {Millis(r->arrival, r->dispatched), Millis(r->arrival, now),
                  Millis(r->arrival, now)};
+  metrics_.OnEmbedFinished(out.timings.queue_ms / 1e3, out.timings.total_ms / 1e3,
+                           static_cast<int>(out.embeddings.size()), out.usage.prompt_tokens);
   ++w->requests_served;
   const std::string client = r->client;
   DetachFromWorker(r, w);
@@ -330,6 +341,7 @@ void Router::Impl::Failover(uint64_t id) {
   }
   ++r.migrations;
   ++migrations_total_;
+  metrics_.OnMigration();
   admission_->Requeue(id);
 }
 
@@ -346,6 +358,22 @@ void Router::Impl::CheckWorkers(int64_t now) {
        registry_.Silent(now, options_.heartbeat_timeout_ms * 1000)) {
     RemoveWorker(identity, "missed its heartbeats: dead");
   }
+  UpdateMetrics();
+}
+
+void Router::Impl::UpdateMetrics() {
+  const int64_t now = clock_->NowMicros();
+  std::vector<WorkerMetricsSnapshot> workers;
+  for (const WorkerState* w : registry_.All()) {
+    const int64_t age_ms = (now - w->last_seen_micros) / 1000;
+    workers.push_back({w->info.worker_id, !w->draining && age_ms * 2 <= options_.heartbeat_timeout_ms,
+                       static_cast<int>(w->requests.size()), w->load.waiting,
+                       w->load.kv_used_blocks, w->info.num_kv_blocks, w->load.preemptions});
+  }
+  const AdmissionCounters& c = admission_->counters();
+  int queued = 0;
+  for (int q : c.queued) queued += q;
+  metrics_.UpdateCluster(queued, c.inflight, workers);
 }
 
 void Router::Impl::UpdateCapacity() {

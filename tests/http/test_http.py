@@ -268,11 +268,16 @@ def test_slow_clients_do_not_block_others(cluster):
         partial.close()
 
 
-def test_client_disconnect_cancels_the_request(cluster):
+def test_client_disconnect_cancels_the_request(make_cluster):
+    # synthetic:small decodes slowly enough (hundreds of ms for 900 tokens at the very least)
+    # that the stream cannot finish, nor sit whole in the socket buffers, before the drop.
+    cluster = make_cluster()
+    cluster.add_worker("synthetic:small", "--max-model-len", "1024")
     before = cluster.stats()
     served = before["workers"][0]["requests_served"]
-    r = post(cluster, "/v1/completions",
-             greedy(prompt=PROMPT, max_tokens=MAX_MODEL_LEN - 64, stream=True), stream=True)
+    body = greedy(prompt=PROMPT, max_tokens=900, stream=True)
+    body["model"] = "synthetic:small"
+    r = post(cluster, "/v1/completions", body, stream=True)
     assert r.status_code == 200
     lines = r.iter_lines()
     for _ in range(3):
@@ -347,9 +352,50 @@ def test_api_keys(make_cluster, tmp_path):
     assert ok.status_code == 200, ok.text
 
 
-def test_metrics(cluster):
-    post(cluster, "/v1/completions", greedy(prompt="m", max_tokens=1))
-    r = requests.get(cluster.url + "/metrics", timeout=10)
+def scrape(c):
+    """/metrics parsed by the Prometheus project's own text-format parser: {(name, labels): value}
+    with histogram samples under their _bucket/_sum/_count names."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = requests.get(c.url + "/metrics", timeout=10)
     assert r.status_code == 200
     assert r.headers["Content-Type"].startswith("text/plain")
-    assert 'carpool_http_responses_total{route="/v1/completions",code="200"}' in r.text
+    out = {}
+    for family in text_string_to_metric_families(r.text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def test_metrics(cluster):
+    post(cluster, "/v1/completions", greedy(prompt="m", max_tokens=1))
+    before = scrape(cluster)
+    for name in ("carpool_time_to_first_token_seconds", "carpool_e2e_request_latency_seconds",
+                 "carpool_request_queue_time_seconds", "carpool_time_per_output_token_seconds",
+                 "carpool_batch_size", "carpool_batch_fill_ratio"):
+        assert any(k[0] == name + "_count" for k in before), name
+    generate = ("carpool_requests_total", (("kind", "generate"),))
+    ttft = ("carpool_time_to_first_token_seconds_count", ())
+    tokens = ("carpool_generation_tokens_total", ())
+    e2e = ("carpool_e2e_request_latency_seconds_count", (("kind", "generate"),))
+    http_ok = ("carpool_http_responses_total", (("code", "200"), ("route", "/v1/completions")))
+    assert before[generate] >= 1
+    assert before[http_ok] >= 1
+    assert any(k[0] == "carpool_worker_up" and v == 1 for k, v in before.items()), before
+    assert any(k[0] == "carpool_kv_cache_usage_ratio" for k in before)
+    for _ in range(3):
+        r = post(cluster, "/v1/completions", greedy(prompt="count me", max_tokens=4))
+        assert r.status_code == 200, r.text
+    error_of(post(cluster, "/v1/completions", greedy(prompt="x" * 4 * MAX_MODEL_LEN)), 400,
+             "prompt_too_long")
+    after = scrape(cluster)
+    assert after[generate] == before[generate] + 4
+    assert after[ttft] == before[ttft] + 3
+    assert after[e2e] == before[e2e] + 3
+    assert after[tokens] == before[tokens] + 12
+    assert after[http_ok] == before[http_ok] + 3
+    rejected = ("carpool_rejections_total", (("reason", "prompt_too_long"),))
+    assert after[rejected] == before.get(rejected, 0) + 1
+    # Cumulative buckets end at +Inf with the count.
+    inf = ("carpool_time_to_first_token_seconds_bucket", (("le", "+Inf"),))
+    assert after[inf] == after[ttft]
