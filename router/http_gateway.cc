@@ -26,6 +26,7 @@
 #include "common/status.h"
 #include "httplib.h"
 #include "router/openai_json.h"
+#include "router/peer_socket.h"
 #include "router/text_stream.h"
 
 namespace carpool::router {
@@ -180,7 +181,8 @@ class HttpGateway::Impl {
 
   void Install();
   void HandleGeneration(ApiKind kind, const httplib::Request& req, httplib::Response& res);
-  void RespondWhole(GenerationRequest r, ResponseMeta meta, httplib::Response& res);
+  void RespondWhole(GenerationRequest r, ResponseMeta meta, const httplib::Request& req,
+                    httplib::Response& res);
   void RespondStream(GenerationRequest r, ResponseMeta meta, httplib::Response& res);
   void HandleEmbeddings(const httplib::Request& req, httplib::Response& res);
   void HandleModels(httplib::Response& res);
@@ -436,57 +438,62 @@ void HttpGateway::Impl::HandleGeneration(ApiKind kind, const httplib::Request& r
   r->input.request_id = id;
   r->input.api_key = BearerKey(req);
   if (r->stream) return RespondStream(*std::move(r), std::move(meta), res);
-  RespondWhole(*std::move(r), std::move(meta), res);
+  RespondWhole(*std::move(r), std::move(meta), req, res);
 }
 
 void HttpGateway::Impl::RespondWhole(GenerationRequest r, ResponseMeta meta,
-                                     httplib::Response& res) {
+                                     const httplib::Request& req, httplib::Response& res) {
   const std::string id = r.input.request_id;
-  const CallOptions call = CallFor(r.input);
   Track(id);
-  std::string text, finish_reason;
+  // Streamed from the router even here: reading chunk by chunk lets the handler look at its
+  // connection between them and cancel the request when the client has gone (its socket is
+  // found once; -1 if not, and then the request runs to its end).
+  absl::StatusOr<std::unique_ptr<Stream>> stream = client_->StartStream(r.input, CallFor(r.input));
+  if (!stream.ok()) {
+    Untrack(id);
+    return SendError(res, HttpErrorFromStatus(stream.status()));
+  }
+  const int fd = FindConnectionFd(req.remote_addr, req.remote_port, req.local_port);
   std::vector<SampleResult> tokens;
-  Usage usage;
-  if (r.stop.empty()) {
-    absl::StatusOr<GenerateResult> result = client_->Generate(r.input, call);
-    Untrack(id);
-    if (!result.ok()) return SendError(res, HttpErrorFromStatus(result.status()));
-    text = SanitizeUtf8(result->text);
-    tokens = std::move(result->tokens);
-    finish_reason = result->finish_reason;
-    usage = result->usage;
-  } else {
-    // Stop strings are watched in the decoded text; the request ends at the first one.
-    absl::StatusOr<std::unique_ptr<Stream>> stream = client_->StartStream(r.input, call);
-    if (!stream.ok()) {
-      Untrack(id);
-      return SendError(res, HttpErrorFromStatus(stream.status()));
-    }
-    TextStream pipeline(r.stop);
-    for (;;) {
-      absl::StatusOr<std::optional<GenerateChunkOut>> next = (*stream)->Next();
-      if (!next.ok()) {
+  TextStream pipeline(r.stop);
+  std::string text;
+  absl::Time next_check = absl::Now() + absl::Milliseconds(kStreamPollMs);
+  for (;;) {
+    absl::StatusOr<std::optional<GenerateChunkOut>> next = (*stream)->Next(kStreamPollMs);
+    if (fd >= 0 && absl::Now() >= next_check) {
+      next_check = absl::Now() + absl::Milliseconds(kStreamPollMs);
+      if (PeerClosed(fd)) {
+        (*stream)->Cancel();  // frees the request on its worker
         Untrack(id);
-        return SendError(res, HttpErrorFromStatus(next.status()));
-      }
-      if (!next->has_value()) break;
-      tokens.insert(tokens.end(), (*next)->tokens.begin(), (*next)->tokens.end());
-      text += pipeline.Feed((*next)->text);
-      if (pipeline.stopped()) {
-        (*stream)->Cancel();
-        break;
+        res.status = 499;     // nobody reads it: the client went away
+        return;
       }
     }
-    Untrack(id);
+    if (!next.ok()) {
+      if (!(*stream)->done()) continue;  // only the poll interval passed
+      Untrack(id);
+      return SendError(res, HttpErrorFromStatus(next.status()));
+    }
+    if (!next->has_value()) break;
+    tokens.insert(tokens.end(), (*next)->tokens.begin(), (*next)->tokens.end());
+    text += pipeline.Feed((*next)->text);
     if (pipeline.stopped()) {
-      finish_reason = "stop";
-      usage.prompt_tokens = EstimatePromptTokens(r.input, meta.byte_tokens);
-      usage.completion_tokens = static_cast<int>(tokens.size());
-    } else {
-      text += pipeline.Flush();
-      finish_reason = (*stream)->result().finish_reason;
-      usage = (*stream)->result().usage;
+      // Stop strings are watched in the decoded text; the request ends at the first one.
+      (*stream)->Cancel();
+      break;
     }
+  }
+  Untrack(id);
+  std::string finish_reason;
+  Usage usage;
+  if (pipeline.stopped()) {
+    finish_reason = "stop";
+    usage.prompt_tokens = EstimatePromptTokens(r.input, meta.byte_tokens);
+    usage.completion_tokens = static_cast<int>(tokens.size());
+  } else {
+    text += pipeline.Flush();
+    finish_reason = (*stream)->result().finish_reason;
+    usage = (*stream)->result().usage;
   }
   res.set_content(ResponseBody(r, meta, text, tokens, finish_reason, usage), kJson);
 }

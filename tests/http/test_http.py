@@ -268,21 +268,9 @@ def test_slow_clients_do_not_block_others(cluster):
         partial.close()
 
 
-def test_client_disconnect_cancels_the_request(make_cluster):
-    # synthetic:small decodes slowly enough (hundreds of ms for 900 tokens at the very least)
-    # that the stream cannot finish, nor sit whole in the socket buffers, before the drop.
-    cluster = make_cluster()
-    cluster.add_worker("synthetic:small", "--max-model-len", "1024")
-    before = cluster.stats()
-    served = before["workers"][0]["requests_served"]
-    body = greedy(prompt=PROMPT, max_tokens=900, stream=True)
-    body["model"] = "synthetic:small"
-    r = post(cluster, "/v1/completions", body, stream=True)
-    assert r.status_code == 200
-    lines = r.iter_lines()
-    for _ in range(3):
-        next(lines)
-    r.close()  # drops the connection mid-stream
+def wait_until_freed(cluster, served):
+    """The request is gone from the router and the worker's KV blocks are back; the worker did
+    not count it as served (cancelled, not finished)."""
     deadline = time.monotonic() + 15
     while True:
         s = cluster.stats()
@@ -290,8 +278,30 @@ def test_client_disconnect_cancels_the_request(make_cluster):
             break
         assert time.monotonic() < deadline, s
         time.sleep(0.1)
-    # Cancelled, not finished: the worker did not count it as served.
     assert s["workers"][0]["requests_served"] == served
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_client_disconnect_cancels_the_request(make_cluster, stream):
+    # synthetic:small decodes slowly enough (hundreds of ms for 900 tokens at the very least)
+    # that the request cannot finish, nor sit whole in the socket buffers, before the drop.
+    cluster = make_cluster()
+    cluster.add_worker("synthetic:small", "--max-model-len", "1024")
+    served = cluster.stats()["workers"][0]["requests_served"]
+    body = greedy(prompt=PROMPT, max_tokens=900, stream=stream)
+    body["model"] = "synthetic:small"
+    if stream:
+        r = post(cluster, "/v1/completions", body, stream=True)
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        for _ in range(3):
+            next(lines)
+        r.close()  # drops the connection mid-stream
+    else:
+        # The client gives up while the answer is being generated and closes its connection.
+        with pytest.raises(requests.exceptions.ReadTimeout):
+            post(cluster, "/v1/completions", body, timeout=0.5)
+    wait_until_freed(cluster, served)
 
 
 # ---- overload, draining, auth, readiness
@@ -316,19 +326,22 @@ def test_ready_before_a_worker_and_503_while_draining(make_cluster):
     assert requests.get(c.url + "/health", timeout=10).status_code == 200
     r = requests.get(c.url + "/ready", timeout=10)
     assert r.status_code == 503 and r.headers["Retry-After"] == "1"
-    c.add_worker(MODEL, "--max-model-len", str(MAX_MODEL_LEN))
+    # synthetic:small: slow enough that the stream below outlasts the checks (with
+    # synthetic:tiny it could finish first, and the drained router exit under them).
+    c.add_worker("synthetic:small", "--max-model-len", "1024")
     assert requests.get(c.url + "/ready", timeout=10).status_code == 200
     # A long stream keeps the draining router up while a new request is refused.
-    long_stream = post(c, "/v1/completions",
-                       greedy(prompt=PROMPT, max_tokens=MAX_MODEL_LEN - 64, stream=True),
-                       stream=True)
+    body = greedy(prompt=PROMPT, max_tokens=900, stream=True)
+    body["model"] = "synthetic:small"
+    long_stream = post(c, "/v1/completions", body, stream=True)
     assert long_stream.status_code == 200
     lines = long_stream.iter_lines()
     next(lines)
     c.router.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + 10
     while True:
-        r = post(c, "/v1/completions", greedy(prompt="x", max_tokens=2), timeout=10)
+        r = post(c, "/v1/completions", dict(greedy(prompt="x", max_tokens=2),
+                                            model="synthetic:small"), timeout=10)
         if r.status_code == 503:
             break
         assert time.monotonic() < deadline, r.text
