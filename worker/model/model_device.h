@@ -1,0 +1,169 @@
+// The one kernel interface LlamaModel computes through, so the same model code runs on the CPU
+// and on a GPU. LlamaModel owns the order of operations (layers, norms, attention, head, tensor-
+// parallel sums); a ModelDevice owns memory, storage types and kernel launches:
+//   - CpuDevice (worker/model/cpu_device.h): fp32 on kernels/cpu; weights are used in place.
+//   - CudaDevice (worker/model/cuda_device.h, only where CARPOOL_HAVE_CUDA): bf16 (or fp16 /
+//     fp32) storage with fp32 accumulation on kernels/cuda and cuBLASLt; weights are copied to
+//     the device once, converted; step inputs are uploaded once per step; decode steps may be
+//     captured and replayed as CUDA graphs.
+//
+// Arrays are opaque: a DeviceArray is `numel` elements of the device's storage type in the
+// device's memory, addressed by element offsets, never dereferenced by the model.
+//
+// Steps. SetStep() hands the device one step's host-side inputs (token ids, positions, KV slots,
+// attention sequences with their block tables, the rows whose logits are wanted); the kernels
+// that need them (EmbeddingGather, Rope, WriteKv, Attention, GatherRows) read the current step's
+// copy. Between SetStep() and ToHost(), calls are enqueued in order and may run asynchronously;
+// ToHost() waits for everything before it.
+//
+// Thread-compatible: one engine thread drives a device.
+#ifndef CARPOOL_WORKER_MODEL_MODEL_DEVICE_H_
+#define CARPOOL_WORKER_MODEL_MODEL_DEVICE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kernels/kernel_params.h"
+#include "worker/weights/weights.h"
+
+namespace carpool::worker {
+
+// A device's element type for weights, activations and the KV cache.
+enum class StorageType { kF32, kBF16, kF16 };
+const char* StorageTypeName(StorageType t);
+int StorageTypeBytes(StorageType t);
+
+// `numel` elements on a device. Move-only. `memory` owns what the device allocated (empty for
+// arrays that borrow, such as CPU weights, which stay owned by LlamaWeights).
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  DeviceArray(std::shared_ptr<void> memory, void* data, int64_t numel)
+      : memory_(std::move(memory)), data_(data), numel_(numel) {}
+  DeviceArray(DeviceArray&&) = default;
+  DeviceArray& operator=(DeviceArray&&) = default;
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+
+  void* data() const { return data_; }
+  int64_t numel() const { return numel_; }
+  bool empty() const { return numel_ == 0; }
+
+ private:
+  std::shared_ptr<void> memory_;
+  void* data_ = nullptr;
+  int64_t numel_ = 0;
+};
+
+// One step's inputs as the model prepared them, in host memory; valid during SetStep() only
+// (the device copies what it keeps).
+struct StepView {
+  absl::Span<const int32_t> token_ids;             // [T]
+  absl::Span<const int32_t> positions;             // [T]
+  absl::Span<const int64_t> slots;                 // [T] KV slot of each token; < 0: not stored
+  absl::Span<const kernels::AttentionSeq> seqs;    // query rows and host block tables
+  absl::Span<const int64_t> sample_rows;           // rows whose logits are wanted, in order
+  bool decode_only = true;                         // every seq has query_len 1
+};
+
+class ModelDevice {
+ public:
+  virtual ~ModelDevice() = default;
+
+  // "cpu" or "cuda:N".
+  virtual std::string name() const = 0;
+  virtual StorageType storage_type() const = 0;
+
+  // ---- memory
+
+  // `host` (fp32) in the device's storage type. The CPU device borrows it (no copy, so `host`
+  // must outlive the array); a GPU copies and converts it.
+  virtual absl::StatusOr<DeviceArray> Weight(const Tensor& host) = 0;
+  // A new array of `numel` elements, contents undefined. RESOURCE_EXHAUSTED when it does not fit.
+  virtual absl::StatusOr<DeviceArray> Allocate(int64_t numel) = 0;
+  // Makes `a` hold at least `numel` elements, reallocating (contents lost) when it is smaller.
+  // Growth is for scratch activations; a device may keep the larger size for good.
+  virtual void Reserve(DeviceArray* a, int64_t numel) = 0;
+  // Bytes the device could still allocate (a GPU: free memory; the CPU: -1, unknown).
+  virtual int64_t FreeBytes() const = 0;
+
+  // ---- steps
+
+  // The RoPE inverse frequencies ([rotary_dim / 2], fp32), set once before the first step.
+  virtual void SetRope(absl::Span<const float> inv_freq) = 0;
+  // Hands over the next step's inputs.
+  virtual void SetStep(const StepView& step) = 0;
+
+  // ---- kernels, over the current step's T tokens unless a row count is given. Shapes and
+  // semantics as the CPU kernels (kernels/cpu/cpu_kernels.h); `x + offset` means element offset.
+
+  // out[t] = table[token_ids[t]], rows of width h.
+  virtual void EmbeddingGather(const DeviceArray& table, int64_t h, DeviceArray* out) = 0;
+  virtual void RmsNorm(const DeviceArray& x, const DeviceArray& weight, float eps, int64_t rows,
+                       int64_t h, DeviceArray* out) = 0;
+  // residual += x; out = RmsNorm(residual). out may be x.
+  virtual void AddRmsNorm(const DeviceArray& x, DeviceArray* residual, const DeviceArray& weight,
+                          float eps, int64_t rows, int64_t h, DeviceArray* out) = 0;
+  // y[m, n] = x[m, k] · w[n, k]^T (+ bias[n]; bias may be empty).
+  virtual void Linear(const DeviceArray& x, const DeviceArray& w, const DeviceArray& bias,
+                      int64_t m, int64_t n, int64_t k, DeviceArray* y) = 0;
+  // Rotate-half RoPE in place on x [T, num_heads, head_dim] at the step's positions.
+  virtual void Rope(int num_heads, int head_dim, DeviceArray* x) = 0;
+  // out = silu(gate) * up, [rows, inter]; out may be gate.
+  virtual void SiluMul(const DeviceArray& gate, const DeviceArray& up, int64_t rows,
+                       int64_t inter, DeviceArray* out) = 0;
+  // Stores k and v ([T, kv_heads, head_dim]) at the step's slots of one layer's pool.
+  virtual void WriteKv(const DeviceArray& k, const DeviceArray& v,
+                       const kernels::KvCacheLayout& layout, DeviceArray* key_cache,
+                       DeviceArray* value_cache) = 0;
+  // Paged attention of the step's sequences over one layer's pool: q, out [T, num_heads, D].
+  virtual void Attention(const DeviceArray& q, const DeviceArray& key_cache,
+                         const DeviceArray& value_cache, const kernels::KvCacheLayout& layout,
+                         int num_heads, float scale, DeviceArray* out) = 0;
+  // out[i] = x[sample_rows[i]], rows of width h.
+  virtual void GatherRows(const DeviceArray& x, int64_t h, DeviceArray* out) = 0;
+
+  // ---- whole steps and CUDA graphs
+
+  // The batch size a decode-only step of `num_seqs` sequences should be padded to so that it
+  // can run as a captured graph; 0: run it as it is (no graphs, or too many sequences). The
+  // model pads with dummy sequences (token 0, position 0, slot -1, context 1 over block 0) whose
+  // rows are also sampled, and drops their logits.
+  virtual int GraphBatchSize(int num_seqs) const { return 0; }
+  // Runs `body`, which enqueues one whole step (no host transfers, no collectives, no
+  // reallocation by Reserve). For a decode-only step padded to GraphBatchSize, a GPU may record
+  // `body` the first time as a CUDA graph and replay the graph for later steps of that size
+  // instead of calling `body`. Other devices and steps just call `body`.
+  virtual void RunStep(const std::function<void()>& body) { body(); }
+
+  // ---- host transfers (fp32 on the host), for logits, pooled embeddings and collectives.
+
+  // The array as host fp32 memory when the device's memory is the host's (the CPU device), so
+  // collectives and pooling can work in place; nullptr otherwise.
+  virtual float* HostData(const DeviceArray& x) { return nullptr; }
+
+  // Waits for the work enqueued so far, then copies x[offset, offset + n) to `host`.
+  virtual void ToHost(const DeviceArray& x, int64_t offset, int64_t n, float* host) = 0;
+  // Copies host[0, n) into x[offset, offset + n).
+  virtual void FromHost(const float* host, int64_t offset, int64_t n, DeviceArray* x) = 0;
+};
+
+struct CpuDeviceOptions {
+  // Testing only: decode-only steps of up to the largest of these sizes are padded to the next
+  // one, as a GPU pads for CUDA graphs, so the model's padding is checked on the CPU. Default:
+  // none (no padding).
+  std::vector<int> pad_decode_batch_sizes;
+};
+
+// The CPU device: fp32, kernels/cpu, weights in place.
+std::unique_ptr<ModelDevice> CreateCpuDevice(const CpuDeviceOptions& options = {});
+
+}  // namespace carpool::worker
+
+#endif  // CARPOOL_WORKER_MODEL_MODEL_DEVICE_H_
