@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # `make run`: a local carpool cluster on 127.0.0.1: one router and two workers serving the
 # built-in synthetic:small model. Serves until Ctrl-C, then stops every process it started.
-# CARPOOL_FRONTEND_PORT / CARPOOL_BACKEND_PORT / CARPOOL_MODEL override the defaults.
+# CARPOOL_FRONTEND_PORT / CARPOOL_BACKEND_PORT / CARPOOL_HTTP_PORT / CARPOOL_MODEL override the
+# defaults (5555, 5556, 8000, synthetic:small).
 set -euo pipefail
 build=${1:-build}
 bin="$build/bin"
 frontend_port=${CARPOOL_FRONTEND_PORT:-5555}
 backend_port=${CARPOOL_BACKEND_PORT:-5556}
+http_port=${CARPOOL_HTTP_PORT:-8000}
 model=${CARPOOL_MODEL:-synthetic:small}
 frontend="tcp://127.0.0.1:$frontend_port"
 backend="tcp://127.0.0.1:$backend_port"
@@ -26,7 +28,8 @@ stop_all() {
 }
 trap stop_all INT TERM EXIT
 
-"$bin/carpool-router" --frontend "$frontend" --backend "$backend" >"$logs/router.log" 2>&1 &
+"$bin/carpool-router" --frontend "$frontend" --backend "$backend" --http "127.0.0.1:$http_port" \
+  >"$logs/router.log" 2>&1 &
 pids+=($!)
 for i in 1 2; do
   "$bin/carpool-worker" --router "$backend" --model "$model" --worker-id "worker-$i" \
@@ -49,11 +52,15 @@ cat <<EOF2
 carpool is up: model $model, one router, two workers
   clients connect to  $frontend
   workers connect to  $backend
+  OpenAI API          http://127.0.0.1:$http_port/v1  (metrics: /metrics)
   logs                $logs
 
 try, in another terminal:
   $bin/carpool generate --router $frontend --prompt "hello, carpool" --max-tokens 32 --json
+  $bin/carpool embed --router $frontend --input "hello" --input "carpool" --json
   $bin/carpool status --router $frontend
+  curl -s 127.0.0.1:$http_port/v1/chat/completions -H 'Content-Type: application/json' \\
+    -d '{"model": "$model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}'
 
 Ctrl-C stops the cluster.
 EOF2
