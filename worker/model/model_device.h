@@ -68,6 +68,10 @@ struct StepView {
   absl::Span<const int32_t> positions;             // [T]
   absl::Span<const int64_t> slots;                 // [T] KV slot of each token; < 0: not stored
   absl::Span<const kernels::AttentionSeq> seqs;    // query rows and host block tables
+  // Tokens per block of the pool the block tables index: seq i's table holds
+  // ceil(seqs[i].context_len / block_size) entries, which is what a device copies.
+  // REQUIRES: >= 1 (the model always sets it).
+  int block_size = 0;
   absl::Span<const int64_t> sample_rows;           // rows whose logits are wanted, in order
   bool decode_only = true;                         // every seq has query_len 1
 };
@@ -88,7 +92,9 @@ class ModelDevice {
   // A new array of `numel` elements, contents undefined. RESOURCE_EXHAUSTED when it does not fit.
   virtual absl::StatusOr<DeviceArray> Allocate(int64_t numel) = 0;
   // Makes `a` hold at least `numel` elements, reallocating (contents lost) when it is smaller.
-  // Growth is for scratch activations; a device may keep the larger size for good.
+  // Growth is for scratch activations; a device may keep the larger size for good. A device
+  // that replays recorded steps (RunStep) must drop the recordings that used an array it
+  // reallocates.
   virtual void Reserve(DeviceArray* a, int64_t numel) = 0;
   // Bytes the device could still allocate (a GPU: free memory; the CPU: -1, unknown).
   virtual int64_t FreeBytes() const = 0;
@@ -145,7 +151,9 @@ class ModelDevice {
   // ---- host transfers (fp32 on the host), for logits, pooled embeddings and collectives.
 
   // The array as host fp32 memory when the device's memory is the host's (the CPU device), so
-  // collectives and pooling can work in place; nullptr otherwise.
+  // collectives and pooling can work in place; nullptr otherwise. Where it is non-null, a
+  // DeviceArray that borrows host fp32 memory (empty `memory`) is a valid array for the device
+  // too, so results can be written straight into a host buffer.
   virtual float* HostData(const DeviceArray& x) { return nullptr; }
 
   // Waits for the work enqueued so far, then copies x[offset, offset + n) to `host`.
