@@ -13,7 +13,6 @@
 #include <iostream>
 #include <memory>
 #include <random>
-#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -79,15 +78,10 @@ class Cluster {
         std::vector<std::string>{o_.bin_dir + "/carpool-router", "--frontend",
                                  "tcp://127.0.0.1:*", "--backend", "tcp://127.0.0.1:*"},
         tmp_ + "_router.log");
-    if (!router_->WaitForLog("backend tcp://", 10000)) return false;
-    std::smatch m;
-    const std::string log = router_->Log();
-    if (!std::regex_search(log, m,
-                           std::regex("frontend (tcp://[0-9.:]+), backend (tcp://[0-9.:]+)"))) {
-      return false;
-    }
-    frontend_ = m[1];
-    backend_ = m[2];
+    testing::RouterEndpoints ep;
+    if (!testing::WaitForRouterEndpoints(*router_, &ep)) return false;
+    frontend_ = ep.frontend;
+    backend_ = ep.backend;
     ClientOptions c;
     c.router_endpoint = frontend_;
     c.default_timeout_ms = 60000;

@@ -12,7 +12,6 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
-#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -133,14 +132,12 @@ int main(int argc, char** argv) {
   testing::Subprocess router({bin_dir + "/carpool-router", "--frontend", "tcp://127.0.0.1:*",
                               "--backend", "tcp://127.0.0.1:*"},
                              tmp + "_router.log");
-  if (!router.WaitForLog("backend tcp://", 10000)) {
+  testing::RouterEndpoints ep;
+  if (!testing::WaitForRouterEndpoints(router, &ep)) {
     std::cerr << "router did not start\n" << router.Log();
     return 1;
   }
-  std::smatch m;
-  const std::string log = router.Log();
-  std::regex_search(log, m, std::regex("frontend (tcp://[0-9.:]+), backend (tcp://[0-9.:]+)"));
-  const std::string frontend = m[1], backend = m[2];
+  const std::string frontend = ep.frontend, backend = ep.backend;
   testing::Subprocess worker({bin_dir + "/carpool-worker", "--router", backend, "--model", "echo",
                               "--max-num-seqs", "256"},
                              tmp + "_worker.log");

@@ -5,7 +5,6 @@
 #include <filesystem>
 #include <future>
 #include <random>
-#include <regex>
 #include <thread>
 
 #include "client/carpool_client.h"
@@ -17,7 +16,9 @@
 namespace carpool {
 namespace {
 
+using testing::RouterEndpoints;
 using testing::Subprocess;
+using testing::WaitForRouterEndpoints;
 
 const std::string kBin = CARPOOL_BIN_DIR;
 
@@ -45,14 +46,10 @@ class ClusterTest : public ::testing::Test {
         std::vector<std::string>{kBin + "/carpool-router", "--frontend", "tcp://127.0.0.1:*",
                                  "--backend", backend},
         Log("router"));
-    ASSERT_TRUE(router_->WaitForLog("backend tcp://", 10000)) << router_->Log();
-    std::smatch m;
-    const std::string log = router_->Log();
-    ASSERT_TRUE(std::regex_search(log, m,
-                                  std::regex("frontend (tcp://[0-9.:]+), backend (tcp://[0-9.:]+)")))
-        << log;
-    frontend_ = m[1];
-    backend_ = m[2];
+    RouterEndpoints ep;
+    ASSERT_TRUE(WaitForRouterEndpoints(*router_, &ep)) << router_->Log();
+    frontend_ = ep.frontend;
+    backend_ = ep.backend;
   }
 
   Subprocess* StartWorker(const std::string& name, const std::string& backend,

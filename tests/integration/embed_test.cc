@@ -11,7 +11,6 @@
 #include <filesystem>
 #include <future>
 #include <random>
-#include <regex>
 #include <thread>
 
 #include "client/carpool_client.h"
@@ -24,7 +23,9 @@
 namespace carpool {
 namespace {
 
+using testing::RouterEndpoints;
 using testing::Subprocess;
+using testing::WaitForRouterEndpoints;
 using SteadyClock = std::chrono::steady_clock;
 
 const std::string kBin = CARPOOL_BIN_DIR;
@@ -73,14 +74,10 @@ class EmbedClusterTest : public ::testing::Test {
                                      "--backend", "tcp://127.0.0.1:*"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     router_ = std::make_unique<Subprocess>(argv, Log("router"));
-    ASSERT_TRUE(router_->WaitForLog("backend tcp://", 10000)) << router_->Log();
-    std::smatch m;
-    const std::string log = router_->Log();
-    ASSERT_TRUE(std::regex_search(
-        log, m, std::regex("frontend (tcp://[0-9.:]+), backend (tcp://[0-9.:]+)")))
-        << log;
-    frontend_ = m[1];
-    backend_ = m[2];
+    RouterEndpoints ep;
+    ASSERT_TRUE(WaitForRouterEndpoints(*router_, &ep)) << router_->Log();
+    frontend_ = ep.frontend;
+    backend_ = ep.backend;
     ClientOptions o;
     o.router_endpoint = frontend_;
     o.default_timeout_ms = 60000;

@@ -8,7 +8,6 @@
 #include <future>
 #include <map>
 #include <random>
-#include <regex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -22,7 +21,9 @@
 namespace carpool {
 namespace {
 
+using testing::RouterEndpoints;
 using testing::Subprocess;
+using testing::WaitForRouterEndpoints;
 
 const std::string kBin = CARPOOL_BIN_DIR;
 
@@ -56,14 +57,10 @@ class FailoverTest : public ::testing::Test {
                                      endpoint(backend_port)};
     argv.insert(argv.end(), extra.begin(), extra.end());
     router_ = std::make_unique<Subprocess>(argv, Log(log));
-    ASSERT_TRUE(router_->WaitForLog("backend tcp://", 10000)) << router_->Log();
-    std::smatch m;
-    const std::string text = router_->Log();
-    ASSERT_TRUE(std::regex_search(
-        text, m, std::regex("frontend (tcp://[0-9.:]+), backend (tcp://[0-9.:]+)")))
-        << text;
-    frontend_ = m[1];
-    backend_ = m[2];
+    RouterEndpoints ep;
+    ASSERT_TRUE(WaitForRouterEndpoints(*router_, &ep)) << router_->Log();
+    frontend_ = ep.frontend;
+    backend_ = ep.backend;
   }
 
   Subprocess* StartWorker(const std::string& name, std::vector<std::string> extra = {}) {

@@ -29,7 +29,9 @@
 namespace carpool {
 namespace {
 
+using testing::RouterEndpoints;
 using testing::Subprocess;
+using testing::WaitForRouterEndpoints;
 
 const std::string kBin = CARPOOL_BIN_DIR;
 
@@ -291,12 +293,9 @@ class RankFailureTest : public TpMpirunTest {
         std::vector<std::string>{kBin + "/carpool-router", "--frontend", "tcp://127.0.0.1:*",
                                  "--backend", "tcp://127.0.0.1:*"},
         LogPath("router"));
-    ASSERT_TRUE(router_->WaitForLog("backend tcp://", 10000)) << router_->Log();
-    std::smatch m;
-    const std::string log = router_->Log();
-    ASSERT_TRUE(std::regex_search(
-        log, m, std::regex("frontend (tcp://[0-9.:]+), backend (tcp://[0-9.:]+)")));
-    const std::string frontend = m[1], backend = m[2];
+    RouterEndpoints ep;
+    ASSERT_TRUE(WaitForRouterEndpoints(*router_, &ep)) << router_->Log();
+    const std::string frontend = ep.frontend, backend = ep.backend;
 
     std::vector<std::string> group_args = {"-np", "2"};
     group_args.insert(group_args.begin(), group_mpirun_flags.begin(), group_mpirun_flags.end());

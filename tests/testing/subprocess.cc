@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <thread>
 
@@ -100,6 +101,19 @@ int FreePort() {
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   close(fd);
   return ntohs(addr.sin_port);
+}
+
+bool WaitForRouterEndpoints(const Subprocess& router, RouterEndpoints* out, int timeout_ms) {
+  if (!router.WaitForLog("backend tcp://", timeout_ms)) return false;
+  std::smatch m;
+  const std::string log = router.Log();
+  if (!std::regex_search(log, m,
+                         std::regex("frontend (tcp://[0-9.:]+), backend (tcp://[0-9.:]+)"))) {
+    return false;
+  }
+  out->frontend = m[1];
+  out->backend = m[2];
+  return true;
 }
 
 }  // namespace carpool::testing

@@ -41,6 +41,16 @@ class Subprocess {
 // A TCP port on 127.0.0.1 that was free a moment ago.
 int FreePort();
 
+// The endpoints a carpool-router logs once bound ("frontend tcp://..., backend tcp://...").
+struct RouterEndpoints {
+  std::string frontend;
+  std::string backend;
+};
+// Waits up to timeout_ms for `router` to log its endpoints and returns them; false when it does
+// not (the router's log then says why).
+bool WaitForRouterEndpoints(const Subprocess& router, RouterEndpoints* out,
+                            int timeout_ms = 10000);
+
 }  // namespace carpool::testing
 
 #endif  // CARPOOL_TESTS_TESTING_SUBPROCESS_H_
