@@ -114,6 +114,36 @@ WorkerLoad FromProto(const pb::WorkerLoad& p) {
                     p.kv_free_blocks(), p.preemptions(), p.embed_queued()};
 }
 
+void ToProto(const EmbedBatcherCounters& c, pb::EmbedBatcherStats* p) {
+  p->set_submitted(c.submitted);
+  p->set_refused(c.refused);
+  p->set_timed_out(c.timed_out);
+  p->set_cancelled(c.cancelled);
+  p->set_answered(c.answered);
+  p->set_failed(c.failed);
+  p->set_batches(c.batches);
+  p->mutable_batch_size_counts()->Assign(c.batch_size_counts.begin(), c.batch_size_counts.end());
+  p->set_max_batch_size(c.max_batch_size);
+  p->set_queue_wait_count(c.queue_wait_count);
+  p->set_queue_wait_sum_micros(c.queue_wait_sum_micros);
+}
+
+EmbedBatcherCounters FromProto(const pb::EmbedBatcherStats& p) {
+  EmbedBatcherCounters c;
+  c.submitted = p.submitted();
+  c.refused = p.refused();
+  c.timed_out = p.timed_out();
+  c.cancelled = p.cancelled();
+  c.answered = p.answered();
+  c.failed = p.failed();
+  c.batches = p.batches();
+  c.batch_size_counts.assign(p.batch_size_counts().begin(), p.batch_size_counts().end());
+  c.max_batch_size = p.max_batch_size();
+  c.queue_wait_count = p.queue_wait_count();
+  c.queue_wait_sum_micros = p.queue_wait_sum_micros();
+  return c;
+}
+
 pb::Pooling ToProto(Pooling p) {
   return p == Pooling::kLast ? pb::POOLING_LAST : pb::POOLING_MEAN;
 }
@@ -305,6 +335,9 @@ struct WorkerEncoder {
   void operator()(const HeartbeatInfo& h) const {
     m->mutable_heartbeat()->set_epoch(h.epoch);
     ToProto(h.load, m->mutable_heartbeat()->mutable_load());
+    if (h.embed_batcher.has_value()) {
+      ToProto(*h.embed_batcher, m->mutable_heartbeat()->mutable_embed_batcher());
+    }
   }
   void operator()(const StepTokensInfo& s) const {
     pb::StepTokens* p = m->mutable_step();
@@ -541,9 +574,13 @@ absl::StatusOr<WorkerMessage> DecodeWorkerMessage(std::string_view frame) {
                                         p.max_num_batched_tokens(), p.embed_queue_size(),
                                         p.hidden_size()});
     }
-    case pb::WorkerMessage::kHeartbeat:
-      return WorkerMessage(
-          HeartbeatInfo{m.heartbeat().epoch(), FromProto(m.heartbeat().load())});
+    case pb::WorkerMessage::kHeartbeat: {
+      HeartbeatInfo h(m.heartbeat().epoch(), FromProto(m.heartbeat().load()));
+      if (m.heartbeat().has_embed_batcher()) {
+        h.embed_batcher = FromProto(m.heartbeat().embed_batcher());
+      }
+      return WorkerMessage(std::move(h));
+    }
     case pb::WorkerMessage::kStep: {
       StepTokensInfo s;
       s.epoch = m.step().epoch();

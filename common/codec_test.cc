@@ -120,6 +120,39 @@ TEST(CodecEmbedTest, RegisterAndLoadCarryEmbedCapacity) {
   EXPECT_EQ(std::get<HeartbeatInfo>(*m).load.preemptions, 11);
 }
 
+TEST(CodecEmbedTest, HeartbeatCarriesTheEmbedBatcherOnlyWhenPresent) {
+  HeartbeatInfo h;
+  h.epoch = 4;
+  absl::StatusOr<WorkerMessage> m = DecodeWorkerMessage(Encode(WorkerMessage(h)));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_FALSE(std::get<HeartbeatInfo>(*m).embed_batcher.has_value());
+
+  EmbedBatcherCounters c;
+  c.submitted = 10;
+  c.refused = 3;
+  c.timed_out = 1;
+  c.cancelled = 2;
+  c.answered = 6;
+  c.failed = 1;
+  c.batches = 4;
+  c.batch_size_counts = {0, 2, 1, 0, 1};
+  c.max_batch_size = 4;
+  c.queue_wait_count = 7;
+  c.queue_wait_sum_micros = 12345;
+  h.embed_batcher = c;
+  m = DecodeWorkerMessage(Encode(WorkerMessage(h)));
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_TRUE(std::get<HeartbeatInfo>(*m).embed_batcher.has_value());
+  EXPECT_EQ(*std::get<HeartbeatInfo>(*m).embed_batcher, c);
+
+  // A batcher that has seen nothing yet is still present (all zeros), not absent.
+  h.embed_batcher = EmbedBatcherCounters{};
+  m = DecodeWorkerMessage(Encode(WorkerMessage(h)));
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_TRUE(std::get<HeartbeatInfo>(*m).embed_batcher.has_value());
+  EXPECT_EQ(*std::get<HeartbeatInfo>(*m).embed_batcher, EmbedBatcherCounters{});
+}
+
 TEST(CodecEmbedTest, GarbageIsAnErrorNotACrash) {
   EXPECT_FALSE(DecodeClientMessage("\x2a\x05\x12\x03\xff").ok());
   EXPECT_FALSE(DecodeWorkerMessage("not protobuf \xff\xff").ok());

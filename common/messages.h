@@ -5,7 +5,9 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -204,9 +206,33 @@ struct WorkerLoad {
   int embed_queued = 0;
 };
 
+// A worker's embedding batcher, cumulative since the worker started; counts are of inputs.
+struct EmbedBatcherCounters {
+  int64_t submitted = 0;  // accepted into the queue
+  int64_t refused = 0;    // turned away because the queue was full
+  int64_t timed_out = 0;  // dropped at their deadline before they ran
+  int64_t cancelled = 0;
+  int64_t answered = 0;
+  int64_t failed = 0;   // got an error from the model
+  int64_t batches = 0;  // including the retries of split batches
+  std::vector<int64_t> batch_size_counts;  // [s]: batches of s inputs
+  int max_batch_size = 0;
+  int64_t queue_wait_count = 0;       // inputs that reached a batch
+  int64_t queue_wait_sum_micros = 0;  // their total time from queue to first batch
+
+  bool operator==(const EmbedBatcherCounters&) const = default;
+};
+
 struct HeartbeatInfo {
+  // Not an aggregate, so that `HeartbeatInfo{epoch, load}` stays warning-free (-Wextra).
+  HeartbeatInfo() = default;
+  HeartbeatInfo(uint64_t epoch, WorkerLoad load,
+                std::optional<EmbedBatcherCounters> embed_batcher = std::nullopt)
+      : epoch(epoch), load(load), embed_batcher(std::move(embed_batcher)) {}
+
   uint64_t epoch = 0;
   WorkerLoad load;
+  std::optional<EmbedBatcherCounters> embed_batcher;  // absent when the worker cannot embed
 };
 
 struct TokenEvent {

@@ -55,11 +55,14 @@ Histogram::Histogram(std::vector<double> bounds)
   for (size_t i = 0; i <= bounds_.size(); ++i) buckets_[i].store(0, std::memory_order_relaxed);
 }
 
-void Histogram::Observe(double v) {
+void Histogram::Observe(double v) { Observe(v, 1); }
+
+void Histogram::Observe(double v, uint64_t times) {
+  if (times == 0) return;
   const size_t i = std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin();
-  buckets_[i].fetch_add(1, std::memory_order_relaxed);
-  count_.fetch_add(1, std::memory_order_relaxed);
-  AtomicAdd(&sum_, v);
+  buckets_[i].fetch_add(times, std::memory_order_relaxed);
+  count_.fetch_add(times, std::memory_order_relaxed);
+  AtomicAdd(&sum_, v * static_cast<double>(times));
 }
 
 std::vector<uint64_t> Histogram::BucketCounts() const {

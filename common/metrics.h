@@ -52,6 +52,8 @@ class Histogram {
  public:
   explicit Histogram(std::vector<double> bounds);
   void Observe(double v);
+  // `times` observations of `v` at once (e.g. counts from a worker's cumulative histogram).
+  void Observe(double v, uint64_t times);
 
   const std::vector<double>& bounds() const { return bounds_; }
   // Per bucket (not cumulative), bounds().size() + 1 entries (the last is +Inf).

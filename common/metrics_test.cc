@@ -57,6 +57,20 @@ TEST(MetricsTest, HistogramBucketsAreCumulativeWithInfSumAndCount) {
             "carpool_h_seconds_count 5\n");
 }
 
+TEST(MetricsTest, HistogramObserveManyTimesIsRepeatedObserve) {
+  Histogram once({1, 2, 4});
+  Histogram many({1, 2, 4});
+  for (int i = 0; i < 3; ++i) once.Observe(2);
+  once.Observe(8);
+  many.Observe(2, 3);
+  many.Observe(8, 1);
+  many.Observe(1, 0);  // nothing
+  EXPECT_EQ(many.BucketCounts(), once.BucketCounts());
+  EXPECT_EQ(many.BucketCounts(), (std::vector<uint64_t>{0, 3, 0, 1}));
+  EXPECT_EQ(many.Count(), 4u);
+  EXPECT_DOUBLE_EQ(many.Sum(), 14);
+}
+
 TEST(MetricsTest, HistogramWithLabelsPutsLeLast) {
   Registry r;
   Family<Histogram>& h = r.AddHistogram("carpool_b", "Batch.", {1, 2}, {"worker"});

@@ -12,6 +12,13 @@ std::vector<double> LatencyBuckets() { return ExponentialBuckets(0.001, 2, 17); 
 // 0.5 ms .. ~4 s per output token.
 std::vector<double> TokenBuckets() { return ExponentialBuckets(0.0005, 2, 14); }
 
+// 0.1, 0.2, ..., 1 as i / 10, so the labels read as written (0.1 * 3 is 0.30000000000000004).
+std::vector<double> TenthBuckets() {
+  std::vector<double> out;
+  for (int i = 1; i <= 10; ++i) out.push_back(i / 10.0);
+  return out;
+}
+
 }  // namespace
 
 RouterMetrics::RouterMetrics()
@@ -75,7 +82,32 @@ RouterMetrics::RouterMetrics()
                                          {"worker"})),
       kv_usage_(registry_.AddGauge("carpool_kv_cache_usage_ratio",
                                    "Fraction of the worker's KV blocks in use.", {"worker"})),
-      workers_(registry_.AddGauge("carpool_workers", "Workers registered with the router.")) {
+      workers_(registry_.AddGauge("carpool_workers", "Workers registered with the router.")),
+      embed_batches_(registry_.AddCounter(
+          "carpool_embed_batches_total",
+          "Embedding batches run by the workers' batchers (retries of split batches included).")),
+      embed_batch_size_(registry_.AddHistogram("carpool_embed_batch_size",
+                                               "Inputs per embedding batch, over all workers.",
+                                               ExponentialBuckets(1, 2, 11))),
+      embed_fill_ratio_(registry_.AddHistogram(
+          "carpool_embed_batch_fill_ratio",
+          "Inputs per embedding batch divided by the worker's embed max_batch_size.",
+          TenthBuckets())),
+      embed_wait_seconds_(registry_.AddCounter(
+          "carpool_embed_queue_wait_seconds_total",
+          "Total time embedding inputs waited in a worker's queue before their first batch.")),
+      embed_waits_(registry_.AddCounter(
+          "carpool_embed_queue_waits_total",
+          "Embedding inputs that reached a batch (the count behind the wait total).")),
+      embed_timeouts_(registry_.AddCounter(
+          "carpool_embed_timeouts_total",
+          "Embedding inputs dropped at their deadline before they ran.")),
+      embed_refusals_(registry_.AddCounter(
+          "carpool_embed_refusals_total",
+          "Embedding inputs a worker turned away because its embed queue was full.")),
+      embed_inputs_total_(registry_.AddCounter(
+          "carpool_embed_inputs_total",
+          "Embedding inputs the workers' batchers finished, by outcome.", {"outcome"})) {
   // Series that exist from the start, so a scrape before any traffic sees them at zero.
   for (const char* kind : {"generate", "embed"}) {
     requests_.With({kind});
@@ -93,6 +125,16 @@ RouterMetrics::RouterMetrics()
   waiting_.With({});
   running_.With({});
   workers_.With({});
+  embed_batches_.With({});
+  embed_batch_size_.With({});
+  embed_fill_ratio_.With({});
+  embed_wait_seconds_.With({});
+  embed_waits_.With({});
+  embed_timeouts_.With({});
+  embed_refusals_.With({});
+  for (const char* outcome : {"answered", "failed", "cancelled"}) {
+    embed_inputs_total_.With({outcome});
+  }
 }
 
 void RouterMetrics::OnReceived(const char* kind) { requests_.With({kind}).Inc(); }
@@ -133,6 +175,61 @@ void RouterMetrics::OnStep(int sequences, int max_num_seqs) {
 }
 
 void RouterMetrics::OnMigration() { migrations_.With({}).Inc(); }
+
+namespace {
+
+int64_t CountAt(const std::vector<int64_t>& counts, size_t i) {
+  return i < counts.size() ? counts[i] : 0;
+}
+
+// True when some cumulative count of `now` is below `before`: a new worker process.
+bool Restarted(const EmbedBatcherCounters& before, const EmbedBatcherCounters& now) {
+  for (auto field : {&EmbedBatcherCounters::submitted, &EmbedBatcherCounters::refused,
+                     &EmbedBatcherCounters::timed_out, &EmbedBatcherCounters::cancelled,
+                     &EmbedBatcherCounters::answered, &EmbedBatcherCounters::failed,
+                     &EmbedBatcherCounters::batches, &EmbedBatcherCounters::queue_wait_count,
+                     &EmbedBatcherCounters::queue_wait_sum_micros}) {
+    if (now.*field < before.*field) return true;
+  }
+  for (size_t i = 0; i < before.batch_size_counts.size(); ++i) {
+    if (CountAt(now.batch_size_counts, i) < before.batch_size_counts[i]) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+void RouterMetrics::UpdateEmbedBatcher(const std::string& worker_id,
+                                       const EmbedBatcherCounters& now) {
+  absl::MutexLock lock(&mu_);
+  EmbedBatcherCounters& last = last_embed_[worker_id];
+  if (Restarted(last, now)) last = EmbedBatcherCounters{};
+  auto add = [](metrics::Counter& c, int64_t after, int64_t before) {
+    if (after > before) c.Inc(static_cast<double>(after - before));
+  };
+  add(embed_batches_.With({}), now.batches, last.batches);
+  add(embed_waits_.With({}), now.queue_wait_count, last.queue_wait_count);
+  if (now.queue_wait_sum_micros > last.queue_wait_sum_micros) {
+    embed_wait_seconds_.With({}).Inc(
+        static_cast<double>(now.queue_wait_sum_micros - last.queue_wait_sum_micros) / 1e6);
+  }
+  add(embed_timeouts_.With({}), now.timed_out, last.timed_out);
+  add(embed_refusals_.With({}), now.refused, last.refused);
+  add(embed_inputs_total_.With({"answered"}), now.answered, last.answered);
+  add(embed_inputs_total_.With({"failed"}), now.failed, last.failed);
+  add(embed_inputs_total_.With({"cancelled"}), now.cancelled, last.cancelled);
+  metrics::Histogram& sizes = embed_batch_size_.With({});
+  metrics::Histogram& fill = embed_fill_ratio_.With({});
+  for (size_t s = 1; s < now.batch_size_counts.size(); ++s) {
+    const int64_t batches = now.batch_size_counts[s] - CountAt(last.batch_size_counts, s);
+    if (batches <= 0) continue;
+    sizes.Observe(static_cast<double>(s), static_cast<uint64_t>(batches));
+    if (now.max_batch_size > 0) {
+      fill.Observe(static_cast<double>(s) / now.max_batch_size, static_cast<uint64_t>(batches));
+    }
+  }
+  last = now;
+}
 
 void RouterMetrics::UpdateCluster(int waiting, int running,
                                   const std::vector<WorkerMetricsSnapshot>& workers) {

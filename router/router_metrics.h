@@ -48,6 +48,12 @@ class RouterMetrics {
   // drop out (their preemptions stay counted).
   void UpdateCluster(int waiting, int running, const std::vector<WorkerMetricsSnapshot>& workers);
 
+  // A worker's heartbeat carried its embedding batcher's cumulative counts: the cluster-wide
+  // embed_* metrics grow by what changed since its last report. Counts that went down mean the
+  // worker restarted, and count from zero again. Workers are never forgotten here (a worker that
+  // re-registers from the same process must not be counted twice).
+  void UpdateEmbedBatcher(const std::string& worker_id, const EmbedBatcherCounters& counters);
+
   std::string Render() const { return registry_.Render(); }
 
  private:
@@ -75,11 +81,21 @@ class RouterMetrics {
   metrics::Family<metrics::Gauge>& worker_waiting_;
   metrics::Family<metrics::Gauge>& kv_usage_;
   metrics::Family<metrics::Gauge>& workers_;
+  metrics::Family<metrics::Counter>& embed_batches_;
+  metrics::Family<metrics::Histogram>& embed_batch_size_;
+  metrics::Family<metrics::Histogram>& embed_fill_ratio_;
+  metrics::Family<metrics::Counter>& embed_wait_seconds_;
+  metrics::Family<metrics::Counter>& embed_waits_;
+  metrics::Family<metrics::Counter>& embed_timeouts_;
+  metrics::Family<metrics::Counter>& embed_refusals_;
+  metrics::Family<metrics::Counter>& embed_inputs_total_;
 
   absl::Mutex mu_;
   // Cumulative preemptions last reported per worker, to count deltas.
   absl::flat_hash_map<std::string, int64_t> last_preemptions_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> known_workers_ ABSL_GUARDED_BY(mu_);
+  // Each worker's last embedding batcher report, to count deltas.
+  absl::flat_hash_map<std::string, EmbedBatcherCounters> last_embed_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace carpool::router

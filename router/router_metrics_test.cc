@@ -1,6 +1,8 @@
 #include "router/router_metrics.h"
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -80,6 +82,92 @@ TEST(RouterMetricsTest, WorkersGaugesPreemptionDeltasAndDeparture) {
   // It comes back after a restart and counts from zero again.
   m.UpdateCluster(0, 0, {{"w1", true, 0, 0, 0, 100, 2}, {"w2", true, 0, 0, 0, 50, 0}});
   EXPECT_THAT(m.Render(), HasSubstr("carpool_preemptions_total 8\n"));
+}
+
+EmbedBatcherCounters Embed(int64_t answered, std::vector<int64_t> batch_size_counts,
+                           int max_batch_size) {
+  EmbedBatcherCounters c;
+  c.submitted = answered;
+  c.answered = answered;
+  c.batch_size_counts = std::move(batch_size_counts);
+  for (int64_t n : c.batch_size_counts) c.batches += n;
+  c.max_batch_size = max_batch_size;
+  c.queue_wait_count = answered;
+  c.queue_wait_sum_micros = 1000 * answered;  // 1 ms each
+  return c;
+}
+
+TEST(RouterMetricsTest, EmbedBatcherFamiliesStartAtZero) {
+  RouterMetrics m;
+  const std::string page = m.Render();
+  for (const char* line :
+       {"carpool_embed_batches_total 0\n", "carpool_embed_batch_size_count 0\n",
+        "carpool_embed_batch_size_bucket{le=\"1024\"} 0\n",
+        "carpool_embed_batch_fill_ratio_count 0\n", "carpool_embed_queue_wait_seconds_total 0\n",
+        "carpool_embed_queue_waits_total 0\n", "carpool_embed_timeouts_total 0\n",
+        "carpool_embed_refusals_total 0\n", "carpool_embed_inputs_total{outcome=\"answered\"} 0\n",
+        "carpool_embed_inputs_total{outcome=\"failed\"} 0\n",
+        "carpool_embed_inputs_total{outcome=\"cancelled\"} 0\n"}) {
+    EXPECT_THAT(page, HasSubstr(line));
+  }
+}
+
+TEST(RouterMetricsTest, EmbedBatcherReportsAddUpByDeltasOverWorkers) {
+  RouterMetrics m;
+  // w1: batches of 1 and 4 inputs (max 4); w2: one batch of 2 (max 8).
+  EmbedBatcherCounters w1 = Embed(9, {0, 1, 0, 0, 2}, 4);
+  w1.refused = 2;
+  w1.timed_out = 1;
+  w1.cancelled = 3;
+  m.UpdateEmbedBatcher("w1", w1);
+  m.UpdateEmbedBatcher("w2", Embed(2, {0, 0, 1, 0, 0, 0, 0, 0, 0}, 8));
+  // The same report again changes nothing; then w1 runs two more full batches and one fails.
+  m.UpdateEmbedBatcher("w1", w1);
+  w1 = Embed(17, {0, 1, 0, 0, 4}, 4);
+  w1.refused = 2;
+  w1.timed_out = 1;
+  w1.cancelled = 3;
+  w1.failed = 1;
+  m.UpdateEmbedBatcher("w1", w1);
+  const std::string page = m.Render();
+  EXPECT_THAT(page, HasSubstr("carpool_embed_batches_total 6\n"));
+  EXPECT_THAT(page, HasSubstr("carpool_embed_inputs_total{outcome=\"answered\"} 19\n"));
+  EXPECT_THAT(page, HasSubstr("carpool_embed_inputs_total{outcome=\"failed\"} 1\n"));
+  EXPECT_THAT(page, HasSubstr("carpool_embed_inputs_total{outcome=\"cancelled\"} 3\n"));
+  EXPECT_THAT(page, HasSubstr("carpool_embed_refusals_total 2\n"));
+  EXPECT_THAT(page, HasSubstr("carpool_embed_timeouts_total 1\n"));
+  EXPECT_THAT(page, HasSubstr("carpool_embed_queue_waits_total 19\n"));
+  EXPECT_THAT(page, HasSubstr("carpool_embed_queue_wait_seconds_total 0.019\n"));
+  // Sizes: one 1, one 2, four 4s.
+  EXPECT_THAT(page, HasSubstr("carpool_embed_batch_size_bucket{le=\"1\"} 1\n"));
+  EXPECT_THAT(page, HasSubstr("carpool_embed_batch_size_bucket{le=\"2\"} 2\n"));
+  EXPECT_THAT(page, HasSubstr("carpool_embed_batch_size_bucket{le=\"4\"} 6\n"));
+  EXPECT_THAT(page, HasSubstr("carpool_embed_batch_size_count 6\n"));
+  EXPECT_THAT(page, HasSubstr("carpool_embed_batch_size_sum 19\n"));
+  // Fill: 1/4 and 2/8 (both 0.25), four full batches (1.0).
+  EXPECT_THAT(page, HasSubstr("carpool_embed_batch_fill_ratio_bucket{le=\"0.2\"} 0\n"));
+  EXPECT_THAT(page, HasSubstr("carpool_embed_batch_fill_ratio_bucket{le=\"0.3\"} 2\n"));
+  EXPECT_THAT(page, HasSubstr("carpool_embed_batch_fill_ratio_bucket{le=\"0.9\"} 2\n"));
+  EXPECT_THAT(page, HasSubstr("carpool_embed_batch_fill_ratio_count 6\n"));
+  EXPECT_THAT(page, HasSubstr("carpool_embed_batch_fill_ratio_sum 4.5\n"));
+}
+
+TEST(RouterMetricsTest, EmbedBatcherOfARestartedWorkerCountsFromZero) {
+  RouterMetrics m;
+  m.UpdateEmbedBatcher("w1", Embed(40, {0, 0, 0, 0, 10}, 4));
+  // A new process: its counts are below the last report, so all of them are new.
+  m.UpdateEmbedBatcher("w1", Embed(3, {0, 1, 1, 0, 0}, 4));
+  std::string page = m.Render();
+  EXPECT_THAT(page, HasSubstr("carpool_embed_batches_total 12\n"));
+  EXPECT_THAT(page, HasSubstr("carpool_embed_inputs_total{outcome=\"answered\"} 43\n"));
+  EXPECT_THAT(page, HasSubstr("carpool_embed_batch_size_bucket{le=\"1\"} 1\n"));
+  EXPECT_THAT(page, HasSubstr("carpool_embed_batch_size_count 12\n"));
+  // And from there on by deltas again.
+  m.UpdateEmbedBatcher("w1", Embed(7, {0, 1, 1, 0, 1}, 4));
+  page = m.Render();
+  EXPECT_THAT(page, HasSubstr("carpool_embed_batches_total 13\n"));
+  EXPECT_THAT(page, HasSubstr("carpool_embed_inputs_total{outcome=\"answered\"} 47\n"));
+  EXPECT_THAT(page, HasSubstr("carpool_embed_batch_size_bucket{le=\"4\"} 13\n"));
 }
 
 }  // namespace

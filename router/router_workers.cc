@@ -185,6 +185,9 @@ void Router::Impl::OnWorkerMessage(const std::string& identity, WorkerMessage m)
   w->last_seen_micros = now;
   if (auto* h = std::get_if<HeartbeatInfo>(&m)) {
     w->load = h->load;
+    if (h->embed_batcher.has_value()) {
+      metrics_.UpdateEmbedBatcher(w->info.worker_id, *h->embed_batcher);
+    }
   } else if (auto* s = std::get_if<StepTokensInfo>(&m)) {
     w->load = s->load;
     metrics_.OnStep(static_cast<int>(s->events.size()), w->info.max_num_seqs);
