@@ -1,0 +1,67 @@
+// Which device a worker's model runs on, and how a GPU is used: the options behind --device,
+// --gpu, --dtype, --gpu-memory-utilization and --cuda-graphs (worker/engine_flags.h).
+//
+//   DeviceOptions d;                       // auto: CUDA when built with it and a GPU is visible
+//   ASSIGN_OR_RETURN(d, ResolveDevice(d, local_rank));   // kind is now kCpu or kCuda
+//
+// The CPU device is always fp32; dtype, gpu_memory_utilization and cuda_graphs apply to CUDA.
+#ifndef CARPOOL_WORKER_DEVICE_OPTIONS_H_
+#define CARPOOL_WORKER_DEVICE_OPTIONS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/model/model_device.h"
+
+namespace carpool::worker {
+
+enum class DeviceKind { kAuto, kCpu, kCuda };
+
+struct DeviceOptions {
+  // kAuto: kCuda when this build has CUDA and a GPU is visible, else kCpu. Default: kAuto.
+  DeviceKind kind = DeviceKind::kAuto;
+  // CUDA device index; -1: the process's local rank (under mpirun / srun) modulo the number of
+  // devices, else 0. Default: -1.
+  int gpu_index = -1;
+  // Storage type on the GPU. Default: bf16.
+  StorageType dtype = StorageType::kBF16;
+  // Fraction of the GPU's total memory the worker may fill: the KV pool gets what is left of it
+  // after the weights and a workspace margin. In (0, 1]. Default: 0.9.
+  double gpu_memory_utilization = 0.9;
+  // Capture decode steps at padded batch sizes as CUDA graphs. Default: true.
+  bool cuda_graphs = true;
+
+  // INVALID_ARGUMENT naming the flag.
+  absl::Status Validate() const;
+};
+
+const char* DeviceKindName(DeviceKind kind);  // "auto", "cpu", "cuda"
+// "cpu" | "cuda" | "auto"; INVALID_ARGUMENT naming --device otherwise.
+absl::StatusOr<DeviceKind> ParseDeviceKind(const std::string& text);
+// "bfloat16" | "bf16" | "float16" | "fp16" | "half" | "float32" | "fp32" | "float";
+// INVALID_ARGUMENT naming --dtype otherwise.
+absl::StatusOr<StorageType> ParseStorageType(const std::string& text);
+const char* StorageTypeFlagName(StorageType t);  // "bfloat16", "float16", "float32"
+
+// True when this build has the CUDA backend.
+bool BuiltWithCuda();
+// Visible CUDA devices; 0 without CUDA in the build, a driver or a device.
+int CudaDeviceCount();
+
+// Resolves kAuto and gpu_index. `local_rank` is the process's rank on its node under a launcher
+// (-1: none). FAILED_PRECONDITION when CUDA is asked for but the build has none or no GPU is
+// visible, or --gpu names a device that does not exist; INVALID_ARGUMENT from Validate.
+absl::StatusOr<DeviceOptions> ResolveDevice(const DeviceOptions& options, int local_rank);
+
+// KV pool bytes under a memory-utilization target: utilization x total, minus what is in use
+// (total - free: the weights and everything else allocated so far, by this or any process),
+// minus `margin_bytes` for activations and workspaces allocated after the pool. 0 when nothing
+// is left.
+int64_t KvPoolBytesForUtilization(double utilization, int64_t total_bytes, int64_t free_bytes,
+                                  int64_t margin_bytes);
+
+}  // namespace carpool::worker
+
+#endif  // CARPOOL_WORKER_DEVICE_OPTIONS_H_

@@ -1,0 +1,611 @@
+#include "worker/model/cuda_device.h"
+
+#include <cuda_runtime_api.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/gemm.h"
+
+namespace carpool::worker {
+namespace {
+
+namespace kc = kernels::cuda;
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+size_t Align16(size_t n) { return (n + 15) & ~size_t{15}; }
+
+// Where each step input lives inside the packed step buffers (host pinned and device), in bytes.
+struct StepLayout {
+  int64_t tokens = 0;  // capacity in tokens
+  int64_t seqs = 0;    // capacity in sequences
+  int64_t stride = 0;  // block-table entries per sequence
+  size_t slots = 0, token_ids = 0, positions = 0, sample_rows = 0, query_start = 0,
+         context_lens = 0, block_tables = 0, total = 0;
+};
+
+StepLayout MakeStepLayout(int64_t tokens, int64_t seqs, int64_t stride) {
+  StepLayout l;
+  l.tokens = tokens;
+  l.seqs = seqs;
+  l.stride = stride;
+  size_t at = 0;
+  auto take = [&at](size_t bytes) {
+    const size_t offset = at;
+    at += Align16(bytes);
+    return offset;
+  };
+  l.slots = take(tokens * sizeof(int64_t));
+  l.token_ids = take(tokens * sizeof(int32_t));
+  l.positions = take(tokens * sizeof(int32_t));
+  l.sample_rows = take(tokens * sizeof(int32_t));
+  l.query_start = take((seqs + 1) * sizeof(int32_t));
+  l.context_lens = take(seqs * sizeof(int32_t));
+  l.block_tables = take(seqs * stride * sizeof(int32_t));
+  l.total = at;
+  return l;
+}
+
+struct PinnedFree {
+  void operator()(void* p) const {
+    if (p != nullptr && cudaFreeHost(p) != cudaSuccess) (void)cudaGetLastError();
+  }
+};
+
+// One captured decode graph.
+struct Graph {
+  cudaGraphExec_t exec = nullptr;
+  int64_t generation = -1;
+  bool failed = false;  // capture failed once: this batch size runs eagerly for good
+};
+
+template <typename T>
+class CudaDeviceImpl final : public CudaDevice {
+ public:
+  CudaDeviceImpl(const CudaDeviceOptions& options, StorageType storage)
+      : options_(options), storage_(storage) {}
+
+  ~CudaDeviceImpl() override {
+    (void)cudaStreamSynchronize(stream_);
+    DropGraphs();
+    if (staged_ != nullptr) (void)cudaEventDestroy(staged_);
+    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+    (void)cudaGetLastError();
+  }
+
+  absl::Status Init() {
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+    CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming));
+    ASSIGN_OR_RETURN(gemm_, kc::Gemm::Create({.allow_tf32 = options_.allow_tf32}));
+    for (int s : options_.graph_batch_sizes) {
+      if (s >= 1 && s <= options_.max_num_seqs) graph_sizes_.push_back(s);
+    }
+    std::sort(graph_sizes_.begin(), graph_sizes_.end());
+    graph_sizes_.erase(std::unique(graph_sizes_.begin(), graph_sizes_.end()), graph_sizes_.end());
+    if (!graph_sizes_.empty() && graph_sizes_.back() < options_.max_num_seqs &&
+        options_.max_num_seqs <= 65535) {
+      graph_sizes_.push_back(options_.max_num_seqs);
+    }
+    const int64_t stride = CeilDiv(options_.max_context_len, options_.kv_block_size);
+    return GrowStepBuffers(
+        MakeStepLayout(options_.max_num_batched_tokens, options_.max_num_seqs, stride));
+  }
+
+  // ---- CudaDevice
+
+  std::string name() const override { return absl::StrCat("cuda:", options_.device); }
+  StorageType storage_type() const override { return storage_; }
+  absl::Status status() const override { return status_; }
+  int graphs_captured() const override { return graphs_captured_; }
+  int64_t graph_replays() const override { return graph_replays_; }
+
+  absl::StatusOr<std::pair<int64_t, int64_t>> MemoryInfo() const override {
+    size_t free = 0, total = 0;
+    CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free, &total));
+    return std::make_pair(static_cast<int64_t>(free), static_cast<int64_t>(total));
+  }
+
+  absl::Status Synchronize() override {
+    Record(kc::Synchronize(stream_));
+    return status_;
+  }
+
+  // ---- memory
+
+  absl::StatusOr<DeviceArray> Weight(const Tensor& host) override {
+    ASSIGN_OR_RETURN(DeviceArray a, Allocate(host.numel()));
+    RETURN_IF_ERROR(Upload(host.data(), 0, host.numel(), &a));
+    return a;
+  }
+
+  absl::StatusOr<DeviceArray> Allocate(int64_t numel) override {
+    if (numel < 0) return absl::InvalidArgumentError("Allocate: negative size");
+    if (numel == 0) return DeviceArray();
+    absl::StatusOr<kc::DeviceBuffer> buffer = kc::DeviceBuffer::Allocate(numel * sizeof(T));
+    if (!buffer.ok()) {
+      (void)cudaGetLastError();  // an out-of-memory error is not sticky; do not report it later
+      return buffer.status();
+    }
+    auto owned = std::make_shared<kc::DeviceBuffer>(std::move(*buffer));
+    void* data = owned->data();
+    return DeviceArray(std::move(owned), data, numel);
+  }
+
+  void Reserve(DeviceArray* a, int64_t numel) override {
+    if (a->numel() >= numel) return;
+    if (capturing_) {
+      Record(absl::FailedPreconditionError("Reserve grew an array inside a captured step"));
+      return;
+    }
+    *a = DeviceArray();  // free first, so the peak is the larger array only
+    absl::StatusOr<DeviceArray> grown = Allocate(numel);
+    if (!grown.ok()) {
+      Record(grown.status());
+      return;
+    }
+    *a = std::move(*grown);
+    ++generation_;  // a graph may have used the old address
+  }
+
+  int64_t FreeBytes() const override {
+    absl::StatusOr<std::pair<int64_t, int64_t>> info = MemoryInfo();
+    return info.ok() ? info->first : 0;
+  }
+
+  // ---- steps
+
+  void SetRope(absl::Span<const float> inv_freq) override {
+    rotary_dim_ = static_cast<int>(inv_freq.size()) * 2;
+    absl::StatusOr<kc::DeviceBuffer> b =
+        kc::DeviceBuffer::FromHost(std::vector<float>(inv_freq.begin(), inv_freq.end()));
+    if (!b.ok()) {
+      Record(b.status());
+      return;
+    }
+    inv_freq_ = std::move(*b);
+    ++generation_;
+  }
+
+  void SetStep(const StepView& step) override;
+
+  // ---- kernels
+
+  void EmbeddingGather(const DeviceArray& table, int64_t h, DeviceArray* out) override {
+    if (!Ready()) return;
+    Record(kc::EmbeddingGather<T>(P(table), table.numel() / h, Dev<int32_t>(layout_.token_ids),
+                                  P(out), num_tokens_, h, stream_));
+  }
+
+  void RmsNorm(const DeviceArray& x, const DeviceArray& weight, float eps, int64_t rows, int64_t h,
+               DeviceArray* out) override {
+    if (!Ready()) return;
+    Record(kc::RmsNorm<T>(P(x), P(weight), eps, P(out), rows, h, stream_));
+  }
+
+  void AddRmsNorm(const DeviceArray& x, DeviceArray* residual, const DeviceArray& weight, float eps,
+                  int64_t rows, int64_t h, DeviceArray* out) override {
+    if (!Ready()) return;
+    Record(kc::AddRmsNorm<T>(P(x), P(residual), P(weight), eps, P(out), rows, h, stream_));
+  }
+
+  void Linear(const DeviceArray& x, const DeviceArray& w, const DeviceArray& bias, int64_t m,
+              int64_t n, int64_t k, DeviceArray* y) override {
+    if (!Ready()) return;
+    const T* b = bias.empty() ? nullptr : P(bias);
+    Record(gemm_->Linear<T, T>(P(x), P(w), b, P(y), m, n, k, stream_));
+  }
+
+  void Rope(int num_heads, int head_dim, DeviceArray* x) override {
+    if (!Ready()) return;
+    Record(kc::RotaryEmbedding<T>(P(x), Dev<int32_t>(layout_.positions), inv_freq_.as<float>(),
+                                  num_tokens_, num_heads, head_dim, rotary_dim_, stream_));
+  }
+
+  void SiluMul(const DeviceArray& gate, const DeviceArray& up, int64_t rows, int64_t inter,
+               DeviceArray* out) override {
+    if (!Ready()) return;
+    Record(kc::SiluMul<T>(P(gate), P(up), P(out), rows, inter, stream_));
+  }
+
+  void WriteKv(const DeviceArray& k, const DeviceArray& v, const kernels::KvCacheLayout& layout,
+               DeviceArray* key_cache, DeviceArray* value_cache) override {
+    if (!Ready()) return;
+    Record(kc::WriteKvCache<T>(P(k), P(v), Dev<int64_t>(layout_.slots), num_tokens_, layout,
+                               P(key_cache), P(value_cache), stream_));
+  }
+
+  void Attention(const DeviceArray& q, const DeviceArray& key_cache, const DeviceArray& value_cache,
+                 const kernels::KvCacheLayout& layout, int num_heads, float scale,
+                 DeviceArray* out) override;
+
+  void GatherRows(const DeviceArray& x, int64_t h, DeviceArray* out) override {
+    if (!Ready()) return;
+    Record(kc::EmbeddingGather<T>(P(x), x.numel() / h, Dev<int32_t>(layout_.sample_rows), P(out),
+                                  num_samples_, h, stream_));
+  }
+
+  // ---- graphs
+
+  int GraphBatchSize(int num_seqs) const override {
+    if (!options_.cuda_graphs) return 0;
+    for (int s : graph_sizes_) {
+      if (s >= num_seqs) return s;
+    }
+    return 0;
+  }
+
+  void RunStep(const std::function<void()>& body) override;
+
+  // ---- host transfers
+
+  void ToHost(const DeviceArray& x, int64_t offset, int64_t n, float* host) override;
+
+  void FromHost(const float* host, int64_t offset, int64_t n, DeviceArray* x) override {
+    Record(Upload(host, offset, n, x));
+  }
+
+ private:
+  static T* P(const DeviceArray& a) { return static_cast<T*>(a.data()); }
+  static T* P(DeviceArray* a) { return static_cast<T*>(a->data()); }
+  template <typename U>
+  U* Dev(size_t offset) const {
+    return reinterpret_cast<U*>(step_device_.as<char>() + offset);
+  }
+
+  // Keeps the first error (the capture's own while capturing).
+  void Record(const absl::Status& s) {
+    if (s.ok()) return;
+    absl::Status& slot = capturing_ ? capture_status_ : status_;
+    if (slot.ok()) slot = s;
+  }
+  bool Ready() const { return status_.ok() && (!capturing_ || capture_status_.ok()); }
+
+  absl::Status Upload(const float* host, int64_t offset, int64_t n, DeviceArray* x);
+  absl::Status GrowStepBuffers(const StepLayout& layout);
+  absl::Status EnsureWorkspace(size_t bytes);
+  absl::Status EnsureStaging();
+  void DropGraphs();
+  // Captures `body` into `g` (after an eager run of the same step). Errors stay in the capture.
+  void Capture(const std::function<void()>& body, Graph* g);
+
+  const CudaDeviceOptions options_;
+  const StorageType storage_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t staged_ = nullptr;  // recorded after each step upload reads the pinned buffer
+  std::unique_ptr<kc::Gemm> gemm_;
+  absl::Status status_;
+  absl::Status capture_status_;
+  bool capturing_ = false;
+
+  kc::DeviceBuffer inv_freq_;
+  int rotary_dim_ = 0;
+  kc::DeviceBuffer staging_;    // fp32 chunks for uploads and read-backs
+  kc::DeviceBuffer workspace_;  // decode attention's split merge
+
+  // Step inputs: packed, at fixed addresses until they grow.
+  StepLayout layout_;
+  std::unique_ptr<void, PinnedFree> step_host_;
+  kc::DeviceBuffer step_device_;
+  int64_t num_tokens_ = 0;
+  int64_t num_samples_ = 0;
+  int num_seqs_ = 0;
+  int max_query_len_ = 1;
+  int max_context_len_ = 1;
+  bool decode_only_ = true;
+  bool graph_step_ = false;
+  int block_size_ = 16;  // tokens per block of the step's block tables (StepView::block_size)
+
+  // Graphs by batch size; valid while their generation is the current one.
+  std::vector<int> graph_sizes_;
+  std::map<int, Graph> graphs_;
+  int64_t generation_ = 0;
+  int graphs_captured_ = 0;
+  int64_t graph_replays_ = 0;
+};
+
+template <typename T>
+absl::Status CudaDeviceImpl<T>::GrowStepBuffers(const StepLayout& layout) {
+  if (capturing_) return absl::FailedPreconditionError("step buffers grew during a capture");
+  if (staged_ != nullptr) CUDA_RETURN_IF_ERROR(cudaEventSynchronize(staged_));
+  void* pinned = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaMallocHost(&pinned, layout.total));
+  step_host_.reset(pinned);
+  step_device_ = kc::DeviceBuffer();
+  ASSIGN_OR_RETURN(step_device_, kc::DeviceBuffer::Allocate(layout.total));
+  layout_ = layout;
+  ++generation_;
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status CudaDeviceImpl<T>::EnsureWorkspace(size_t bytes) {
+  if (workspace_.size() >= bytes) return absl::OkStatus();
+  if (capturing_) return absl::FailedPreconditionError("attention workspace grew in a capture");
+  const size_t grown = std::max(bytes, 2 * workspace_.size());
+  workspace_ = kc::DeviceBuffer();
+  ASSIGN_OR_RETURN(workspace_, kc::DeviceBuffer::Allocate(grown));
+  ++generation_;
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status CudaDeviceImpl<T>::EnsureStaging() {
+  if (!staging_.data()) {
+    ASSIGN_OR_RETURN(staging_,
+                     kc::DeviceBuffer::Allocate(options_.upload_chunk_elements * sizeof(float)));
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+void CudaDeviceImpl<T>::SetStep(const StepView& step) {
+  if (!status_.ok()) return;
+  const int64_t t = static_cast<int64_t>(step.token_ids.size());
+  const int num_seqs = static_cast<int>(step.seqs.size());
+  int max_query = 1, max_context = 1;
+  int64_t max_blocks = 1;
+  const int block_size = step.block_size > 0 ? step.block_size : options_.kv_block_size;
+  for (const kernels::AttentionSeq& s : step.seqs) {
+    max_query = std::max(max_query, s.query_len);
+    max_context = std::max(max_context, s.context_len);
+    max_blocks = std::max(max_blocks, CeilDiv(s.context_len, block_size));
+  }
+  const int64_t samples = static_cast<int64_t>(step.sample_rows.size());
+  if (t > layout_.tokens || samples > layout_.tokens || num_seqs > layout_.seqs ||
+      max_blocks > layout_.stride) {
+    Record(GrowStepBuffers(MakeStepLayout(std::max(layout_.tokens, std::max(t, samples)),
+                                          std::max<int64_t>(layout_.seqs, num_seqs),
+                                          std::max(layout_.stride, max_blocks))));
+    if (!status_.ok()) return;
+  }
+  // The previous step's upload must have read the pinned buffer before it is rewritten.
+  Record(kc::CudaStatus(cudaEventSynchronize(staged_), "cudaEventSynchronize"));
+  char* host = static_cast<char*>(step_host_.get());
+  std::memcpy(host + layout_.slots, step.slots.data(), t * sizeof(int64_t));
+  std::memcpy(host + layout_.token_ids, step.token_ids.data(), t * sizeof(int32_t));
+  std::memcpy(host + layout_.positions, step.positions.data(), t * sizeof(int32_t));
+  int32_t* sample_rows = reinterpret_cast<int32_t*>(host + layout_.sample_rows);
+  for (int64_t i = 0; i < samples; ++i) sample_rows[i] = static_cast<int32_t>(step.sample_rows[i]);
+  int32_t* query_start = reinterpret_cast<int32_t*>(host + layout_.query_start);
+  int32_t* context_lens = reinterpret_cast<int32_t*>(host + layout_.context_lens);
+  int32_t* tables = reinterpret_cast<int32_t*>(host + layout_.block_tables);
+  for (int s = 0; s < num_seqs; ++s) {
+    const kernels::AttentionSeq& seq = step.seqs[s];
+    query_start[s] = seq.query_start;
+    context_lens[s] = seq.context_len;
+    const int64_t blocks = CeilDiv(seq.context_len, block_size);
+    std::memcpy(tables + s * layout_.stride, seq.block_table, blocks * sizeof(int32_t));
+  }
+  query_start[num_seqs] =
+      num_seqs > 0 ? step.seqs[num_seqs - 1].query_start + step.seqs[num_seqs - 1].query_len : 0;
+  // One copy of everything up to the end of the used part of the block tables.
+  const size_t bytes = layout_.block_tables + num_seqs * layout_.stride * sizeof(int32_t);
+  Record(kc::CopyToDevice(step_device_.data(), host, bytes, stream_));
+  Record(kc::CudaStatus(cudaEventRecord(staged_, stream_), "cudaEventRecord"));
+
+  num_tokens_ = t;
+  num_samples_ = samples;
+  num_seqs_ = num_seqs;
+  max_query_len_ = max_query;
+  max_context_len_ = max_context;
+  decode_only_ = step.decode_only;
+  block_size_ = block_size;
+  // A padded decode step of a captured size runs with fixed bounds so that its graph is reusable.
+  graph_step_ = options_.cuda_graphs && step.decode_only && t == num_seqs &&
+                GraphBatchSize(num_seqs) == num_seqs && max_context <= options_.max_context_len &&
+                block_size == options_.kv_block_size;
+}
+
+template <typename T>
+void CudaDeviceImpl<T>::Attention(const DeviceArray& q, const DeviceArray& key_cache,
+                                  const DeviceArray& value_cache,
+                                  const kernels::KvCacheLayout& layout, int num_heads, float scale,
+                                  DeviceArray* out) {
+  if (!Ready()) return;
+  if (layout.block_size != block_size_) {
+    Record(absl::InvalidArgumentError(
+        absl::StrCat("CudaDevice: the step's block tables are for blocks of ", block_size_,
+                     " tokens, attention asked for ", layout.block_size)));
+    return;
+  }
+  kc::PagedAttentionBatch b;
+  b.cache = layout;
+  b.num_heads = num_heads;
+  b.scale = scale;
+  b.num_seqs = num_seqs_;
+  b.query_start = decode_only_ ? nullptr : Dev<int32_t>(layout_.query_start);
+  b.context_lens = Dev<int32_t>(layout_.context_lens);
+  b.block_tables = Dev<int32_t>(layout_.block_tables);
+  b.block_table_stride = static_cast<int>(layout_.stride);
+  b.max_query_len = decode_only_ ? 1 : max_query_len_;
+  b.max_context_len = graph_step_ ? options_.max_context_len : max_context_len_;
+  if (decode_only_) {
+    const size_t ws = kc::PagedAttentionDecodeWorkspaceBytes(b);
+    if (absl::Status s = EnsureWorkspace(ws); !s.ok()) return Record(s);
+    Record(kc::PagedAttentionDecode<T>(P(q), P(key_cache), P(value_cache), b, workspace_.data(),
+                                       workspace_.size(), P(out), stream_));
+  } else {
+    Record(kc::PagedAttention<T>(P(q), P(key_cache), P(value_cache), b, P(out), stream_));
+  }
+}
+
+template <typename T>
+void CudaDeviceImpl<T>::DropGraphs() {
+  for (auto& [size, g] : graphs_) {
+    if (g.exec != nullptr) (void)cudaGraphExecDestroy(g.exec);
+    g.exec = nullptr;
+  }
+}
+
+template <typename T>
+void CudaDeviceImpl<T>::RunStep(const std::function<void()>& body) {
+  if (!status_.ok()) return;
+  if (!graph_step_) {
+    body();
+    return;
+  }
+  Graph& g = graphs_[num_seqs_];
+  if (g.exec != nullptr && g.generation == generation_) {
+    Record(kc::CudaStatus(cudaGraphLaunch(g.exec, stream_), "cudaGraphLaunch"));
+    ++graph_replays_;
+    return;
+  }
+  // First step of this size (or buffers moved): run it eagerly, which computes this step and
+  // sizes every buffer, workspace and GEMM algorithm; then record the same work for later steps.
+  body();
+  if (!status_.ok() || g.failed) return;
+  Capture(body, &g);
+}
+
+template <typename T>
+void CudaDeviceImpl<T>::Capture(const std::function<void()>& body, Graph* g) {
+  if (g->exec != nullptr) (void)cudaGraphExecDestroy(g->exec);
+  g->exec = nullptr;
+  const int64_t generation = generation_;
+  capture_status_ = absl::OkStatus();
+  capturing_ = true;
+  absl::Status s = kc::CudaStatus(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+                                  "cudaStreamBeginCapture");
+  if (s.ok()) {
+    body();
+    cudaGraph_t graph = nullptr;
+    absl::Status ended =
+        kc::CudaStatus(cudaStreamEndCapture(stream_, &graph), "cudaStreamEndCapture");
+    if (s.ok()) s = capture_status_;
+    if (s.ok()) s = ended;
+    if (s.ok() && generation_ != generation) {
+      s = absl::FailedPreconditionError("a buffer moved during the capture");
+    }
+    if (s.ok()) {
+      s = kc::CudaStatus(cudaGraphInstantiate(&g->exec, graph, 0), "cudaGraphInstantiate");
+    }
+    if (graph != nullptr) (void)cudaGraphDestroy(graph);
+  }
+  capturing_ = false;
+  if (!s.ok()) {
+    (void)cudaGetLastError();  // a failed capture's error must not be reported by a later call
+    if (g->exec != nullptr) (void)cudaGraphExecDestroy(g->exec);
+    g->exec = nullptr;
+    g->failed = true;
+    const std::string line =
+        absl::StrCat("carpool: ", name(), ": CUDA graph capture of decode batch ", num_seqs_,
+                     " failed (", s.ToString(), "); that batch size runs without a graph\n");
+    (void)!write(STDERR_FILENO, line.data(), line.size());
+    return;
+  }
+  g->generation = generation;
+  ++graphs_captured_;
+}
+
+template <typename T>
+absl::Status CudaDeviceImpl<T>::Upload(const float* host, int64_t offset, int64_t n,
+                                       DeviceArray* x) {
+  if (offset < 0 || n < 0 || offset + n > x->numel()) {
+    return absl::InvalidArgumentError("FromHost: range outside the array");
+  }
+  if (capturing_) return absl::FailedPreconditionError("host transfer inside a captured step");
+  T* dst = P(x) + offset;
+  if constexpr (std::is_same_v<T, float>) {
+    RETURN_IF_ERROR(kc::CopyToDevice(dst, host, n * sizeof(float), stream_));
+  } else {
+    RETURN_IF_ERROR(EnsureStaging());
+    for (int64_t at = 0; at < n; at += options_.upload_chunk_elements) {
+      const int64_t len = std::min(options_.upload_chunk_elements, n - at);
+      // Stream order keeps a chunk's copy behind the previous chunk's conversion.
+      RETURN_IF_ERROR(kc::CopyToDevice(staging_.data(), host + at, len * sizeof(float), stream_));
+      RETURN_IF_ERROR((kc::Convert<float, T>(staging_.as<float>(), dst + at, len, stream_)));
+    }
+  }
+  // The host buffer may be freed or reused as soon as we return.
+  return kc::Synchronize(stream_);
+}
+
+template <typename T>
+void CudaDeviceImpl<T>::ToHost(const DeviceArray& x, int64_t offset, int64_t n, float* host) {
+  if (status_.ok() && (offset < 0 || n < 0 || offset + n > x.numel())) {
+    Record(absl::InvalidArgumentError("ToHost: range outside the array"));
+  }
+  if (status_.ok()) {
+    const T* src = P(x) + offset;
+    if constexpr (std::is_same_v<T, float>) {
+      Record(kc::CopyToHost(host, src, n * sizeof(float), stream_));
+    } else {
+      Record(EnsureStaging());
+      for (int64_t at = 0; at < n && status_.ok(); at += options_.upload_chunk_elements) {
+        const int64_t len = std::min(options_.upload_chunk_elements, n - at);
+        Record(kc::Convert<T, float>(src + at, staging_.as<float>(), len, stream_));
+        Record(kc::CopyToHost(host + at, staging_.data(), len * sizeof(float), stream_));
+      }
+    }
+    Record(kc::Synchronize(stream_));
+  }
+  if (!status_.ok()) {
+    if (options_.abort_on_error) {
+      const std::string line =
+          absl::StrCat("carpool: ", name(), " failed: ", status_.ToString(), "; exiting\n");
+      (void)!write(STDERR_FILENO, line.data(), line.size());
+      std::_Exit(1);
+    }
+    std::fill(host, host + std::max<int64_t>(n, 0), 0.0f);
+  }
+}
+
+template <typename T>
+absl::StatusOr<std::unique_ptr<CudaDevice>> Make(const CudaDeviceOptions& options) {
+  auto device = std::make_unique<CudaDeviceImpl<T>>(options, options.storage);
+  RETURN_IF_ERROR(device->Init());
+  return device;
+}
+
+}  // namespace
+
+absl::Status CudaDeviceOptions::Validate() const {
+  auto bad = [](const std::string& what) {
+    return absl::InvalidArgumentError("CudaDevice: " + what);
+  };
+  if (device < 0) return bad(absl::StrCat("device must be >= 0, got ", device));
+  if (max_num_batched_tokens < 1 || max_num_seqs < 1 || max_context_len < 1 || kv_block_size < 1) {
+    return bad(
+        "max_num_batched_tokens, max_num_seqs, max_context_len and kv_block_size must be "
+        ">= 1");
+  }
+  if (upload_chunk_elements < 1) return bad("upload_chunk_elements must be >= 1");
+  for (int s : graph_batch_sizes) {
+    if (s < 1) return bad(absl::StrCat("graph batch sizes must be >= 1, got ", s));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<CudaDevice>> CreateCudaDevice(const CudaDeviceOptions& options) {
+  RETURN_IF_ERROR(options.Validate());
+  const int count = kc::DeviceCount();
+  if (options.device >= count) {
+    return absl::UnavailableError(
+        absl::StrCat("CUDA device ", options.device, " does not exist (", count, " visible)"));
+  }
+  switch (options.storage) {
+    case StorageType::kF32:
+      return Make<float>(options);
+    case StorageType::kBF16:
+      return Make<kc::BFloat16>(options);
+    case StorageType::kF16:
+      return Make<kc::Half>(options);
+  }
+  return absl::InvalidArgumentError("CudaDevice: unknown storage type");
+}
+
+}  // namespace carpool::worker

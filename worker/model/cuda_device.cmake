@@ -1,0 +1,27 @@
+# Included by worker/model/CMakeLists.txt: the device options (every build) and, where the build
+# has CUDA, the CUDA device and its GPU test.
+
+# worker/device_options.h: --device / --gpu / --dtype / --gpu-memory-utilization / --cuda-graphs.
+add_library(carpool_device_options ${CMAKE_CURRENT_SOURCE_DIR}/../device_options.cc)
+target_link_libraries(carpool_device_options PUBLIC carpool_common absl::status absl::statusor
+                                                    absl::strings PRIVATE carpool_warnings)
+target_link_libraries(carpool_model PUBLIC carpool_device_options)
+
+if(CARPOOL_WITH_CUDA)
+  add_library(carpool_cuda_device ${CMAKE_CURRENT_SOURCE_DIR}/cuda_device.cc)
+  target_link_libraries(carpool_cuda_device
+    PUBLIC carpool_kernels_cuda carpool_weights carpool_common
+    PRIVATE carpool_warnings)
+  target_compile_definitions(carpool_cuda_device PUBLIC CARPOOL_HAVE_CUDA=1)
+  target_link_libraries(carpool_device_options PUBLIC carpool_kernels_cuda)
+  target_compile_definitions(carpool_device_options PUBLIC CARPOOL_HAVE_CUDA=1)
+
+  if(EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/cuda_device_test.cc)
+    carpool_test(carpool_cuda_device_test gpu
+      SOURCES cuda_device_test.cc
+      LIBS carpool_cuda_device carpool_kernels_cpu carpool_engine carpool_testing)
+    if(TARGET carpool_gpu_checks)
+      add_dependencies(carpool_gpu_checks carpool_cuda_device_test)
+    endif()
+  endif()
+endif()
