@@ -66,6 +66,7 @@ void EngineLoop::Run() {
     stalled = backend_->has_unfinished() && !StepOnce();
     RunEmbedBatch();  // at most one between two steps
     load_->Publish(CurrentLoad());
+    PublishEmbedBatcher();
     if (draining_ && !backend_->has_unfinished() && embeds_.empty()) break;
   }
   if (absl::Status s = pair_->Send({kTagDone}); !s.ok()) {
@@ -196,6 +197,7 @@ void EngineLoop::OnEmbedDispatch(EmbedDispatchInfo d) {
   const int64_t queued = embedder_->Stats().queued;
   const int64_t n = static_cast<int64_t>(d.inputs.size());
   if (queued + n > embed_options_.max_queue_size) {
+    embed_refused_inputs_ += n;
     Fail(d.request_id, absl::StatusCode::kResourceExhausted, reason::kQueueFull,
          absl::StrCat("embed queue is full: ", queued, " of ", embed_options_.max_queue_size,
                       " inputs queued, the request has ", n));
@@ -271,6 +273,26 @@ WorkerLoad EngineLoop::CurrentLoad() const {
   WorkerLoad l = backend_->Load();
   l.embed_queued = embedder_ == nullptr ? 0 : static_cast<int>(embedder_->Stats().queued);
   return l;
+}
+
+void EngineLoop::PublishEmbedBatcher() {
+  if (embedder_ == nullptr) return;
+  const DynamicBatcherStats stats = embedder_->Stats();
+  EmbedBatcherCounters c;
+  c.submitted = stats.submitted;
+  c.refused = stats.refused + embed_refused_inputs_;
+  c.timed_out = stats.timed_out;
+  c.cancelled = stats.cancelled;
+  c.answered = stats.answered;
+  c.failed = stats.failed;
+  c.batches = stats.batches;
+  c.batch_size_counts = stats.batch_size_counts;
+  c.max_batch_size = embed_options_.max_batch_size;
+  c.queue_wait_count = stats.queue_wait_count;
+  c.queue_wait_sum_micros = stats.queue_wait_sum_micros;
+  if (published_embed_ == c) return;
+  load_->PublishEmbedBatcher(c);
+  published_embed_ = std::move(c);
 }
 
 bool EngineLoop::StepOnce() {

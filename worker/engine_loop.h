@@ -7,11 +7,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/messages.h"
 #include "common/transport.h"
@@ -46,7 +48,8 @@ void Log(const Args&... args) {
 // True for 1, 2, 4, 8, ...: log the first of a run of failures, then ever more rarely.
 inline bool ShouldLogCount(int64_t n) { return n > 0 && (n & (n - 1)) == 0; }
 
-// The engine thread's load, for the I/O thread's heartbeats. Fields may be a step apart.
+// The engine thread's load, for the I/O thread's heartbeats. Fields may be a step apart; the
+// embedding batcher's counts are one consistent snapshot.
 class SharedLoad {
  public:
   void Publish(const WorkerLoad& l) {
@@ -67,10 +70,21 @@ class SharedLoad {
     l.embed_queued = embed_queued_.load(std::memory_order_relaxed);
     return l;
   }
+  void PublishEmbedBatcher(const EmbedBatcherCounters& c) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    embed_batcher_ = c;
+  }
+  // Nullopt until the engine thread publishes one (never, when the worker cannot embed).
+  std::optional<EmbedBatcherCounters> ReadEmbedBatcher() const ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return embed_batcher_;
+  }
 
  private:
   std::atomic<int> running_{0}, waiting_{0}, kv_used_{0}, kv_free_{0}, embed_queued_{0};
   std::atomic<int64_t> preemptions_{0};
+  mutable absl::Mutex mu_;
+  std::optional<EmbedBatcherCounters> embed_batcher_ ABSL_GUARDED_BY(mu_);
 };
 
 struct EngineLoopOptions {
@@ -92,7 +106,9 @@ struct EngineLoopOptions {
 // iteration runs at most one engine step and then at most one embedding batch, so no step
 // waits for more than one embedding batch; without generation work the iterations (and so the
 // batches) follow each other without sleeping, and the poll timeout never passes the
-// batcher's next deadline (rounded up to a millisecond), so max_wait is kept.
+// batcher's next deadline (rounded up to a millisecond), so max_wait is kept. The batcher's
+// counts (plus the inputs of dispatches refused for a full queue) go to SharedLoad after every
+// iteration that changed them, for the heartbeats.
 // Prefix-cache changes go out as `kv_events` just before a step's message (at most one check
 // for evictions every 250 ms), and in full after every new registration.
 // Nothing is sent while the epoch is 0; a new nonzero epoch cancels the requests taken under the
@@ -132,6 +148,8 @@ class EngineLoop {
   // Runs one embedding batch if one is due; false when none was.
   bool RunEmbedBatch();
   WorkerLoad CurrentLoad() const;
+  // Publishes the batcher's counts to load_ when they changed since the last time.
+  void PublishEmbedBatcher();
   // Runs one step; false when it produced nothing.
   bool StepOnce();
   // Sends the backend's prefix-cache changes (all it holds, as a reset, with `snapshot`).
@@ -151,6 +169,8 @@ class EngineLoop {
   uint64_t owner_epoch_ = 0;  // the epoch the requests in flight were taken under
   bool draining_ = false;
   int64_t send_failures_ = 0;
+  int64_t embed_refused_inputs_ = 0;  // inputs of embed dispatches refused: queue full
+  std::optional<EmbedBatcherCounters> published_embed_;  // what load_ holds
   absl::flat_hash_map<uint64_t, EmbedJob> embeds_;  // by router request id
   // Null when the backend cannot embed. Last: destroyed first, while its callbacks can still
   // reach embeds_.

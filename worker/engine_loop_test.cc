@@ -175,6 +175,17 @@ class LoopHarness {
     return false;
   }
 
+  // True once the published embedding batcher counts satisfy `pred` (within kWaitMs).
+  bool WaitForEmbedBatcher(std::function<bool(const EmbedBatcherCounters&)> pred) {
+    for (const int64_t deadline = NowMs() + kWaitMs; NowMs() < deadline;) {
+      std::optional<EmbedBatcherCounters> c = load_.ReadEmbedBatcher();
+      if (c.has_value() && pred(*c)) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return false;
+  }
+  std::optional<EmbedBatcherCounters> embed_batcher() const { return load_.ReadEmbedBatcher(); }
+
   // Reads until the loop reports done (after a Drain); the messages go to seen().
   bool WaitDone() {
     for (const int64_t deadline = NowMs() + kWaitMs; NowMs() < deadline && !done_;) {
@@ -407,6 +418,33 @@ TEST(EngineLoopEmbedTest, LoadCarriesPreemptionsAndEmbedQueue) {
   EXPECT_EQ(step->load.embed_queued, 4);
   EXPECT_EQ(step->load.preemptions, 7);
   loop.Send(WorkerCancelInfo{40});
+}
+
+TEST(EngineLoopEmbedTest, PublishesTheBatchersCountsWithRefusals) {
+  LoopHarness loop(Options(/*max_batch_size=*/4, /*max_wait_micros=*/60'000'000,
+                           /*idle_wait_ms=*/10, /*queue_size=*/8));
+  ASSERT_TRUE(loop.WaitForEmbedBatcher([](const EmbedBatcherCounters& c) {
+    return c.max_batch_size == 4 && c.submitted == 0;
+  }));
+  loop.Send(Embed(60, 5));  // a full batch of 4 runs; the fifth input waits
+  loop.Send(Embed(61, 8));  // 8 more do not fit in the queue of 8: refused
+  auto failed = loop.WaitFor<RequestFailedInfo>();
+  ASSERT_TRUE(failed.has_value());
+  EXPECT_EQ(failed->error.reason, reason::kQueueFull);
+  ASSERT_TRUE(loop.WaitForEmbedBatcher(
+      [](const EmbedBatcherCounters& c) { return c.answered == 4 && c.refused == 8; }));
+  loop.Send(WorkerCancelInfo{60});
+  ASSERT_TRUE(
+      loop.WaitForEmbedBatcher([](const EmbedBatcherCounters& c) { return c.cancelled == 1; }));
+  const std::optional<EmbedBatcherCounters> c = loop.embed_batcher();
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->submitted, 5);
+  EXPECT_EQ(c->answered, 4);
+  EXPECT_EQ(c->batches, 1);
+  ASSERT_EQ(c->batch_size_counts.size(), 5u);
+  EXPECT_EQ(c->batch_size_counts[4], 1);
+  EXPECT_EQ(c->queue_wait_count, 4);
+  EXPECT_EQ(c->failed + c->timed_out, 0);
 }
 
 }  // namespace

@@ -215,7 +215,8 @@ void IoLoop::Tick() {
   if (epoch_ > 0) {
     if (now < next_heartbeat_ms_) return;
     next_heartbeat_ms_ = now + options_.heartbeat_ms;
-    ToRouter(Encode(WorkerMessage(HeartbeatInfo{epoch_, load_->Read()})));
+    ToRouter(
+        Encode(WorkerMessage(HeartbeatInfo(epoch_, load_->Read(), load_->ReadEmbedBatcher()))));
   } else if (!register_pending_ || now - register_sent_ms_ >= options_.register_retry_ms) {
     SendRegister();
   }

@@ -606,6 +606,37 @@ TEST_F(WorkerServerTest, EchoAnswersAnEmbedDispatch) {
             EchoEmbedding({9}, Pooling::kMean, false));
 }
 
+TEST_F(WorkerServerTest, HeartbeatsCarryTheEmbedBatchersCounts) {
+  WorkerServerOptions o = Options(router_.endpoint(), Echo());
+  o.embed.max_batch_size = 4;
+  o.embed.max_wait_micros = 0;
+  RunningWorker worker(o);
+  ASSERT_TRUE(router_.Register(3).has_value());
+  // Present from the start, at zero.
+  std::optional<HeartbeatInfo> hb = router_.WaitFor<HeartbeatInfo>(
+      [](const HeartbeatInfo& h) { return h.embed_batcher.has_value(); });
+  ASSERT_TRUE(hb.has_value());
+  EXPECT_EQ(hb->embed_batcher->answered, 0);
+  EXPECT_EQ(hb->embed_batcher->max_batch_size, 4);
+  EmbedDispatchInfo d;
+  d.request_id = 9;
+  d.inputs = {{1}, {2}, {3}, {4}, {5, 6}};  // a full batch of 4, then one of 1
+  router_.Send(d);
+  ASSERT_TRUE(router_.WaitFor<EmbedDoneInfo>().has_value());
+  hb = router_.WaitFor<HeartbeatInfo>([](const HeartbeatInfo& h) {
+    return h.embed_batcher.has_value() && h.embed_batcher->answered == 5;
+  });
+  ASSERT_TRUE(hb.has_value());
+  const EmbedBatcherCounters& c = *hb->embed_batcher;
+  EXPECT_EQ(c.submitted, 5);
+  EXPECT_EQ(c.batches, 2);
+  ASSERT_EQ(c.batch_size_counts.size(), 5u);
+  EXPECT_EQ(c.batch_size_counts[4], 1);
+  EXPECT_EQ(c.batch_size_counts[1], 1);
+  EXPECT_EQ(c.queue_wait_count, 5);
+  EXPECT_EQ(c.refused + c.failed + c.cancelled + c.timed_out, 0);
+}
+
 TEST_F(WorkerServerTest, EmbedDispatchMatchesTheEngine) {
   RunningWorker worker(Options(router_.endpoint(), TinyEngine()));
   ASSERT_TRUE(router_.Register(7).has_value());
