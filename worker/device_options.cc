@@ -5,9 +5,14 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 
 #ifdef CARPOOL_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_buffer.h"
+#include "worker/model/cuda_device.h"
 #endif
 
 namespace carpool::worker {
@@ -112,6 +117,49 @@ int64_t KvPoolBytesForUtilization(double utilization, int64_t total_bytes, int64
   const int64_t budget =
       static_cast<int64_t>(std::floor(utilization * static_cast<double>(total_bytes)));
   return std::max<int64_t>(0, budget - in_use - margin_bytes);
+}
+
+int64_t GpuActivationMarginBytes(const ModelConfig& c, int64_t max_tokens, StorageType storage) {
+  const int64_t bytes = storage == StorageType::kF32 ? 4 : 2;
+  const int64_t q = int64_t{c.num_heads} * c.head_dim;
+  const int64_t kv = int64_t{c.num_kv_heads} * c.head_dim;
+  // residual, hidden, q, k, v, attention out, o/down out, gate, up; logits in storage and fp32.
+  const int64_t per_token = (3 * int64_t{c.hidden_size} + 3 * q + 2 * kv +
+                             2 * int64_t{c.intermediate_size} + c.vocab_size) *
+                                bytes +
+                            int64_t{c.vocab_size} * 4;
+  return max_tokens * per_token + (int64_t{512} << 20);
+}
+
+absl::StatusOr<std::unique_ptr<ModelDevice>> CreateCudaModelDevice(const DeviceOptions& options,
+                                                                   const DeviceLimits& limits) {
+#ifdef CARPOOL_HAVE_CUDA
+  CudaDeviceOptions o;
+  o.device = std::max(options.gpu_index, 0);
+  o.storage = options.dtype;
+  o.cuda_graphs = options.cuda_graphs;
+  o.max_num_batched_tokens = std::max(limits.max_num_batched_tokens, limits.max_num_seqs);
+  o.max_num_seqs = limits.max_num_seqs;
+  o.max_context_len = limits.max_model_len;
+  o.kv_block_size = limits.block_size;
+  absl::StatusOr<std::unique_ptr<CudaDevice>> device = CreateCudaDevice(o);
+  if (!device.ok()) return device.status();
+  return std::unique_ptr<ModelDevice>(std::move(*device));
+#else
+  return absl::FailedPreconditionError("this build has no CUDA device support");
+#endif
+}
+
+absl::StatusOr<int64_t> CudaKvPoolBytes(const DeviceOptions& options, int64_t weight_bytes,
+                                        int64_t margin_bytes) {
+#ifdef CARPOOL_HAVE_CUDA
+  size_t free = 0, total = 0;
+  CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free, &total));
+  return KvPoolBytesForUtilization(options.gpu_memory_utilization, static_cast<int64_t>(total),
+                                   static_cast<int64_t>(free), weight_bytes + margin_bytes);
+#else
+  return absl::FailedPreconditionError("this build has no CUDA device support");
+#endif
 }
 
 }  // namespace carpool::worker

@@ -9,11 +9,13 @@
 #define CARPOOL_WORKER_DEVICE_OPTIONS_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "worker/model/model_device.h"
+#include "worker/weights/model_config.h"
 
 namespace carpool::worker {
 
@@ -61,6 +63,33 @@ absl::StatusOr<DeviceOptions> ResolveDevice(const DeviceOptions& options, int lo
 // is left.
 int64_t KvPoolBytesForUtilization(double utilization, int64_t total_bytes, int64_t free_bytes,
                                   int64_t margin_bytes);
+
+// Bytes a step's activations, workspaces and staging may take on a GPU beyond the weights and
+// the KV pool, for a model of `config` with up to `max_tokens` tokens in a step: every scratch
+// array of LlamaModel at max_tokens rows in `storage`, fp32 logits for max_tokens rows, and a
+// fixed 512 MiB for cuBLASLt, attention and upload workspaces and allocator slack.
+int64_t GpuActivationMarginBytes(const ModelConfig& config, int64_t max_tokens,
+                                 StorageType storage);
+
+// Sizes for a CUDA device's step buffers and graphs (from the engine's options).
+struct DeviceLimits {
+  int max_num_batched_tokens = 2048;
+  int max_num_seqs = 256;
+  int max_model_len = 8192;
+  int block_size = 16;
+};
+
+// The CUDA device that `options` (resolved, kind kCuda) asks for. FAILED_PRECONDITION in a
+// build without CUDA; otherwise CreateCudaDevice's errors.
+absl::StatusOr<std::unique_ptr<ModelDevice>> CreateCudaModelDevice(const DeviceOptions& options,
+                                                                   const DeviceLimits& limits);
+
+// The KV pool bytes of --gpu-memory-utilization on the current CUDA device, before
+// `weight_bytes` of weights (in the storage type) are uploaded: KvPoolBytesForUtilization with
+// the device's free and total memory and a margin of weight_bytes + margin_bytes.
+// FAILED_PRECONDITION without CUDA.
+absl::StatusOr<int64_t> CudaKvPoolBytes(const DeviceOptions& options, int64_t weight_bytes,
+                                        int64_t margin_bytes);
 
 }  // namespace carpool::worker
 

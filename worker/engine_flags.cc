@@ -51,4 +51,35 @@ void RegisterEngineFlags(FlagParser* p, EngineOptions* o) {
   p->AddInt("threads", &o->num_threads, "kernel threads (default: one per core)");
 }
 
+void RegisterDeviceFlags(FlagParser* p, DeviceOptions* o) {
+  p->AddCustom(
+      "device",
+      [o](const std::string& v) -> absl::Status {
+        absl::StatusOr<DeviceKind> kind = ParseDeviceKind(v);
+        if (!kind.ok()) return kind.status();
+        o->kind = *kind;
+        return absl::OkStatus();
+      },
+      "cpu, cuda or auto: cuda when this build has CUDA and a GPU is visible (default auto)");
+  p->AddInt("gpu", &o->gpu_index,
+            "CUDA device index (default: the local rank under mpirun/srun modulo the GPU count, "
+            "else 0)");
+  p->AddCustom(
+      "dtype",
+      [o](const std::string& v) -> absl::Status {
+        absl::StatusOr<StorageType> t = ParseStorageType(v);
+        if (!t.ok()) return t.status();
+        o->dtype = *t;
+        return absl::OkStatus();
+      },
+      "GPU storage type of weights, activations and KV cache: bfloat16 (default), float16 or "
+      "float32 (the CPU is always float32)");
+  p->AddDouble("gpu-memory-utilization", &o->gpu_memory_utilization,
+               "fraction of GPU memory the worker fills; the KV pool gets what the weights and "
+               "activations leave (default 0.9)");
+  p->AddBool("cuda-graphs", &o->cuda_graphs,
+             "replay decode steps as CUDA graphs at padded batch sizes (default true; "
+             "--no-cuda-graphs turns them off)");
+}
+
 }  // namespace carpool::worker

@@ -3,6 +3,7 @@
 #define CARPOOL_WORKER_ENGINE_FLAGS_H_
 
 #include "common/flags.h"
+#include "worker/device_options.h"
 #include "worker/engine.h"
 
 namespace carpool::worker {
@@ -12,6 +13,12 @@ namespace carpool::worker {
 // --enable-prefix-caching, --static-batch-timeout-ms and --threads to `options`.
 // `options` must outlive the parser.
 void RegisterEngineFlags(FlagParser* parser, EngineOptions* options);
+
+// Binds --device (cpu|cuda|auto), --gpu N, --dtype (bfloat16|float16|float32),
+// --gpu-memory-utilization (0, 1] and --cuda-graphs / --no-cuda-graphs to `options`. Malformed
+// values are errors naming the flag; ranges are checked by DeviceOptions::Validate.
+// `options` must outlive the parser.
+void RegisterDeviceFlags(FlagParser* parser, DeviceOptions* options);
 
 }  // namespace carpool::worker
 

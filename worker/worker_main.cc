@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <string>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -59,12 +60,57 @@ int RunUnderMpi(int argc, char** argv, carpool::worker::MpiWorkerOptions options
     std::cerr << "carpool-worker: " << job.status().message() << "\n";
     return 1;
   }
-  absl::Status s = carpool::worker::RunMpiWorker(job->get(), std::move(options), &g_server,
-                                                 &g_terminate);
+  absl::Status s =
+      carpool::worker::RunMpiWorker(job->get(), std::move(options), &g_server, &g_terminate);
   if (!s.ok()) std::cerr << "carpool-worker: " << s.message() << "\n";
   const int code = s.ok() ? 0 : 1;
   (*job)->Finalize(absl::Seconds(10), code);
   return code;
+}
+
+// The process's rank on its node under mpirun or srun; -1 otherwise.
+int LocalRank() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID",
+                           "MV2_COMM_WORLD_LOCAL_RANK"}) {
+    int rank;
+    if (const char* v = std::getenv(name); v != nullptr && absl::SimpleAtoi(v, &rank)) {
+      return rank;
+    }
+  }
+  return -1;
+}
+
+// Resolves --device and its GPU; 0 when the worker can go on, else the exit code (2).
+int ResolveDeviceOrExit(const std::string& model, int tp, carpool::worker::DeviceOptions* device) {
+  using carpool::worker::DeviceKind;
+  const DeviceKind asked = device->kind;
+  absl::StatusOr<carpool::worker::DeviceOptions> resolved =
+      carpool::worker::ResolveDevice(*device, LocalRank());
+  if (!resolved.ok()) {
+    std::cerr << "carpool-worker: " << resolved.status().message() << "\n";
+    return 2;
+  }
+  *device = *resolved;
+  if (device->kind != DeviceKind::kCuda || model == "echo") return 0;
+  if (tp > 1) {
+    if (asked == DeviceKind::kCuda) {
+      std::cerr << "carpool-worker: --device cuda with --tp " << tp
+                << ": tensor parallelism on GPUs needs an NCCL communicator over device memory "
+                   "(bf16 sums), which carpool does not have yet; use --device cpu for --tp > 1\n";
+      return 2;
+    }
+    device->kind = DeviceKind::kCpu;  // auto: tensor parallelism runs on the CPU
+    return 0;
+  }
+  // TODO(issue 6): hand `device` to the engine once Engine::Create takes a ModelDevice
+  // (EngineOptions::device); until then the model runs on the CPU.
+  if (asked == DeviceKind::kCuda) {
+    std::cerr << "carpool-worker: --device cuda: this build's engine cannot run the model on a "
+                 "GPU yet (worker/model/cuda_device.h is not wired into it); use --device cpu\n";
+    return 2;
+  }
+  device->kind = DeviceKind::kCpu;
+  return 0;
 }
 
 }  // namespace
@@ -80,6 +126,8 @@ int main(int argc, char** argv) {
                    "the router's worker endpoint, e.g. tcp://127.0.0.1:5556 (under mpirun: "
                    "default the job's carpool-router rank)");
   carpool::worker::RegisterEngineFlags(&parser, &options.engine);
+  carpool::worker::DeviceOptions device;
+  carpool::worker::RegisterDeviceFlags(&parser, &device);
   parser.AddString("worker-id", &options.worker_id, "routing id (default: hostname:pid)");
   parser.AddInt("heartbeat-ms", &options.heartbeat_ms, "heartbeat interval (default 200)");
   parser.AddInt("embed-max-batch-size", &options.embed.max_batch_size,
@@ -102,8 +150,9 @@ int main(int argc, char** argv) {
   parser.AddInt("embed-queue-size", &options.embed.max_queue_size,
                 "most embedding inputs waiting for a batch, >= --embed-max-batch-size; more are "
                 "refused with queue_full (default 1024)");
-  parser.AddInt("tp", &tp,
-                "tensor-parallel ranks per worker, consecutive ranks of the mpirun job (default 1)");
+  parser.AddInt(
+      "tp", &tp,
+      "tensor-parallel ranks per worker, consecutive ranks of the mpirun job (default 1)");
   parser.AddInt("tp-heartbeat-ms", &tp_heartbeat_ms,
                 "heartbeat interval inside a tensor-parallel group (default 100)");
   parser.AddInt("tp-timeout-ms", &tp_timeout_ms,
@@ -129,6 +178,7 @@ int main(int argc, char** argv) {
     std::cerr << "carpool-worker: " << s.message() << "\n";
     return 2;
   }
+  if (int code = ResolveDeviceOrExit(options.engine.model, tp, &device); code != 0) return code;
   // Before the model loads, so a SIGTERM during a long load is not lost.
   InstallSignalHandlers();
   if (carpool::cluster::LaunchedByMpi(std::getenv) || tp > 1) {
@@ -146,9 +196,8 @@ int main(int argc, char** argv) {
     mpi.heartbeat_interval = absl::Milliseconds(tp_heartbeat_ms);
     mpi.heartbeat_timeout = absl::Milliseconds(tp_timeout_ms);
     mpi.collective_timeout = absl::Milliseconds(tp_collective_timeout_ms);
-    mpi.heartbeat_timeout_terminating =
-        std::min(mpi.heartbeat_timeout,
-                 std::max(absl::Milliseconds(300), 3 * mpi.heartbeat_interval));
+    mpi.heartbeat_timeout_terminating = std::min(
+        mpi.heartbeat_timeout, std::max(absl::Milliseconds(300), 3 * mpi.heartbeat_interval));
     return RunUnderMpi(argc, argv, std::move(mpi), tp);
   }
   absl::StatusOr<std::unique_ptr<WorkerServer>> server = WorkerServer::Create(options);

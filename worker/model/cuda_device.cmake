@@ -13,7 +13,7 @@ if(CARPOOL_WITH_CUDA)
     PUBLIC carpool_kernels_cuda carpool_weights carpool_common
     PRIVATE carpool_warnings)
   target_compile_definitions(carpool_cuda_device PUBLIC CARPOOL_HAVE_CUDA=1)
-  target_link_libraries(carpool_device_options PUBLIC carpool_kernels_cuda)
+  target_link_libraries(carpool_device_options PUBLIC carpool_cuda_device)
   target_compile_definitions(carpool_device_options PUBLIC CARPOOL_HAVE_CUDA=1)
 
   if(EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/cuda_device_test.cc)
