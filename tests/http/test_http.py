@@ -412,3 +412,48 @@ def test_metrics(cluster):
     # Cumulative buckets end at +Inf with the count.
     inf = ("carpool_time_to_first_token_seconds_bucket", (("le", "+Inf"),))
     assert after[inf] == after[ttft]
+
+
+def test_embed_batcher_metrics(cluster):
+    """The workers' embedding batchers reach /metrics through their heartbeats (every 200 ms)."""
+    answered = ("carpool_embed_inputs_total", (("outcome", "answered"),))
+    batches = ("carpool_embed_batches_total", ())
+    waits = ("carpool_embed_queue_waits_total", ())
+    sizes = ("carpool_embed_batch_size_count", ())
+
+    def settled():
+        # Earlier tests' embeds may still be on their way in a heartbeat.
+        last = scrape(cluster)
+        for _ in range(20):
+            time.sleep(0.5)
+            now = scrape(cluster)
+            if now[answered] == last[answered] and now[batches] == last[batches]:
+                return now
+            last = now
+        return last
+
+    before = settled()
+    for key in (answered, batches, waits, sizes, ("carpool_embed_refusals_total", ()),
+                ("carpool_embed_timeouts_total", ()), ("carpool_embed_queue_wait_seconds_total", ()),
+                ("carpool_embed_batch_fill_ratio_count", ()),
+                ("carpool_embed_inputs_total", (("outcome", "failed"),)),
+                ("carpool_embed_inputs_total", (("outcome", "cancelled"),))):
+        assert key in before, key
+    inputs = 0
+    for batch in (["one", "two", "three"], ["four"], [[1, 2, 3], [4, 5]]):
+        r = post(cluster, "/v1/embeddings", {"model": MODEL, "input": batch})
+        if r.status_code != 200 and "embed" in r.text and "cannot" in r.text:
+            pytest.skip("this worker cannot embed: " + r.text)
+        assert r.status_code == 200, r.text
+        inputs += len(batch)
+    deadline = time.monotonic() + 10
+    after = scrape(cluster)
+    while after[answered] < before[answered] + inputs and time.monotonic() < deadline:
+        time.sleep(0.1)
+        after = scrape(cluster)
+    # Once more: the scrape that saw the inputs may have raced the rest of that heartbeat's update.
+    after = scrape(cluster)
+    assert after[answered] == before[answered] + inputs
+    assert after[batches] > before[batches]
+    assert after[waits] == before[waits] + inputs
+    assert after[sizes] > before[sizes]
