@@ -80,7 +80,13 @@ std::vector<double> ExponentialBuckets(double start, double factor, int count) {
 
 std::vector<double> LinearBuckets(double start, double width, int count) {
   std::vector<double> out;
-  for (int i = 0; i < count; ++i) out.push_back(start + width * i);
+  for (int i = 0; i < count; ++i) {
+    // Rounded to 12 significant digits, so 0.1 + 0.1 * 2 is the bound "0.3", not
+    // "0.30000000000000004".
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.12g", start + width * i);
+    out.push_back(std::strtod(buf, nullptr));
+  }
   return out;
 }
 

@@ -95,6 +95,7 @@ TEST(MetricsTest, FormatValueRoundTrips) {
 TEST(MetricsTest, BucketHelpers) {
   EXPECT_EQ(ExponentialBuckets(1, 2, 4), (std::vector<double>{1, 2, 4, 8}));
   EXPECT_EQ(LinearBuckets(0, 0.5, 3), (std::vector<double>{0, 0.5, 1}));
+  EXPECT_EQ(FormatValue(LinearBuckets(0.1, 0.1, 10)[2]), "0.3");
 }
 
 TEST(MetricsTest, ConcurrentUpdatesAreNotLost) {
