@@ -23,7 +23,11 @@
 # timeout and the whole script a deadline (CARPOOL_GPU_CHECKS_DEADLINE_S, default 470 s).
 #
 # Outputs in OUTDIR: gpu_checks.log (everything), summary.txt (the table printed at the end),
-# ctest.xml (JUnit), cuda_kernels_bench.txt / .json (benchmark table and rows).
+# ctest.xml (JUnit), cuda_kernels_bench.txt / .json (benchmark table and rows), and in full
+# mode gpu_model_bench.txt / .json (carpool-bench-gpu-model: decode tokens/s at batch 1/8/64/256,
+# graphs on vs off, MBU at batch 1, prefill tokens/s for synthetic 1b and 8b; ~1-2 minutes, most
+# of it filling the 8b weights twice). The full mode's gpu tests include carpool_cuda_device_test
+# (CudaDevice against the CPU kernels, graphs vs eager).
 # Environment: CARPOOL_GPU_BUILD_DIR (default <repo>/build-gpu), CARPOOL_GPU_MODE=full|gpu-only
 # to force a mode, JOBS (default nproc).
 # Exit status: 0 all passed; 1 a build, test or benchmark failed; 2 no GPU was visible (the build
@@ -206,6 +210,21 @@ if [ "$FAILED" -eq 0 ]; then
     row bench "FAILED or skipped (see $BENCH_TXT)" $(($(elapsed) - T0))
     [ "$GPU" != "none" ] && FAILED=1
   fi
+
+  # Model benchmark (full mode only: it needs worker/): decode tokens/s at batch 1/8/64/256,
+  # graphs on vs off, MBU at batch 1, prefill tokens/s, for synthetic 1b and 8b shapes.
+  MODEL_TXT=$OUTDIR/gpu_model_bench.txt
+  if [ -x "$BUILD/bin/carpool-bench-gpu-model" ]; then
+    T0=$(elapsed)
+    if run "gpu model bench" "$(budget 180)" bash -c \
+      "'$BUILD/bin/carpool-bench-gpu-model' --presets 1b,8b --steps 10 \
+         --json '$OUTDIR/gpu_model_bench.json' >'$MODEL_TXT' 2>&1; rc=\$?; cat '$MODEL_TXT'; exit \$rc"; then
+      row "model" "ok" $(($(elapsed) - T0))
+    else
+      row "model" "FAILED or skipped (see $MODEL_TXT)" $(($(elapsed) - T0))
+      [ "$GPU" != "none" ] && FAILED=1
+    fi
+  fi
 fi
 
 # ---------------------------------------------------------------------------------------------
@@ -218,6 +237,10 @@ fi
   if [ -f "${BENCH_TXT:-/nonexistent}" ]; then
     echo ""
     grep -v "^device 0" "$BENCH_TXT" | head -60
+  fi
+  if [ -f "${MODEL_TXT:-/nonexistent}" ]; then
+    echo ""
+    head -30 "$MODEL_TXT"
   fi
   echo ""
   echo "full log: $LOG"
