@@ -14,9 +14,10 @@ namespace {
 constexpr int64_t kDefaultKvCap = int64_t{1} << 30;
 
 // Blocks for the KV pool, from the options and the model's per-block footprint.
-int64_t KvBlocks(const EngineOptions& o, const ModelConfig& c, int max_model_len) {
+int64_t KvBlocks(const EngineOptions& o, const ModelConfig& c, int max_model_len,
+                 StorageType storage) {
   if (o.num_kv_blocks > 0) return o.num_kv_blocks;
-  const int64_t per_block = LlamaModel::KvBytesPerBlock(c, o.block_size);
+  const int64_t per_block = LlamaModel::KvBytesPerBlock(c, o.block_size, storage);
   int64_t bytes = o.kv_cache_memory_bytes;
   if (bytes <= 0) {
     const int64_t blocks_per_seq = (max_model_len + o.block_size - 1) / o.block_size;
@@ -48,7 +49,8 @@ absl::Status EngineOptions::Validate() const {
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options,
-                                                       Clock* clock) {
+                                                       Clock* clock,
+                                                       std::unique_ptr<ModelDevice> device) {
   RETURN_IF_ERROR(options.Validate());
   if (options.num_threads > 0) ThreadPool::SetDefaultThreads(options.num_threads);
   std::unique_ptr<Engine> engine(new Engine());
@@ -69,7 +71,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   }
   sched.clock = engine->clock_;
 
-  const int64_t blocks = KvBlocks(engine->options_, config, sched.max_model_len);
+  if (device == nullptr) device = CreateCpuDevice();
+  const int64_t blocks =
+      KvBlocks(engine->options_, config, sched.max_model_len, device->storage_type());
   if (blocks < 1 || blocks > (int64_t{1} << 30)) {
     return absl::InvalidArgumentError(
         absl::StrCat("KV cache of ", blocks, " blocks is out of range; check --num-kv-blocks / "
@@ -83,7 +87,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   ASSIGN_OR_RETURN(engine->model_,
                    LlamaModel::Create(std::move(weights),
                                       KvCacheShape{static_cast<int>(blocks), options.block_size},
-                                      group));
+                                      group, std::move(device)));
   ASSIGN_OR_RETURN(engine->scheduler_, CreateScheduler(sched, engine->kv_cache_.get()));
   engine->sampler_ = std::make_unique<Sampler>(config.vocab_size);
   engine->next_seed_ = std::random_device{}();

@@ -90,8 +90,10 @@ struct EngineEvent {
 
 class Engine {
  public:
-  static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options,
-                                                        Clock* clock = nullptr);
+  // `device` runs the model (its storage type also sizes the KV pool); nullptr: the CPU.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(
+      const EngineOptions& options, Clock* clock = nullptr,
+      std::unique_ptr<ModelDevice> device = nullptr);
 
   // Checks a request against the model and limits (INVALID_ARGUMENT naming the problem).
   absl::Status ValidateRequest(const EngineRequest& request) const;

@@ -6,28 +6,24 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
-#include "kernels/cpu/cpu_kernels.h"
+#include "common/status.h"
 
 namespace carpool::worker {
-namespace cpu = ::carpool::kernels::cpu;
 
 namespace {
 
-void Grow(std::vector<float>* v, int64_t n) {
-  if (static_cast<int64_t>(v->size()) < n) v->resize(n);
-}
-
-const float* OrNull(const Tensor& t) { return t.empty() ? nullptr : t.data(); }
+// The block table of a padding sequence: one token over block 0, never stored (slot -1).
+constexpr int32_t kDummyBlockTable[1] = {0};
 
 }  // namespace
 
-int64_t LlamaModel::KvBytesPerBlock(const ModelConfig& c, int block_size) {
-  return 2LL * c.num_layers * block_size * c.num_kv_heads * c.head_dim * sizeof(float);
+int64_t LlamaModel::KvBytesPerBlock(const ModelConfig& c, int block_size, StorageType storage) {
+  return 2LL * c.num_layers * block_size * c.num_kv_heads * c.head_dim * StorageTypeBytes(storage);
 }
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(
     std::unique_ptr<LlamaWeights> weights, const KvCacheShape& kv_shape,
-    cluster::Communicator* group) {
+    cluster::Communicator* group, std::unique_ptr<ModelDevice> device) {
   if (weights == nullptr) return absl::InvalidArgumentError("no weights");
   const TensorParallelRank& tp = weights->tp;
   if (tp.size > 1 && (group == nullptr || group->size() != tp.size || group->rank() != tp.rank)) {
@@ -42,18 +38,23 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(
   }
   if (tp.size == 1) group = nullptr;
   if (kv_shape.num_blocks <= 0 || kv_shape.block_size <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("KV cache needs at least one block of size >= 1, got ",
-                                                   kv_shape.num_blocks, " blocks of ",
-                                                   kv_shape.block_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV cache needs at least one block of size >= 1, got ", kv_shape.num_blocks,
+                     " blocks of ", kv_shape.block_size));
   }
-  return std::unique_ptr<LlamaModel>(new LlamaModel(std::move(weights), kv_shape, group));
+  if (device == nullptr) device = CreateCpuDevice();
+  std::unique_ptr<LlamaModel> model(
+      new LlamaModel(std::move(weights), kv_shape, group, std::move(device)));
+  RETURN_IF_ERROR(model->Init());
+  return model;
 }
 
 LlamaModel::LlamaModel(std::unique_ptr<LlamaWeights> weights, const KvCacheShape& kv_shape,
-                       cluster::Communicator* group)
+                       cluster::Communicator* group, std::unique_ptr<ModelDevice> device)
     : weights_(std::move(weights)),
       kv_shape_(kv_shape),
       group_(group),
+      device_(std::move(device)),
       num_heads_(weights_->shard.num_heads),
       num_kv_heads_(weights_->shard.num_kv_heads),
       intermediate_(weights_->shard.intermediate),
@@ -63,27 +64,60 @@ LlamaModel::LlamaModel(std::unique_ptr<LlamaWeights> weights, const KvCacheShape
   layout_.block_size = kv_shape.block_size;
   layout_.num_kv_heads = num_kv_heads_;
   layout_.head_dim = c.head_dim;
-  inv_freq_ = RopeInvFreq(c);
-  const int64_t per_layer =
-      static_cast<int64_t>(kv_shape.num_blocks) * kv_shape.block_size * num_kv_heads_ * c.head_dim;
-  for (int l = 0; l < c.num_layers; ++l) {
-    // Left uninitialized: attention reads only slots that a step has written.
-    key_cache_.emplace_back(new float[per_layer]);
-    value_cache_.emplace_back(new float[per_layer]);
+}
+
+absl::Status LlamaModel::Init() {
+  const LlamaWeights& w = *weights_;
+  ModelDevice& d = *device_;
+  ASSIGN_OR_RETURN(embed_, d.Weight(w.embed_tokens));
+  ASSIGN_OR_RETURN(final_norm_, d.Weight(w.final_norm));
+  lm_head_ = &embed_;
+  if (w.lm_head.data() != w.embed_tokens.data()) {
+    ASSIGN_OR_RETURN(own_lm_head_, d.Weight(w.lm_head));
+    lm_head_ = &own_lm_head_;
   }
+  layers_.resize(w.layers.size());
+  for (size_t l = 0; l < w.layers.size(); ++l) {
+    const LayerWeights& lw = w.layers[l];
+    LayerArrays& a = layers_[l];
+    ASSIGN_OR_RETURN(a.input_norm, d.Weight(lw.input_norm));
+    ASSIGN_OR_RETURN(a.q_proj, d.Weight(lw.q_proj));
+    ASSIGN_OR_RETURN(a.k_proj, d.Weight(lw.k_proj));
+    ASSIGN_OR_RETURN(a.v_proj, d.Weight(lw.v_proj));
+    ASSIGN_OR_RETURN(a.q_bias, d.Weight(lw.q_bias));
+    ASSIGN_OR_RETURN(a.k_bias, d.Weight(lw.k_bias));
+    ASSIGN_OR_RETURN(a.v_bias, d.Weight(lw.v_bias));
+    ASSIGN_OR_RETURN(a.o_proj, d.Weight(lw.o_proj));
+    ASSIGN_OR_RETURN(a.post_attention_norm, d.Weight(lw.post_attention_norm));
+    ASSIGN_OR_RETURN(a.gate_proj, d.Weight(lw.gate_proj));
+    ASSIGN_OR_RETURN(a.up_proj, d.Weight(lw.up_proj));
+    ASSIGN_OR_RETURN(a.down_proj, d.Weight(lw.down_proj));
+  }
+  d.SetRope(RopeInvFreq(w.config));
+  const int64_t per_layer = static_cast<int64_t>(kv_shape_.num_blocks) * kv_shape_.block_size *
+                            num_kv_heads_ * w.config.head_dim;
+  for (int l = 0; l < w.config.num_layers; ++l) {
+    // Left uninitialized: attention reads only slots that a step has written.
+    ASSIGN_OR_RETURN(DeviceArray keys, d.Allocate(per_layer));
+    ASSIGN_OR_RETURN(DeviceArray values, d.Allocate(per_layer));
+    key_cache_.push_back(std::move(keys));
+    value_cache_.push_back(std::move(values));
+  }
+  host_memory_ = !key_cache_.empty() && d.HostData(key_cache_[0]) != nullptr;
+  return absl::OkStatus();
 }
 
 int64_t LlamaModel::DecodeWeightBytes() const {
   const LlamaWeights& w = *weights_;
   int64_t elems = w.final_norm.numel() + w.lm_head.numel() + w.config.hidden_size;
   for (const LayerWeights& l : w.layers) {
-    for (const Tensor* t : {&l.input_norm, &l.q_proj, &l.k_proj, &l.v_proj, &l.q_bias, &l.k_bias,
-                            &l.v_bias, &l.o_proj, &l.post_attention_norm, &l.gate_proj,
-                            &l.up_proj, &l.down_proj}) {
+    for (const Tensor* t :
+         {&l.input_norm, &l.q_proj, &l.k_proj, &l.v_proj, &l.q_bias, &l.k_bias, &l.v_bias,
+          &l.o_proj, &l.post_attention_norm, &l.gate_proj, &l.up_proj, &l.down_proj}) {
       elems += t->numel();
     }
   }
-  return elems * static_cast<int64_t>(sizeof(float));
+  return elems * StorageTypeBytes(device_->storage_type());
 }
 
 void LlamaModel::PrepareInputs(const BatchPlan& plan, StepInputs* in) const {
@@ -128,7 +162,7 @@ void LlamaModel::Forward(const BatchPlan& plan, std::vector<float>* logits) {
   StepInputs in;
   if (group_ == nullptr) {
     PrepareInputs(plan, &in);
-    Compute(in, logits);
+    Compute(&in, logits);
     return;
   }
   const StepPlan step = StepPlanFromBatch(plan, kv_shape_.block_size);
@@ -138,40 +172,127 @@ void LlamaModel::Forward(const BatchPlan& plan, std::vector<float>* logits) {
   }
   times_.broadcast_micros += Clock::Real()->NowMicros() - start;
   PrepareInputs(step, &in);
-  Compute(in, logits);
+  Compute(&in, logits);
 }
 
 void LlamaModel::ForwardStep(const StepPlan& step, std::vector<float>* logits) {
   StepInputs in;
   PrepareInputs(step, &in);
-  Compute(in, logits);
+  Compute(&in, logits);
 }
 
-void LlamaModel::Compute(const StepInputs& in, std::vector<float>* logits) {
-  RunLayers(in);
-  Head(in, logits);
+bool LlamaModel::PadDecode(StepInputs* in) const {
+  const int n = static_cast<int>(in->attention_seqs.size());
+  if (!in->decode_only || n == 0) return false;
+  const int size = device_->GraphBatchSize(n);
+  if (size < n) return false;
+  for (int i = n; i < size; ++i) {
+    kernels::AttentionSeq a;
+    a.query_start = static_cast<int>(in->token_ids.size());
+    a.query_len = 1;
+    a.context_len = 1;
+    a.block_table = kDummyBlockTable;
+    in->attention_seqs.push_back(a);
+    in->sample_rows.push_back(static_cast<int64_t>(in->token_ids.size()));
+    in->token_ids.push_back(0);
+    in->positions.push_back(0);
+    in->slots.push_back(-1);
+  }
+  return true;
+}
+
+void LlamaModel::Compute(StepInputs* in, std::vector<float>* logits) {
+  const int64_t wanted = static_cast<int64_t>(in->sample_rows.size());
+  // Under tensor parallelism the step needs collectives, which a recorded step cannot hold.
+  const bool whole_step = group_ == nullptr && PadDecode(in);
+  const int64_t s = static_cast<int64_t>(in->sample_rows.size());
+  Stage(*in, s);
+  if (group_ != nullptr) {
+    RunLayers(*in);
+    ParallelHead(s, logits);
+    return;
+  }
+  const int64_t h = weights_->config.hidden_size;
+  // Where the device's memory is the host's, the head writes straight into `logits`.
+  DeviceArray host_logits;
+  DeviceArray* head_out = &logits_;
+  if (host_memory_) {
+    logits->resize(s * vocab_);
+    host_logits = DeviceArray(nullptr, logits->data(), s * vocab_);
+    head_out = &host_logits;
+  }
+  const auto body = [&] {
+    RunLayers(*in);
+    if (s == 0) return;
+    device_->GatherRows(hidden_, h, &sampled_);
+    device_->Linear(sampled_, *lm_head_, no_bias_, s, vocab_, h, head_out);
+  };
+  if (whole_step) {
+    device_->RunStep(body);
+  } else {
+    body();
+  }
+  // The padding's rows come last; their logits are dropped.
+  logits->resize(wanted * vocab_);
+  if (!host_memory_ && wanted > 0) device_->ToHost(logits_, 0, wanted * vocab_, logits->data());
+}
+
+void LlamaModel::Stage(const StepInputs& in, int64_t s) {
+  const ModelConfig& c = weights_->config;
+  const int64_t t = static_cast<int64_t>(in.token_ids.size());
+  StepView view;
+  view.token_ids = in.token_ids;
+  if (group_ != nullptr) {
+    // Vocabulary-parallel embedding: this rank's rows (row 0 stands in for tokens another rank
+    // holds; EmbedTokens zeroes those rows).
+    local_ids_.resize(t);
+    const int64_t first = weights_->shard.vocab_begin;
+    for (int64_t i = 0; i < t; ++i) {
+      const int64_t row = in.token_ids[i] - first;
+      local_ids_[i] = row >= 0 && row < vocab_ ? static_cast<int32_t>(row) : 0;
+    }
+    view.token_ids = local_ids_;
+  }
+  view.positions = in.positions;
+  view.slots = in.slots;
+  view.seqs = in.attention_seqs;
+  view.block_size = in.scratch_kv ? embed_layout_.block_size : kv_shape_.block_size;
+  view.sample_rows = in.sample_rows;
+  view.decode_only = in.decode_only;
+  device_->SetStep(view);
+
+  const int64_t h = c.hidden_size;
+  const int64_t q_dim = static_cast<int64_t>(num_heads_) * c.head_dim;
+  const int64_t kv_dim = static_cast<int64_t>(num_kv_heads_) * c.head_dim;
+  ModelDevice& d = *device_;
+  d.Reserve(&residual_, t * h);
+  d.Reserve(&hidden_, t * h);
+  d.Reserve(&out_, t * h);
+  d.Reserve(&q_, t * q_dim);
+  d.Reserve(&k_, t * kv_dim);
+  d.Reserve(&v_, t * kv_dim);
+  d.Reserve(&attn_, t * q_dim);
+  d.Reserve(&gate_, t * intermediate_);
+  d.Reserve(&up_, t * intermediate_);
+  d.Reserve(&sampled_, s * h);
+  if (group_ != nullptr || !host_memory_) d.Reserve(&logits_, s * vocab_);
 }
 
 void LlamaModel::RunLayers(const StepInputs& in) {
   const ModelConfig& c = weights_->config;
   const int64_t t = static_cast<int64_t>(in.token_ids.size());
   const int64_t h = c.hidden_size;
-  Grow(&residual_, t * h);
-  Grow(&hidden_, t * h);
-  Grow(&out_, t * h);
   const float eps = static_cast<float>(c.rms_norm_eps);
+  ModelDevice& d = *device_;
 
   EmbedTokens(in, t);  // -> residual_
-  cpu::RmsNorm(residual_.data(), weights_->layers[0].input_norm.data(), eps, hidden_.data(), t, h);
+  d.RmsNorm(residual_, layers_[0].input_norm, eps, t, h, &hidden_);
   for (int l = 0; l < c.num_layers; ++l) {
-    const LayerWeights& lw = weights_->layers[l];
     Attention(l, in, t);  // hidden_ -> out_
-    cpu::AddRmsNorm(out_.data(), residual_.data(), lw.post_attention_norm.data(), eps,
-                    hidden_.data(), t, h);
-    Mlp(l, t);            // hidden_ -> out_
-    const Tensor& next_norm =
-        l + 1 < c.num_layers ? weights_->layers[l + 1].input_norm : weights_->final_norm;
-    cpu::AddRmsNorm(out_.data(), residual_.data(), next_norm.data(), eps, hidden_.data(), t, h);
+    d.AddRmsNorm(out_, &residual_, layers_[l].post_attention_norm, eps, t, h, &hidden_);
+    Mlp(l, t);  // hidden_ -> out_
+    const DeviceArray& next_norm = l + 1 < c.num_layers ? layers_[l + 1].input_norm : final_norm_;
+    d.AddRmsNorm(out_, &residual_, next_norm, eps, t, h, &hidden_);
   }
 }
 
@@ -189,10 +310,9 @@ absl::Status LlamaModel::Embed(absl::Span<const EmbeddingInput* const> inputs,
       return absl::InvalidArgumentError(absl::StrCat("embedding input ", i, " is empty"));
     }
     if (static_cast<int64_t>(tokens.size()) > c.max_position_embeddings) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("embedding input ", i, " has ", tokens.size(),
-                       " tokens; the model's max_position_embeddings is ",
-                       c.max_position_embeddings));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "embedding input ", i, " has ", tokens.size(),
+          " tokens; the model's max_position_embeddings is ", c.max_position_embeddings));
     }
     for (size_t j = 0; j < tokens.size(); ++j) {
       if (tokens[j] < 0 || tokens[j] >= c.vocab_size) {
@@ -208,8 +328,7 @@ absl::Status LlamaModel::Embed(absl::Span<const EmbeddingInput* const> inputs,
     size_t end = begin;
     int64_t tokens = 0;
     while (end < inputs.size() &&
-           (end == begin ||
-            tokens + static_cast<int64_t>(inputs[end]->tokens.size()) <= budget)) {
+           (end == begin || tokens + static_cast<int64_t>(inputs[end]->tokens.size()) <= budget)) {
       tokens += static_cast<int64_t>(inputs[end++]->tokens.size());
     }
     EmbedPass(inputs.subspan(begin, end - begin), out->data() + begin);
@@ -248,19 +367,21 @@ void LlamaModel::EmbedPass(absl::Span<const EmbeddingInput* const> inputs,
   for (kernels::AttentionSeq& a : in.attention_seqs) {
     a.block_table = embed_table_.data() + a.query_start;
   }
-  Grow(&embed_keys_, t * kv_dim);
-  Grow(&embed_values_, t * kv_dim);
+  device_->Reserve(&embed_keys_, t * kv_dim);
+  device_->Reserve(&embed_values_, t * kv_dim);
   embed_layout_ = layout_;
   embed_layout_.num_blocks = static_cast<int>(t);
   embed_layout_.block_size = 1;
 
+  Stage(in, 0);
   RunLayers(in);  // final-norm hidden states -> hidden_
 
   const int64_t h = c.hidden_size;
+  const float* hidden = HostView(hidden_, t * h);
   std::vector<double> pooled(h);
   for (size_t i = 0; i < inputs.size(); ++i) {
     const kernels::AttentionSeq& a = in.attention_seqs[i];
-    const float* rows = hidden_.data() + static_cast<int64_t>(a.query_start) * h;
+    const float* rows = hidden + static_cast<int64_t>(a.query_start) * h;
     if (inputs[i]->pooling == Pooling::kLast) {
       const float* last = rows + static_cast<int64_t>(a.query_len - 1) * h;
       for (int64_t j = 0; j < h; ++j) pooled[j] = last[j];
@@ -284,52 +405,36 @@ void LlamaModel::EmbedPass(absl::Span<const EmbeddingInput* const> inputs,
 
 void LlamaModel::EmbedTokens(const StepInputs& in, int64_t t) {
   const int64_t h = weights_->config.hidden_size;
-  if (group_ == nullptr) {
-    cpu::EmbeddingGather(weights_->embed_tokens.data(), in.token_ids.data(), residual_.data(), t,
-                         h);
-    return;
-  }
+  device_->EmbeddingGather(embed_, h, &residual_);
+  if (group_ == nullptr) return;
   // Vocabulary-parallel: this rank's rows, zeros for tokens another rank holds, then the sum.
+  float* rows = HostView(residual_, t * h);
   const int64_t first = weights_->shard.vocab_begin;
   for (int64_t i = 0; i < t; ++i) {
     const int64_t row = in.token_ids[i] - first;
-    float* out = residual_.data() + i * h;
-    if (row >= 0 && row < vocab_) {
-      std::copy_n(weights_->embed_tokens.data() + row * h, h, out);
-    } else {
-      std::fill_n(out, h, 0.0f);
-    }
+    if (row < 0 || row >= vocab_) std::fill_n(rows + i * h, h, 0.0f);
   }
-  AllReduce(residual_.data(), t * h);
+  SumOverGroup(rows, t * h);
+  Release(rows, t * h, &residual_);
 }
 
-void LlamaModel::Head(const StepInputs& in, std::vector<float>* logits) {
-  const ModelConfig& c = weights_->config;
-  const int64_t h = c.hidden_size;
-  // Logits only for the rows that sample.
-  const int64_t s = static_cast<int64_t>(in.sample_rows.size());
-  Grow(&out_, s * h);
-  for (int64_t i = 0; i < s; ++i) {
-    std::copy_n(hidden_.data() + in.sample_rows[i] * h, h, out_.data() + i * h);
-  }
-  if (group_ == nullptr) {
-    logits->resize(s * c.vocab_size);
-    cpu::Linear(out_.data(), weights_->lm_head.data(), nullptr, logits->data(), s, c.vocab_size,
-                h);
-    return;
-  }
+void LlamaModel::ParallelHead(int64_t s, std::vector<float>* logits) {
   // Vocabulary-parallel head: each rank's [s, vocab_] slice, gathered on the leader as
   // [rank][s][vocab_] and interleaved into [s][vocab_size].
+  const ModelConfig& c = weights_->config;
+  const int64_t h = c.hidden_size;
   logits->clear();
   if (s == 0) return;
-  Grow(&local_logits_, s * vocab_);
-  cpu::Linear(out_.data(), weights_->lm_head.data(), nullptr, local_logits_.data(), s, vocab_, h);
+  device_->GatherRows(hidden_, h, &sampled_);
+  device_->Linear(sampled_, *lm_head_, no_bias_, s, vocab_, h, &logits_);
+  const float* local = HostView(logits_, s * vocab_);
   const bool leader = group_->rank() == 0;
   const int size = group_->size();
-  if (leader) Grow(&gathered_, size * s * vocab_);
+  if (leader && static_cast<int64_t>(gathered_.size()) < size * s * vocab_) {
+    gathered_.resize(size * s * vocab_);
+  }
   const int64_t start = Clock::Real()->NowMicros();
-  if (absl::Status st = group_->Gather(local_logits_.data(), s * vocab_,
-                                       leader ? gathered_.data() : nullptr, 0);
+  if (absl::Status st = group_->Gather(local, s * vocab_, leader ? gathered_.data() : nullptr, 0);
       !st.ok()) {
     cluster::FailGroup(st);
   }
@@ -344,63 +449,64 @@ void LlamaModel::Head(const StepInputs& in, std::vector<float>* logits) {
   }
 }
 
-void LlamaModel::AllReduce(float* data, int64_t count) {
+float* LlamaModel::HostView(const DeviceArray& x, int64_t count) {
+  if (host_memory_) return device_->HostData(x);
+  if (static_cast<int64_t>(host_scratch_.size()) < count) host_scratch_.resize(count);
+  if (count > 0) device_->ToHost(x, 0, count, host_scratch_.data());
+  return host_scratch_.data();
+}
+
+void LlamaModel::Release(float* host, int64_t count, DeviceArray* x) {
+  if (!host_memory_ && count > 0) device_->FromHost(host, 0, count, x);
+}
+
+void LlamaModel::AllReduce(DeviceArray* x, int64_t count) {
   if (group_ == nullptr) return;
+  float* host = HostView(*x, count);
+  SumOverGroup(host, count);
+  Release(host, count, x);
+}
+
+void LlamaModel::SumOverGroup(float* host, int64_t count) {
   const int64_t start = Clock::Real()->NowMicros();
-  if (absl::Status s = group_->AllReduceSum(data, count); !s.ok()) cluster::FailGroup(s);
+  if (absl::Status s = group_->AllReduceSum(host, count); !s.ok()) cluster::FailGroup(s);
   times_.all_reduce_micros += Clock::Real()->NowMicros() - start;
   ++times_.all_reduces;
 }
 
 void LlamaModel::Attention(int layer, const StepInputs& in, int64_t t) {
   const ModelConfig& c = weights_->config;
-  const LayerWeights& lw = weights_->layers[layer];
+  const LayerArrays& lw = layers_[layer];
   const int64_t h = c.hidden_size;
   const int64_t q_dim = static_cast<int64_t>(num_heads_) * c.head_dim;
   const int64_t kv_dim = static_cast<int64_t>(num_kv_heads_) * c.head_dim;
-  Grow(&q_, t * q_dim);
-  Grow(&k_, t * kv_dim);
-  Grow(&v_, t * kv_dim);
-  Grow(&attn_, t * q_dim);
-  cpu::Linear(hidden_.data(), lw.q_proj.data(), OrNull(lw.q_bias), q_.data(), t, q_dim, h);
-  cpu::Linear(hidden_.data(), lw.k_proj.data(), OrNull(lw.k_bias), k_.data(), t, kv_dim, h);
-  cpu::Linear(hidden_.data(), lw.v_proj.data(), OrNull(lw.v_bias), v_.data(), t, kv_dim, h);
-  cpu::RotaryEmbedding(q_.data(), in.positions.data(), inv_freq_.data(), t, num_heads_,
-                       c.head_dim, c.head_dim);
-  cpu::RotaryEmbedding(k_.data(), in.positions.data(), inv_freq_.data(), t, num_kv_heads_,
-                       c.head_dim, c.head_dim);
-  float* const keys = in.scratch_kv ? embed_keys_.data() : key_cache_[layer].get();
-  float* const values = in.scratch_kv ? embed_values_.data() : value_cache_[layer].get();
+  ModelDevice& d = *device_;
+  d.Linear(hidden_, lw.q_proj, lw.q_bias, t, q_dim, h, &q_);
+  d.Linear(hidden_, lw.k_proj, lw.k_bias, t, kv_dim, h, &k_);
+  d.Linear(hidden_, lw.v_proj, lw.v_bias, t, kv_dim, h, &v_);
+  d.Rope(num_heads_, c.head_dim, &q_);
+  d.Rope(num_kv_heads_, c.head_dim, &k_);
+  DeviceArray* const keys = in.scratch_kv ? &embed_keys_ : &key_cache_[layer];
+  DeviceArray* const values = in.scratch_kv ? &embed_values_ : &value_cache_[layer];
   const kernels::KvCacheLayout& layout = in.scratch_kv ? embed_layout_ : layout_;
-  cpu::WriteKvCache(k_.data(), v_.data(), in.slots.data(), t, layout, keys, values);
-
-  kernels::AttentionParams params;
-  params.cache = layout;
-  params.num_heads = num_heads_;
-  params.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
-  params.num_seqs = static_cast<int>(in.attention_seqs.size());
-  params.seqs = in.attention_seqs.data();
-  if (in.decode_only) {
-    cpu::PagedAttentionDecode(q_.data(), keys, values, params, attn_.data());
-  } else {
-    cpu::PagedAttention(q_.data(), keys, values, params, attn_.data());
-  }
-  cpu::Linear(attn_.data(), lw.o_proj.data(), nullptr, out_.data(), t, h, q_dim);
-  AllReduce(out_.data(), t * h);  // partial sums over this rank's heads
+  d.WriteKv(k_, v_, layout, keys, values);
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+  d.Attention(q_, *keys, *values, layout, num_heads_, scale, &attn_);
+  d.Linear(attn_, lw.o_proj, no_bias_, t, h, q_dim, &out_);
+  AllReduce(&out_, t * h);  // partial sums over this rank's heads
 }
 
 void LlamaModel::Mlp(int layer, int64_t t) {
   const ModelConfig& c = weights_->config;
-  const LayerWeights& lw = weights_->layers[layer];
+  const LayerArrays& lw = layers_[layer];
   const int64_t h = c.hidden_size;
   const int64_t inter = intermediate_;
-  Grow(&gate_, t * inter);
-  Grow(&up_, t * inter);
-  cpu::Linear(hidden_.data(), lw.gate_proj.data(), nullptr, gate_.data(), t, inter, h);
-  cpu::Linear(hidden_.data(), lw.up_proj.data(), nullptr, up_.data(), t, inter, h);
-  cpu::SiluMul(gate_.data(), up_.data(), gate_.data(), t, inter);
-  cpu::Linear(gate_.data(), lw.down_proj.data(), nullptr, out_.data(), t, h, inter);
-  AllReduce(out_.data(), t * h);  // partial sums over this rank's features
+  ModelDevice& d = *device_;
+  d.Linear(hidden_, lw.gate_proj, no_bias_, t, inter, h, &gate_);
+  d.Linear(hidden_, lw.up_proj, no_bias_, t, inter, h, &up_);
+  d.SiluMul(gate_, up_, t, inter, &gate_);
+  d.Linear(gate_, lw.down_proj, no_bias_, t, h, inter, &out_);
+  AllReduce(&out_, t * h);  // partial sums over this rank's features
 }
 
 }  // namespace carpool::worker

@@ -1,4 +1,5 @@
-// The Llama-family forward pass over a paged KV cache, on the CPU kernels.
+// The Llama-family forward pass over a paged KV cache, computed through a ModelDevice
+// (worker/model/model_device.h): the CPU's kernels by default, a GPU's when given one.
 //
 // Semantics follow Hugging Face LlamaForCausalLM: RMSNorm, rotate-half RoPE (with rope_scaling),
 // grouped-query attention, SwiGLU MLP, optional q/k/v bias (Qwen2), tied or separate lm_head.
@@ -15,6 +16,10 @@
 // ForwardStep. A collective that fails ends the process (cluster::FailGroup): the group cannot
 // finish the step.
 //
+// Decode-only steps are padded to the device's GraphBatchSize with dummy sequences (their
+// logits dropped) and run through ModelDevice::RunStep, so a GPU can replay them as graphs;
+// every row is computed independently, so padding changes no result.
+//
 // Thread-compatible: one engine loop drives it. Kernels parallelize internally.
 #ifndef CARPOOL_WORKER_MODEL_LLAMA_MODEL_H_
 #define CARPOOL_WORKER_MODEL_LLAMA_MODEL_H_
@@ -29,6 +34,7 @@
 #include "cluster/communicator.h"
 #include "common/messages.h"
 #include "kernels/kernel_params.h"
+#include "worker/model/model_device.h"
 #include "worker/model/step_plan.h"
 #include "worker/scheduler/scheduler.h"
 #include "worker/weights/weights.h"
@@ -62,13 +68,15 @@ class LlamaModel {
   // Takes the weights and allocates the KV pool: num_blocks x block_size slots per layer (of
   // this rank's key/value heads). `group` (not owned, outlives the model) is the
   // tensor-parallel group when weights->tp.size > 1, and must then match weights->tp; nullptr
-  // otherwise.
+  // otherwise. `device` computes everything (weights, KV pool and activations live there);
+  // nullptr means CreateCpuDevice(). RESOURCE_EXHAUSTED when the weights or the pool do not fit.
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(
       std::unique_ptr<LlamaWeights> weights, const KvCacheShape& kv_shape,
-      cluster::Communicator* group = nullptr);
+      cluster::Communicator* group = nullptr, std::unique_ptr<ModelDevice> device = nullptr);
 
-  // Bytes of KV cache one block takes across all layers (keys and values, fp32).
-  static int64_t KvBytesPerBlock(const ModelConfig& config, int block_size);
+  // Bytes of KV cache one block takes across all layers (keys and values) in `storage`.
+  static int64_t KvBytesPerBlock(const ModelConfig& config, int block_size,
+                                 StorageType storage = StorageType::kF32);
 
   // Computes the plan's tokens, stores their keys and values in the cache, and writes the
   // logits of every scheduled sequence with `sample` set, in plan order, to `logits`
@@ -99,8 +107,10 @@ class LlamaModel {
   const KvCacheShape& kv_shape() const { return kv_shape_; }
 
   // Bytes one decode step must read at batch 1: every layer's weights, the final norm and the
-  // head, but a single embedding row.
+  // head, but a single embedding row, in the device's storage type.
   int64_t DecodeWeightBytes() const;
+
+  ModelDevice& device() const { return *device_; }
 
   // Null without tensor parallelism.
   cluster::Communicator* group() const { return group_; }
@@ -108,7 +118,9 @@ class LlamaModel {
 
  private:
   LlamaModel(std::unique_ptr<LlamaWeights> weights, const KvCacheShape& kv_shape,
-             cluster::Communicator* group);
+             cluster::Communicator* group, std::unique_ptr<ModelDevice> device);
+  // Puts the weights on the device and allocates the KV pool.
+  absl::Status Init();
 
   // Per-step inputs derived from the plan.
   struct StepInputs {
@@ -122,9 +134,18 @@ class LlamaModel {
     // layer) instead of the KV pool.
     bool scratch_kv = false;
   };
+  // The device's arrays of one layer's weights (empty biases when the model has none).
+  struct LayerArrays {
+    DeviceArray input_norm, q_proj, k_proj, v_proj, q_bias, k_bias, v_bias, o_proj,
+        post_attention_norm, gate_proj, up_proj, down_proj;
+  };
   void PrepareInputs(const BatchPlan& plan, StepInputs* in) const;
   void PrepareInputs(const StepPlan& step, StepInputs* in) const;
-  void Compute(const StepInputs& in, std::vector<float>* logits);
+  // Pads a decode-only step to the device's GraphBatchSize; false when it does not run as one.
+  bool PadDecode(StepInputs* in) const;
+  void Compute(StepInputs* in, std::vector<float>* logits);
+  // Hands the step to the device and sizes the activations for t tokens and s sampled rows.
+  void Stage(const StepInputs& in, int64_t s);
   // Embeddings through the final norm: leaves the final-norm hidden states in hidden_.
   void RunLayers(const StepInputs& in);
   // One pass of Embed over inputs already checked.
@@ -132,13 +153,22 @@ class LlamaModel {
   void EmbedTokens(const StepInputs& in, int64_t t);
   void Attention(int layer, const StepInputs& in, int64_t t);
   void Mlp(int layer, int64_t t);
-  void Head(const StepInputs& in, std::vector<float>* logits);
-  // Sums `count` floats of `data` over the group (no-op without one).
-  void AllReduce(float* data, int64_t count);
+  // Tensor parallelism: this rank's slice of the sampled rows' logits, gathered on the leader.
+  void ParallelHead(int64_t s, std::vector<float>* logits);
+  // `count` floats of x as host memory: in place where the device's memory is the host's,
+  // else copied into host_scratch_. Release() copies a changed host view back.
+  float* HostView(const DeviceArray& x, int64_t count);
+  void Release(float* host, int64_t count, DeviceArray* x);
+  // Sums `count` floats of `x` over the group (no-op without one).
+  void AllReduce(DeviceArray* x, int64_t count);
+  void SumOverGroup(float* host, int64_t count);
 
   std::unique_ptr<LlamaWeights> weights_;
   KvCacheShape kv_shape_;
   cluster::Communicator* const group_;
+  std::unique_ptr<ModelDevice> device_;
+  // The device's memory is the host's (ModelDevice::HostData is non-null).
+  bool host_memory_ = false;
   // This rank's heads and widths (the whole model's without tensor parallelism).
   int num_heads_;
   int num_kv_heads_;
@@ -146,18 +176,25 @@ class LlamaModel {
   int64_t vocab_;
   CollectiveTimes times_;
   kernels::KvCacheLayout layout_;
-  std::vector<float> inv_freq_;
+  // Weights on the device. lm_head_ is &embed_ when the checkpoint ties them.
+  DeviceArray embed_, final_norm_, own_lm_head_;
+  const DeviceArray* lm_head_ = nullptr;
+  std::vector<LayerArrays> layers_;
+  const DeviceArray no_bias_;
   // KV pool: per layer, keys then values, each num_blocks * block_size * kv_heads * head_dim.
-  std::vector<std::unique_ptr<float[]>> key_cache_;
-  std::vector<std::unique_ptr<float[]>> value_cache_;
+  std::vector<DeviceArray> key_cache_;
+  std::vector<DeviceArray> value_cache_;
   // Embed's keys and values of one layer at a time: [tokens of the pass][kv heads][head_dim],
   // addressed through embed_layout_ (block_size 1) and embed_table_ (0, 1, 2, ...).
   kernels::KvCacheLayout embed_layout_;
-  std::vector<float> embed_keys_, embed_values_;
+  DeviceArray embed_keys_, embed_values_;
   std::vector<int32_t> embed_table_;
-  // Activation scratch, grown on demand and reused across steps.
-  std::vector<float> residual_, hidden_, q_, k_, v_, attn_, gate_, up_, out_;
-  std::vector<float> local_logits_, gathered_;  // tensor parallelism: the head's slices
+  // Activation scratch on the device, grown on demand and reused across steps.
+  DeviceArray residual_, hidden_, q_, k_, v_, attn_, gate_, up_, out_, sampled_, logits_;
+  // Host side: token ids as this rank's vocabulary rows (tensor parallelism), collectives'
+  // and pooling's copies where the device's memory is not the host's, the gathered logits.
+  std::vector<int32_t> local_ids_;
+  std::vector<float> host_scratch_, local_logits_, gathered_;
 };
 
 }  // namespace carpool::worker

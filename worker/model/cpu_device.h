@@ -1,0 +1,73 @@
+// The CPU ModelDevice: fp32 storage on kernels/cpu (see model_device.h for the contract).
+//
+// Weights are borrowed in place (Weight() copies nothing, so the Tensor must outlive its
+// array); Allocate() owns host float arrays; HostData() is every array's own pointer, so
+// collectives and pooling work in place and ToHost/FromHost are plain copies. SetStep() copies
+// the step into buffers reused across steps (no allocation once they have grown), block tables
+// included, so the caller's StepView may go away. Every kernel runs synchronously on
+// ThreadPool::Default().
+//
+// Thread-compatible: one engine thread drives it.
+#ifndef CARPOOL_WORKER_MODEL_CPU_DEVICE_H_
+#define CARPOOL_WORKER_MODEL_CPU_DEVICE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "worker/model/model_device.h"
+
+namespace carpool::worker {
+
+class CpuDevice : public ModelDevice {
+ public:
+  explicit CpuDevice(const CpuDeviceOptions& options);
+
+  std::string name() const override { return "cpu"; }
+  StorageType storage_type() const override { return StorageType::kF32; }
+
+  absl::StatusOr<DeviceArray> Weight(const Tensor& host) override;
+  absl::StatusOr<DeviceArray> Allocate(int64_t numel) override;
+  void Reserve(DeviceArray* a, int64_t numel) override;
+  int64_t FreeBytes() const override { return -1; }
+
+  void SetRope(absl::Span<const float> inv_freq) override;
+  void SetStep(const StepView& step) override;
+
+  void EmbeddingGather(const DeviceArray& table, int64_t h, DeviceArray* out) override;
+  void RmsNorm(const DeviceArray& x, const DeviceArray& weight, float eps, int64_t rows, int64_t h,
+               DeviceArray* out) override;
+  void AddRmsNorm(const DeviceArray& x, DeviceArray* residual, const DeviceArray& weight, float eps,
+                  int64_t rows, int64_t h, DeviceArray* out) override;
+  void Linear(const DeviceArray& x, const DeviceArray& w, const DeviceArray& bias, int64_t m,
+              int64_t n, int64_t k, DeviceArray* y) override;
+  void Rope(int num_heads, int head_dim, DeviceArray* x) override;
+  void SiluMul(const DeviceArray& gate, const DeviceArray& up, int64_t rows, int64_t inter,
+               DeviceArray* out) override;
+  void WriteKv(const DeviceArray& k, const DeviceArray& v, const kernels::KvCacheLayout& layout,
+               DeviceArray* key_cache, DeviceArray* value_cache) override;
+  void Attention(const DeviceArray& q, const DeviceArray& key_cache, const DeviceArray& value_cache,
+                 const kernels::KvCacheLayout& layout, int num_heads, float scale,
+                 DeviceArray* out) override;
+  void GatherRows(const DeviceArray& x, int64_t h, DeviceArray* out) override;
+
+  int GraphBatchSize(int num_seqs) const override;
+
+  float* HostData(const DeviceArray& x) override;
+  void ToHost(const DeviceArray& x, int64_t offset, int64_t n, float* host) override;
+  void FromHost(const float* host, int64_t offset, int64_t n, DeviceArray* x) override;
+
+ private:
+  std::vector<int> pad_sizes_;  // sorted ascending
+  std::vector<float> inv_freq_;
+  // The current step (SetStep's copy). seqs_[i].block_table points into block_tables_.
+  std::vector<int32_t> token_ids_, positions_;
+  std::vector<int64_t> slots_, sample_rows_;
+  std::vector<kernels::AttentionSeq> seqs_;
+  std::vector<int32_t> block_tables_;
+  bool decode_only_ = true;
+};
+
+}  // namespace carpool::worker
+
+#endif  // CARPOOL_WORKER_MODEL_CPU_DEVICE_H_
