@@ -54,6 +54,14 @@ class CountingDevice : public CpuDevice {
   std::vector<int> whole_steps_;
 };
 
+// A CpuDevice that hides its host memory, so the model takes a GPU's paths: logits and pooled
+// embeddings through ToHost, no host-borrowing arrays.
+class NoHostMemoryDevice : public CpuDevice {
+ public:
+  NoHostMemoryDevice() : CpuDevice(CpuDeviceOptions{}) {}
+  float* HostData(const DeviceArray&) override { return nullptr; }
+};
+
 class ModelDeviceTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -178,6 +186,24 @@ TEST_F(ModelDeviceTest, PaddingLeavesEmbeddingsAlone) {
   const EmbeddingInput* inputs[] = {&a, &b};
   auto want = (*plain)->Embed(inputs);
   auto got = (*padded)->Embed(inputs);
+  ASSERT_TRUE(want.ok() && got.ok());
+  EXPECT_EQ(*got, *want);
+}
+
+TEST_F(ModelDeviceTest, TransfersWithoutHostMemoryGiveTheSameResults) {
+  auto plain = Engine::Create(Options());
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  auto copying = Engine::Create(Options(), nullptr, std::make_unique<NoHostMemoryDevice>());
+  ASSERT_TRUE(copying.ok()) << copying.status();
+  ExpectSame((*copying)->Generate(Requests(6)), (*plain)->Generate(Requests(6)));
+
+  EmbeddingInput a, b;
+  a.tokens = {5, 6, 7, 8};
+  b.tokens = {9, 10};
+  b.pooling = Pooling::kLast;
+  const EmbeddingInput* inputs[] = {&a, &b};
+  auto want = (*plain)->Embed(inputs);
+  auto got = (*copying)->Embed(inputs);
   ASSERT_TRUE(want.ok() && got.ok());
   EXPECT_EQ(*got, *want);
 }
