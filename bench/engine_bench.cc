@@ -286,7 +286,8 @@ int main(int argc, char** argv) {
   parser.AddInt("paged-max-model-len", &paged_max_model_len, "max-model-len of it (2048)");
   parser.AddInt("paged-requests", &paged_requests, "requests of the paged-KV count (200)");
   parser.AddString("only", &only,
-                   "comma-separated parts: bandwidth, decode, prefill, batching, overhead, paged "
+                   "comma-separated parts: bandwidth, decode, prefill, batching, overhead, paged, "
+                   "embed "
                    "(default: all)");
   parser.AddBool("json", &json_out, "also print a JSON object");
   parser.AddString("json-file", &json_file, "also write the JSON object to this file");
@@ -300,7 +301,7 @@ int main(int argc, char** argv) {
     for (std::string part; std::getline(list, part, ',');) {
       if (part.empty()) continue;
       if (part != "bandwidth" && part != "decode" && part != "prefill" && part != "batching" &&
-          part != "overhead" && part != "paged") {
+          part != "overhead" && part != "paged" && part != "embed") {
         std::cerr << "carpool-bench-engine: unknown part '" << part << "' in --only\n";
         return 2;
       }
@@ -361,6 +362,39 @@ int main(int argc, char** argv) {
                         {"gflops", prefill * flops_per_token / 1e9},
                         {"openblas_gflops", gemm / 1e9},
                         {"ratio", prefill * flops_per_token / gemm}};
+    }
+  }
+  if (run("embed")) {
+    // The engine's own embedding passes, without the serving path: what batching can gain at
+    // most. inputs/s of one pass of `batch` inputs of `len` tokens, best of 5 (after a warm-up).
+    auto e = worker::Engine::Create(options);
+    if (!e.ok()) return 1;
+    std::mt19937 rng(5);
+    std::printf("embedding passes (in-process Engine::Embed, best of 5)\n");
+    std::printf("%-8s %-8s %12s %10s %14s\n", "tokens", "batch", "inputs/s", "pass ms",
+                "vs batch 1");
+    for (int len : {4, 8, 16}) {
+      double base = 0;
+      for (int batch : {1, 8, 32}) {
+        std::vector<worker::EmbeddingInput> inputs(batch);
+        std::vector<const worker::EmbeddingInput*> ptrs;
+        for (worker::EmbeddingInput& in : inputs) {
+          in.tokens = RandomPrompt(&rng, len, (*e)->model().config().vocab_size);
+          ptrs.push_back(&in);
+        }
+        double best = 1e30;
+        for (int r = 0; r < 6; ++r) {
+          const double t0 = NowSeconds();
+          if (!(*e)->Embed(ptrs).ok()) return 1;
+          if (r > 0) best = std::min(best, NowSeconds() - t0);
+        }
+        const double per_s = batch / best;
+        if (batch == 1) base = per_s;
+        std::printf("%-8d %-8d %12.1f %10.2f %14.2f\n", len, batch, per_s, best * 1e3,
+                    per_s / base);
+        out["embed"][std::to_string(len)][std::to_string(batch)] = {
+            {"inputs_per_s", per_s}, {"pass_ms", best * 1e3}, {"vs_batch1", per_s / base}};
+      }
     }
   }
   if (run("batching")) {
