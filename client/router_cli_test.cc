@@ -207,6 +207,31 @@ TEST_F(RouterCliTest, StatusPrintsTableAndJson) {
   EXPECT_EQ(lines[0]["rejections_by_reason"]["token_budget"], 1);
 }
 
+TEST_F(RouterCliTest, StatusLiveTableRefreshesWithRates) {
+  FakeRouter router;
+  RunResult r = RunCarpool("status --watch --count 3 --interval-ms 50 --router " +
+                           router.endpoint());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  size_t screens = 0;
+  for (size_t at = r.output.find("\x1b[H\x1b[2J"); at != std::string::npos;
+       at = r.output.find("\x1b[H\x1b[2J", at + 1)) {
+    ++screens;
+  }
+  EXPECT_EQ(screens, 3u) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("carpool status  " + router.endpoint()));
+  EXPECT_THAT(r.output, HasSubstr("kv %"));
+  EXPECT_THAT(r.output, HasSubstr("25.0%"));  // worker-1: 250 of 1000 blocks
+  // From the second screen on, rates between snapshots (the fake's counters stand still).
+  EXPECT_THAT(r.output, HasSubstr("now: 0.0 tokens/s generated, 0.0 refusals/s"));
+  // Not a terminal and no --watch: one plain table.
+  r = RunCarpool("status --router " + router.endpoint());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("\x1b["), std::string::npos) << r.output;
+  r = RunCarpool("status --once --router " + router.endpoint());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("worker-1"));
+}
+
 struct BadInput {
   const char* args;
   const char* message;
@@ -239,7 +264,10 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"generate --router tcp://127.0.0.1:1 --prompt hi --top-p 2", "top_p"},
         BadInput{"generate --router tcp://127.0.0.1:1", "exactly one of"},
         BadInput{"generate --router bogus://x --prompt hi", "bogus://x"},
-        BadInput{"status --router tcp://127.0.0.1:1 --bogus", "unknown flag --bogus"}));
+        BadInput{"status --router tcp://127.0.0.1:1 --bogus", "unknown flag --bogus"},
+        BadInput{"status --router tcp://127.0.0.1:1 --once --watch", "exclude each other"},
+        BadInput{"status --router tcp://127.0.0.1:1 --watch --interval-ms 0", "--interval-ms"},
+        BadInput{"status --router tcp://127.0.0.1:1 --watch --json", "--json prints once"}));
 
 }  // namespace
 }  // namespace carpool

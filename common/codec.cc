@@ -276,6 +276,7 @@ struct ServerEncoder {
       q->set_heartbeat_age_ms(w.heartbeat_age_ms);
       q->set_cached_prefix_blocks(w.cached_prefix_blocks);
       q->set_migrations_in(w.migrations_in);
+      q->set_tokens_generated(w.tokens_generated);
     }
     p->set_queued(s.queued);
     p->set_inflight(s.inflight);
@@ -524,6 +525,7 @@ absl::StatusOr<ServerMessage> DecodeServerMessage(std::string_view frame) {
         o.heartbeat_age_ms = w.heartbeat_age_ms();
         o.cached_prefix_blocks = w.cached_prefix_blocks();
         o.migrations_in = w.migrations_in();
+        o.tokens_generated = w.tokens_generated();
         s.workers.push_back(std::move(o));
       }
       s.queued = p.queued();

@@ -140,6 +140,7 @@ struct WorkerStatsOut {
   int64_t heartbeat_age_ms = 0;
   int cached_prefix_blocks = 0;
   int64_t migrations_in = 0;
+  int64_t tokens_generated = 0;
 };
 
 struct TenantStatsOut {

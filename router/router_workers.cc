@@ -239,6 +239,7 @@ void Router::Impl::OnTokenEvent(WorkerState* w, TokenEvent e, int64_t now) {
   if (e.has_token) {
     if (r->first_token == 0) r->first_token = now;
     r->output.push_back(e.token);
+    ++w->tokens_generated;
     const int64_t left = r->sampling.max_tokens - static_cast<int64_t>(r->output.size());
     w->outstanding_tokens += left - r->outstanding;
     r->outstanding = left;
@@ -409,6 +410,7 @@ StatsOut Router::Impl::BuildStats() const {
     o.draining = w->draining;
     o.cached_prefix_blocks = prefix_index_.Size(w->identity);
     o.migrations_in = w->migrations_in;
+    o.tokens_generated = w->tokens_generated;
     s.workers.push_back(std::move(o));
   }
   const AdmissionCounters& c = admission_->counters();

@@ -23,6 +23,7 @@ struct WorkerState {
   int64_t outstanding_tokens = 0;          // sum over requests of tokens still to process
   int64_t requests_served = 0;
   int64_t migrations_in = 0;               // resumed requests dispatched to it
+  int64_t tokens_generated = 0;            // output tokens relayed from it
   bool draining = false;
   // Embed requests dispatched and not answered (not in `requests`: they take no sequence slot)
   // and the sum of their inputs, against info.embed_queue_size.
