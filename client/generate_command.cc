@@ -229,7 +229,12 @@ constexpr const char* kEngineFlags[] = {"model",
                                         "static-batch-timeout-ms",
                                         "enable-chunked-prefill",
                                         "enable-prefix-caching",
-                                        "threads"};
+                                        "threads",
+                                        "device",
+                                        "gpu",
+                                        "dtype",
+                                        "gpu-memory-utilization",
+                                        "cuda-graphs"};
 // Flags that only mean something with --router.
 constexpr const char* kRouterFlags[] = {"timeout-ms", "stream",      "priority", "deadline-ms",
                                         "api-key",    "concurrency", "retries"};

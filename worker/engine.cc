@@ -12,6 +12,10 @@ namespace carpool::worker {
 namespace {
 
 constexpr int64_t kDefaultKvCap = int64_t{1} << 30;
+// Most blocks a pool sized from GPU memory gets. Only toy models reach it (synthetic:tiny's
+// bf16 blocks are 4 KiB, so an H200 would hold ~30M); real ones run out of memory far below it
+// (Llama-3-8B's are 2 MiB). It keeps the host-side block table of such a pool small.
+constexpr int64_t kMaxGpuKvBlocks = int64_t{1} << 22;
 
 // Blocks for the KV pool, from the options and the model's per-block footprint.
 int64_t KvBlocks(const EngineOptions& o, const ModelConfig& c, int max_model_len,
@@ -25,6 +29,55 @@ int64_t KvBlocks(const EngineOptions& o, const ModelConfig& c, int max_model_len
                      int64_t{o.scheduler.max_num_seqs} * blocks_per_seq * per_block);
   }
   return bytes / per_block;
+}
+
+// The device options.device asks for, with its KV pool bytes when the GPU's memory sizes the
+// pool (0 otherwise: KvBlocks decides). Called after the weights are loaded on the host and
+// before they go up, so the pool is measured against the memory the weights will take.
+struct ChosenDevice {
+  std::unique_ptr<ModelDevice> device;
+  int64_t kv_pool_bytes = 0;
+};
+
+absl::StatusOr<ChosenDevice> ChooseDevice(const EngineOptions& o, const LlamaWeights& weights,
+                                          int max_model_len) {
+  ChosenDevice chosen;
+  DeviceOptions d = o.device;
+  const bool parallel = weights.tp.size > 1;
+  if (d.kind == DeviceKind::kAuto && parallel) d.kind = DeviceKind::kCpu;
+  if (d.kind != DeviceKind::kCpu) {
+    ASSIGN_OR_RETURN(d, ResolveDevice(d, /*local_rank=*/-1));
+  }
+  if (d.kind == DeviceKind::kCpu) {
+    chosen.device = CreateCpuDevice();
+    return chosen;
+  }
+  if (parallel) {
+    return absl::UnimplementedError(
+        "--device cuda under tensor parallelism needs an NCCL communicator over device memory, "
+        "which carpool does not have yet; use --device cpu");
+  }
+  const SchedulerOptions& sched = o.scheduler;
+  ASSIGN_OR_RETURN(chosen.device,
+                   CreateCudaModelDevice(d, {.max_num_batched_tokens = sched.max_num_batched_tokens,
+                                             .max_num_seqs = sched.max_num_seqs,
+                                             .max_model_len = max_model_len,
+                                             .block_size = o.block_size}));
+  if (o.num_kv_blocks == 0 && o.kv_cache_memory_bytes == 0) {
+    // The weights go up in the storage type: ParameterBytes counts fp32.
+    const int64_t weight_bytes = weights.ParameterBytes() / 4 * StorageTypeBytes(d.dtype);
+    const int64_t margin =
+        GpuActivationMarginBytes(weights.config, sched.max_num_batched_tokens, d.dtype);
+    ASSIGN_OR_RETURN(chosen.kv_pool_bytes, CudaKvPoolBytes(d, weight_bytes, margin));
+    if (chosen.kv_pool_bytes < LlamaModel::KvBytesPerBlock(weights.config, o.block_size,
+                                                           d.dtype)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "--gpu-memory-utilization ", d.gpu_memory_utilization, " leaves no room for the KV "
+          "cache on ", chosen.device->name(), " after ", weight_bytes >> 20, " MiB of weights and ",
+          margin >> 20, " MiB for activations; raise it or free GPU memory"));
+    }
+  }
+  return chosen;
 }
 
 }  // namespace
@@ -42,6 +95,7 @@ absl::Status EngineOptions::Validate() const {
   if (kv_cache_memory_bytes < 0) {
     return absl::InvalidArgumentError("--kv-cache-memory must be >= 0");
   }
+  RETURN_IF_ERROR(device.Validate());
   if (num_threads < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--threads must be >= 0, got ", num_threads));
   }
@@ -71,9 +125,20 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   }
   sched.clock = engine->clock_;
 
-  if (device == nullptr) device = CreateCpuDevice();
-  const int64_t blocks =
-      KvBlocks(engine->options_, config, sched.max_model_len, device->storage_type());
+  int64_t blocks = 0;
+  if (device == nullptr) {
+    ASSIGN_OR_RETURN(ChosenDevice chosen, ChooseDevice(options, *weights, sched.max_model_len));
+    device = std::move(chosen.device);
+    if (chosen.kv_pool_bytes > 0) {
+      blocks = std::min(kMaxGpuKvBlocks,
+                        chosen.kv_pool_bytes / LlamaModel::KvBytesPerBlock(
+                                                   config, options.block_size,
+                                                   device->storage_type()));
+    }
+  }
+  if (blocks == 0) {
+    blocks = KvBlocks(engine->options_, config, sched.max_model_len, device->storage_type());
+  }
   if (blocks < 1 || blocks > (int64_t{1} << 30)) {
     return absl::InvalidArgumentError(
         absl::StrCat("KV cache of ", blocks, " blocks is out of range; check --num-kv-blocks / "

@@ -17,6 +17,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "common/clock.h"
+#include "worker/device_options.h"
 #include "worker/kv_cache/kv_cache_manager.h"
 #include "worker/model/llama_model.h"
 #include "worker/sampler/sampler.h"
@@ -33,8 +34,9 @@ struct EngineOptions {
   int block_size = 16;
   // KV pool size in blocks; 0 derives it from kv_cache_memory_bytes. Default: 0.
   int num_kv_blocks = 0;
-  // KV pool size in bytes when num_kv_blocks is 0; 0 means enough for max_num_seqs sequences of
-  // max_model_len tokens, capped at 1 GiB. Default: 0.
+  // KV pool size in bytes when num_kv_blocks is 0; 0 means, on the CPU, enough for max_num_seqs
+  // sequences of max_model_len tokens, capped at 1 GiB, and on a GPU what
+  // device.gpu_memory_utilization leaves. Default: 0.
   int64_t kv_cache_memory_bytes = 0;
   // Share identical full prompt blocks between requests. Default: true.
   bool enable_prefix_caching = true;
@@ -44,6 +46,12 @@ struct EngineOptions {
   // its rank's slices and, on the group's leader, broadcasts every step to the followers (which
   // run LlamaModel::ForwardStep). Null or a group of one: the whole model here. Default: null.
   cluster::Communicator* tensor_parallel_group = nullptr;
+  // The device the model runs on when Engine::Create is given none. kCuda (or kAuto resolving
+  // to it): a CudaDevice on device.gpu_index in device.dtype, and, when neither num_kv_blocks
+  // nor kv_cache_memory_bytes is set, a KV pool sized by device.gpu_memory_utilization
+  // (CudaKvPoolBytes). Not under tensor parallelism (kAuto stays on the CPU there).
+  // Default: the CPU (the binaries' --device flag defaults to auto; RegisterEngineFlags).
+  DeviceOptions device = {.kind = DeviceKind::kCpu};
 
   absl::Status Validate() const;
 };
@@ -90,7 +98,10 @@ struct EngineEvent {
 
 class Engine {
  public:
-  // `device` runs the model (its storage type also sizes the KV pool); nullptr: the CPU.
+  // `device` runs the model (its storage type also sizes the KV pool); nullptr: the one
+  // options.device asks for. FAILED_PRECONDITION when options.device asks for CUDA and this
+  // build has none or no GPU is visible; UNIMPLEMENTED for CUDA under tensor parallelism;
+  // RESOURCE_EXHAUSTED when --gpu-memory-utilization leaves no room for a KV block.
   static absl::StatusOr<std::unique_ptr<Engine>> Create(
       const EngineOptions& options, Clock* clock = nullptr,
       std::unique_ptr<ModelDevice> device = nullptr);

@@ -49,6 +49,8 @@ void RegisterEngineFlags(FlagParser* p, EngineOptions* o) {
       },
       "static scheduler: how long to collect a batch (default 50)");
   p->AddInt("threads", &o->num_threads, "kernel threads (default: one per core)");
+  o->device.kind = DeviceKind::kAuto;  // binaries use the GPU when there is one
+  RegisterDeviceFlags(p, &o->device);
 }
 
 void RegisterDeviceFlags(FlagParser* p, DeviceOptions* o) {

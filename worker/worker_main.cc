@@ -80,7 +80,8 @@ int LocalRank() {
   return -1;
 }
 
-// Resolves --device and its GPU; 0 when the worker can go on, else the exit code (2).
+// Resolves --device and its GPU (under mpirun / srun: the local rank modulo the GPU count) into
+// the engine's options; 0 when the worker can go on, else the exit code (2).
 int ResolveDeviceOrExit(const std::string& model, int tp, carpool::worker::DeviceOptions* device) {
   using carpool::worker::DeviceKind;
   const DeviceKind asked = device->kind;
@@ -102,14 +103,6 @@ int ResolveDeviceOrExit(const std::string& model, int tp, carpool::worker::Devic
     device->kind = DeviceKind::kCpu;  // auto: tensor parallelism runs on the CPU
     return 0;
   }
-  // TODO(issue 6): hand `device` to the engine once Engine::Create takes a ModelDevice
-  // (EngineOptions::device); until then the model runs on the CPU.
-  if (asked == DeviceKind::kCuda) {
-    std::cerr << "carpool-worker: --device cuda: this build's engine cannot run the model on a "
-                 "GPU yet (worker/model/cuda_device.h is not wired into it); use --device cpu\n";
-    return 2;
-  }
-  device->kind = DeviceKind::kCpu;
   return 0;
 }
 
@@ -125,9 +118,8 @@ int main(int argc, char** argv) {
   parser.AddString("router", &options.router_endpoint,
                    "the router's worker endpoint, e.g. tcp://127.0.0.1:5556 (under mpirun: "
                    "default the job's carpool-router rank)");
+  // With the device flags (--device, --gpu, --dtype, ...) into options.engine.device.
   carpool::worker::RegisterEngineFlags(&parser, &options.engine);
-  carpool::worker::DeviceOptions device;
-  carpool::worker::RegisterDeviceFlags(&parser, &device);
   parser.AddString("worker-id", &options.worker_id, "routing id (default: hostname:pid)");
   parser.AddInt("heartbeat-ms", &options.heartbeat_ms, "heartbeat interval (default 200)");
   parser.AddInt("embed-max-batch-size", &options.embed.max_batch_size,
@@ -178,7 +170,10 @@ int main(int argc, char** argv) {
     std::cerr << "carpool-worker: " << s.message() << "\n";
     return 2;
   }
-  if (int code = ResolveDeviceOrExit(options.engine.model, tp, &device); code != 0) return code;
+  if (int code = ResolveDeviceOrExit(options.engine.model, tp, &options.engine.device);
+      code != 0) {
+    return code;
+  }
   // Before the model loads, so a SIGTERM during a long load is not lost.
   InstallSignalHandlers();
   if (carpool::cluster::LaunchedByMpi(std::getenv) || tp > 1) {

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -128,7 +129,45 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"generate --model synthetic:tiny", "exactly one of"},
         BadInput{"generate --model synthetic:tiny --prompts-file /nonexistent.jsonl",
                  "cannot open"},
-        BadInput{"generate --model synthetic:tiny --prompt hi --scheduler fifo", "--scheduler"}));
+        BadInput{"generate --model synthetic:tiny --prompt hi --scheduler fifo", "--scheduler"},
+        BadInput{"generate --model synthetic:tiny --prompt hi --device tpu", "--device"},
+        BadInput{"generate --model synthetic:tiny --prompt hi --dtype int8", "--dtype"},
+        BadInput{"generate --model synthetic:tiny --prompt hi --gpu-memory-utilization 1.5",
+                 "--gpu-memory-utilization"},
+        BadInput{"generate --router tcp://127.0.0.1:1 --prompt hi --device cpu", "--device"}));
+
+// carpool-worker with devices it cannot have. CUDA_VISIBLE_DEVICES= hides every GPU, so these
+// answer the same on a GPU machine; with no router to reach, a worker that went on would hang,
+// so each one is bounded by `timeout`.
+RunResult RunWorker(const std::string& args) {
+  return testing::RunCommand("CUDA_VISIBLE_DEVICES= timeout 20 " + std::string(CARPOOL_BIN_DIR) +
+                             "/carpool-worker --router tcp://127.0.0.1:1 " + args);
+}
+
+TEST(WorkerCliTest, DeviceCudaWithoutGpuExitsTwo) {
+  RunResult r = RunWorker("--model synthetic:tiny --device cuda");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--device cuda"));
+  EXPECT_THAT(r.output, HasSubstr("use --device cpu"));
+}
+
+TEST(WorkerCliTest, BadDeviceFlagsExitTwo) {
+  for (const char* flags : {"--device tpu", "--dtype int8", "--gpu-memory-utilization 0",
+                            "--gpu -3"}) {
+    RunResult r = RunWorker(absl::StrCat("--model synthetic:tiny ", flags));
+    EXPECT_EQ(r.exit_code, 2) << flags << ": " << r.output;
+    EXPECT_THAT(r.output, HasSubstr(std::string(flags).substr(0, std::string(flags).find(' '))))
+        << flags;
+  }
+}
+
+TEST(WorkerCliTest, GenerateWithDeviceCudaWithoutGpuFails) {
+  RunResult r = testing::RunCommand("CUDA_VISIBLE_DEVICES= " + std::string(CARPOOL_BIN_DIR) +
+                                    "/carpool generate --model synthetic:tiny --prompt hi "
+                                    "--device cuda");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--device cuda"));
+}
 
 }  // namespace
 }  // namespace carpool

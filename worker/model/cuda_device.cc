@@ -79,6 +79,7 @@ class CudaDeviceImpl final : public CudaDevice {
       : options_(options), storage_(storage) {}
 
   ~CudaDeviceImpl() override {
+    (void)cudaSetDevice(options_.device);
     (void)cudaStreamSynchronize(stream_);
     DropGraphs();
     if (staged_ != nullptr) (void)cudaEventDestroy(staged_);
@@ -115,6 +116,7 @@ class CudaDeviceImpl final : public CudaDevice {
 
   absl::StatusOr<std::pair<int64_t, int64_t>> MemoryInfo() const override {
     size_t free = 0, total = 0;
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
     CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free, &total));
     return std::make_pair(static_cast<int64_t>(free), static_cast<int64_t>(total));
   }
@@ -135,6 +137,7 @@ class CudaDeviceImpl final : public CudaDevice {
   absl::StatusOr<DeviceArray> Allocate(int64_t numel) override {
     if (numel < 0) return absl::InvalidArgumentError("Allocate: negative size");
     if (numel == 0) return DeviceArray();
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
     absl::StatusOr<kc::DeviceBuffer> buffer = kc::DeviceBuffer::Allocate(numel * sizeof(T));
     if (!buffer.ok()) {
       (void)cudaGetLastError();  // an out-of-memory error is not sticky; do not report it later
@@ -353,6 +356,10 @@ absl::Status CudaDeviceImpl<T>::EnsureStaging() {
 
 template <typename T>
 void CudaDeviceImpl<T>::SetStep(const StepView& step) {
+  if (!status_.ok()) return;
+  // The engine may be created on one thread and stepped on another (the worker's engine
+  // thread): each step makes the device current on the calling thread (cheap when it is).
+  Record(kc::CudaStatus(cudaSetDevice(options_.device), "cudaSetDevice"));
   if (!status_.ok()) return;
   const int64_t t = static_cast<int64_t>(step.token_ids.size());
   const int num_seqs = static_cast<int>(step.seqs.size());

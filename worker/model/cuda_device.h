@@ -26,8 +26,11 @@
 // unusable, and the engine has no way to finish the step (as a failed collective does under
 // tensor parallelism). Tests turn that off and check status().
 //
-// Thread-compatible: one engine thread drives a device. The constructor makes options.device the
-// calling thread's current CUDA device; every later call must come from that thread.
+// Thread-compatible: one thread at a time drives a device. The constructor makes options.device
+// the calling thread's current CUDA device, and so do Allocate (hence Weight), MemoryInfo and
+// SetStep, so a device created on one thread (where the weights go up) can be stepped on another
+// (the worker's engine thread); the calls between SetStep and ToHost must come from the thread
+// that called SetStep.
 #ifndef CARPOOL_WORKER_MODEL_CUDA_DEVICE_H_
 #define CARPOOL_WORKER_MODEL_CUDA_DEVICE_H_
 

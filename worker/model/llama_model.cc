@@ -15,6 +15,36 @@ namespace {
 // The block table of a padding sequence: one token over block 0, never stored (slot -1).
 constexpr int32_t kDummyBlockTable[1] = {0};
 
+// Elements one decode step reads at batch 1 (see DecodeWeightBytes).
+int64_t DecodeWeightElements(const LlamaWeights& w) {
+  int64_t elems = w.final_norm.numel() + w.lm_head.numel() + w.config.hidden_size;
+  for (const LayerWeights& l : w.layers) {
+    for (const Tensor* t :
+         {&l.input_norm, &l.q_proj, &l.k_proj, &l.v_proj, &l.q_bias, &l.k_bias, &l.v_bias,
+          &l.o_proj, &l.post_attention_norm, &l.gate_proj, &l.up_proj, &l.down_proj}) {
+      elems += t->numel();
+    }
+  }
+  return elems;
+}
+
+// Drops the host's fp32 values of every tensor (and the mapped files behind views), keeping
+// each tensor's shape as a view of nothing. Tensor::numel() and ParameterBytes() read 0 after.
+void DropHostValues(LlamaWeights* w) {
+  const auto drop = [](Tensor* t) { *t = Tensor::View(nullptr, t->shape()); };
+  drop(&w->embed_tokens);
+  drop(&w->final_norm);
+  drop(&w->lm_head);
+  for (LayerWeights& l : w->layers) {
+    for (Tensor* t :
+         {&l.input_norm, &l.q_proj, &l.k_proj, &l.v_proj, &l.q_bias, &l.k_bias, &l.v_bias,
+          &l.o_proj, &l.post_attention_norm, &l.gate_proj, &l.up_proj, &l.down_proj}) {
+      drop(t);
+    }
+  }
+  w->files.clear();
+}
+
 }  // namespace
 
 int64_t LlamaModel::KvBytesPerBlock(const ModelConfig& c, int block_size, StorageType storage) {
@@ -104,21 +134,29 @@ absl::Status LlamaModel::Init() {
     value_cache_.push_back(std::move(values));
   }
   host_memory_ = !key_cache_.empty() && d.HostData(key_cache_[0]) != nullptr;
+  decode_weight_bytes_ = DecodeWeightElements(w) * StorageTypeBytes(d.storage_type());
+  // A device that copied every weight (a GPU) no longer needs the host's fp32 values: 4 bytes a
+  // parameter (32 GB for an 8B model), twice what the GPU holds in bf16. Nothing reads them
+  // after Init (DecodeWeightBytes is computed above). Devices that borrow them (the CPU, and
+  // test devices built on it) keep them.
+  if (!host_memory_ && WeightsCopied()) DropHostValues(weights_.get());
   return absl::OkStatus();
 }
 
-int64_t LlamaModel::DecodeWeightBytes() const {
-  const LlamaWeights& w = *weights_;
-  int64_t elems = w.final_norm.numel() + w.lm_head.numel() + w.config.hidden_size;
-  for (const LayerWeights& l : w.layers) {
-    for (const Tensor* t :
-         {&l.input_norm, &l.q_proj, &l.k_proj, &l.v_proj, &l.q_bias, &l.k_bias, &l.v_bias,
-          &l.o_proj, &l.post_attention_norm, &l.gate_proj, &l.up_proj, &l.down_proj}) {
-      elems += t->numel();
+bool LlamaModel::WeightsCopied() const {
+  const auto copied = [](const DeviceArray& a) { return a.empty() || a.owns_memory(); };
+  if (!copied(embed_) || !copied(final_norm_) || !copied(own_lm_head_)) return false;
+  for (const LayerArrays& a : layers_) {
+    for (const DeviceArray* x :
+         {&a.input_norm, &a.q_proj, &a.k_proj, &a.v_proj, &a.q_bias, &a.k_bias, &a.v_bias,
+          &a.o_proj, &a.post_attention_norm, &a.gate_proj, &a.up_proj, &a.down_proj}) {
+      if (!copied(*x)) return false;
     }
   }
-  return elems * StorageTypeBytes(device_->storage_type());
+  return true;
 }
+
+int64_t LlamaModel::DecodeWeightBytes() const { return decode_weight_bytes_; }
 
 void LlamaModel::PrepareInputs(const BatchPlan& plan, StepInputs* in) const {
   const int bs = kv_shape_.block_size;

@@ -103,11 +103,14 @@ class LlamaModel {
                      std::vector<std::vector<float>>* out, int64_t max_tokens_per_pass = 0);
 
   const ModelConfig& config() const { return weights_->config; }
+  // Config, tensor-parallel rank and shard always. The tensors' values only where the device
+  // works in host memory (the CPU); on a GPU they are dropped once uploaded, keeping their
+  // shapes, so their numel() and ParameterBytes() are 0 there (see Init).
   const LlamaWeights& weights() const { return *weights_; }
   const KvCacheShape& kv_shape() const { return kv_shape_; }
 
   // Bytes one decode step must read at batch 1: every layer's weights, the final norm and the
-  // head, but a single embedding row, in the device's storage type.
+  // head, but a single embedding row, in the device's storage type (computed in Create).
   int64_t DecodeWeightBytes() const;
 
   ModelDevice& device() const { return *device_; }
@@ -121,6 +124,8 @@ class LlamaModel {
              cluster::Communicator* group, std::unique_ptr<ModelDevice> device);
   // Puts the weights on the device and allocates the KV pool.
   absl::Status Init();
+  // Every weight array holds its own copy (none borrows the host tensors).
+  bool WeightsCopied() const;
 
   // Per-step inputs derived from the plan.
   struct StepInputs {
@@ -175,6 +180,7 @@ class LlamaModel {
   int64_t intermediate_;
   int64_t vocab_;
   CollectiveTimes times_;
+  int64_t decode_weight_bytes_ = 0;
   kernels::KvCacheLayout layout_;
   // Weights on the device. lm_head_ is &embed_ when the checkpoint ties them.
   DeviceArray embed_, final_norm_, own_lm_head_;

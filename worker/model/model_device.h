@@ -54,6 +54,8 @@ class DeviceArray {
   void* data() const { return data_; }
   int64_t numel() const { return numel_; }
   bool empty() const { return numel_ == 0; }
+  // The array holds memory of its own (false for an empty or a borrowing array).
+  bool owns_memory() const { return memory_ != nullptr; }
 
  private:
   std::shared_ptr<void> memory_;

@@ -1,0 +1,195 @@
+// DeviceOptions: the device flags' parsing and ranges, device resolution on this machine (with or
+// without a GPU), the KV sizing arithmetic, and Engine::Create's answer to a device it cannot
+// have. Runs everywhere; where a GPU is visible the resolution tests check the GPU's answers.
+#include "worker/device_options.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "common/flags.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/engine.h"
+#include "worker/engine_flags.h"
+#include "worker/weights/weights.h"
+
+namespace carpool::worker {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Parses `args` (without the program name) into `options` through RegisterEngineFlags.
+absl::Status ParseEngineFlags(std::vector<std::string> args, EngineOptions* options) {
+  FlagParser parser;
+  RegisterEngineFlags(&parser, options);
+  std::vector<char*> argv = {const_cast<char*>("test")};
+  for (std::string& a : args) argv.push_back(a.data());
+  return parser.Parse(static_cast<int>(argv.size()), argv.data(), 1);
+}
+
+TEST(DeviceOptionsTest, ParsesDeviceKinds) {
+  EXPECT_EQ(*ParseDeviceKind("cpu"), DeviceKind::kCpu);
+  EXPECT_EQ(*ParseDeviceKind("cuda"), DeviceKind::kCuda);
+  EXPECT_EQ(*ParseDeviceKind("CUDA"), DeviceKind::kCuda);
+  EXPECT_EQ(*ParseDeviceKind("gpu"), DeviceKind::kCuda);
+  EXPECT_EQ(*ParseDeviceKind("auto"), DeviceKind::kAuto);
+  absl::StatusOr<DeviceKind> bad = ParseDeviceKind("tpu");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("--device"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("tpu"));
+  EXPECT_STREQ(DeviceKindName(DeviceKind::kCuda), "cuda");
+}
+
+TEST(DeviceOptionsTest, ParsesStorageTypes) {
+  EXPECT_EQ(*ParseStorageType("bfloat16"), StorageType::kBF16);
+  EXPECT_EQ(*ParseStorageType("bf16"), StorageType::kBF16);
+  EXPECT_EQ(*ParseStorageType("float16"), StorageType::kF16);
+  EXPECT_EQ(*ParseStorageType("half"), StorageType::kF16);
+  EXPECT_EQ(*ParseStorageType("float32"), StorageType::kF32);
+  EXPECT_EQ(*ParseStorageType("FP32"), StorageType::kF32);
+  absl::StatusOr<StorageType> bad = ParseStorageType("int8");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("--dtype"));
+  for (StorageType t : {StorageType::kF32, StorageType::kBF16, StorageType::kF16}) {
+    EXPECT_EQ(*ParseStorageType(StorageTypeFlagName(t)), t);
+  }
+}
+
+TEST(DeviceOptionsTest, ValidateChecksRanges) {
+  DeviceOptions d;
+  EXPECT_TRUE(d.Validate().ok());
+  d.gpu_memory_utilization = 1.0;
+  EXPECT_TRUE(d.Validate().ok());
+  for (double bad : {0.0, -0.5, 1.01, std::nan("")}) {
+    d.gpu_memory_utilization = bad;
+    absl::Status s = d.Validate();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(s.message(), HasSubstr("--gpu-memory-utilization"));
+  }
+  d = DeviceOptions();
+  d.gpu_index = -2;
+  EXPECT_THAT(d.Validate().message(), HasSubstr("--gpu"));
+  d.gpu_index = 3;
+  EXPECT_TRUE(d.Validate().ok());
+}
+
+TEST(DeviceOptionsTest, EngineFlagsCarryTheDeviceFlags) {
+  EngineOptions o;
+  EXPECT_EQ(o.device.kind, DeviceKind::kCpu);  // an engine built in code stays on the CPU
+  ASSERT_TRUE(ParseEngineFlags({"--model", "synthetic:tiny"}, &o).ok());
+  EXPECT_EQ(o.device.kind, DeviceKind::kAuto);  // binaries default to auto
+  EXPECT_EQ(o.device.gpu_index, -1);
+  EXPECT_TRUE(o.device.cuda_graphs);
+
+  EngineOptions p;
+  ASSERT_TRUE(ParseEngineFlags({"--model", "synthetic:tiny", "--device", "cuda", "--gpu", "1",
+                                "--dtype", "float32", "--gpu-memory-utilization", "0.5",
+                                "--no-cuda-graphs"},
+                               &p)
+                  .ok());
+  EXPECT_EQ(p.device.kind, DeviceKind::kCuda);
+  EXPECT_EQ(p.device.gpu_index, 1);
+  EXPECT_EQ(p.device.dtype, StorageType::kF32);
+  EXPECT_DOUBLE_EQ(p.device.gpu_memory_utilization, 0.5);
+  EXPECT_FALSE(p.device.cuda_graphs);
+  EXPECT_TRUE(p.Validate().ok());
+
+  EngineOptions q;
+  absl::Status s = ParseEngineFlags({"--device", "tpu"}, &q);
+  EXPECT_THAT(s.message(), HasSubstr("--device"));
+  s = ParseEngineFlags({"--dtype", "int4"}, &q);
+  EXPECT_THAT(s.message(), HasSubstr("--dtype"));
+  ASSERT_TRUE(ParseEngineFlags({"--model", "x", "--gpu-memory-utilization", "1.5"}, &q).ok());
+  EXPECT_THAT(q.Validate().message(), HasSubstr("--gpu-memory-utilization"));
+}
+
+TEST(DeviceOptionsTest, ResolvesOnThisMachine) {
+  DeviceOptions d;  // auto
+  absl::StatusOr<DeviceOptions> r = ResolveDevice(d, /*local_rank=*/-1);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const int count = CudaDeviceCount();
+  if (!BuiltWithCuda()) {
+    EXPECT_EQ(count, 0);
+  }
+  d.kind = DeviceKind::kCpu;
+  EXPECT_EQ(ResolveDevice(d, 3)->kind, DeviceKind::kCpu);
+  d.kind = DeviceKind::kCuda;
+  if (count == 0) {
+    EXPECT_EQ(r->kind, DeviceKind::kCpu);
+    absl::StatusOr<DeviceOptions> cuda = ResolveDevice(d, -1);
+    ASSERT_FALSE(cuda.ok());
+    EXPECT_EQ(cuda.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(cuda.status().message(), HasSubstr("--device cuda"));
+    EXPECT_THAT(cuda.status().message(), HasSubstr("--device cpu"));
+    return;
+  }
+  EXPECT_EQ(r->kind, DeviceKind::kCuda);
+  EXPECT_EQ(r->gpu_index, 0);
+  // Under a launcher the GPU is the local rank modulo the device count.
+  EXPECT_EQ(ResolveDevice(d, count + 1)->gpu_index, 1 % count);
+  d.gpu_index = 0;
+  EXPECT_EQ(ResolveDevice(d, count + 1)->gpu_index, 0);  // --gpu wins
+  d.gpu_index = count;
+  EXPECT_EQ(ResolveDevice(d, -1).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(DeviceOptionsTest, InvalidOptionsFailResolution) {
+  DeviceOptions d;
+  d.gpu_memory_utilization = 2;
+  EXPECT_EQ(ResolveDevice(d, -1).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(DeviceOptionsTest, KvPoolBytesForUtilization) {
+  constexpr int64_t kGiB = int64_t{1} << 30;
+  // 0.9 x 80 GiB = 72 GiB budget; 10 GiB in use (70 free); 2 GiB margin: 60 GiB.
+  EXPECT_EQ(KvPoolBytesForUtilization(0.9, 80 * kGiB, 70 * kGiB, 2 * kGiB), 60 * kGiB);
+  // Another process's memory counts as used.
+  EXPECT_EQ(KvPoolBytesForUtilization(0.9, 80 * kGiB, 40 * kGiB, 2 * kGiB), 30 * kGiB);
+  // Nothing left: 0, never negative.
+  EXPECT_EQ(KvPoolBytesForUtilization(0.5, 80 * kGiB, 30 * kGiB, 2 * kGiB), 0);
+  // Free above total (a driver's rounding) counts as nothing in use.
+  EXPECT_EQ(KvPoolBytesForUtilization(1.0, 1000, 1200, 100), 900);
+  // Monotone in the utilization.
+  EXPECT_LT(KvPoolBytesForUtilization(0.5, 80 * kGiB, 70 * kGiB, 2 * kGiB),
+            KvPoolBytesForUtilization(0.6, 80 * kGiB, 70 * kGiB, 2 * kGiB));
+}
+
+TEST(DeviceOptionsTest, ActivationMarginGrowsWithTokensAndStorage) {
+  absl::StatusOr<ModelConfig> c = SyntheticConfig("8b");
+  ASSERT_TRUE(c.ok());
+  const int64_t base = int64_t{512} << 20;
+  const int64_t bf16 = GpuActivationMarginBytes(*c, 2048, StorageType::kBF16);
+  EXPECT_GT(bf16, base);
+  EXPECT_GT(GpuActivationMarginBytes(*c, 4096, StorageType::kBF16), bf16);
+  EXPECT_GT(GpuActivationMarginBytes(*c, 2048, StorageType::kF32), bf16);
+  EXPECT_EQ(GpuActivationMarginBytes(*c, 0, StorageType::kBF16), base);
+}
+
+TEST(DeviceOptionsTest, EngineWithoutTheAskedDeviceFails) {
+  if (CudaDeviceCount() > 0) GTEST_SKIP() << "a CUDA device is visible";
+  EngineOptions o;
+  o.model = "synthetic:tiny";
+  o.device.kind = DeviceKind::kCuda;
+  absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(e.status().message(), HasSubstr("--device cuda"));
+
+  o.device.kind = DeviceKind::kAuto;  // no GPU: the CPU
+  e = Engine::Create(o);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ((*e)->model().device().name(), "cpu");
+  EXPECT_GT((*e)->model().weights().ParameterBytes(), 0);  // the CPU keeps the host weights
+}
+
+TEST(DeviceOptionsTest, EngineValidatesTheDeviceOptions) {
+  EngineOptions o;
+  o.model = "synthetic:tiny";
+  o.device.gpu_memory_utilization = 0;
+  EXPECT_EQ(Engine::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace carpool::worker
