@@ -1,8 +1,8 @@
 // carpool-bench-gpu-model: Llama decode and prefill on one GPU through CudaDevice, compared
 // within one run.
 //
-//   carpool-bench-gpu-model [--presets 1b,8b] [--layers N] [--steps N] [--context N]
-//                           [--dtype bfloat16|float16|float32] [--json PATH]
+//   carpool-bench-gpu-model [--presets 1b,8b] [--real-model 1b] [--layers N] [--steps N]
+//                           [--context N] [--dtype bfloat16|float16|float32] [--json PATH]
 //
 // For each synthetic preset (worker/weights/synthetic.cc shapes; --layers N keeps only N layers
 // and scales the weight bytes accordingly): decode tokens/s at batch 1, 8, 64 and 256 (every
@@ -10,22 +10,28 @@
 // at batch 1 (weight bytes read per step / step time / device-to-device copy bandwidth measured
 // in the same run), and prefill tokens/s of one 2048-token prompt.
 //
-// The step is LlamaModel's order of kernels (embedding, per layer: norm, q/k/v, RoPE, KV write,
+// Presets in --real-model (default 1b) run through the real LlamaModel (ModelBench): synthetic
+// weights generated on the host (LoadWeights("synthetic:<preset>"), fp32), uploaded by the
+// CudaDevice (and then dropped from the host), steps through LlamaModel::ForwardStep, as the
+// engine runs them. The others (default 8b) run LlamaModel's order of kernels written out here
+// over the ModelDevice interface (KernelBench: embedding, per layer norm, q/k/v, RoPE, KV write,
 // paged attention, o, add+norm, gate/up, SiLU·mul, down; final norm, sampled rows, head; logits
-// read back), written out here over the ModelDevice interface so that the weights can be filled
-// on the device: an 8B model's fp32 weights would take 32 GB of host memory and minutes to
-// generate. Weights are random (one host chunk repeated), so nothing about the output is checked.
+// read back), so that the weights can be filled on the device: an 8B model's fp32 weights take
+// 32 GB of host memory and an unmeasured time to generate on the GPU machine's host, twice
+// (graphs on and off). Nothing about the output is checked.
 // Exit status 1 without a CUDA device or on a CUDA error.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -34,6 +40,7 @@
 #include "kernels/cuda/device_buffer.h"
 #include "worker/device_options.h"
 #include "worker/model/cuda_device.h"
+#include "worker/model/llama_model.h"
 #include "worker/weights/weights.h"
 
 namespace carpool::worker {
@@ -49,9 +56,82 @@ struct Layer {
 
 constexpr int kPrefill = 2048;
 
-class Bench {
+// Steps timed by both benches: median seconds of `steps` after 3 warm-up steps (which include
+// graph captures).
+template <typename StepFn>
+double TimeSteps(int steps, const StepFn& step) {
+  for (int i = 0; i < 3; ++i) step();
+  std::vector<double> times;
+  for (int i = 0; i < steps; ++i) {
+    const double start = Now();
+    step();
+    times.push_back(Now() - start);
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+// The real model: LlamaModel over synthetic host weights, stepped with StepPlans. Decode
+// sequence s owns blocks [s * decode_blocks, ...); a prompt takes the kPrefill / 16 blocks after
+// all of them.
+class ModelBench {
  public:
-  Bench(const ModelConfig& c, CudaDevice* d, int max_seqs, int context)
+  ModelBench(std::string preset, int layers, int max_seqs, int context)
+      : preset_(std::move(preset)), layers_(layers), max_seqs_(max_seqs), context_(context) {}
+
+  absl::Status Init(std::unique_ptr<CudaDevice> device) {
+    ASSIGN_OR_RETURN(std::unique_ptr<LlamaWeights> w, LoadWeights("synthetic:" + preset_));
+    if (layers_ > 0 && layers_ < w->config.num_layers) {
+      w->config.num_layers = layers_;
+      w->layers.resize(layers_);
+    }
+    vocab_ = w->config.vocab_size;
+    decode_blocks_ = (context_ + 15) / 16;
+    prefill_base_ = std::max(max_seqs_, 1) * decode_blocks_;
+    device_ = device.get();
+    ASSIGN_OR_RETURN(model_, LlamaModel::Create(std::move(w),
+                                                {prefill_base_ + kPrefill / 16, 16}, nullptr,
+                                                std::move(device)));
+    return device_->Synchronize();
+  }
+
+  const LlamaModel& model() const { return *model_; }
+
+  void Step(int n, bool prefill) {
+    StepPlan plan;
+    const int seqs = prefill ? 1 : n;
+    for (int s = 0; s < seqs; ++s) {
+      StepPlan::Seq q;
+      q.seq_id = s;
+      q.start_position = prefill ? 0 : context_ - 1;
+      q.num_tokens = prefill ? n : 1;
+      q.sample = true;
+      const int blocks = (q.start_position + q.num_tokens + 15) / 16;
+      const int base = prefill ? prefill_base_ : s * decode_blocks_;
+      for (int b = 0; b < blocks; ++b) q.block_table.push_back(base + b);
+      plan.seqs.push_back(std::move(q));
+    }
+    for (int i = 0; i < n; ++i) plan.token_ids.push_back((i * 7919) % vocab_);
+    model_->ForwardStep(plan, &logits_);
+  }
+
+  double Time(int n, bool prefill, int steps) {
+    return TimeSteps(steps, [&] { Step(n, prefill); });
+  }
+
+ private:
+  const std::string preset_;
+  const int layers_, max_seqs_, context_;
+  int vocab_ = 0, decode_blocks_ = 0, prefill_base_ = 0;
+  CudaDevice* device_ = nullptr;  // owned by model_
+  std::unique_ptr<LlamaModel> model_;
+  std::vector<float> logits_;
+};
+
+// LlamaModel's kernels written out over weights filled on the device (see the header).
+class KernelBench {
+ public:
+  KernelBench(const ModelConfig& c, CudaDevice* d, int max_seqs, int context)
       : c_(c), d_(d), context_(context) {
     // Decode sequence s owns blocks [s * decode_blocks_, ...); the prompt of a prefill step
     // takes the kPrefill / 16 blocks after all of them.
@@ -196,17 +276,8 @@ class Bench {
     d_->ToHost(logits_, 0, host_logits_.size(), host_logits_.data());
   }
 
-  // Seconds per step, median of `steps` after 3 warm-up steps (which include graph captures).
   double Time(int n, bool prefill, int steps) {
-    for (int i = 0; i < 3; ++i) Step(n, prefill);
-    std::vector<double> times;
-    for (int i = 0; i < steps; ++i) {
-      const double start = Now();
-      Step(n, prefill);
-      times.push_back(Now() - start);
-    }
-    std::sort(times.begin(), times.end());
-    return times[times.size() / 2];
+    return TimeSteps(steps, [&] { Step(n, prefill); });
   }
 
  private:
@@ -245,6 +316,7 @@ absl::StatusOr<double> CopyBandwidth() {
 
 struct Args {
   std::string presets = "1b,8b";
+  std::string real_model = "1b";
   int layers = 0;
   int steps = 10;
   int context = 512;
@@ -274,6 +346,8 @@ int Run(const Args& args) {
                     "\", \"layers\": ", layers, ", \"cell\": \"", cell,
                     "\", \"ms_per_step\": ", sec * 1e3, ", \"tokens_per_s\": ", tokens / sec, "}");
   };
+  const absl::flat_hash_set<std::string> real_presets =
+      absl::StrSplit(args.real_model, ',', absl::SkipEmpty());
   for (absl::string_view preset : absl::StrSplit(args.presets, ',')) {
     absl::StatusOr<ModelConfig> config = SyntheticConfig(std::string(preset));
     if (!config.ok()) {
@@ -293,26 +367,49 @@ int Run(const Args& args) {
         std::fprintf(stderr, "%s\n", d.status().ToString().c_str());
         return 1;
       }
-      Bench bench(*config, d->get(), graphs ? 256 : 1, args.context);
-      if (absl::Status s = bench.Init(); !s.ok()) {
-        std::fprintf(stderr, "%s: %s\n", std::string(preset).c_str(), s.ToString().c_str());
-        return 1;
+      // The real model or the written-out kernels: the same cells either way.
+      CudaDevice* device = d->get();
+      const int max_seqs = graphs ? 256 : 1;
+      std::unique_ptr<ModelBench> real;
+      std::unique_ptr<KernelBench> kernels;
+      std::function<double(int, bool, int)> time;
+      int64_t weight_bytes = 0;
+      const double load_start = Now();
+      if (real_presets.contains(std::string(preset))) {
+        real = std::make_unique<ModelBench>(std::string(preset), args.layers, max_seqs,
+                                            args.context);
+        if (absl::Status s = real->Init(std::move(*d)); !s.ok()) {
+          std::fprintf(stderr, "%s: %s\n", std::string(preset).c_str(), s.ToString().c_str());
+          return 1;
+        }
+        weight_bytes = real->model().DecodeWeightBytes();
+        time = [&](int n, bool prefill, int steps) { return real->Time(n, prefill, steps); };
+      } else {
+        kernels = std::make_unique<KernelBench>(*config, device, max_seqs, args.context);
+        if (absl::Status s = kernels->Init(); !s.ok()) {
+          std::fprintf(stderr, "%s: %s\n", std::string(preset).c_str(), s.ToString().c_str());
+          return 1;
+        }
+        weight_bytes = kernels->weight_bytes();
+        time = [&](int n, bool prefill, int steps) { return kernels->Time(n, prefill, steps); };
       }
+      std::printf("# %s: %s, weights ready in %.1f s\n", std::string(preset).c_str(),
+                  real != nullptr ? "real LlamaModel" : "kernel sequence", Now() - load_start);
       const std::string model(preset);
-      const double one = bench.Time(1, false, args.steps);
-      const double mbu = bench.weight_bytes() / one / *bw;
+      const double one = time(1, false, args.steps);
+      const double mbu = weight_bytes / one / *bw;
       row(model, config->num_layers, graphs ? "decode b=1 graphs" : "decode b=1 no-graphs", one, 1,
-          absl::StrCat("MBU ", static_cast<int>(mbu * 100 + 0.5), "% (", bench.weight_bytes() >> 20,
+          absl::StrCat("MBU ", static_cast<int>(mbu * 100 + 0.5), "% (", weight_bytes >> 20,
                        " MiB/step)"));
       if (!graphs) continue;
       for (int b : {8, 64, 256}) {
         row(model, config->num_layers, absl::StrCat("decode b=", b),
-            bench.Time(b, false, args.steps), b, "");
+            time(b, false, args.steps), b, "");
       }
       row(model, config->num_layers, absl::StrCat("prefill ", kPrefill),
-          bench.Time(kPrefill, true, 3), kPrefill, "");
-      if (!(*d)->status().ok()) {
-        std::fprintf(stderr, "%s\n", (*d)->status().ToString().c_str());
+          time(kPrefill, true, 3), kPrefill, "");
+      if (!device->status().ok()) {
+        std::fprintf(stderr, "%s\n", device->status().ToString().c_str());
         return 1;
       }
     }
@@ -329,6 +426,9 @@ int main(int argc, char** argv) {
   carpool::worker::Args args;
   carpool::FlagParser p;
   p.AddString("presets", &args.presets, "synthetic presets, comma-separated (default 1b,8b)");
+  p.AddString("real-model", &args.real_model,
+              "presets run through the real LlamaModel over host-generated weights; the others "
+              "run the kernel sequence over weights filled on the device (default 1b)");
   p.AddInt("layers", &args.layers, "keep only this many layers (default: all)");
   p.AddInt("steps", &args.steps, "timed steps per cell (default 10)");
   p.AddInt("context", &args.context, "context of every decode sequence (default 512)");

@@ -25,9 +25,12 @@
 # Outputs in OUTDIR: gpu_checks.log (everything), summary.txt (the table printed at the end),
 # ctest.xml (JUnit), cuda_kernels_bench.txt / .json (benchmark table and rows), and in full
 # mode gpu_model_bench.txt / .json (carpool-bench-gpu-model: decode tokens/s at batch 1/8/64/256,
-# graphs on vs off, MBU at batch 1, prefill tokens/s for synthetic 1b and 8b; ~1-2 minutes, most
-# of it filling the 8b weights twice). The full mode's gpu tests include carpool_cuda_device_test
-# (CudaDevice against the CPU kernels, graphs vs eager).
+# graphs on vs off, MBU at batch 1, prefill tokens/s for synthetic 1b (the real LlamaModel over
+# host-generated weights) and 8b (the kernel sequence over weights filled on the device); ~1-2
+# minutes, most of it generating the 1b weights and filling the 8b weights, twice each). The full
+# mode's gpu tests include carpool_cuda_device_test (CudaDevice against the CPU kernels, graphs vs
+# eager) and carpool_cuda_model_test (the engine on the GPU against the CPU: fp32 tokens equal,
+# bf16 logprobs within 5e-2, graphs on vs off, KV pool from --gpu-memory-utilization).
 # Environment: CARPOOL_GPU_BUILD_DIR (default <repo>/build-gpu), CARPOOL_GPU_MODE=full|gpu-only
 # to force a mode, JOBS (default nproc).
 # Exit status: 0 all passed; 1 a build, test or benchmark failed; 2 no GPU was visible (the build

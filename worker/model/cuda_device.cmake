@@ -24,4 +24,11 @@ if(CARPOOL_WITH_CUDA)
       add_dependencies(carpool_gpu_checks carpool_cuda_device_test)
     endif()
   endif()
+  # The whole model on the GPU through Engine::Create, against the CPU.
+  carpool_test(carpool_cuda_model_test gpu
+    SOURCES cuda_model_test.cc
+    LIBS carpool_engine carpool_testing)
+  if(TARGET carpool_gpu_checks)
+    add_dependencies(carpool_gpu_checks carpool_cuda_model_test)
+  endif()
 endif()

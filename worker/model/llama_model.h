@@ -104,8 +104,8 @@ class LlamaModel {
 
   const ModelConfig& config() const { return weights_->config; }
   // Config, tensor-parallel rank and shard always. The tensors' values only where the device
-  // works in host memory (the CPU); on a GPU they are dropped once uploaded, keeping their
-  // shapes, so their numel() and ParameterBytes() are 0 there (see Init).
+  // borrows them (the CPU); a device that copied every weight (a GPU) makes the model drop them
+  // once uploaded, keeping their shapes, so numel() and ParameterBytes() read 0 there.
   const LlamaWeights& weights() const { return *weights_; }
   const KvCacheShape& kv_shape() const { return kv_shape_; }
 

@@ -1,0 +1,202 @@
+// The whole model on a GPU through Engine::Create (EngineOptions::device), against the CPU on
+// the same F32 checkpoint (written by the test): fp32 storage gives the CPU's greedy tokens;
+// bf16 storage gives the CPU's first tokens and logprobs within kBf16LogprobTolerance; CUDA
+// graphs on and off give the same tokens; a pool sized from --gpu-memory-utilization shrinks with
+// it; the host's fp32 weights are dropped once uploaded. Label gpu: every test skips itself where
+// no CUDA device is visible.
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cuda/device_buffer.h"
+#include "tests/testing/checkpoint_writer.h"
+#include "tests/testing/command.h"
+#include "worker/engine.h"
+#include "worker/model/cuda_device.h"
+
+namespace carpool::worker {
+namespace {
+
+namespace kc = kernels::cuda;
+
+// |GPU logprob - CPU logprob| of a greedy token with bf16 weights, activations and KV cache.
+constexpr double kBf16LogprobTolerance = 5e-2;
+// Greedy tokens of each request that must match the CPU's with bf16 storage (later ones may
+// diverge at a near-tie).
+constexpr int kBf16SameTokens = 3;
+
+ModelConfig TestConfig() {
+  ModelConfig c;
+  c.architecture = "LlamaForCausalLM";
+  c.vocab_size = 512;
+  c.hidden_size = 128;
+  c.intermediate_size = 320;
+  c.num_layers = 3;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 32;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 10000.0;
+  c.max_position_embeddings = 512;
+  c.bos_token_id = 1;
+  c.eos_token_ids = {2};
+  return c;
+}
+
+class CudaModelTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new testing::ScratchDir("carpool_cuda_model_test");
+    testing::CheckpointSpec spec;
+    spec.config = TestConfig();
+    spec.seed = 17;
+    absl::StatusOr<testing::CheckpointTensors> t =
+        testing::WriteCheckpoint(dir_->path().string(), spec);
+    ASSERT_TRUE(t.ok()) << t.status();
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+  void SetUp() override {
+    if (kc::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  }
+
+  static EngineOptions Options(DeviceKind kind, StorageType dtype, bool graphs) {
+    EngineOptions o;
+    o.model = dir_->path().string();
+    o.block_size = 16;
+    o.num_kv_blocks = 256;
+    o.scheduler.max_num_batched_tokens = 64;  // longer prompts prefill in chunks (mixed steps)
+    o.scheduler.max_num_seqs = 16;
+    o.scheduler.max_model_len = 256;
+    o.device.kind = kind;
+    o.device.dtype = dtype;
+    o.device.cuda_graphs = graphs;
+    return o;
+  }
+
+  // n greedy requests of different prompt lengths, so decode batches shrink as they finish and
+  // pass through captured and uncaptured sizes.
+  static std::vector<EngineRequest> Requests(int n) {
+    std::vector<EngineRequest> rs;
+    for (int i = 0; i < n; ++i) {
+      EngineRequest r;
+      for (int j = 0; j < 5 + 13 * i; ++j) r.prompt_tokens.push_back(3 + (i * 37 + j * 11) % 500);
+      r.sampling.max_tokens = 12 + i;
+      r.sampling.temperature = 0;
+      r.sampling.ignore_eos = true;
+      rs.push_back(std::move(r));
+    }
+    return rs;
+  }
+
+  static std::vector<Completion> Run(const EngineOptions& o,
+                                     std::unique_ptr<Engine>* kept = nullptr) {
+    absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(o);
+    EXPECT_TRUE(e.ok()) << e.status();
+    if (!e.ok()) return {};
+    std::vector<Completion> out;
+    for (absl::StatusOr<Completion>& c : (*e)->Generate(Requests(6))) {
+      EXPECT_TRUE(c.ok()) << c.status();
+      if (c.ok()) out.push_back(std::move(*c));
+    }
+    if (kept != nullptr) *kept = std::move(*e);
+    return out;
+  }
+
+  static testing::ScratchDir* dir_;
+};
+
+testing::ScratchDir* CudaModelTest::dir_ = nullptr;
+
+TEST_F(CudaModelTest, Fp32GreedyTokensEqualTheCpu) {
+  const std::vector<Completion> cpu = Run(Options(DeviceKind::kCpu, StorageType::kF32, false));
+  std::unique_ptr<Engine> engine;
+  const std::vector<Completion> gpu =
+      Run(Options(DeviceKind::kCuda, StorageType::kF32, true), &engine);
+  ASSERT_EQ(gpu.size(), cpu.size());
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    EXPECT_EQ(gpu[i].tokens, cpu[i].tokens) << "request " << i;
+    for (size_t k = 0; k < std::min(gpu[i].logprobs.size(), cpu[i].logprobs.size()); ++k) {
+      EXPECT_NEAR(gpu[i].logprobs[k].logprob, cpu[i].logprobs[k].logprob, 1e-3)
+          << "request " << i << " token " << k;
+    }
+  }
+  ASSERT_NE(engine, nullptr);
+  EXPECT_EQ(engine->model().device().name(), "cuda:0");
+  // The host's fp32 values are gone once the weights are on the device; the shapes and the
+  // decode byte count stay.
+  EXPECT_EQ(engine->model().weights().ParameterBytes(), 0);
+  EXPECT_EQ(engine->model().weights().embed_tokens.shape()[0], TestConfig().vocab_size);
+  EXPECT_GT(engine->model().DecodeWeightBytes(), 0);
+}
+
+TEST_F(CudaModelTest, Bf16LogprobsWithinToleranceOfTheCpu) {
+  const std::vector<Completion> cpu = Run(Options(DeviceKind::kCpu, StorageType::kF32, false));
+  const std::vector<Completion> gpu = Run(Options(DeviceKind::kCuda, StorageType::kBF16, true));
+  ASSERT_EQ(gpu.size(), cpu.size());
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    ASSERT_EQ(gpu[i].tokens.size(), cpu[i].tokens.size());
+    for (int k = 0; k < kBf16SameTokens; ++k) {
+      EXPECT_EQ(gpu[i].tokens[k], cpu[i].tokens[k]) << "request " << i << " token " << k;
+    }
+    // Logprobs compare while the two runs see the same context.
+    for (size_t k = 0; k < cpu[i].tokens.size() && gpu[i].tokens[k] == cpu[i].tokens[k]; ++k) {
+      EXPECT_NEAR(gpu[i].logprobs[k].logprob, cpu[i].logprobs[k].logprob, kBf16LogprobTolerance)
+          << "request " << i << " token " << k;
+    }
+  }
+}
+
+TEST_F(CudaModelTest, GraphsOnAndOffGiveTheSameTokens) {
+  std::unique_ptr<Engine> with_graphs;
+  const std::vector<Completion> on =
+      Run(Options(DeviceKind::kCuda, StorageType::kF32, true), &with_graphs);
+  const std::vector<Completion> off = Run(Options(DeviceKind::kCuda, StorageType::kF32, false));
+  ASSERT_EQ(on.size(), off.size());
+  for (size_t i = 0; i < on.size(); ++i) EXPECT_EQ(on[i].tokens, off[i].tokens) << i;
+  ASSERT_NE(with_graphs, nullptr);
+  auto* device = dynamic_cast<CudaDevice*>(&with_graphs->model().device());
+  ASSERT_NE(device, nullptr);
+  EXPECT_GT(device->graphs_captured(), 0);
+  EXPECT_GT(device->graph_replays(), 0);
+  EXPECT_TRUE(device->status().ok()) << device->status();
+}
+
+TEST(CudaEngineTest, KvPoolFollowsGpuMemoryUtilization) {
+  if (kc::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  const auto blocks_at = [](double utilization) -> int64_t {
+    EngineOptions o;
+    o.model = "synthetic:tiny";
+    o.scheduler.max_model_len = 512;
+    o.device.kind = DeviceKind::kCuda;
+    o.device.gpu_memory_utilization = utilization;
+    absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(o);
+    EXPECT_TRUE(e.ok()) << e.status();
+    if (!e.ok()) return -1;
+    EngineRequest r;
+    r.prompt_tokens = {256, 'h', 'i'};
+    r.sampling.max_tokens = 8;
+    r.sampling.temperature = 0;
+    r.sampling.ignore_eos = true;
+    std::vector<EngineRequest> rs;
+    rs.push_back(std::move(r));
+    std::vector<absl::StatusOr<Completion>> done = (*e)->Generate(std::move(rs));
+    EXPECT_TRUE(done[0].ok()) << done[0].status();
+    if (done[0].ok()) {
+      EXPECT_EQ(done[0]->tokens.size(), 8u);
+    }
+    return (*e)->kv_cache().num_blocks();  // the engine (and its pool) is freed on return
+  };
+  const int64_t larger = blocks_at(0.10);
+  const int64_t smaller = blocks_at(0.05);
+  EXPECT_GT(smaller, 0);
+  EXPECT_LT(smaller, larger);
+}
+
+}  // namespace
+}  // namespace carpool::worker
