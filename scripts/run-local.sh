@@ -31,9 +31,15 @@ trap stop_all INT TERM EXIT
 "$bin/carpool-router" --frontend "$frontend" --backend "$backend" --http "127.0.0.1:$http_port" \
   >"$logs/router.log" 2>&1 &
 pids+=($!)
+# On a machine with an NVIDIA GPU the workers run on it (--device auto); the two share it, so
+# each sizes its KV cache from 40% of its memory instead of 90%.
+device_args=()
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+  device_args=(--gpu-memory-utilization 0.4)
+fi
 for i in 1 2; do
   "$bin/carpool-worker" --router "$backend" --model "$model" --worker-id "worker-$i" \
-    --threads 1 >"$logs/worker-$i.log" 2>&1 &
+    --threads 1 "${device_args[@]}" >"$logs/worker-$i.log" 2>&1 &
   pids+=($!)
 done
 
