@@ -2,6 +2,11 @@
 // (one TP-2 group). Rank 0 runs each workload twice, on the whole model alone (TP=1) and as the
 // group's leader (TP=2) while rank 1 follows; greedy tokens must be identical and every logprob
 // (the sampled token's and the top 5) within 1e-4.
+//
+// The Staged* tests run the group's ranks on a device without host memory
+// (tests/testing/no_host_memory_device.h): every all-reduce and the logits gather go ToHost ->
+// the MPI collective -> FromHost, the path a GPU rank takes, checked here on the CPU against the
+// same TP=1 answers (a plain CPU device).
 #include <mpi.h>
 #include <unistd.h>
 
@@ -16,6 +21,7 @@
 #include "cluster/testing/mpi_test_main.h"
 #include "gtest/gtest.h"
 #include "tests/testing/checkpoint_writer.h"
+#include "tests/testing/no_host_memory_device.h"
 #include "worker/engine.h"
 #include "worker/mpi_worker.h"
 
@@ -119,12 +125,21 @@ class TpEquivalenceTest : public ::testing::Test {
     return out;
   }
 
-  // Rank 0: TP=1 then TP=2 as leader, compared. Rank 1: follows.
-  void ExpectSameAnswers(const std::string& model) {
+  // The device of a TP=2 rank: null (the engine's CPU device) or, staged, one without host
+  // memory.
+  enum class Collectives { kInPlace, kStaged };
+  static std::unique_ptr<worker::ModelDevice> RankDevice(Collectives c) {
+    if (c == Collectives::kInPlace) return nullptr;
+    return std::make_unique<testing::NoHostMemoryDevice>();
+  }
+
+  // Rank 0: TP=1 (a plain CPU device) then TP=2 as leader, compared. Rank 1: follows.
+  void ExpectSameAnswers(const std::string& model,
+                         Collectives collectives = Collectives::kInPlace) {
     if (rank_ == 1) {
       EngineOptions o = Options(model);
       o.tensor_parallel_group = group_.get();
-      auto follower = Engine::Create(o);
+      auto follower = Engine::Create(o, nullptr, RankDevice(collectives));
       ASSERT_TRUE(follower.ok()) << follower.status();
       ASSERT_TRUE(worker::RunFollower(&(*follower)->model(), group_.get()).ok());
       return;
@@ -135,8 +150,12 @@ class TpEquivalenceTest : public ::testing::Test {
 
     EngineOptions o = Options(model);
     o.tensor_parallel_group = group_.get();
-    auto leader = Engine::Create(o);
+    auto leader = Engine::Create(o, nullptr, RankDevice(collectives));
     ASSERT_TRUE(leader.ok()) << leader.status();
+    auto probe = (*leader)->model().device().Allocate(1);
+    ASSERT_TRUE(probe.ok());
+    EXPECT_EQ((*leader)->model().device().HostData(*probe) == nullptr,
+              collectives == Collectives::kStaged);
     EXPECT_EQ((*leader)->model().weights().shard.num_heads,
               (*whole)->model_config().num_heads / 2);
     const std::vector<Completion> got = Run(leader->get());
@@ -159,8 +178,9 @@ class TpEquivalenceTest : public ::testing::Test {
       }
     }
     EXPECT_LE(worst, kLogprobTolerance);
-    std::printf("%s: %zu requests, greedy tokens identical, worst logprob difference %.3g\n",
-                model.c_str(), got.size(), worst);
+    std::printf("%s%s: %zu requests, greedy tokens identical, worst logprob difference %.3g\n",
+                model.c_str(), collectives == Collectives::kStaged ? " (staged)" : "",
+                got.size(), worst);
   }
 
   int rank_ = 0;
@@ -192,6 +212,20 @@ TEST_F(TpEquivalenceTest, Qwen2BiasesTiedHeadBf16Shards) {
   spec.num_shards = 2;
   spec.seed = 13;
   ExpectSameAnswers(Write("qwen2", spec));
+}
+
+TEST_F(TpEquivalenceTest, StagedGroupedQueryAttentionSplitsKeyValueHeads) {
+  testing::CheckpointSpec spec;
+  spec.config = Config(8, 4);
+  spec.seed = 11;
+  ExpectSameAnswers(Write("gqa", spec), Collectives::kStaged);
+}
+
+TEST_F(TpEquivalenceTest, StagedFewerKeyValueHeadsThanRanksAreReplicated) {
+  testing::CheckpointSpec spec;
+  spec.config = Config(8, 1);
+  spec.seed = 12;
+  ExpectSameAnswers(Write("mqa", spec), Collectives::kStaged);
 }
 
 TEST_F(TpEquivalenceTest, SyntheticWeightsAreTheSameWholeModelAtAnyTp) {

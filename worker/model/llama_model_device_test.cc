@@ -10,6 +10,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/testing/checkpoint_writer.h"
+#include "tests/testing/no_host_memory_device.h"
 #include "worker/engine.h"
 #include "worker/model/cpu_device.h"
 #include "worker/model/llama_model.h"
@@ -52,14 +53,6 @@ class CountingDevice : public CpuDevice {
  private:
   int last_num_seqs_ = 0;
   std::vector<int> whole_steps_;
-};
-
-// A CpuDevice that hides its host memory, so the model takes a GPU's paths: logits and pooled
-// embeddings through ToHost, no host-borrowing arrays.
-class NoHostMemoryDevice : public CpuDevice {
- public:
-  NoHostMemoryDevice() : CpuDevice(CpuDeviceOptions{}) {}
-  float* HostData(const DeviceArray&) override { return nullptr; }
 };
 
 class ModelDeviceTest : public ::testing::Test {
@@ -193,7 +186,8 @@ TEST_F(ModelDeviceTest, PaddingLeavesEmbeddingsAlone) {
 TEST_F(ModelDeviceTest, TransfersWithoutHostMemoryGiveTheSameResults) {
   auto plain = Engine::Create(Options());
   ASSERT_TRUE(plain.ok()) << plain.status();
-  auto copying = Engine::Create(Options(), nullptr, std::make_unique<NoHostMemoryDevice>());
+  auto copying =
+      Engine::Create(Options(), nullptr, std::make_unique<testing::NoHostMemoryDevice>());
   ASSERT_TRUE(copying.ok()) << copying.status();
   ExpectSame((*copying)->Generate(Requests(6)), (*plain)->Generate(Requests(6)));
 
