@@ -1,12 +1,15 @@
 // DeviceOptions: the device flags' parsing and ranges, device resolution on this machine (with or
 // without a GPU), the KV sizing arithmetic, and Engine::Create's answer to a device it cannot
-// have. Runs everywhere; where a GPU is visible the resolution tests check the GPU's answers.
+// have, alone and as rank 0 of a tensor-parallel group. Runs everywhere; where a GPU is visible
+// the resolution and engine tests check the GPU's answers.
 #include "worker/device_options.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
 
+#include "cluster/communicator.h"
 #include "common/flags.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -27,6 +30,30 @@ absl::Status ParseEngineFlags(std::vector<std::string> args, EngineOptions* opti
   for (std::string& a : args) argv.push_back(a.data());
   return parser.Parse(static_cast<int>(argv.size()), argv.data(), 1);
 }
+
+// Rank 0 of a group of two whose other rank is never heard from: AllGather answers as if every
+// rank had sent this one's values (the ranks of a group agree); every other operation fails.
+class EchoGroup : public cluster::Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  absl::Status AllReduceSum(float*, int64_t) override { return Unused(); }
+  absl::Status AllGather(const float* send, int64_t count, float* recv) override {
+    ++all_gathers_;
+    for (int r = 0; r < size(); ++r) std::copy_n(send, count, recv + r * count);
+    return absl::OkStatus();
+  }
+  absl::Status Gather(const float*, int64_t, float*, int) override { return Unused(); }
+  absl::Status Broadcast(void*, int64_t, int, absl::Duration) override { return Unused(); }
+  absl::Status Barrier() override { return Unused(); }
+  absl::Duration timeout() const override { return absl::Seconds(1); }
+
+  int all_gathers() const { return all_gathers_; }
+
+ private:
+  static absl::Status Unused() { return absl::UnimplementedError("not in this test"); }
+  int all_gathers_ = 0;
+};
 
 TEST(DeviceOptionsTest, ParsesDeviceKinds) {
   EXPECT_EQ(*ParseDeviceKind("cpu"), DeviceKind::kCpu);
@@ -182,6 +209,49 @@ TEST(DeviceOptionsTest, EngineWithoutTheAskedDeviceFails) {
   ASSERT_TRUE(e.ok()) << e.status();
   EXPECT_EQ((*e)->model().device().name(), "cpu");
   EXPECT_GT((*e)->model().weights().ParameterBytes(), 0);  // the CPU keeps the host weights
+}
+
+// Tensor parallelism takes the device it is asked for: `cuda` is not refused for being under a
+// group (without a GPU it fails for want of one, as alone), and `auto` picks the GPU when one is
+// visible. The GPU then sizes the rank's KV pool, and the group agrees on it (one all-gather).
+TEST(DeviceOptionsTest, TensorParallelRanksTakeTheirDevice) {
+  EchoGroup group;
+  EngineOptions o;
+  o.model = "synthetic:tiny";
+  o.tensor_parallel_group = &group;
+  o.device.gpu_memory_utilization = 0.2;
+  const bool gpu = CudaDeviceCount() > 0;
+
+  o.device.kind = DeviceKind::kCuda;
+  absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(o);
+  if (gpu) {
+    ASSERT_TRUE(e.ok()) << e.status();
+    EXPECT_EQ((*e)->model().device().name(), "cuda:0");
+    EXPECT_EQ((*e)->model().weights().tp.size, 2);
+    EXPECT_EQ(group.all_gathers(), 1);
+    EXPECT_GT((*e)->kv_cache().num_blocks(), 0);
+  } else {
+    ASSERT_FALSE(e.ok());
+    EXPECT_EQ(e.status().code(), absl::StatusCode::kFailedPrecondition) << e.status();
+    EXPECT_THAT(e.status().message(), HasSubstr("--device cuda"));
+    EXPECT_EQ(group.all_gathers(), 0);
+  }
+  e = absl::UnknownError("reset");  // one engine's GPU memory at a time
+
+  o.device.kind = DeviceKind::kAuto;
+  e = Engine::Create(o);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ((*e)->model().device().name(), gpu ? "cuda:0" : "cpu");
+  EXPECT_EQ((*e)->model().weights().tp.size, 2);
+  EXPECT_EQ(group.all_gathers(), gpu ? 2 : 0);  // the CPU's pool is not sized by memory
+
+  // A pool set by --num-kv-blocks needs no agreement (the ranks compare it later).
+  e = absl::UnknownError("reset");
+  o.num_kv_blocks = 64;
+  e = Engine::Create(o);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ((*e)->kv_cache().num_blocks(), 64);
+  EXPECT_EQ(group.all_gathers(), gpu ? 2 : 0);
 }
 
 TEST(DeviceOptionsTest, EngineValidatesTheDeviceOptions) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -31,31 +32,33 @@ int64_t KvBlocks(const EngineOptions& o, const ModelConfig& c, int max_model_len
   return bytes / per_block;
 }
 
-// The device options.device asks for, with its KV pool bytes when the GPU's memory sizes the
-// pool (0 otherwise: KvBlocks decides). Called after the weights are loaded on the host and
-// before they go up, so the pool is measured against the memory the weights will take.
+// The device options.device asks for and, when the GPU's memory sizes the KV pool, what that
+// memory leaves for it. Called after the weights are loaded on the host and before they go up,
+// so the pool is measured against the memory the weights will take.
 struct ChosenDevice {
   std::unique_ptr<ModelDevice> device;
+  // The pool is sized by --gpu-memory-utilization (neither num_kv_blocks nor
+  // kv_cache_memory_bytes is set): kv_pool_bytes, possibly less than one block. Else KvBlocks.
+  bool sized_by_memory = false;
   int64_t kv_pool_bytes = 0;
+  int64_t weight_bytes = 0;  // in the device's storage type
+  int64_t margin_bytes = 0;
 };
 
+// Under tensor parallelism each rank resolves to its own GPU (options.device.gpu_index, which
+// carpool-worker sets from the local rank) and computes there; its collectives are staged
+// through host memory over the group's communicator (LlamaModel: ToHost -> collective ->
+// FromHost), so any device works under any group.
 absl::StatusOr<ChosenDevice> ChooseDevice(const EngineOptions& o, const LlamaWeights& weights,
                                           int max_model_len) {
   ChosenDevice chosen;
   DeviceOptions d = o.device;
-  const bool parallel = weights.tp.size > 1;
-  if (d.kind == DeviceKind::kAuto && parallel) d.kind = DeviceKind::kCpu;
   if (d.kind != DeviceKind::kCpu) {
     ASSIGN_OR_RETURN(d, ResolveDevice(d, /*local_rank=*/-1));
   }
   if (d.kind == DeviceKind::kCpu) {
     chosen.device = CreateCpuDevice();
     return chosen;
-  }
-  if (parallel) {
-    return absl::UnimplementedError(
-        "--device cuda under tensor parallelism needs an NCCL communicator over device memory, "
-        "which carpool does not have yet; use --device cpu");
   }
   const SchedulerOptions& sched = o.scheduler;
   ASSIGN_OR_RETURN(chosen.device,
@@ -64,20 +67,52 @@ absl::StatusOr<ChosenDevice> ChooseDevice(const EngineOptions& o, const LlamaWei
                                              .max_model_len = max_model_len,
                                              .block_size = o.block_size}));
   if (o.num_kv_blocks == 0 && o.kv_cache_memory_bytes == 0) {
-    // The weights go up in the storage type: ParameterBytes counts fp32.
-    const int64_t weight_bytes = weights.ParameterBytes() / 4 * StorageTypeBytes(d.dtype);
-    const int64_t margin =
+    chosen.sized_by_memory = true;
+    // This rank's weights go up in the storage type: ParameterBytes counts fp32. The margin is
+    // the whole model's activations, an overestimate for a tensor-parallel rank.
+    chosen.weight_bytes = weights.ParameterBytes() / 4 * StorageTypeBytes(d.dtype);
+    chosen.margin_bytes =
         GpuActivationMarginBytes(weights.config, sched.max_num_batched_tokens, d.dtype);
-    ASSIGN_OR_RETURN(chosen.kv_pool_bytes, CudaKvPoolBytes(d, weight_bytes, margin));
-    if (chosen.kv_pool_bytes < LlamaModel::KvBytesPerBlock(weights.config, o.block_size,
-                                                           d.dtype)) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "--gpu-memory-utilization ", d.gpu_memory_utilization, " leaves no room for the KV "
-          "cache on ", chosen.device->name(), " after ", weight_bytes >> 20, " MiB of weights and ",
-          margin >> 20, " MiB for activations; raise it or free GPU memory"));
-    }
+    ASSIGN_OR_RETURN(chosen.kv_pool_bytes,
+                     CudaKvPoolBytes(d, chosen.weight_bytes, chosen.margin_bytes));
   }
   return chosen;
+}
+
+// The fewest of the group's ranks' `blocks` (every rank calls it): the ranks of a group index
+// one pool through the leader's block tables, so they must have the same number of blocks, and
+// GPUs sized by their free memory may not. Block counts are at most kMaxGpuKvBlocks (< 2^24),
+// so they travel exactly as floats.
+absl::StatusOr<int64_t> FewestBlocksInGroup(cluster::Communicator* group, int64_t blocks) {
+  const float mine = static_cast<float>(blocks);
+  std::vector<float> all(group->size());
+  RETURN_IF_ERROR(group->AllGather(&mine, 1, all.data()));
+  return static_cast<int64_t>(*std::min_element(all.begin(), all.end()));
+}
+
+// The KV pool's blocks when the GPU's memory sizes it: what chosen.kv_pool_bytes holds (at
+// most kMaxGpuKvBlocks), the fewest of the group's ranks under tensor parallelism.
+// RESOURCE_EXHAUSTED when that is not one block. Every rank of a group takes part, even one
+// with no room, so that all of them see the failure.
+absl::StatusOr<int64_t> GpuKvBlocks(const ChosenDevice& chosen, const ModelConfig& config,
+                                    const EngineOptions& o, cluster::Communicator* group) {
+  const int64_t per_block =
+      LlamaModel::KvBytesPerBlock(config, o.block_size, chosen.device->storage_type());
+  int64_t blocks = std::min(kMaxGpuKvBlocks, chosen.kv_pool_bytes / per_block);
+  if (group != nullptr && group->size() > 1) {
+    ASSIGN_OR_RETURN(blocks, FewestBlocksInGroup(group, blocks));
+  }
+  if (blocks >= 1) return blocks;
+  const double u = o.device.gpu_memory_utilization;
+  if (chosen.kv_pool_bytes >= per_block) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "--gpu-memory-utilization ", u, " leaves no room for a KV block on another rank of the "
+        "tensor-parallel group; raise it or free GPU memory there"));
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "--gpu-memory-utilization ", u, " leaves no room for the KV cache on ",
+      chosen.device->name(), " after ", chosen.weight_bytes >> 20, " MiB of weights and ",
+      chosen.margin_bytes >> 20, " MiB for activations; raise it or free GPU memory"));
 }
 
 }  // namespace
@@ -128,13 +163,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   int64_t blocks = 0;
   if (device == nullptr) {
     ASSIGN_OR_RETURN(ChosenDevice chosen, ChooseDevice(options, *weights, sched.max_model_len));
-    device = std::move(chosen.device);
-    if (chosen.kv_pool_bytes > 0) {
-      blocks = std::min(kMaxGpuKvBlocks,
-                        chosen.kv_pool_bytes / LlamaModel::KvBytesPerBlock(
-                                                   config, options.block_size,
-                                                   device->storage_type()));
+    if (chosen.sized_by_memory) {
+      ASSIGN_OR_RETURN(blocks, GpuKvBlocks(chosen, config, options, group));
     }
+    device = std::move(chosen.device);
   }
   if (blocks == 0) {
     blocks = KvBlocks(engine->options_, config, sched.max_model_len, device->storage_type());

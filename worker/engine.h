@@ -49,7 +49,10 @@ struct EngineOptions {
   // The device the model runs on when Engine::Create is given none. kCuda (or kAuto resolving
   // to it): a CudaDevice on device.gpu_index in device.dtype, and, when neither num_kv_blocks
   // nor kv_cache_memory_bytes is set, a KV pool sized by device.gpu_memory_utilization
-  // (CudaKvPoolBytes). Not under tensor parallelism (kAuto stays on the CPU there).
+  // (CudaKvPoolBytes). Under tensor parallelism the same, per rank: the caller resolves each
+  // rank's gpu_index (carpool-worker: the local rank), the collectives are staged through host
+  // memory over the group's communicator, and a pool sized by memory takes the fewest blocks of
+  // the group's ranks (every rank of the group then takes part in that collective).
   // Default: the CPU (the binaries' --device flag defaults to auto; RegisterEngineFlags).
   DeviceOptions device = {.kind = DeviceKind::kCpu};
 
@@ -100,8 +103,8 @@ class Engine {
  public:
   // `device` runs the model (its storage type also sizes the KV pool); nullptr: the one
   // options.device asks for. FAILED_PRECONDITION when options.device asks for CUDA and this
-  // build has none or no GPU is visible; UNIMPLEMENTED for CUDA under tensor parallelism;
-  // RESOURCE_EXHAUSTED when --gpu-memory-utilization leaves no room for a KV block.
+  // build has none or no GPU is visible; RESOURCE_EXHAUSTED when --gpu-memory-utilization
+  // leaves no room for a KV block (on any rank of a tensor-parallel group).
   static absl::StatusOr<std::unique_ptr<Engine>> Create(
       const EngineOptions& options, Clock* clock = nullptr,
       std::unique_ptr<ModelDevice> device = nullptr);

@@ -3,7 +3,9 @@
 // Each tensor-parallel group's rank 0 (the leader) runs the WorkerServer: scheduler, KV cache,
 // the router connection, and before every step a broadcast of the step to its followers. The
 // other ranks (followers) load their slices of the same model and run every step they receive
-// (RunFollower) until the leader says it is done.
+// (RunFollower) until the leader says it is done. Every rank builds its engine from the same
+// options, device included: carpool-worker resolved the device per process, so on GPUs each rank
+// computes on its local rank's GPU, its collectives staged through host memory over MPI.
 //
 // Liveness, so that no rank ever hangs:
 //   - a watcher thread per rank exchanges heartbeats with its group (cluster/group_heartbeat.h)

@@ -80,11 +80,11 @@ int LocalRank() {
   return -1;
 }
 
-// Resolves --device and its GPU (under mpirun / srun: the local rank modulo the GPU count) into
-// the engine's options; 0 when the worker can go on, else the exit code (2).
-int ResolveDeviceOrExit(const std::string& model, int tp, carpool::worker::DeviceOptions* device) {
-  using carpool::worker::DeviceKind;
-  const DeviceKind asked = device->kind;
+// Resolves --device and its GPU into the engine's options; 0 when the worker can go on, else the
+// exit code (2). Every process resolves its own: under mpirun / srun each rank, a tensor-parallel
+// group's leader and followers alike, gets the GPU of its local rank modulo the GPU count (unless
+// --gpu names one), so the ranks of a node spread over its GPUs.
+int ResolveDeviceOrExit(carpool::worker::DeviceOptions* device) {
   absl::StatusOr<carpool::worker::DeviceOptions> resolved =
       carpool::worker::ResolveDevice(*device, LocalRank());
   if (!resolved.ok()) {
@@ -92,17 +92,6 @@ int ResolveDeviceOrExit(const std::string& model, int tp, carpool::worker::Devic
     return 2;
   }
   *device = *resolved;
-  if (device->kind != DeviceKind::kCuda || model == "echo") return 0;
-  if (tp > 1) {
-    if (asked == DeviceKind::kCuda) {
-      std::cerr << "carpool-worker: --device cuda with --tp " << tp
-                << ": tensor parallelism on GPUs needs an NCCL communicator over device memory "
-                   "(bf16 sums), which carpool does not have yet; use --device cpu for --tp > 1\n";
-      return 2;
-    }
-    device->kind = DeviceKind::kCpu;  // auto: tensor parallelism runs on the CPU
-    return 0;
-  }
   return 0;
 }
 
@@ -170,10 +159,7 @@ int main(int argc, char** argv) {
     std::cerr << "carpool-worker: " << s.message() << "\n";
     return 2;
   }
-  if (int code = ResolveDeviceOrExit(options.engine.model, tp, &options.engine.device);
-      code != 0) {
-    return code;
-  }
+  if (int code = ResolveDeviceOrExit(&options.engine.device); code != 0) return code;
   // Before the model loads, so a SIGTERM during a long load is not lost.
   InstallSignalHandlers();
   if (carpool::cluster::LaunchedByMpi(std::getenv) || tp > 1) {

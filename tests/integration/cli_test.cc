@@ -17,6 +17,7 @@ namespace carpool {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using nlohmann::json;
 
 using testing::JsonLines;
@@ -149,6 +150,16 @@ TEST(WorkerCliTest, DeviceCudaWithoutGpuExitsTwo) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_THAT(r.output, HasSubstr("--device cuda"));
   EXPECT_THAT(r.output, HasSubstr("use --device cpu"));
+}
+
+// Tensor parallelism no longer refuses CUDA: without a GPU, --device cuda --tp 2 fails for want
+// of a GPU, as it does alone, before it looks for mpirun.
+TEST(WorkerCliTest, DeviceCudaUnderTensorParallelismWithoutGpuAsksForAGpu) {
+  RunResult r = RunWorker("--model synthetic:tiny --tp 2 --device cuda");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--device cuda"));
+  EXPECT_THAT(r.output, HasSubstr("use --device cpu"));
+  EXPECT_THAT(r.output, Not(HasSubstr("NCCL")));
 }
 
 TEST(WorkerCliTest, BadDeviceFlagsExitTwo) {
