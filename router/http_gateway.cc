@@ -119,7 +119,7 @@ void SendError(httplib::Response& res, const HttpError& e) {
 
 HttpError MakeError(int status, std::string type, std::string code, std::string message,
                     int64_t retry_after_s = 0) {
-  return HttpError{status, std::move(type), std::move(code), std::move(message), retry_after_s};
+  return HttpError{status, std::move(type), std::move(code), std::move(message), retry_after_s, ""};
 }
 
 std::string BearerKey(const httplib::Request& req) {
@@ -186,6 +186,8 @@ class HttpGateway::Impl {
   void RespondStream(GenerationRequest r, ResponseMeta meta, httplib::Response& res);
   void HandleEmbeddings(const httplib::Request& req, httplib::Response& res);
   void HandleModels(httplib::Response& res);
+  // GET /v1/models/{id}: the model object, or 404 model_not_found.
+  void HandleModel(const std::string& id, httplib::Response& res);
   void HandleReady(httplib::Response& res);
   void HandleMetrics(httplib::Response& res);
   // The model a request names, checked against the served ones (404 when unknown); the first
@@ -204,6 +206,7 @@ class HttpGateway::Impl {
   int port_ = 0;
   std::atomic<bool> stopping_{false};
   std::string id_prefix_;
+  int64_t started_ = 0;  // unix seconds: the models' `created`
   std::atomic<uint64_t> next_id_{0};
   std::atomic<int> active_connections_{0};
   std::atomic<int64_t> rejected_connections_{0};
@@ -221,6 +224,7 @@ absl::Status HttpGateway::Impl::Start() {
   RETURN_IF_ERROR(options_.Validate());
   absl::BitGen gen;
   id_prefix_ = absl::StrFormat("%08x", absl::Uniform<uint32_t>(gen));
+  started_ = absl::ToUnixSeconds(absl::Now());
   ClientOptions co;
   co.router_endpoint = options_.router_endpoint;
   co.zmq_context = options_.zmq_context;
@@ -322,7 +326,9 @@ void HttpGateway::Impl::Install() {
     static const std::set<std::string> kRoutes = {
         "/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/models",
         "/health",         "/ready",               "/metrics"};
-    const std::string route = kRoutes.contains(req.path) ? req.path : "other";
+    const std::string route = kRoutes.contains(req.path)                  ? req.path
+                              : absl::StartsWith(req.path, "/v1/models/") ? "/v1/models/{id}"
+                                                                          : "other";
     absl::MutexLock lock(&mu_);
     ++responses_[{route, res.status}];
   });
@@ -339,6 +345,10 @@ void HttpGateway::Impl::Install() {
   });
   server_.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     HandleModels(res);
+  });
+  // Model ids hold ':' and '/' (synthetic:tiny, org/name): everything after /v1/models/.
+  server_.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleModel(req.matches[1], res);
   });
   server_.Get("/health", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("{\"status\":\"ok\"}", kJson);
@@ -409,6 +419,7 @@ std::string HttpGateway::Impl::ResolveModel(const std::string& requested,
     *error = MakeError(404, "invalid_request_error", "model_not_found",
                        absl::StrCat("the model '", requested, "' does not exist; served: ",
                                     absl::StrJoin(*models, ", ")));
+    (*error)->param = "model";
     return "";
   }
   return requested;
@@ -420,7 +431,7 @@ void HttpGateway::Impl::HandleGeneration(ApiKind kind, const httplib::Request& r
                                          httplib::Response& res) {
   RequestDefaults defaults{options_.completion_max_tokens, options_.chat_max_tokens};
   absl::StatusOr<GenerationRequest> r = ParseGenerationRequest(kind, req.body, defaults);
-  if (!r.ok()) return SendError(res, BadRequest(std::string(r.status().message())));
+  if (!r.ok()) return SendError(res, BadRequest(r.status()));
   std::optional<HttpError> error;
   ResponseMeta meta;
   meta.model = ResolveModel(r->model, &error);
@@ -514,17 +525,22 @@ struct HttpGateway::Impl::StreamState {
   StreamState(GenerationRequest r, ResponseMeta m)
       : request(std::move(r)), meta(std::move(m)), text(request.stop) {}
 
+  // A chat stream's role chunk, before its first other chunk.
+  std::string Role() {
+    if (role_sent || request.kind != ApiKind::kChat) return "";
+    role_sent = true;
+    return SseEvent(RoleChunkBody(request, meta));
+  }
+
   // Events for one chunk from the router (nothing when it adds nothing visible).
   std::string OnChunk(const GenerateChunkOut& chunk) {
     completion_tokens += static_cast<int>(chunk.tokens.size());
     const std::string visible = text.Feed(chunk.text);
-    std::string out;
+    std::string out = Role();
     const bool want_tokens = request.logprobs && !chunk.tokens.empty();
-    if (!visible.empty() || want_tokens || !role_sent) {
-      out = SseEvent(StreamChunkBody(request, meta, visible, request.logprobs ? chunk.tokens
-                                                                             : kNoTokens,
-                                     token_offset, "", !role_sent));
-      role_sent = true;
+    if (!visible.empty() || want_tokens) {
+      out += SseEvent(StreamChunkBody(
+          request, meta, visible, request.logprobs ? chunk.tokens : kNoTokens, token_offset, ""));
     }
     for (const SampleResult& t : chunk.tokens) {
       token_offset += static_cast<int64_t>(TokenText(t.token, meta.byte_tokens).size());
@@ -543,8 +559,8 @@ struct HttpGateway::Impl::StreamState {
   std::string Finish(const std::string& finish_reason, const Usage& usage) {
     done = true;
     const std::string rest = text.stopped() ? "" : text.Flush();
-    std::string out = SseEvent(
-        StreamChunkBody(request, meta, rest, kNoTokens, token_offset, finish_reason, !role_sent));
+    std::string out = Role();
+    out += SseEvent(StreamChunkBody(request, meta, rest, kNoTokens, token_offset, finish_reason));
     if (request.include_usage) out += SseEvent(UsageChunkBody(request, meta, usage));
     return out + kSseDone;
   }
@@ -626,7 +642,7 @@ void HttpGateway::Impl::RespondStream(GenerationRequest r, ResponseMeta meta,
 
 void HttpGateway::Impl::HandleEmbeddings(const httplib::Request& req, httplib::Response& res) {
   absl::StatusOr<EmbeddingsRequest> r = ParseEmbeddingsRequest(req.body);
-  if (!r.ok()) return SendError(res, BadRequest(std::string(r.status().message())));
+  if (!r.ok()) return SendError(res, BadRequest(r.status()));
   std::optional<HttpError> error;
   const std::string model = ResolveModel(r->model, &error);
   if (error.has_value()) return SendError(res, *error);
@@ -639,13 +655,25 @@ void HttpGateway::Impl::HandleEmbeddings(const httplib::Request& req, httplib::R
   absl::StatusOr<EmbedResult> result = client_->Embed(r->input, call);
   Untrack(r->input.request_id);
   if (!result.ok()) return SendError(res, HttpErrorFromStatus(result.status()));
-  res.set_content(EmbeddingsBody(result->embeddings, model, result->usage), kJson);
+  res.set_content(EmbeddingsBody(result->embeddings, model, result->usage, r->base64), kJson);
 }
 
 void HttpGateway::Impl::HandleModels(httplib::Response& res) {
   absl::StatusOr<std::vector<std::string>> models = ServedModels(true);
   if (!models.ok()) return SendError(res, HttpErrorFromStatus(models.status()));
-  res.set_content(ModelsBody(*models), kJson);
+  res.set_content(ModelsBody(*models, started_), kJson);
+}
+
+void HttpGateway::Impl::HandleModel(const std::string& id, httplib::Response& res) {
+  absl::StatusOr<std::vector<std::string>> models = ServedModels(true);
+  if (!models.ok()) return SendError(res, HttpErrorFromStatus(models.status()));
+  if (std::find(models->begin(), models->end(), id) == models->end()) {
+    HttpError e = MakeError(404, "invalid_request_error", "model_not_found",
+                            absl::StrCat("the model '", id, "' does not exist"));
+    e.param = "model";
+    return SendError(res, e);
+  }
+  res.set_content(ModelBody(id, started_), kJson);
 }
 
 void HttpGateway::Impl::HandleReady(httplib::Response& res) {

@@ -148,6 +148,12 @@ TEST_F(HttpGatewayTest, ErrorsAndRoutes) {
   ASSERT_TRUE(unknown);
   EXPECT_EQ(unknown->status, 404);
   EXPECT_EQ(json::parse(unknown->body)["error"]["code"], "model_not_found");
+  EXPECT_EQ(json::parse(unknown->body)["error"]["param"], "model");
+  auto n2 = c.Post("/v1/completions", R"({"prompt": [1], "n": 2})", "application/json");
+  ASSERT_TRUE(n2);
+  EXPECT_EQ(n2->status, 400);
+  EXPECT_EQ(json::parse(n2->body)["error"]["param"], "n");
+  EXPECT_TRUE(json::parse(bad->body)["error"]["param"].is_null());
   auto route = c.Get("/v2/nothing");
   ASSERT_TRUE(route);
   EXPECT_EQ(route->status, 404);

@@ -1,11 +1,14 @@
 #include "router/openai_json.h"
 
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "common/status.h"
 #include "client/carpool_client.h"
+#include "common/status.h"
 #include "nlohmann/json.hpp"
 #include "router/text_stream.h"
 #include "worker/tokenizer.h"
@@ -16,11 +19,15 @@ namespace {
 using nlohmann::json;
 
 constexpr int kMaxStops = 4;
+// The status payload that names the offending request field (ErrorParam).
+constexpr char kParamPayload[] = "type.carpool.dev/openai.param";
 
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 absl::Status Bad(absl::string_view field, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat("'", field, "' ", what));
+  absl::Status s = absl::InvalidArgumentError(absl::StrCat("'", field, "' ", what));
+  s.SetPayload(kParamPayload, absl::Cord(field));
+  return s;
 }
 
 // Reads an optional field of `body` when present and not null.
@@ -124,8 +131,12 @@ absl::Status ParseMessages(const json& body, std::vector<ChatMessage>* out) {
     const std::string field = absl::StrCat("messages[", i, "]");
     if (!msg.is_object()) return Bad(field, "must be an object");
     ChatMessage c;
-    if (absl::Status s = GetString(msg, "role", &c.role); !s.ok()) return Bad(field, s.message());
+    if (const json* role = Field(msg, "role"); role != nullptr && !role->is_string()) {
+      return Bad(field + ".role", "must be a string");
+    }
+    RETURN_IF_ERROR(GetString(msg, "role", &c.role));
     if (c.role.empty()) return Bad(field + ".role", "is required");
+    if (c.role == "developer") c.role = "system";  // OpenAI's newer name for the system role
     const json* content = Field(msg, "content");
     if (content == nullptr) {
       if (c.role != "assistant") return Bad(field + ".content", "is required");
@@ -204,9 +215,13 @@ absl::Status ParseSampling(ApiKind kind, const json& body, const RequestDefaults
                            GenerationRequest* r) {
   SamplingParams& p = r->input.sampling;
   int64_t max_tokens = kind == ApiKind::kChat ? d.chat_max_tokens : d.completion_max_tokens;
+  const char* max_field = "max_tokens";  // null means the default, as absent
   RETURN_IF_ERROR(GetInt(body, "max_tokens", &max_tokens));
-  if (kind == ApiKind::kChat) RETURN_IF_ERROR(GetInt(body, "max_completion_tokens", &max_tokens));
-  if (max_tokens < 1 || max_tokens > INT32_MAX) return Bad("max_tokens", "must be >= 1");
+  if (kind == ApiKind::kChat && Field(body, "max_completion_tokens") != nullptr) {
+    max_field = "max_completion_tokens";  // wins over the deprecated max_tokens
+    RETURN_IF_ERROR(GetInt(body, max_field, &max_tokens));
+  }
+  if (max_tokens < 1 || max_tokens > INT32_MAX) return Bad(max_field, "must be >= 1");
   p.max_tokens = static_cast<int>(max_tokens);
   RETURN_IF_ERROR(GetFloat(body, "temperature", &p.temperature));
   RETURN_IF_ERROR(GetFloat(body, "top_p", &p.top_p));
@@ -227,9 +242,60 @@ absl::Status ParseSampling(ApiKind kind, const json& body, const RequestDefaults
   return absl::OkStatus();
 }
 
+// An option carpool cannot honour is refused rather than silently ignored.
+absl::Status RefuseUnsupported(ApiKind kind, const json& j) {
+  if (kind == ApiKind::kCompletion) {
+    bool echo = false;
+    RETURN_IF_ERROR(GetBool(j, "echo", &echo));
+    if (echo) return Bad("echo", "is not supported (only the completion is returned)");
+    int64_t best_of = 1;
+    RETURN_IF_ERROR(GetInt(j, "best_of", &best_of));
+    if (best_of != 1) return Bad("best_of", "must be 1 (one candidate per request)");
+    std::string suffix;
+    RETURN_IF_ERROR(GetString(j, "suffix", &suffix));
+    if (!suffix.empty()) return Bad("suffix", "is not supported (no insertion)");
+  }
+  int64_t n = 1;
+  RETURN_IF_ERROR(GetInt(j, "n", &n));
+  if (n != 1) return Bad("n", "must be 1 (one choice per request)");
+  if (const json* bias = Field(j, "logit_bias")) {
+    if (!bias->is_object()) return Bad("logit_bias", "must be an object");
+    if (!bias->empty()) return Bad("logit_bias", "is not supported");
+  }
+  if (kind == ApiKind::kChat) {
+    for (const char* name : {"tools", "functions"}) {
+      if (const json* t = Field(j, name)) {
+        if (!t->is_array()) return Bad(name, "must be a list");
+        if (!t->empty()) return Bad(name, "is not supported (no tool calls)");
+      }
+    }
+    for (const char* name : {"tool_choice", "function_call"}) {
+      if (const json* c = Field(j, name)) {
+        if (!c->is_string() || (*c != "none" && *c != "auto")) {
+          return Bad(name, "is not supported (no tool calls); only \"none\" or \"auto\"");
+        }
+      }
+    }
+  }
+  if (const json* f = Field(j, "response_format")) {
+    if (!f->is_object()) return Bad("response_format", "must be an object");
+    const auto type = f->find("type");
+    if (type == f->end() || !type->is_string()) {
+      return Bad("response_format.type", "must be a string");
+    }
+    if (*type != "text") return Bad("response_format.type", "must be \"text\" (no JSON mode)");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 // ---- errors
+
+std::string ErrorParam(const absl::Status& status) {
+  const auto p = status.GetPayload(kParamPayload);
+  return p.has_value() ? std::string(*p) : "";
+}
 
 HttpError HttpErrorFromStatus(const absl::Status& status) {
   HttpError e;
@@ -299,6 +365,8 @@ HttpError HttpErrorFromStatus(const absl::Status& status) {
     default:
       e.type = "server_error";
   }
+  e.param = ErrorParam(status);
+  if (e.param.empty() && r == reason::kUnknownModel) e.param = "model";
   if (e.status == 429 || e.status == 503) {
     const int64_t ms = RetryAfterMs(status);
     e.retry_after_s = ms > 0 ? (ms + 999) / 1000 : 1;
@@ -306,15 +374,25 @@ HttpError HttpErrorFromStatus(const absl::Status& status) {
   return e;
 }
 
-HttpError BadRequest(std::string message, std::string code) {
-  return HttpError{400, "invalid_request_error", std::move(code), std::move(message), 0};
+HttpError BadRequest(std::string message, std::string code, std::string param) {
+  HttpError e;
+  e.status = 400;
+  e.type = "invalid_request_error";
+  e.code = std::move(code);
+  e.message = std::move(message);
+  e.param = std::move(param);
+  return e;
+}
+
+HttpError BadRequest(const absl::Status& status) {
+  return BadRequest(std::string(status.message()), "invalid_argument", ErrorParam(status));
 }
 
 std::string ErrorBody(const HttpError& error) {
   return Dump(json{{"error",
                     {{"message", error.message},
                      {"type", error.type},
-                     {"param", nullptr},
+                     {"param", error.param.empty() ? json(nullptr) : json(error.param)},
                      {"code", error.code}}}});
 }
 
@@ -330,20 +408,10 @@ absl::StatusOr<GenerationRequest> ParseGenerationRequest(ApiKind kind, const std
   RETURN_IF_ERROR(GetString(j, "model", &r.model));
   if (kind == ApiKind::kCompletion) {
     RETURN_IF_ERROR(ParsePrompt(j, &r.input));
-    bool echo = false;
-    RETURN_IF_ERROR(GetBool(j, "echo", &echo));
-    if (echo) return Bad("echo", "is not supported");
-    int best_of = 1;
-    RETURN_IF_ERROR(GetIntInRange(j, "best_of", 1, 1, &best_of));
-    std::string suffix;
-    RETURN_IF_ERROR(GetString(j, "suffix", &suffix));
-    if (!suffix.empty()) return Bad("suffix", "is not supported");
   } else {
     RETURN_IF_ERROR(ParseMessages(j, &r.messages));
   }
-  int64_t n = 1;
-  RETURN_IF_ERROR(GetInt(j, "n", &n));
-  if (n != 1) return Bad("n", "must be 1 (one choice per request)");
+  RETURN_IF_ERROR(RefuseUnsupported(kind, j));
   RETURN_IF_ERROR(ParseSampling(kind, j, defaults, &r));
   RETURN_IF_ERROR(ParseStop(j, &r.stop));
   RETURN_IF_ERROR(GetBool(j, "stream", &r.stream));
@@ -373,7 +441,7 @@ json Bytes(const std::string& s) {
   return b;
 }
 
-json CompletionLogprobs(const std::vector<SampleResult>& tokens, int64_t text_offset,
+json CompletionLogprobs(const std::vector<SampleResult>& tokens, int top_n, int64_t text_offset,
                         bool byte_tokens) {
   json out{{"tokens", json::array()},
            {"token_logprobs", json::array()},
@@ -384,8 +452,9 @@ json CompletionLogprobs(const std::vector<SampleResult>& tokens, int64_t text_of
     out["tokens"].push_back(text);
     out["token_logprobs"].push_back(t.logprob);
     json top = json::object();
-    for (const worker::TokenLogprob& alt : t.top_logprobs) {
-      top[SanitizeUtf8(TokenText(alt.token, byte_tokens))] = alt.logprob;
+    for (size_t i = 0; i < t.top_logprobs.size() && static_cast<int>(i) < top_n; ++i) {
+      top[SanitizeUtf8(TokenText(t.top_logprobs[i].token, byte_tokens))] =
+          t.top_logprobs[i].logprob;
     }
     out["top_logprobs"].push_back(std::move(top));
     out["text_offset"].push_back(text_offset);
@@ -413,7 +482,7 @@ json LogprobsJson(const GenerationRequest& r, const ResponseMeta& meta,
                   const std::vector<SampleResult>& tokens, int64_t text_offset) {
   if (!r.logprobs) return nullptr;
   if (r.kind == ApiKind::kCompletion) {
-    return CompletionLogprobs(tokens, text_offset, meta.byte_tokens);
+    return CompletionLogprobs(tokens, r.top_logprobs, text_offset, meta.byte_tokens);
   }
   return ChatLogprobs(tokens, r.top_logprobs, meta.byte_tokens);
 }
@@ -449,7 +518,7 @@ std::string ResponseBody(const GenerationRequest& request, const ResponseMeta& m
   if (request.kind == ApiKind::kCompletion) {
     choice["text"] = text;
   } else {
-    choice["message"] = {{"role", "assistant"}, {"content", text}};
+    choice["message"] = {{"role", "assistant"}, {"content", text}, {"refusal", nullptr}};
   }
   out["choices"] = json::array({std::move(choice)});
   out["usage"] = UsageJson(usage);
@@ -458,7 +527,7 @@ std::string ResponseBody(const GenerationRequest& request, const ResponseMeta& m
 
 std::string StreamChunkBody(const GenerationRequest& request, const ResponseMeta& meta,
                             const std::string& text, const std::vector<SampleResult>& tokens,
-                            int64_t text_offset, const std::string& finish_reason, bool first) {
+                            int64_t text_offset, const std::string& finish_reason) {
   json out = Envelope(request, meta, /*chunk=*/true);
   json choice{{"index", 0},
               {"logprobs", LogprobsJson(request, meta, tokens, text_offset)},
@@ -467,11 +536,20 @@ std::string StreamChunkBody(const GenerationRequest& request, const ResponseMeta
     choice["text"] = text;
   } else {
     json delta = json::object();
-    if (first) delta["role"] = "assistant";
     if (!text.empty() || finish_reason.empty()) delta["content"] = text;
     choice["delta"] = std::move(delta);
   }
   out["choices"] = json::array({std::move(choice)});
+  if (request.include_usage) out["usage"] = nullptr;
+  return Dump(out);
+}
+
+std::string RoleChunkBody(const GenerationRequest& request, const ResponseMeta& meta) {
+  json out = Envelope(request, meta, /*chunk=*/true);
+  out["choices"] = json::array({json{{"index", 0},
+                                     {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                     {"logprobs", nullptr},
+                                     {"finish_reason", nullptr}}});
   if (request.include_usage) out["usage"] = nullptr;
   return Dump(out);
 }
@@ -496,7 +574,13 @@ absl::StatusOr<EmbeddingsRequest> ParseEmbeddingsRequest(const std::string& body
   RETURN_IF_ERROR(GetString(j, "model", &r.model));
   std::string format = "float";
   RETURN_IF_ERROR(GetString(j, "encoding_format", &format));
-  if (format != "float") return Bad("encoding_format", "must be \"float\"");
+  if (format != "float" && format != "base64") {
+    return Bad("encoding_format", "must be \"float\" or \"base64\"");
+  }
+  r.base64 = format == "base64";
+  if (Field(j, "dimensions") != nullptr) {
+    return Bad("dimensions", "is not supported (embeddings have the model's full size)");
+  }
   const json* in = Field(j, "input");
   if (in == nullptr) return Bad("input", "is required");
   const auto text_item = [](const json& s) {
@@ -535,10 +619,21 @@ absl::StatusOr<EmbeddingsRequest> ParseEmbeddingsRequest(const std::string& body
 }
 
 std::string EmbeddingsBody(const std::vector<std::vector<float>>& embeddings,
-                           const std::string& model, const Usage& usage) {
+                           const std::string& model, const Usage& usage, bool base64) {
   json data = json::array();
   for (size_t i = 0; i < embeddings.size(); ++i) {
-    data.push_back({{"object", "embedding"}, {"index", i}, {"embedding", embeddings[i]}});
+    json e = embeddings[i];
+    if (base64) {
+      std::string raw;
+      raw.reserve(embeddings[i].size() * 4);
+      for (float f : embeddings[i]) {
+        uint32_t bits;
+        std::memcpy(&bits, &f, sizeof(bits));
+        for (int b = 0; b < 4; ++b) raw.push_back(static_cast<char>((bits >> (8 * b)) & 0xff));
+      }
+      e = absl::Base64Escape(raw);
+    }
+    data.push_back({{"object", "embedding"}, {"index", i}, {"embedding", std::move(e)}});
   }
   return Dump(json{{"object", "list"},
                    {"data", std::move(data)},
@@ -548,11 +643,19 @@ std::string EmbeddingsBody(const std::vector<std::vector<float>>& embeddings,
                      {"total_tokens", usage.prompt_tokens}}}});
 }
 
-std::string ModelsBody(const std::vector<std::string>& models) {
+namespace {
+json ModelJson(const std::string& model, int64_t created) {
+  return json{{"id", model}, {"object", "model"}, {"created", created}, {"owned_by", "carpool"}};
+}
+}  // namespace
+
+std::string ModelBody(const std::string& model, int64_t created) {
+  return Dump(ModelJson(model, created));
+}
+
+std::string ModelsBody(const std::vector<std::string>& models, int64_t created) {
   json data = json::array();
-  for (const std::string& m : models) {
-    data.push_back({{"id", m}, {"object", "model"}, {"created", 0}, {"owned_by", "carpool"}});
-  }
+  for (const std::string& m : models) data.push_back(ModelJson(m, created));
   return Dump(json{{"object", "list"}, {"data", std::move(data)}});
 }
 

@@ -26,6 +26,7 @@ struct HttpError {
   std::string code;     // carpool's reason: queue_full, model_not_found, ...
   std::string message;
   int64_t retry_after_s = 0;  // > 0: send a Retry-After header (429 and 503)
+  std::string param;          // the offending request field ("messages[0].content"); "" if unknown
 };
 
 // The HTTP status for a carpool reason, else for the status code:
@@ -33,10 +34,16 @@ struct HttpError {
 //   404 unknown_model (NOT_FOUND)                429 queue_full, token_budget, tenant_quota
 //   503 draining, worker_lost (UNAVAILABLE)      504 deadline_exceeded, deadline_unmeetable
 //   499 cancelled                                500 anything else
-// Retry-After is retry_after_ms rounded up to seconds, at least 1 on 429 and 503.
+// Retry-After is retry_after_ms rounded up to seconds, at least 1 on 429 and 503. `param` is the
+// field named by the status (ErrorParam), "model" for unknown_model.
 HttpError HttpErrorFromStatus(const absl::Status& status);
-HttpError BadRequest(std::string message, std::string code = "invalid_argument");
-// {"error": {"message", "type", "param": null, "code"}}
+HttpError BadRequest(std::string message, std::string code = "invalid_argument",
+                     std::string param = "");
+// 400 for a request the parsers below refused, with the field they named as `param`.
+HttpError BadRequest(const absl::Status& status);
+// The request field an INVALID_ARGUMENT from the parsers below is about ("" when none).
+std::string ErrorParam(const absl::Status& status);
+// {"error": {"message", "type", "param", "code"}}; param is null when unknown.
 std::string ErrorBody(const HttpError& error);
 
 // ---- generation requests
@@ -60,8 +67,11 @@ struct RequestDefaults {
   int chat_max_tokens = 256;
 };
 
-// INVALID_ARGUMENT naming the field for bad JSON, wrong types, n != 1, unsupported options.
-// Ranges the router checks (temperature, top_p, max_tokens against the model) are left to it.
+// INVALID_ARGUMENT naming the field (in the message and as ErrorParam) for bad JSON, wrong types
+// and options carpool cannot honour: n, best_of other than 1, echo, suffix, non-empty logit_bias,
+// tools / functions, a tool_choice other than "none"/"auto", a response_format other than text.
+// Null fields count as absent; unknown fields are ignored. Ranges the router and the worker check
+// (temperature, top_p, penalties, max_tokens against the model) are left to them.
 absl::StatusOr<GenerationRequest> ParseGenerationRequest(ApiKind kind, const std::string& body,
                                                          const RequestDefaults& defaults = {});
 
@@ -83,10 +93,12 @@ std::string ResponseBody(const GenerationRequest& request, const ResponseMeta& m
                          const std::string& finish_reason, const Usage& usage);
 
 // One stream chunk. `text_offset`: completions' text_offset of tokens[0]. `finish_reason` empty
-// for all but the last; `first` adds the chat role.
+// (null) for all but the last. Chat deltas carry `content` only; the last one is empty ({}).
 std::string StreamChunkBody(const GenerationRequest& request, const ResponseMeta& meta,
                             const std::string& text, const std::vector<SampleResult>& tokens,
-                            int64_t text_offset, const std::string& finish_reason, bool first);
+                            int64_t text_offset, const std::string& finish_reason);
+// A chat stream's first chunk: delta {"role": "assistant", "content": ""}.
+std::string RoleChunkBody(const GenerationRequest& request, const ResponseMeta& meta);
 // The usage chunk of stream_options.include_usage (empty choices).
 std::string UsageChunkBody(const GenerationRequest& request, const ResponseMeta& meta,
                            const Usage& usage);
@@ -100,16 +112,20 @@ inline constexpr char kSseDone[] = "data: [DONE]\n\n";
 struct EmbeddingsRequest {
   std::string model;
   EmbedInput input;
+  bool base64 = false;  // encoding_format "base64"
 };
 
 // input: a string, a list of strings, a list of token ids, or a list of lists of token ids;
-// encoding_format "float" only.
+// encoding_format "float" (default) or "base64"; `dimensions` is refused (full size only).
 absl::StatusOr<EmbeddingsRequest> ParseEmbeddingsRequest(const std::string& body);
+// `base64`: each embedding is the base64 of its float32 values, little-endian (as OpenAI's).
 std::string EmbeddingsBody(const std::vector<std::vector<float>>& embeddings,
-                           const std::string& model, const Usage& usage);
+                           const std::string& model, const Usage& usage, bool base64 = false);
 
-// {"object": "list", "data": [{"id", "object": "model", "created", "owned_by": "carpool"}]}
-std::string ModelsBody(const std::vector<std::string>& models);
+// One model object: {"id", "object": "model", "created" (unix seconds), "owned_by": "carpool"}.
+std::string ModelBody(const std::string& model, int64_t created);
+// {"object": "list", "data": [model objects]}
+std::string ModelsBody(const std::vector<std::string>& models, int64_t created);
 
 }  // namespace carpool::router
 

@@ -171,6 +171,8 @@ TEST(OpenAiErrorTest, StatusMapping) {
   EXPECT_EQ(body["error"]["code"], "queue_full");
   EXPECT_EQ(body["error"]["type"], "rate_limit_error");
   EXPECT_EQ(body["error"]["message"], "message");
+  EXPECT_TRUE(body["error"].contains("param") && body["error"]["param"].is_null());
+  EXPECT_EQ(HttpErrorFromStatus(cases[3].status).param, "model");  // unknown_model
 }
 
 GenerationRequest Request(ApiKind kind, bool logprobs, int top = 0) {
@@ -210,7 +212,8 @@ TEST(OpenAiResponseTest, ChatWithLogprobs) {
   json j = json::parse(ResponseBody(Request(ApiKind::kChat, true, 1), meta, "Hi", Tokens(), "stop",
                                     Usage{3, 2, 0}));
   EXPECT_EQ(j["object"], "chat.completion");
-  EXPECT_EQ(j["choices"][0]["message"], json({{"role", "assistant"}, {"content", "Hi"}}));
+  EXPECT_EQ(j["choices"][0]["message"],
+            json({{"role", "assistant"}, {"content", "Hi"}, {"refusal", nullptr}}));
   const json& c = j["choices"][0]["logprobs"]["content"];
   ASSERT_EQ(c.size(), 2u);
   EXPECT_EQ(c[0]["token"], "H");
@@ -219,19 +222,45 @@ TEST(OpenAiResponseTest, ChatWithLogprobs) {
   EXPECT_EQ(c[1]["top_logprobs"][0]["token"], "i");
   json plain = json::parse(ResponseBody(Request(ApiKind::kChat, false), meta, "Hi", Tokens(),
                                         "stop", Usage{}));
+  EXPECT_TRUE(plain["choices"][0].contains("logprobs"));
   EXPECT_TRUE(plain["choices"][0]["logprobs"].is_null());
+  // top_logprobs: 0 keeps the chosen tokens with empty alternatives.
+  json none = json::parse(
+      ResponseBody(Request(ApiKind::kChat, true, 0), meta, "Hi", Tokens(), "stop", Usage{}));
+  EXPECT_EQ(none["choices"][0]["logprobs"]["content"][0]["top_logprobs"], json::array());
+}
+
+TEST(OpenAiResponseTest, CompletionLogprobsZeroAndNull) {
+  ResponseMeta meta{"cmpl-1", 1, "m", true};
+  json zero = json::parse(ResponseBody(Request(ApiKind::kCompletion, true, 0), meta, "Hi", Tokens(),
+                                       "length", Usage{3, 2, 0}));
+  const json& lp = zero["choices"][0]["logprobs"];
+  EXPECT_EQ(lp["tokens"], json({"H", "i"}));
+  EXPECT_EQ(lp["token_logprobs"], json({-0.5, -0.25}));
+  EXPECT_EQ(lp["top_logprobs"], json({json::object(), json::object()}));
+  json null = json::parse(ResponseBody(Request(ApiKind::kCompletion, false), meta, "Hi", Tokens(),
+                                       "length", Usage{3, 2, 0}));
+  EXPECT_TRUE(null["choices"][0].contains("logprobs"));
+  EXPECT_TRUE(null["choices"][0]["logprobs"].is_null());
 }
 
 TEST(OpenAiResponseTest, StreamChunksAndSse) {
   ResponseMeta meta{"chatcmpl-1", 1, "m", false};
   GenerationRequest r = Request(ApiKind::kChat, false);
   r.include_usage = true;
-  json first = json::parse(StreamChunkBody(r, meta, "He", {}, 0, "", true));
-  EXPECT_EQ(first["object"], "chat.completion.chunk");
-  EXPECT_EQ(first["choices"][0]["delta"], json({{"role", "assistant"}, {"content", "He"}}));
+  json role = json::parse(RoleChunkBody(r, meta));
+  EXPECT_EQ(role["object"], "chat.completion.chunk");
+  EXPECT_EQ(role["id"], "chatcmpl-1");
+  EXPECT_EQ(role["choices"][0]["index"], 0);
+  EXPECT_EQ(role["choices"][0]["delta"], json({{"role", "assistant"}, {"content", ""}}));
+  EXPECT_TRUE(role["choices"][0]["finish_reason"].is_null());
+  EXPECT_TRUE(role["choices"][0]["logprobs"].is_null());
+  EXPECT_TRUE(role.contains("usage") && role["usage"].is_null());
+  json first = json::parse(StreamChunkBody(r, meta, "He", {}, 0, ""));
+  EXPECT_EQ(first["choices"][0]["delta"], json({{"content", "He"}}));  // role only in the first
   EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
   EXPECT_TRUE(first.contains("usage") && first["usage"].is_null());
-  json last = json::parse(StreamChunkBody(r, meta, "", {}, 0, "length", false));
+  json last = json::parse(StreamChunkBody(r, meta, "", {}, 0, "length"));
   EXPECT_EQ(last["choices"][0]["delta"], json::object());
   EXPECT_EQ(last["choices"][0]["finish_reason"], "length");
   json usage = json::parse(UsageChunkBody(r, meta, Usage{4, 2, 0}));
@@ -240,7 +269,7 @@ TEST(OpenAiResponseTest, StreamChunksAndSse) {
   EXPECT_EQ(SseEvent("{}"), "data: {}\n\n");
   EXPECT_STREQ(kSseDone, "data: [DONE]\n\n");
   GenerationRequest c = Request(ApiKind::kCompletion, true);
-  json lp = json::parse(StreamChunkBody(c, meta, "x", Tokens(), 7, "", true));
+  json lp = json::parse(StreamChunkBody(c, meta, "x", Tokens(), 7, ""));
   EXPECT_EQ(lp["choices"][0]["logprobs"]["tokens"], json({"token_id:72", "token_id:105"}));
   EXPECT_EQ(lp["choices"][0]["logprobs"]["text_offset"][0], 7);
 }
@@ -261,7 +290,17 @@ TEST(OpenAiEmbeddingsTest, ParsesEveryInputShape) {
   EXPECT_EQ(lists->input.inputs.size(), 2u);
   EXPECT_FALSE(ParseEmbeddingsRequest(R"({"input": 3})").ok());
   EXPECT_FALSE(ParseEmbeddingsRequest(R"({"input": []})").ok());
-  EXPECT_FALSE(ParseEmbeddingsRequest(R"({"input": "x", "encoding_format": "base64"})").ok());
+  auto b64 = ParseEmbeddingsRequest(R"({"input": "x", "encoding_format": "base64", "user": "u"})");
+  ASSERT_TRUE(b64.ok()) << b64.status();
+  EXPECT_TRUE(b64->base64);
+  EXPECT_FALSE(list->base64);
+  absl::Status fmt =
+      ParseEmbeddingsRequest(R"({"input": "x", "encoding_format": "int8"})").status();
+  EXPECT_THAT(fmt.message(), HasSubstr("'encoding_format'"));
+  EXPECT_EQ(ErrorParam(fmt), "encoding_format");
+  absl::Status dims = ParseEmbeddingsRequest(R"({"input": "x", "dimensions": 8})").status();
+  EXPECT_TRUE(absl::IsInvalidArgument(dims));
+  EXPECT_EQ(ErrorParam(dims), "dimensions");
   EXPECT_FALSE(ParseEmbeddingsRequest(R"({"model": "m"})").ok());
 }
 
@@ -273,9 +312,113 @@ TEST(OpenAiEmbeddingsTest, Body) {
   EXPECT_EQ(j["data"][1]["object"], "embedding");
   EXPECT_EQ(j["data"][0]["embedding"], json({1.0, 0.0}));
   EXPECT_EQ(j["usage"], json({{"prompt_tokens", 7}, {"total_tokens", 7}}));
-  json models = json::parse(ModelsBody({"a", "b"}));
+  json models = json::parse(ModelsBody({"a", "b"}, 1700000000));
+  EXPECT_EQ(models["object"], "list");
   EXPECT_EQ(models["data"][1]["id"], "b");
-  EXPECT_EQ(models["data"][0]["object"], "model");
+  EXPECT_EQ(
+      models["data"][0],
+      json({{"id", "a"}, {"object", "model"}, {"created", 1700000000}, {"owned_by", "carpool"}}));
+  EXPECT_EQ(json::parse(ModelBody("a", 5)),
+            json({{"id", "a"}, {"object", "model"}, {"created", 5}, {"owned_by", "carpool"}}));
+}
+
+TEST(OpenAiEmbeddingsTest, Base64IsLittleEndianFloat32) {
+  // 1.0f = 0x3f800000, -2.0f = 0xc0000000: bytes 00 00 80 3f 00 00 00 c0.
+  json j = json::parse(EmbeddingsBody({{1.0f, -2.0f}}, "m", Usage{1, 0, 0}, /*base64=*/true));
+  EXPECT_EQ(j["data"][0]["object"], "embedding");
+  EXPECT_EQ(j["data"][0]["embedding"], "AACAPwAAAMA=");
+}
+
+TEST(OpenAiParseTest, NullFieldsAreAbsentAndKnownExtrasAreAccepted) {
+  // What OpenAI's SDKs send: nulls for unset options, penalties, user, empty logit_bias.
+  auto r = ParseGenerationRequest(
+      ApiKind::kCompletion,
+      R"({"prompt": "x", "max_tokens": null, "logprobs": null, "stop": null, "n": null,
+          "best_of": 1, "echo": false, "suffix": null, "seed": null, "temperature": null,
+          "frequency_penalty": 0.5, "presence_penalty": -0.25, "logit_bias": {},
+          "user": "someone", "stream": null, "stream_options": null, "metadata": {"a": 1}})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->input.sampling.max_tokens, 16);  // null is the default, as absent
+  EXPECT_FALSE(r->logprobs);
+  EXPECT_TRUE(r->stop.empty());
+  EXPECT_FALSE(r->input.sampling.has_seed);
+  EXPECT_EQ(r->input.sampling.temperature, 1.0f);
+  EXPECT_EQ(r->input.sampling.frequency_penalty, 0.5f);
+  EXPECT_EQ(r->input.sampling.presence_penalty, -0.25f);
+  EXPECT_FALSE(r->stream);
+  // logprobs: 0 asks for the chosen tokens' logprobs without alternatives (null: none at all).
+  auto zero = ParseGenerationRequest(ApiKind::kCompletion, R"({"prompt": "x", "logprobs": 0})");
+  ASSERT_TRUE(zero.ok());
+  EXPECT_TRUE(zero->logprobs);
+  EXPECT_EQ(zero->input.sampling.logprobs, 0);
+  auto chat = ParseGenerationRequest(
+      ApiKind::kChat,
+      R"({"messages": [{"role": "developer", "content": "S"}, {"role": "user", "content": "x",
+          "name": "bob"}], "max_tokens": 9, "max_completion_tokens": null, "tools": [],
+          "tool_choice": "none", "response_format": {"type": "text"}, "parallel_tool_calls": true,
+          "logprobs": false, "top_logprobs": null, "user": "u"})");
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_EQ(chat->input.sampling.max_tokens, 9);
+  EXPECT_EQ(chat->messages[0].role, "system");  // OpenAI's "developer" is the system role
+  auto both =
+      ParseGenerationRequest(ApiKind::kChat,
+                             R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 9,
+          "max_completion_tokens": 4})");
+  ASSERT_TRUE(both.ok());
+  EXPECT_EQ(both->input.sampling.max_tokens, 4);
+}
+
+TEST(OpenAiParseTest, UnsupportedOptionsAreRefusedNamingTheParam) {
+  struct Case {
+    ApiKind kind;
+    const char* body;
+    const char* param;
+  };
+  const Case cases[] = {
+      {ApiKind::kCompletion, R"({"prompt": "x", "n": 2})", "n"},
+      {ApiKind::kCompletion, R"({"prompt": "x", "best_of": 3})", "best_of"},
+      {ApiKind::kCompletion, R"({"prompt": "x", "echo": true})", "echo"},
+      {ApiKind::kCompletion, R"({"prompt": "x", "suffix": "end"})", "suffix"},
+      {ApiKind::kCompletion, R"({"prompt": "x", "logit_bias": {"50256": -100}})", "logit_bias"},
+      {ApiKind::kCompletion, R"({"prompt": "x", "logit_bias": [1]})", "logit_bias"},
+      {ApiKind::kCompletion, R"({"prompt": "x", "logprobs": 21})", "logprobs"},
+      {ApiKind::kCompletion, R"({"prompt": "x", "max_tokens": 0})", "max_tokens"},
+      {ApiKind::kCompletion, R"({"prompt": "x", "stop": [1]})", "stop"},
+      {ApiKind::kCompletion, R"({"prompt": "x", "temperature": "hot"})", "temperature"},
+      {ApiKind::kCompletion, R"({"prompt": 5})", "prompt"},
+      {ApiKind::kChat, R"({"messages": [{"role": "user", "content": "x"}], "n": 3})", "n"},
+      {ApiKind::kChat,
+       R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})",
+       "tools"},
+      {ApiKind::kChat,
+       R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})",
+       "tool_choice"},
+      {ApiKind::kChat,
+       R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})",
+       "response_format.type"},
+      {ApiKind::kChat,
+       R"({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0})",
+       "max_completion_tokens"},
+      {ApiKind::kChat, R"({"messages": [{"role": 7, "content": "x"}]})", "messages[0].role"},
+      {ApiKind::kChat, R"({"messages": [{"role": "user", "content": 1}]})", "messages[0].content"},
+      {ApiKind::kChat,
+       R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})",
+       "messages[0].content"},
+  };
+  for (const Case& c : cases) {
+    absl::Status s = ParseGenerationRequest(c.kind, c.body).status();
+    ASSERT_TRUE(absl::IsInvalidArgument(s)) << c.body;
+    EXPECT_EQ(ErrorParam(s), c.param) << c.body;
+    EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("'", c.param, "'"))) << c.body;
+    json body = json::parse(ErrorBody(BadRequest(s)));
+    EXPECT_EQ(body["error"]["param"], c.param);
+    EXPECT_EQ(body["error"]["type"], "invalid_request_error");
+    EXPECT_EQ(body["error"]["code"], "invalid_argument");
+  }
+  // Errors about no single field carry "param": null.
+  absl::Status not_json = ParseGenerationRequest(ApiKind::kCompletion, "{x").status();
+  EXPECT_EQ(ErrorParam(not_json), "");
+  EXPECT_TRUE(json::parse(ErrorBody(BadRequest(not_json)))["error"]["param"].is_null());
 }
 
 }  // namespace
