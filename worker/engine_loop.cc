@@ -123,7 +123,10 @@ void EngineLoop::HandleRouterFrame(const std::string& frame) {
 
 void EngineLoop::OnEpoch(uint64_t epoch) {
   epoch_ = epoch;
-  if (epoch == 0) return;
+  // Epoch 0: the router does not know this registration (it restarted, or declared us dead),
+  // so it holds none of these requests. Drop them now: a restarted router numbers epochs and
+  // dispatches from 1 again, so waiting for a *different* epoch would let an old dispatch
+  // answer (or collide with) a new one of the same id.
   if (owner_epoch_ != 0 && owner_epoch_ != epoch) {
     // The router gave up this worker's old registration and with it these requests.
     backend_->CancelAll();
@@ -132,6 +135,7 @@ void EngineLoop::OnEpoch(uint64_t epoch) {
     for (uint64_t id : embeds) CancelEmbed(id);
   }
   owner_epoch_ = epoch;
+  if (epoch == 0) return;
   // The router forgets a registration's prefix blocks: tell the new one everything held.
   SendKvEvents(/*snapshot=*/true);
 }

@@ -111,8 +111,9 @@ struct EngineLoopOptions {
 // iteration that changed them, for the heartbeats.
 // Prefix-cache changes go out as `kv_events` just before a step's message (at most one check
 // for evictions every 250 ms), and in full after every new registration.
-// Nothing is sent while the epoch is 0; a new nonzero epoch cancels the requests taken under the
-// previous one (the router that issued it has given them up).
+// Nothing is sent while the epoch is 0; epoch 0 (re-registering: the router does not know this
+// registration) and any other new epoch cancel the requests taken under the previous one (the
+// router has given them up; a restarted one reuses epoch numbers and dispatch ids).
 class EngineLoop {
  public:
   // REQUIRES: options.embed.Validate() is OK and max_concurrent_batches is 1.

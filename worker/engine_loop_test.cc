@@ -318,6 +318,30 @@ TEST(EngineLoopEmbedTest, NewEpochCancelsEmbeds) {
   EXPECT_EQ(loop.backend().log(), "");
 }
 
+// A router that restarts numbers epochs and dispatches from 1 again: re-registering (epoch 0)
+// under the same epoch number must still drop what the old router gave, or its old dispatch
+// would answer (or refuse as "already running") the new router's dispatch of the same id.
+TEST(EngineLoopEmbedTest, ReRegisteringUnderTheSameEpochNumberCancelsEmbeds) {
+  LoopHarness loop(Options(/*max_batch_size=*/2, /*max_wait_micros=*/60'000'000));
+  loop.Send(Embed(6, 1));  // half a batch: waits
+  ASSERT_TRUE(loop.WaitForLoad([](const WorkerLoad& l) { return l.embed_queued == 1; }));
+  loop.Frame({kTagEpoch, "0"});
+  loop.Frame({kTagEpoch, "1"});
+  ASSERT_TRUE(loop.WaitForLoad([](const WorkerLoad& l) { return l.embed_queued == 0; }));
+  const EmbedDispatchInfo fresh = Embed(6, 2, /*first=*/50);  // a full batch: leaves at once
+  loop.Send(fresh);
+  auto done = loop.WaitFor<EmbedDoneInfo>();
+  ASSERT_TRUE(done.has_value()) << "the new router's dispatch was not answered";
+  EXPECT_EQ(done->request_id, 6u);
+  ExpectAnswers(*done, fresh);
+  for (const WorkerMessage& m : loop.seen()) {
+    if (const auto* f = std::get_if<RequestFailedInfo>(&m)) {
+      ADD_FAILURE() << "request " << f->request_id << " failed: " << f->error.message;
+    }
+  }
+  EXPECT_EQ(loop.backend().log(), "E");
+}
+
 TEST(EngineLoopEmbedTest, FailingInputFailsOnlyItsRequest) {
   LoopHarness loop(Options(/*max_batch_size=*/8, /*max_wait_micros=*/20'000));
   EmbedDispatchInfo bad = Embed(7, 3);
