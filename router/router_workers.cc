@@ -91,8 +91,10 @@ void Router::Impl::Dispatch(Request* r, WorkerState* w, int64_t cached_tokens) {
 }
 
 bool Router::Impl::AnyWorkerCanEmbed() const {
+  // A draining worker still serves embeddings: a request refused by it waits for credit (on
+  // another worker, or a replacement) like a generate request, instead of "unsupported".
   for (const WorkerState* w : registry_.All()) {
-    if (w->can_embed()) return true;
+    if (w->info.embed_queue_size > 0) return true;
   }
   return false;
 }
@@ -107,7 +109,7 @@ bool Router::Impl::TryDispatchEmbed(Request* r) {
   std::vector<WorkerState*> workers = registry_.Mutable();
   int largest_queue = 0;
   for (const WorkerState* w : workers) {
-    if (w->can_embed()) largest_queue = std::max(largest_queue, w->info.embed_queue_size);
+    largest_queue = std::max(largest_queue, w->info.embed_queue_size);
   }
   if (inputs > largest_queue) {
     Fail(r->id, absl::StatusCode::kInvalidArgument, reason::kInvalidArgument,
@@ -297,6 +299,18 @@ void Router::Impl::OnEmbedDone(WorkerState* w, EmbedDoneInfo done, int64_t now) 
          absl::StrCat("the worker returned ", done.embeddings.size(), " embeddings for ",
                       r->embed_tokens.size(), " inputs"));
     return;
+  }
+  // Every vector is as wide as the worker's registered hidden_size (any width, but not empty,
+  // for a worker that registered none): an empty or short one is the worker's bug.
+  for (size_t i = 0; i < done.embeddings.size(); ++i) {
+    const size_t width = done.embeddings[i].size();
+    const int want = w->info.hidden_size;
+    if (want > 0 ? width != static_cast<size_t>(want) : width == 0) {
+      Fail(id, absl::StatusCode::kInternal, reason::kInternal,
+           absl::StrCat("the worker returned an embedding of ", width, " floats for input ", i,
+                        "; it registered hidden_size ", want));
+      return;
+    }
   }
   EmbedResultOut out;
   out.request_id = r->client_request_id;

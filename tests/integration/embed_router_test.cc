@@ -313,6 +313,67 @@ TEST_F(EmbedRouterTest, WrongNumberOfEmbeddingsIsInternal) {
   ExpectCountersBackToZero();
 }
 
+// Every vector must have the width the worker registered (hidden_size 4 here): an empty or
+// short one is the worker's bug, not an answer to pass on.
+TEST_F(EmbedRouterTest, EmptyOrWrongWidthEmbeddingIsInternal) {
+  StartRouter();
+  FakeWorker* w = StartWorker("w1", 64);
+  // The next dispatch, past the cancels the router sends for the requests it failed.
+  const auto next_dispatch = [w] {
+    for (std::optional<RouterMessage> m = w->Recv(); m.has_value(); m = w->Recv()) {
+      if (std::holds_alternative<EmbedDispatchInfo>(*m)) return std::get<EmbedDispatchInfo>(*m);
+      EXPECT_TRUE(std::holds_alternative<WorkerCancelInfo>(*m)) << "message " << m->index();
+    }
+    ADD_FAILURE() << "no dispatch";
+    return EmbedDispatchInfo{};
+  };
+  const std::vector<std::vector<std::vector<float>>> answers = {
+      {{1, 2, 3, 4}, {}}, {{1, 2, 3}, {1, 2, 3, 4}}, {{1, 2, 3, 4, 5}}};
+  for (const auto& answer : answers) {
+    auto r = EmbedAsync(Texts(std::vector<std::string>(answer.size(), "x")));
+    EmbedDispatchInfo d = next_dispatch();
+    w->Send(EmbedDoneInfo{w->epoch, d.request_id, answer});
+    absl::StatusOr<EmbedResult> result = r.get();
+    ASSERT_FALSE(result.ok()) << "a vector of the wrong width reached the client";
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kInternal) << result.status();
+    EXPECT_THAT(result.status().message(), HasSubstr("hidden_size 4"));
+  }
+  ExpectCountersBackToZero();
+  // The worker's embed credit came back: a request of its whole queue still goes out.
+  auto big = EmbedAsync(Texts(std::vector<std::string>(16, "y")));
+  EmbedDispatchInfo d = next_dispatch();
+  ASSERT_EQ(d.inputs.size(), 16u);
+  w->Send(EmbedDoneInfo{w->epoch, d.request_id, Vectors(16)});
+  EXPECT_TRUE(big.get().ok());
+  ExpectCountersBackToZero();
+}
+
+// A worker that refuses an embed because it is draining still serves embeddings: the request
+// waits for a worker with credit instead of failing "unsupported".
+TEST_F(EmbedRouterTest, DrainingWorkersRefusalWaitsForAnotherWorker) {
+  StartRouter();
+  FakeWorker* w1 = StartWorker("w1", 64);
+  auto r = EmbedAsync(Texts({"a", "b"}));
+  EmbedDispatchInfo d1 = w1->RecvAs<EmbedDispatchInfo>();
+  RequestFailedInfo f;
+  f.epoch = w1->epoch;
+  f.request_id = d1.request_id;
+  f.error = ErrorInfo{"", absl::StatusCode::kUnavailable, "draining", "worker is draining", 0};
+  w1->Send(f);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  FakeWorker* w2 = StartWorker("w2", 64);
+  std::optional<RouterMessage> m = w2->Recv();
+  ASSERT_TRUE(m.has_value() && std::holds_alternative<EmbedDispatchInfo>(*m))
+      << "the refused embed did not go to the new worker";
+  EmbedDispatchInfo d2 = std::get<EmbedDispatchInfo>(*m);
+  EXPECT_EQ(d2.inputs, d1.inputs);
+  w2->Send(EmbedDoneInfo{w2->epoch, d2.request_id, Vectors(2)});
+  absl::StatusOr<EmbedResult> result = r.get();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->embeddings, Vectors(2));
+  ExpectCountersBackToZero();
+}
+
 TEST_F(EmbedRouterTest, CancelTellsTheWorkerAndReleasesAdmission) {
   StartRouter();
   FakeWorker* w = StartWorker("w1", 64);
