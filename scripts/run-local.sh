@@ -15,8 +15,10 @@ backend="tcp://127.0.0.1:$backend_port"
 logs=$(mktemp -d /tmp/carpool-run.XXXXXX)
 pids=()
 
+stopping=0
 stop_all() {
   trap - INT TERM EXIT
+  stopping=1
   echo
   echo "stopping carpool (logs in $logs)"
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
@@ -71,4 +73,4 @@ try, in another terminal:
 Ctrl-C stops the cluster.
 EOF2
 wait -n "${pids[@]}" || true
-echo "a carpool process exited; see $logs"
+if [ "$stopping" -eq 0 ]; then echo "a carpool process exited; see $logs"; fi
