@@ -4,10 +4,11 @@ Shared by the sync and asyncio clients; no sockets here.
 """
 
 import codecs
+import contextlib
 import itertools
 import operator
 import os
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 from . import errors
 from .types import (Chunk, EmbedResult, GenerateResult, Stats, TenantStats, Timings, Token,
@@ -54,11 +55,13 @@ def _token_list(values: Any, what: str) -> List[int]:
         raise TypeError("%s must be a sequence of ints" % what) from None
 
 
-def generate_frame(request_id: str, prompt: Optional[Prompt], token_ids: Optional[Sequence[int]],
-                   stream: bool, api_key: str, priority: Union[str, int], deadline_ms: int,
-                   add_bos: bool, stop_token_ids: Optional[Sequence[int]], ignore_eos: bool,
-                   logprobs: int, sampling: Dict[str, Any]) -> bytes:
-    """The encoded ClientMessage for a generate call.
+def generate_frame(request_id: str, prompt: Optional[Prompt],
+                   token_ids: Optional[Sequence[int]], *, stream: bool, api_key: str,
+                   priority: Union[str, int], deadline_ms: int, add_bos: bool,
+                   stop_token_ids: Optional[Sequence[int]], ignore_eos: bool, logprobs: int,
+                   sampling: Dict[str, Any]) -> bytes:
+    """The encoded ClientMessage for a generate call. sampling: the _OPTIONAL_SAMPLING fields
+    by name (None: unset).
 
     Raises TypeError for arguments of the wrong type and InvalidArgument for values the wire
     cannot carry (out of the field's range, an unknown priority); the router checks the rest.
@@ -70,24 +73,13 @@ def generate_frame(request_id: str, prompt: Optional[Prompt], token_ids: Optiona
                         "or token_ids")
     msg = pb.ClientMessage(protocol_version=PROTOCOL_VERSION)
     g = msg.generate
-    try:
+    with _out_of_range_is_invalid(request_id):
         g.request_id = request_id
-        if isinstance(prompt, str):
-            g.text = prompt.encode("utf-8")
-        elif isinstance(prompt, (bytes, bytearray)):
-            g.text = bytes(prompt)
+        if prompt is not None:
+            _set_prompt(g, prompt, "token_ids")
         else:
-            ids = prompt if prompt is not None else token_ids
-            g.token_ids.ids.extend(_token_list(ids, "token_ids"))
-            # An empty list still selects the token_ids prompt (the router refuses it).
-            g.token_ids.SetInParent()
-        if isinstance(priority, str):
-            if priority not in _PRIORITIES:
-                raise errors.InvalidArgument(
-                    "priority must be one of %s, not %r" % (sorted(_PRIORITIES), priority))
-            g.priority = _PRIORITIES[priority]
-        else:
-            g.priority = priority
+            _set_token_ids(g, token_ids, "token_ids")  # ids, even when given as str or bytes
+        _set_priority(g, priority)
         g.deadline_ms = deadline_ms
         g.api_key = api_key
         g.stream = stream
@@ -101,10 +93,6 @@ def generate_frame(request_id: str, prompt: Optional[Prompt], token_ids: Optiona
             s.stop_token_ids.extend(_token_list(stop_token_ids, "stop_token_ids"))
         s.ignore_eos = ignore_eos
         s.logprobs = logprobs
-    except ValueError as e:  # protobuf: a value out of the field's range
-        if isinstance(e, errors.CarpoolError):
-            raise
-        raise errors.InvalidArgument(str(e), request_id=request_id) from None
     return msg.SerializeToString()
 
 
@@ -113,17 +101,7 @@ _POOLINGS = {"mean": pb.POOLING_MEAN, "last": pb.POOLING_LAST}
 EmbedInputs = Union[str, bytes, bytearray, Sequence[Union[str, bytes, bytearray, Sequence[int]]]]
 
 
-def _set_priority(message: Any, priority: Union[str, int]) -> None:
-    if isinstance(priority, str):
-        if priority not in _PRIORITIES:
-            raise errors.InvalidArgument(
-                "priority must be one of %s, not %r" % (sorted(_PRIORITIES), priority))
-        message.priority = _PRIORITIES[priority]
-    else:
-        message.priority = priority
-
-
-def embed_frame(request_id: str, inputs: EmbedInputs, normalize: bool, pooling: str,
+def embed_frame(request_id: str, inputs: EmbedInputs, *, normalize: bool, pooling: str,
                 api_key: str, priority: Union[str, int], deadline_ms: int,
                 add_bos: bool) -> bytes:
     """The encoded ClientMessage for an embed call.
@@ -146,28 +124,56 @@ def embed_frame(request_id: str, inputs: EmbedInputs, normalize: bool, pooling: 
             "pooling must be one of %s, not %r" % (sorted(_POOLINGS), pooling))
     msg = pb.ClientMessage(protocol_version=PROTOCOL_VERSION)
     e = msg.embed
-    try:
+    with _out_of_range_is_invalid(request_id):
         e.request_id = request_id
         for i, item in enumerate(items):
-            one = e.inputs.add()
-            if isinstance(item, str):
-                one.text = item.encode("utf-8")
-            elif isinstance(item, (bytes, bytearray)):
-                one.text = bytes(item)
-            else:
-                one.token_ids.ids.extend(_token_list(item, "inputs[%d]" % i))
-                one.token_ids.SetInParent()
+            _set_prompt(e.inputs.add(), item, "inputs[%d]" % i)
         e.normalize = bool(normalize)
         e.pooling = _POOLINGS[pooling]
         _set_priority(e, priority)
         e.deadline_ms = deadline_ms
         e.api_key = api_key
         e.add_bos = add_bos
-    except ValueError as err:  # protobuf: a value out of the field's range
-        if isinstance(err, errors.CarpoolError):
-            raise
-        raise errors.InvalidArgument(str(err), request_id=request_id) from None
     return msg.SerializeToString()
+
+
+def _set_prompt(message: Any, prompt: Prompt, what: str) -> None:
+    """Sets `message`'s text (str: as UTF-8; bytes) or token_ids (any other sequence, named
+    `what` in the TypeError when its items are not ints)."""
+    if isinstance(prompt, str):
+        message.text = prompt.encode("utf-8")
+    elif isinstance(prompt, (bytes, bytearray)):
+        message.text = bytes(prompt)
+    else:
+        _set_token_ids(message, prompt, what)
+
+
+def _set_token_ids(message: Any, ids: Sequence[int], what: str) -> None:
+    message.token_ids.ids.extend(_token_list(ids, what))
+    # An empty list still selects the token_ids prompt (the router refuses it).
+    message.token_ids.SetInParent()
+
+
+def _set_priority(message: Any, priority: Union[str, int]) -> None:
+    if isinstance(priority, str):
+        if priority not in _PRIORITIES:
+            raise errors.InvalidArgument(
+                "priority must be one of %s, not %r" % (sorted(_PRIORITIES), priority))
+        message.priority = _PRIORITIES[priority]
+    else:
+        message.priority = priority
+
+
+@contextlib.contextmanager
+def _out_of_range_is_invalid(request_id: str) -> Iterator[None]:
+    """Turns protobuf's ValueError for a value out of a field's range into InvalidArgument
+    (a CarpoolError, itself a ValueError, passes unchanged)."""
+    try:
+        yield
+    except ValueError as e:
+        if isinstance(e, errors.CarpoolError):
+            raise
+        raise errors.InvalidArgument(str(e), request_id=request_id) from None
 
 
 def embed_result_from(r: Any) -> EmbedResult:

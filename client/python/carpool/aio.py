@@ -8,11 +8,12 @@ once: one reader task per client routes the router's messages by request_id.
 import asyncio
 import collections
 import time
-from typing import Any, Deque, Dict, List, Optional, Sequence, Set, Union
+from typing import Any, Deque, Dict, Optional, Sequence, Set, Union
 
 import zmq
 import zmq.asyncio
 
+from . import _requests
 from . import _wire
 from . import errors
 from .client import DEFAULT_URL, SocketOptions, configure_socket
@@ -28,17 +29,14 @@ class AsyncStream:
     Cancelled after cancel()). Closing an unfinished stream cancels its request.
     """
 
-    def __init__(self, client: "AsyncClient", request_id: str, frame: bytes,
-                 timeout: float) -> None:
+    def __init__(self, client: "AsyncClient", request: _requests.Request) -> None:
         self._client = client
-        self._request_id = request_id
-        self._frame = frame
-        self._timeout = timeout
+        self._request_id = request.request_id
+        self._frame = request.frame
+        self._timeout = request.timeout
         self._deadline = 0.0
         self._events: Optional["asyncio.Queue[Any]"] = None
-        self._acc = _wire.Accumulator(request_id)
-        self._done = False
-        self._error: Optional[errors.CarpoolError] = None
+        self._reader = _requests.StreamReader(request.request_id)
 
     @property
     def request_id(self) -> str:
@@ -46,16 +44,16 @@ class AsyncStream:
 
     @property
     def done(self) -> bool:
-        return self._done
+        return self._reader.done
 
     @property
     def result(self) -> GenerateResult:
         """Everything received so far; the complete result once the stream ended normally."""
-        return self._acc.result if self._done and self._error is None else self._acc.partial()
+        return self._reader.result
 
     async def start(self) -> None:
         """Sends the request (once; later calls do nothing)."""
-        if self._events is not None or self._done:
+        if self._events is not None or self._reader.done:
             return
         self._deadline = time.monotonic() + self._timeout
         self._events = await self._client._start(self._request_id, self._frame, self._deadline,
@@ -65,40 +63,28 @@ class AsyncStream:
         return self
 
     async def __anext__(self) -> Chunk:
-        while True:
-            if self._done:
-                if self._error is not None:
-                    raise self._error
-                raise StopAsyncIteration
+        while not self._reader.check_ended():
             try:
                 await self.start()
                 event = await self._client._wait(self._request_id, self._events, self._deadline,
                                                  self._timeout)
             except errors.CarpoolError as e:
-                self._end(e)
-                continue
+                event = e
             except asyncio.CancelledError:  # the awaiting task was cancelled: so is the request
                 self._client._cancel_nowait(self._request_id)
-                self._end(errors.Cancelled("the awaiting task was cancelled",
-                                           request_id=self._request_id))
+                self._reader.end(errors.Cancelled("the awaiting task was cancelled",
+                                                  request_id=self._request_id))
                 raise
-            if isinstance(event, errors.CarpoolError):
-                self._end(event)
-                continue
-            kind = event.WhichOneof("body")
-            if kind == "chunk":
-                return self._acc.chunk(event.chunk)
-            if kind == "final":
-                self._acc.final(event.final)
-                self._done = True
-            else:
-                self._end(errors.from_error(event.error))
+            chunk = self._reader.feed(event)
+            if chunk is not None:
+                return chunk
+        raise StopAsyncIteration
 
     async def wait(self) -> GenerateResult:
         """Reads the remaining chunks and returns the whole result (raises the stream's error)."""
         async for _ in self:
             pass
-        return self._acc.result
+        return self._reader.result
 
     async def cancel(self) -> bool:
         """Ends the request; iteration raises Cancelled once the chunks already received are read.
@@ -107,14 +93,11 @@ class AsyncStream:
 
     async def aclose(self) -> None:
         """Cancels the request if it has not ended."""
-        if not self._done:
+        if not self._reader.done:
             if self._events is not None:
                 await self._client.cancel(self._request_id)
-            self._end(errors.Cancelled("the stream was closed", request_id=self._request_id))
-
-    def _end(self, error: errors.CarpoolError) -> None:
-        self._done = True
-        self._error = error
+            self._reader.end(errors.Cancelled("the stream was closed",
+                                              request_id=self._request_id))
 
     async def __aenter__(self) -> "AsyncStream":
         await self.start()
@@ -125,7 +108,7 @@ class AsyncStream:
 
     def __del__(self) -> None:
         try:
-            if not self._done and self._events is not None:
+            if not self._reader.done and self._events is not None:
                 self._client._cancel_nowait(self._request_id)
         except Exception:
             pass
@@ -168,8 +151,7 @@ class AsyncClient:
         self._background: Set["asyncio.Future[Any]"] = set()
         self._closed = False
         self._broken: Optional[errors.CarpoolError] = None
-        self._problems = 0
-        self._last_problem = ""
+        self._problems = _requests.Problems()
 
     async def generate(self, prompt: Optional[_wire.Prompt] = None, *,
                        token_ids: Optional[Sequence[int]] = None,
@@ -194,13 +176,14 @@ class AsyncClient:
                        stream: bool = False) -> Union[GenerateResult, AsyncStream]:
         """As Client.generate. stream=False: the GenerateResult. stream=True: an AsyncStream
         whose request is already sent."""
-        s = self._make_stream(
-            prompt, stream, token_ids=token_ids, max_tokens=max_tokens, temperature=temperature,
-            top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
+        s = AsyncStream(self, _requests.generate_request(
+            self._ids, self.api_key, self.timeout, prompt, token_ids=token_ids,
+            max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+            min_p=min_p, repetition_penalty=repetition_penalty,
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, seed=seed,
             stop_token_ids=stop_token_ids, ignore_eos=ignore_eos, logprobs=logprobs,
             priority=priority, deadline_ms=deadline_ms, add_bos=add_bos, request_id=request_id,
-            api_key=api_key, timeout=timeout)
+            api_key=api_key, timeout=timeout, stream=stream))
         if stream:
             await s.start()
             return s
@@ -209,8 +192,9 @@ class AsyncClient:
     def stream(self, prompt: Optional[_wire.Prompt] = None, **kwargs: Any) -> AsyncStream:
         """An AsyncStream (not awaited: `async for chunk in client.stream(...)`), sent on its first
         iteration. Keyword arguments as for generate."""
-        kwargs.pop("stream", None)
-        return self._make_stream(prompt, True, **kwargs)
+        kwargs["stream"] = True
+        return AsyncStream(self, _requests.generate_request(
+            self._ids, self.api_key, self.timeout, prompt, **kwargs))
 
     async def cancel(self, request_id: str) -> bool:
         """Cancels a call of this client in flight: it raises Cancelled and the router frees the
@@ -236,7 +220,8 @@ class AsyncClient:
             s = await asyncio.wait_for(answer, max(0.0, deadline - time.monotonic()))
         except asyncio.TimeoutError:
             answer.cancel()
-            raise _wire.timeout_error("", "stats answer", timeout, self._problem_note()) from None
+            raise _wire.timeout_error("", "stats answer", timeout,
+                                      self._problems.suffix()) from None
         if isinstance(s, errors.CarpoolError):
             raise s
         return _wire.stats_from(s)
@@ -247,26 +232,21 @@ class AsyncClient:
                     request_id: Optional[str] = None, api_key: Optional[str] = None,
                     timeout: Optional[float] = None) -> EmbedResult:
         """As Client.embed: one embedding per input, in order."""
-        rid = request_id if request_id is not None else self._ids.next()
-        call_timeout = self.timeout if timeout is None else _wire.check_timeout(timeout)
-        frame = _wire.embed_frame(rid, inputs, normalize, pooling,
-                                  self.api_key if api_key is None else api_key, priority,
-                                  deadline_ms, add_bos)
-        deadline = time.monotonic() + call_timeout
-        events = await self._start(rid, frame, deadline, call_timeout)
+        req = _requests.embed_request(
+            self._ids, self.api_key, self.timeout, inputs, normalize=normalize, pooling=pooling,
+            priority=priority, deadline_ms=deadline_ms, add_bos=add_bos, request_id=request_id,
+            api_key=api_key, timeout=timeout)
+        deadline = time.monotonic() + req.timeout
+        events = await self._start(req.request_id, req.frame, deadline, req.timeout)
         while True:
             try:
-                event = await self._wait(rid, events, deadline, call_timeout)
+                event = await self._wait(req.request_id, events, deadline, req.timeout)
             except asyncio.CancelledError:  # the awaiting task was cancelled: so is the request
-                self._cancel_nowait(rid)
+                self._cancel_nowait(req.request_id)
                 raise
-            if isinstance(event, errors.CarpoolError):
-                raise event
-            kind = event.WhichOneof("body")
-            if kind == "embed_result":
-                return _wire.embed_result_from(event.embed_result)
-            if kind == "error":
-                raise errors.from_error(event.error)
+            result = _requests.embed_answer(event)
+            if result is not None:
+                return result
 
     async def aclose(self) -> None:
         """Ends every call in flight with Cancelled (telling the router) and closes the socket.
@@ -311,26 +291,6 @@ class AsyncClient:
 
     # ---- internals
 
-    def _make_stream(self, prompt: Any, stream: bool, *, token_ids: Any = None,
-                     max_tokens: Any = None, temperature: Any = None, top_k: Any = None,
-                     top_p: Any = None, min_p: Any = None, repetition_penalty: Any = None,
-                     presence_penalty: Any = None, frequency_penalty: Any = None,
-                     seed: Any = None, stop_token_ids: Any = None, ignore_eos: bool = False,
-                     logprobs: int = 0, priority: Any = "default", deadline_ms: int = 0,
-                     add_bos: bool = False, request_id: Optional[str] = None,
-                     api_key: Optional[str] = None,
-                     timeout: Optional[float] = None) -> AsyncStream:
-        rid = request_id if request_id is not None else self._ids.next()
-        call_timeout = self.timeout if timeout is None else _wire.check_timeout(timeout)
-        frame = _wire.generate_frame(
-            rid, prompt, token_ids, stream, self.api_key if api_key is None else api_key,
-            priority, deadline_ms, add_bos, stop_token_ids, ignore_eos, logprobs,
-            dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                 min_p=min_p, repetition_penalty=repetition_penalty,
-                 presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                 seed=seed))
-        return AsyncStream(self, rid, frame, call_timeout)
-
     def _check_open(self, request_id: str) -> None:
         if self._closed:
             raise errors.Cancelled("the client is closed", request_id=request_id)
@@ -366,7 +326,7 @@ class AsyncClient:
         except asyncio.TimeoutError:
             pass
         self._forget(request_id, events)
-        raise _wire.timeout_error(request_id, "answer", timeout, self._problem_note())
+        raise _wire.timeout_error(request_id, "answer", timeout, self._problems.suffix())
 
     def _forget(self, request_id: str, events: "asyncio.Queue[Any]") -> None:
         """Drops a call (if still in flight) and tells the router to cancel it."""
@@ -430,7 +390,7 @@ class AsyncClient:
         try:
             msg = _wire.parse_server(frame)
         except ValueError as e:
-            self._note_problem(str(e))
+            self._problems.note(str(e))
             return
         kind = msg.WhichOneof("body")
         if kind == "stats":
@@ -446,18 +406,8 @@ class AsyncClient:
             if kind != "chunk":
                 del self._calls[request_id]
             events.put_nowait(msg)
-        elif kind == "error" and not request_id:
-            self._note_problem("%s: %s" % (msg.error.reason, msg.error.message))
-
-    def _note_problem(self, what: str) -> None:
-        self._problems += 1
-        self._last_problem = what
-
-    def _problem_note(self) -> str:
-        if not self._last_problem:
-            return ""
-        return "; the router sent %d message(s) this client could not match or decode " \
-               "(last: %s)" % (self._problems, self._last_problem)
+        else:
+            self._problems.note_unmatched(msg)
 
     def _fail_all(self, error: errors.CarpoolError) -> None:
         self._broken = error

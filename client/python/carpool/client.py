@@ -13,10 +13,11 @@ import os
 import queue
 import threading
 import time
-from typing import Any, Deque, Dict, List, Optional, Sequence, Union
+from typing import Any, Deque, Dict, Optional, Sequence, Union
 
 import zmq
 
+from . import _requests
 from . import _wire
 from . import errors
 from .types import Chunk, EmbedResult, GenerateResult, Stats
@@ -116,8 +117,7 @@ class _Core:
         self._outbox: Deque[bytes] = collections.deque()  # frames for the I/O thread to send
         self._closed = False
         self._broken: Optional[errors.CarpoolError] = None  # set when the I/O thread failed
-        self._undecodable = 0  # frames from the router matching no call, or undecodable
-        self._last_problem = ""
+        self._problems = _requests.Problems()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -149,7 +149,7 @@ class _Core:
         except queue.Empty:
             pass
         self._forget(call.request_id, call)
-        raise _wire.timeout_error(call.request_id, "answer", timeout, self._problems())
+        raise _wire.timeout_error(call.request_id, "answer", timeout, self._problem_note())
 
     def cancel(self, request_id: str, message: str = "cancelled by the client") -> bool:
         with self._mu:
@@ -187,7 +187,7 @@ class _Core:
         except queue.Empty:
             with self._mu:
                 call.abandoned = True
-            raise _wire.timeout_error("", "stats answer", timeout, self._problems()) from None
+            raise _wire.timeout_error("", "stats answer", timeout, self._problem_note()) from None
         if isinstance(answer, errors.CarpoolError):
             raise answer
         return _wire.stats_from(answer)
@@ -226,12 +226,9 @@ class _Core:
         except (BlockingIOError, OSError):
             pass  # the pipe is full (a wake-up is pending anyway) or closed
 
-    def _problems(self) -> str:
+    def _problem_note(self) -> str:
         with self._mu:
-            if not self._last_problem:
-                return ""
-            return "; the router sent %d message(s) this client could not match or decode " \
-                   "(last: %s)" % (self._undecodable, self._last_problem)
+            return self._problems.suffix()
 
     # ---- the I/O thread
 
@@ -301,14 +298,13 @@ class _Core:
                 del self._calls[request_id]
         if call is not None:
             call.events.put(msg)
-        elif kind == "error" and not request_id:
-            # A refusal the router could not tie to a request (a message over its size limit).
-            self._note_problem("%s: %s" % (msg.error.reason, msg.error.message))
+            return
+        with self._mu:
+            self._problems.note_unmatched(msg)
 
     def _note_problem(self, what: str) -> None:
         with self._mu:
-            self._undecodable += 1
-            self._last_problem = what
+            self._problems.note(what)
 
     def _fail_all(self, error: errors.CarpoolError) -> None:
         with self._mu:
@@ -338,9 +334,7 @@ class Stream:
         self._call = call
         self._deadline = deadline
         self._timeout = timeout
-        self._acc = _wire.Accumulator(call.request_id)
-        self._done = False
-        self._error: Optional[errors.CarpoolError] = None
+        self._reader = _requests.StreamReader(call.request_id)
 
     @property
     def request_id(self) -> str:
@@ -348,44 +342,32 @@ class Stream:
 
     @property
     def done(self) -> bool:
-        return self._done
+        return self._reader.done
 
     @property
     def result(self) -> GenerateResult:
         """Everything received so far; the complete result once the stream ended normally."""
-        return self._acc.result if self._done and self._error is None else self._acc.partial()
+        return self._reader.result
 
     def __iter__(self) -> "Stream":
         return self
 
     def __next__(self) -> Chunk:
-        while True:
-            if self._done:
-                if self._error is not None:
-                    raise self._error
-                raise StopIteration
+        while not self._reader.check_ended():
             try:
                 event = self._core.wait(self._call, self._deadline, self._timeout)
             except errors.CarpoolError as e:
-                self._end(e)
-                continue
-            if isinstance(event, errors.CarpoolError):
-                self._end(event)
-                continue
-            kind = event.WhichOneof("body")
-            if kind == "chunk":
-                return self._acc.chunk(event.chunk)
-            if kind == "final":
-                self._acc.final(event.final)
-                self._done = True
-            else:
-                self._end(errors.from_error(event.error))
+                event = e
+            chunk = self._reader.feed(event)
+            if chunk is not None:
+                return chunk
+        raise StopIteration
 
     def wait(self) -> GenerateResult:
         """Reads the remaining chunks and returns the whole result (raises the stream's error)."""
         for _ in self:
             pass
-        return self._acc.result
+        return self._reader.result
 
     def cancel(self) -> bool:
         """Ends the request: the router is told, and iteration raises Cancelled once the chunks
@@ -394,13 +376,9 @@ class Stream:
 
     def close(self) -> None:
         """Cancels the request if it has not ended."""
-        if not self._done:
+        if not self._reader.done:
             self._core.cancel(self.request_id)
-            self._end(errors.Cancelled("the stream was closed", request_id=self.request_id))
-
-    def _end(self, error: errors.CarpoolError) -> None:
-        self._done = True
-        self._error = error
+            self._reader.end(errors.Cancelled("the stream was closed", request_id=self.request_id))
 
     def __enter__(self) -> "Stream":
         return self
@@ -410,7 +388,7 @@ class Stream:
 
     def __del__(self) -> None:
         try:
-            if not self._done and not self._core.closed:
+            if not self._reader.done and not self._core.closed:
                 self._core.cancel(self.request_id)
         except Exception:
             pass
@@ -486,18 +464,17 @@ class Client:
         once (the request is sent); iterate it for Chunks.
         Raises the CarpoolError subclass of the router's reason, or Timeout.
         """
-        rid = request_id if request_id is not None else self._ids.next()
-        call_timeout = self.timeout if timeout is None else _wire.check_timeout(timeout)
-        frame = _wire.generate_frame(
-            rid, prompt, token_ids, stream, self.api_key if api_key is None else api_key,
-            priority, deadline_ms, add_bos, stop_token_ids, ignore_eos, logprobs,
-            dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                 min_p=min_p, repetition_penalty=repetition_penalty,
-                 presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                 seed=seed))
-        deadline = time.monotonic() + call_timeout
-        call = self._core.start(rid, frame)
-        s = Stream(self, self._core, call, deadline, call_timeout)
+        req = _requests.generate_request(
+            self._ids, self.api_key, self.timeout, prompt, token_ids=token_ids,
+            max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+            min_p=min_p, repetition_penalty=repetition_penalty,
+            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, seed=seed,
+            stop_token_ids=stop_token_ids, ignore_eos=ignore_eos, logprobs=logprobs,
+            priority=priority, deadline_ms=deadline_ms, add_bos=add_bos, request_id=request_id,
+            api_key=api_key, timeout=timeout, stream=stream)
+        deadline = time.monotonic() + req.timeout
+        call = self._core.start(req.request_id, req.frame)
+        s = Stream(self, self._core, call, deadline, req.timeout)
         return s if stream else s.wait()
 
     def stream(self, prompt: Optional[_wire.Prompt] = None, **kwargs: Any) -> Stream:
@@ -528,22 +505,16 @@ class Client:
         router's reason (InvalidArgument naming the bad input, FailedPrecondition when no worker
         serves embeddings), or Timeout.
         """
-        rid = request_id if request_id is not None else self._ids.next()
-        call_timeout = self.timeout if timeout is None else _wire.check_timeout(timeout)
-        frame = _wire.embed_frame(rid, inputs, normalize, pooling,
-                                  self.api_key if api_key is None else api_key, priority,
-                                  deadline_ms, add_bos)
-        deadline = time.monotonic() + call_timeout
-        call = self._core.start(rid, frame)
+        req = _requests.embed_request(
+            self._ids, self.api_key, self.timeout, inputs, normalize=normalize, pooling=pooling,
+            priority=priority, deadline_ms=deadline_ms, add_bos=add_bos, request_id=request_id,
+            api_key=api_key, timeout=timeout)
+        deadline = time.monotonic() + req.timeout
+        call = self._core.start(req.request_id, req.frame)
         while True:
-            event = self._core.wait(call, deadline, call_timeout)
-            if isinstance(event, errors.CarpoolError):
-                raise event
-            kind = event.WhichOneof("body")
-            if kind == "embed_result":
-                return _wire.embed_result_from(event.embed_result)
-            if kind == "error":
-                raise errors.from_error(event.error)
+            result = _requests.embed_answer(self._core.wait(call, deadline, req.timeout))
+            if result is not None:
+                return result
 
     def close(self) -> None:
         """Ends every call in flight with Cancelled (telling the router) and closes the socket.

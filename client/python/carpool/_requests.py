@@ -1,0 +1,163 @@
+"""What Client and AsyncClient share around a call: building its request (request id, the
+client's api_key and timeout where the call names none, the encoded frame) and reading the
+router's answers into results and typed errors. No sockets here; encoding and decoding
+stay in _wire.
+"""
+
+from typing import Any, NamedTuple, Optional, Sequence, Tuple, Union
+
+from . import _wire
+from . import errors
+from .types import Chunk, EmbedResult, GenerateResult
+
+
+class Request(NamedTuple):
+    """One call, encoded and ready to send."""
+    request_id: str
+    frame: bytes
+    timeout: float  # seconds for the whole call
+
+
+def generate_request(ids: _wire.RequestIds, client_api_key: str, client_timeout: float,
+                     prompt: Optional[_wire.Prompt] = None, *,
+                     token_ids: Optional[Sequence[int]] = None,
+                     max_tokens: Optional[int] = None,
+                     temperature: Optional[float] = None,
+                     top_k: Optional[int] = None,
+                     top_p: Optional[float] = None,
+                     min_p: Optional[float] = None,
+                     repetition_penalty: Optional[float] = None,
+                     presence_penalty: Optional[float] = None,
+                     frequency_penalty: Optional[float] = None,
+                     seed: Optional[int] = None,
+                     stop_token_ids: Optional[Sequence[int]] = None,
+                     ignore_eos: bool = False,
+                     logprobs: int = 0,
+                     priority: Union[str, int] = "default",
+                     deadline_ms: int = 0,
+                     add_bos: bool = False,
+                     request_id: Optional[str] = None,
+                     api_key: Optional[str] = None,
+                     timeout: Optional[float] = None,
+                     stream: bool = False) -> Request:
+    """The Request of Client.generate / AsyncClient.generate (arguments and defaults as
+    there; the client passes its RequestIds, api_key and timeout). Raises as
+    _wire.generate_frame, or ValueError/TypeError for a bad timeout."""
+    rid, call_timeout = _id_and_timeout(ids, request_id, client_timeout, timeout)
+    frame = _wire.generate_frame(
+        rid, prompt, token_ids, stream=stream,
+        api_key=client_api_key if api_key is None else api_key, priority=priority,
+        deadline_ms=deadline_ms, add_bos=add_bos, stop_token_ids=stop_token_ids,
+        ignore_eos=ignore_eos, logprobs=logprobs,
+        sampling=dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                      min_p=min_p, repetition_penalty=repetition_penalty,
+                      presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                      seed=seed))
+    return Request(rid, frame, call_timeout)
+
+
+def embed_request(ids: _wire.RequestIds, client_api_key: str, client_timeout: float,
+                  inputs: _wire.EmbedInputs, *, normalize: bool = True, pooling: str = "mean",
+                  priority: Union[str, int] = "default", deadline_ms: int = 0,
+                  add_bos: bool = True, request_id: Optional[str] = None,
+                  api_key: Optional[str] = None, timeout: Optional[float] = None) -> Request:
+    """The Request of Client.embed / AsyncClient.embed (arguments as there). Raises as
+    _wire.embed_frame, or ValueError/TypeError for a bad timeout."""
+    rid, call_timeout = _id_and_timeout(ids, request_id, client_timeout, timeout)
+    frame = _wire.embed_frame(
+        rid, inputs, normalize=normalize, pooling=pooling,
+        api_key=client_api_key if api_key is None else api_key, priority=priority,
+        deadline_ms=deadline_ms, add_bos=add_bos)
+    return Request(rid, frame, call_timeout)
+
+
+def _id_and_timeout(ids: _wire.RequestIds, request_id: Optional[str], client_timeout: float,
+                    timeout: Optional[float]) -> Tuple[str, float]:
+    rid = request_id if request_id is not None else ids.next()
+    return rid, client_timeout if timeout is None else _wire.check_timeout(timeout)
+
+
+class StreamReader:
+    """The receiving side of one generate call, fed the events a client's transport hands it:
+    a ServerMessage (chunk, final or error) of the request, or a CarpoolError made in the
+    client (Timeout, Cancelled, a broken connection). Not thread-safe; a stream owns it.
+
+    Once ended (done), `error` is None after a final, else the error that ended the call.
+    """
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.done = False
+        self.error: Optional[errors.CarpoolError] = None
+        self._acc = _wire.Accumulator(request_id)
+
+    def feed(self, event: Any) -> Optional[Chunk]:
+        """The chunk `event` carries; None when it ended the call."""
+        if isinstance(event, errors.CarpoolError):
+            self.end(event)
+            return None
+        kind = event.WhichOneof("body")
+        if kind == "chunk":
+            return self._acc.chunk(event.chunk)
+        if kind == "final":
+            self._acc.final(event.final)
+            self.done = True
+        else:
+            self.end(errors.from_error(event.error))
+        return None
+
+    def end(self, error: errors.CarpoolError) -> None:
+        self.done = True
+        self.error = error
+
+    def check_ended(self) -> bool:
+        """True once the call ended normally; raises its error when it ended in one."""
+        if self.done and self.error is not None:
+            raise self.error
+        return self.done
+
+    @property
+    def result(self) -> GenerateResult:
+        """The whole result once the call ended normally; before (or after an error), what
+        the chunks read so far hold."""
+        return self._acc.result if self.done and self.error is None else self._acc.partial()
+
+
+def embed_answer(event: Any) -> Optional[EmbedResult]:
+    """The EmbedResult in an event of an embed call (as StreamReader.feed takes); raises the
+    error it carries; None for anything else (the caller keeps waiting)."""
+    if isinstance(event, errors.CarpoolError):
+        raise event
+    kind = event.WhichOneof("body")
+    if kind == "embed_result":
+        return _wire.embed_result_from(event.embed_result)
+    if kind == "error":
+        raise errors.from_error(event.error)
+    return None
+
+
+class Problems:
+    """Frames from the router that a client could not match to a call or decode: counted, the
+    last one described, for the message of a later Timeout. Not thread-safe (the blocking
+    client holds its lock around it)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.last = ""
+
+    def note(self, what: str) -> None:
+        self.count += 1
+        self.last = what
+
+    def note_unmatched(self, msg: Any) -> None:
+        """Notes `msg`, a message of no call in flight, when it is a refusal the router could
+        not tie to a request (a message over its size limit); other strays are not problems."""
+        if msg.WhichOneof("body") == "error" and not msg.error.request_id:
+            self.note("%s: %s" % (msg.error.reason, msg.error.message))
+
+    def suffix(self) -> str:
+        """"" when none, else a clause for a Timeout message."""
+        if not self.last:
+            return ""
+        return "; the router sent %d message(s) this client could not match or decode " \
+               "(last: %s)" % (self.count, self.last)
