@@ -13,6 +13,11 @@
 #   gpu-only  tests/gpu/CMakeLists.txt: kernels/cuda, its tests and the CUDA benchmark, nothing of
 #             router/worker/client. abseil and GoogleTest are used when found, else the stand-ins
 #             in tests/gpu/compat/ (the tests then run as one CTest entry per binary).
+#   bundle    binaries built elsewhere by tests/gpu/make_gpu_bundle.sh (<repo>/gpu-bundle, or
+#             CARPOOL_GPU_BUNDLE): nothing is built; every GPU test binary and both benchmarks
+#             run from the bundle with its libraries. Chosen first when the bundle is there and
+#             its binaries load on this machine (a machine without carpool's build dependencies
+#             then still runs the end-to-end model tests and the model benchmark).
 # Missing packages are looked up with dpkg; when some are missing and apt-get can reach a mirror
 # (as root, within 30 s), the script installs them; otherwise it goes straight to gpu-only.
 # GPU tests of the full project that are not in kernels/ (e.g. end-to-end ones) only exist in
@@ -83,20 +88,41 @@ say "carpool GPU checks: $(date -u '+%Y-%m-%d %H:%M:%S UTC') on $(hostname)"
 log "repository: $ROOT at $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')"
 NVCC=$(command -v nvcc || true)
 [ -z "$NVCC" ] && [ -x /usr/local/cuda/bin/nvcc ] && NVCC=/usr/local/cuda/bin/nvcc
-if [ -z "$NVCC" ] || ! command -v cmake >/dev/null; then
-  say "error: need nvcc (PATH or /usr/local/cuda/bin) and cmake"
+BUNDLE=${CARPOOL_GPU_BUNDLE:-$ROOT/gpu-bundle}
+# The CUDA runtime and cuBLAS for bundled binaries: the toolkit's, else the usual places.
+CUDA_LIBS=""
+for d in "${NVCC:+$(dirname "$NVCC")/../lib64}" "${NVCC:+$(dirname "$NVCC")/../lib}" \
+  /usr/local/cuda/lib64 /usr/local/cuda/lib; do
+  [ -n "$d" ] && [ -d "$d" ] && CUDA_LIBS="${CUDA_LIBS:+$CUDA_LIBS:}$d"
+done
+bundle_usable() {  # the bundle exists and its binaries load here
+  [ -x "$BUNDLE/bin/carpool_cuda_kernels_test" ] || return 1
+  LD_LIBRARY_PATH="$BUNDLE/lib${CUDA_LIBS:+:$CUDA_LIBS}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    "$BUNDLE/bin/carpool_cuda_kernels_test" --gtest_list_tests >>"$LOG" 2>&1
+}
+USE_BUNDLE=0
+if [ "${CARPOOL_GPU_MODE:-}" = bundle ] || { [ -z "${CARPOOL_GPU_MODE:-}" ] && [ -d "$BUNDLE" ]; }; then
+  if bundle_usable; then
+    USE_BUNDLE=1
+    log "bundle: $BUNDLE"
+    cat "$BUNDLE/MANIFEST" >>"$LOG" 2>/dev/null || true
+  else
+    say "bundle $BUNDLE is missing or its binaries do not load here (see the log); building instead"
+  fi
+fi
+if [ "$USE_BUNDLE" -eq 0 ] && { [ -z "$NVCC" ] || ! command -v cmake >/dev/null; }; then
+  say "error: need nvcc (PATH or /usr/local/cuda/bin) and cmake, or a usable gpu-bundle"
   exit 3
 fi
-NVCC_DIR=$(dirname "$NVCC")
-export PATH="$NVCC_DIR:$PATH"
+[ -n "$NVCC" ] && export PATH="$(dirname "$NVCC"):$PATH"
 GPU="none"
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >>"$LOG" 2>&1; then
   GPU=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1)
   nvidia-smi >>"$LOG" 2>&1
 fi
 say "gpu: $GPU"
-log "nvcc: $("$NVCC" --version | tail -1)"
-log "cmake: $(cmake --version | head -1); ninja: $(ninja --version 2>/dev/null || echo none)"
+log "nvcc: $([ -n "$NVCC" ] && "$NVCC" --version | tail -1 || echo none)"
+log "cmake: $(cmake --version 2>/dev/null | head -1 || echo none); ninja: $(ninja --version 2>/dev/null || echo none)"
 log "compiler: $(c++ --version 2>/dev/null | head -1)"
 GENERATOR=()
 command -v ninja >/dev/null && GENERATOR=(-G Ninja)
@@ -108,6 +134,12 @@ if [ "$GPU" != "none" ]; then
 fi
 log "CUDA architectures: $ARCHS"
 
+FAILED=0
+if [ "$USE_BUNDLE" -eq 1 ]; then
+  MODE=bundle
+  row build "skipped: prebuilt bundle ($(grep -m1 '^commit:' "$BUNDLE/MANIFEST" 2>/dev/null ||
+    echo 'no MANIFEST'))" 0
+else
 # ---------------------------------------------------------------------------------------------
 # Dependencies of the full build (scripts/install-deps.sh names them all).
 FULL_PACKAGES=(libabsl-dev nlohmann-json3-dev libgtest-dev libgmock-dev libopenblas-dev
@@ -164,7 +196,6 @@ if ! configure "$MODE" "$BUILD"; then
     MODE=failed
   fi
 fi
-FAILED=0
 if [ "$MODE" = failed ]; then
   FAILED=1
 else
@@ -185,17 +216,37 @@ else
   fi
 fi
 
+fi
+
 # ---------------------------------------------------------------------------------------------
 # Tests and benchmarks.
 if [ "$FAILED" -eq 0 ]; then
   T0=$(elapsed)
   JUNIT=()
   ctest --help 2>/dev/null | grep -q -- --output-junit && JUNIT=(--output-junit "$OUTDIR/ctest.xml")
-  run "gpu tests" "$(budget 200)" ctest --test-dir "$BUILD" -L gpu --output-on-failure \
-    --timeout 180 -j 4 "${JUNIT[@]}"
-  TEST_RC=$?
-  RESULT=$(grep -E "tests passed, [0-9]+ tests failed out of [0-9]+" "$LOG" | tail -1)
-  SKIPPED=$(sed -n '/The following tests did not run:/,/^$/p' "$LOG" | grep -c "Skipped" || true)
+  if [ "$MODE" = bundle ]; then
+    export LD_LIBRARY_PATH="$BUNDLE/lib${CUDA_LIBS:+:$CUDA_LIBS}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    BIN=$BUNDLE/bin
+    TEST_RC=0
+    PASSED_N=0 FAILED_N=0 SKIPPED=0
+    for t in "$BIN"/*_test; do
+      out=$OUTDIR/.gtest_$(basename "$t").txt
+      run "gpu test $(basename "$t")" "$(budget 180)" bash -c "'$t' >'$out' 2>&1; rc=\$?; cat '$out'; exit \$rc" ||
+        TEST_RC=1
+      PASSED_N=$((PASSED_N + $(grep -oE '^\[  PASSED  \] [0-9]+' "$out" | grep -oE '[0-9]+$' || echo 0)))
+      FAILED_N=$((FAILED_N + $(grep -oE '^\[  FAILED  \] [0-9]+ test' "$out" | grep -oE '[0-9]+' || echo 0)))
+      SKIPPED=$((SKIPPED + $(grep -oE '^\[  SKIPPED \] [0-9]+' "$out" | grep -oE '[0-9]+$' || echo 0)))
+      rm -f "$out"
+    done
+    RESULT="$PASSED_N passed, $FAILED_N failed (bundle)"
+  else
+    BIN=$BUILD/bin
+    run "gpu tests" "$(budget 200)" ctest --test-dir "$BUILD" -L gpu --output-on-failure \
+      --timeout 180 -j 4 "${JUNIT[@]}"
+    TEST_RC=$?
+    RESULT=$(grep -E "tests passed, [0-9]+ tests failed out of [0-9]+" "$LOG" | tail -1)
+    SKIPPED=$(sed -n '/The following tests did not run:/,/^$/p' "$LOG" | grep -c "Skipped" || true)
+  fi
   row "gpu tests" "${RESULT:-no result} ($SKIPPED skipped)" $(($(elapsed) - T0))
   [ "$TEST_RC" -ne 0 ] && FAILED=1
   if [ "$GPU" != "none" ] && [ "$SKIPPED" -gt 0 ]; then
@@ -206,7 +257,7 @@ if [ "$FAILED" -eq 0 ]; then
   T0=$(elapsed)
   BENCH_TXT=$OUTDIR/cuda_kernels_bench.txt
   if run "cuda kernels bench" "$(budget 150)" bash -c \
-    "'$BUILD/bin/carpool-bench-cuda-kernels' --json '$OUTDIR/cuda_kernels_bench.json' \
+    "'$BIN/carpool-bench-cuda-kernels' --json '$OUTDIR/cuda_kernels_bench.json' \
        >'$BENCH_TXT' 2>&1; rc=\$?; cat '$BENCH_TXT'; exit \$rc"; then
     row bench "ok" $(($(elapsed) - T0))
   else
@@ -217,10 +268,10 @@ if [ "$FAILED" -eq 0 ]; then
   # Model benchmark (full mode only: it needs worker/): decode tokens/s at batch 1/8/64/256,
   # graphs on vs off, MBU at batch 1, prefill tokens/s, for synthetic 1b and 8b shapes.
   MODEL_TXT=$OUTDIR/gpu_model_bench.txt
-  if [ -x "$BUILD/bin/carpool-bench-gpu-model" ]; then
+  if [ -x "$BIN/carpool-bench-gpu-model" ]; then
     T0=$(elapsed)
     if run "gpu model bench" "$(budget 180)" bash -c \
-      "'$BUILD/bin/carpool-bench-gpu-model' --presets 1b,8b --steps 10 \
+      "'$BIN/carpool-bench-gpu-model' --presets 1b,8b --steps 10 \
          --json '$OUTDIR/gpu_model_bench.json' >'$MODEL_TXT' 2>&1; rc=\$?; cat '$MODEL_TXT'; exit \$rc"; then
       row "model" "ok" $(($(elapsed) - T0))
     else
