@@ -131,6 +131,16 @@ int64_t GpuActivationMarginBytes(const ModelConfig& c, int64_t max_tokens, Stora
   return max_tokens * per_token + (int64_t{512} << 20);
 }
 
+absl::Status CheckCudaSupportsModel(const ModelConfig& c) {
+  if (c.head_dim != 64 && c.head_dim != 128) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--device cuda: the CUDA attention kernels support head_dim 64 or 128, this "
+                     "model has ",
+                     c.head_dim, "; use --device cpu"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<ModelDevice>> CreateCudaModelDevice(const DeviceOptions& options,
                                                                    const DeviceLimits& limits) {
 #ifdef CARPOOL_HAVE_CUDA
@@ -154,6 +164,8 @@ absl::StatusOr<int64_t> CudaKvPoolBytes(const DeviceOptions& options, int64_t we
                                         int64_t margin_bytes) {
 #ifdef CARPOOL_HAVE_CUDA
   size_t free = 0, total = 0;
+  // Measure the GPU the device was created on, whichever device this thread had current.
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(std::max(options.gpu_index, 0)));
   CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free, &total));
   return KvPoolBytesForUtilization(options.gpu_memory_utilization, static_cast<int64_t>(total),
                                    static_cast<int64_t>(free), weight_bytes + margin_bytes);

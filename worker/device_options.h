@@ -71,6 +71,12 @@ int64_t KvPoolBytesForUtilization(double utilization, int64_t total_bytes, int64
 int64_t GpuActivationMarginBytes(const ModelConfig& config, int64_t max_tokens,
                                  StorageType storage);
 
+// OK when the CUDA kernels can run a model of `config`; else FAILED_PRECONDITION naming what
+// they lack (today: paged attention supports head_dim 64 and 128 only). Checked by
+// Engine::Create before a CUDA device is built, so that an unsupported model fails there rather
+// than at its first step (where the device's first error ends the process).
+absl::Status CheckCudaSupportsModel(const ModelConfig& config);
+
 // Sizes for a CUDA device's step buffers and graphs (from the engine's options).
 struct DeviceLimits {
   int max_num_batched_tokens = 2048;

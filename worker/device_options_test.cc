@@ -194,6 +194,20 @@ TEST(DeviceOptionsTest, ActivationMarginGrowsWithTokensAndStorage) {
   EXPECT_EQ(GpuActivationMarginBytes(*c, 0, StorageType::kBF16), base);
 }
 
+TEST(DeviceOptionsTest, CudaSupportsHeadDims64And128Only) {
+  // The CUDA attention kernels take head_dim 64 or 128: 1b and 8b run there, tiny (16) does not.
+  for (const char* preset : {"small", "1b", "8b"}) {
+    absl::StatusOr<ModelConfig> c = SyntheticConfig(preset);
+    ASSERT_TRUE(c.ok());
+    EXPECT_TRUE(CheckCudaSupportsModel(*c).ok()) << preset;
+  }
+  absl::StatusOr<ModelConfig> tiny = SyntheticConfig("tiny");
+  ASSERT_TRUE(tiny.ok());
+  const absl::Status s = CheckCudaSupportsModel(*tiny);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("head_dim"));
+}
+
 TEST(DeviceOptionsTest, EngineWithoutTheAskedDeviceFails) {
   if (CudaDeviceCount() > 0) GTEST_SKIP() << "a CUDA device is visible";
   EngineOptions o;
@@ -216,11 +230,12 @@ TEST(DeviceOptionsTest, EngineWithoutTheAskedDeviceFails) {
 // visible. The GPU then sizes the rank's KV pool, and the group agrees on it (one all-gather).
 TEST(DeviceOptionsTest, TensorParallelRanksTakeTheirDevice) {
   EchoGroup group;
+  const bool gpu = CudaDeviceCount() > 0;
   EngineOptions o;
-  o.model = "synthetic:tiny";
+  // On a GPU, a model the CUDA kernels support (tiny's head_dim 16 is refused there).
+  o.model = gpu ? "synthetic:small" : "synthetic:tiny";
   o.tensor_parallel_group = &group;
   o.device.gpu_memory_utilization = 0.2;
-  const bool gpu = CudaDeviceCount() > 0;
 
   o.device.kind = DeviceKind::kCuda;
   absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(o);

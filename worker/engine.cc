@@ -60,6 +60,7 @@ absl::StatusOr<ChosenDevice> ChooseDevice(const EngineOptions& o, const LlamaWei
     chosen.device = CreateCpuDevice();
     return chosen;
   }
+  RETURN_IF_ERROR(CheckCudaSupportsModel(weights.config));
   const SchedulerOptions& sched = o.scheduler;
   ASSIGN_OR_RETURN(chosen.device,
                    CreateCudaModelDevice(d, {.max_num_batched_tokens = sched.max_num_batched_tokens,

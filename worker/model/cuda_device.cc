@@ -179,6 +179,10 @@ class CudaDeviceImpl final : public CudaDevice {
       Record(b.status());
       return;
     }
+    // FromHost copies on the default stream, which does not order with stream_ (non-blocking),
+    // and a pageable upload may still be in flight when it returns: wait before a kernel on
+    // stream_ reads the table.
+    Record(kc::Synchronize(nullptr));
     inv_freq_ = std::move(*b);
     ++generation_;
   }
@@ -412,7 +416,11 @@ void CudaDeviceImpl<T>::SetStep(const StepView& step) {
   decode_only_ = step.decode_only;
   block_size_ = block_size;
   // A padded decode step of a captured size runs with fixed bounds so that its graph is reusable.
-  graph_step_ = options_.cuda_graphs && step.decode_only && t == num_seqs &&
+  // Graphs are keyed by batch size alone and bake in the sampled row count (GatherRows and the
+  // head's GEMM), so only steps that sample every row replay them: a decode-only step may hold a
+  // one-token prefill chunk that samples nothing, and replaying a graph captured with a different
+  // count would compute too few rows (stale logits) or read stale sample rows.
+  graph_step_ = options_.cuda_graphs && step.decode_only && t == num_seqs && samples == t &&
                 GraphBatchSize(num_seqs) == num_seqs && max_context <= options_.max_context_len &&
                 block_size == options_.kv_block_size;
 }

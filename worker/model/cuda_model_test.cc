@@ -32,12 +32,12 @@ ModelConfig TestConfig() {
   ModelConfig c;
   c.architecture = "LlamaForCausalLM";
   c.vocab_size = 512;
-  c.hidden_size = 128;
+  c.hidden_size = 256;
   c.intermediate_size = 320;
   c.num_layers = 3;
   c.num_heads = 4;
   c.num_kv_heads = 2;
-  c.head_dim = 32;
+  c.head_dim = 64;  // the CUDA attention kernels take head_dim 64 or 128 only
   c.rms_norm_eps = 1e-5;
   c.rope_theta = 10000.0;
   c.max_position_embeddings = 512;
@@ -171,7 +171,8 @@ TEST(CudaEngineTest, KvPoolFollowsGpuMemoryUtilization) {
   if (kc::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   const auto blocks_at = [](double utilization) -> int64_t {
     EngineOptions o;
-    o.model = "synthetic:tiny";
+    // Not synthetic:tiny: its head_dim (16) is not one the CUDA attention kernels take.
+    o.model = "synthetic:small";
     o.scheduler.max_model_len = 512;
     o.device.kind = DeviceKind::kCuda;
     o.device.gpu_memory_utilization = utilization;
