@@ -10,6 +10,7 @@
 #include "client/carpool_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/command.h"
 #include "tests/testing/subprocess.h"
 #include "worker/engine.h"
 
@@ -24,19 +25,12 @@ const std::string kBin = CARPOOL_BIN_DIR;
 
 class ClusterTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("carpool_cluster_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::create_directories(dir_);
-  }
   void TearDown() override {
     workers_.clear();
     router_.reset();
-    if (!HasFailure()) std::filesystem::remove_all(dir_);
   }
 
-  std::string Log(const std::string& name) { return (dir_ / (name + ".log")).string(); }
+  std::string Log(const std::string& name) { return dir_.Log(name); }
 
   // Starts the router; with backend_port 0 it picks its own ports.
   void StartRouter(int backend_port = 0) {
@@ -81,7 +75,7 @@ class ClusterTest : public ::testing::Test {
     FAIL() << "workers did not register";
   }
 
-  std::filesystem::path dir_;
+  testing::TestDir dir_{"carpool_cluster_test"};
   std::unique_ptr<Subprocess> router_;
   std::vector<std::unique_ptr<Subprocess>> workers_;
   std::string frontend_, backend_;

@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/checkpoint_writer.h"
 #include "tests/testing/reference_llama.h"
+#include "tests/testing/command.h"
 #include "tests/testing/subprocess.h"
 
 namespace carpool {
@@ -34,40 +35,16 @@ double MillisSince(SteadyClock::time_point t) {
   return std::chrono::duration<double, std::milli>(SteadyClock::now() - t).count();
 }
 
-worker::ModelConfig TinyConfig() {
-  worker::ModelConfig c;
-  c.architecture = "LlamaForCausalLM";
-  c.vocab_size = 300;
-  c.hidden_size = 64;
-  c.intermediate_size = 128;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 16;
-  c.rms_norm_eps = 1e-5;
-  c.rope_theta = 10000.0;
-  c.max_position_embeddings = 256;
-  c.bos_token_id = 1;
-  c.eos_token_ids = {2};
-  return c;
-}
 
 class EmbedClusterTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("carpool_embed_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::create_directories(dir_);
-  }
   void TearDown() override {
     client_.reset();
     workers_.clear();
     router_.reset();
-    if (!HasFailure()) std::filesystem::remove_all(dir_);
   }
 
-  std::string Log(const std::string& name) { return (dir_ / (name + ".log")).string(); }
+  std::string Log(const std::string& name) { return dir_.Log(name); }
 
   void StartRouter(std::vector<std::string> extra = {}) {
     std::vector<std::string> argv = {kBin + "/carpool-router", "--frontend", "tcp://127.0.0.1:*",
@@ -114,7 +91,7 @@ class EmbedClusterTest : public ::testing::Test {
     return in;
   }
 
-  std::filesystem::path dir_;
+  testing::TestDir dir_{"carpool_embed_test"};
   std::unique_ptr<Subprocess> router_;
   std::vector<std::unique_ptr<Subprocess>> workers_;
   std::string frontend_, backend_;
@@ -125,9 +102,9 @@ class EmbedClusterTest : public ::testing::Test {
 // and both equal a float64 computation from the checkpoint's numbers.
 TEST_F(EmbedClusterTest, ConcurrentEqualsOneByOneEqualsFloat64Reference) {
   testing::CheckpointSpec spec;
-  spec.config = TinyConfig();
+  spec.config = testing::TinyTestConfig();
   spec.seed = 42;
-  const std::string model = (dir_ / "model").string();
+  const std::string model = (dir_.path() / "model").string();
   auto tensors = testing::WriteCheckpoint(model, spec);
   ASSERT_TRUE(tensors.ok()) << tensors.status();
   std::map<std::string, std::vector<float>> values;

@@ -10,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/checkpoint_writer.h"
+#include "tests/testing/command.h"
 #include "tests/testing/reference_llama.h"
 
 namespace carpool {
@@ -21,23 +22,6 @@ using worker::EngineOptions;
 using worker::EngineRequest;
 using worker::ModelConfig;
 
-ModelConfig TinyLlamaConfig() {
-  ModelConfig c;
-  c.architecture = "LlamaForCausalLM";
-  c.vocab_size = 300;
-  c.hidden_size = 64;
-  c.intermediate_size = 128;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 16;
-  c.rms_norm_eps = 1e-5;
-  c.rope_theta = 10000.0;
-  c.max_position_embeddings = 256;
-  c.bos_token_id = 1;
-  c.eos_token_ids = {2};
-  return c;
-}
 
 EngineRequest Request(std::vector<int32_t> prompt, int max_tokens, float temperature = 0,
                       uint64_t seed = 0) {
@@ -67,22 +51,6 @@ std::unique_ptr<Engine> MakeEngine(EngineOptions o) {
   return engine.ok() ? std::move(*engine) : nullptr;
 }
 
-class TempDir {
- public:
-  TempDir() {
-    static int counter = 0;
-    path_ = std::filesystem::temp_directory_path() /
-            ("carpool_engine_test_" + std::to_string(::getpid()) + "_" +
-             std::to_string(counter++));
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  std::string path() const { return path_.string(); }
-
- private:
-  std::filesystem::path path_;
-};
-
 // --- Parity with the float64 reference -------------------------------------------------------
 
 struct ParityCase {
@@ -100,9 +68,9 @@ class ParityTest : public ::testing::TestWithParam<ParityCase> {};
 
 TEST_P(ParityTest, GreedyTokensAndLogprobsMatchFloat64Reference) {
   const ParityCase& p = GetParam();
-  TempDir dir;
+  testing::ScratchDir dir("carpool_engine_test");
   testing::CheckpointSpec spec;
-  spec.config = TinyLlamaConfig();
+  spec.config = testing::TinyTestConfig();
   spec.config.architecture = p.architecture;
   spec.config.tie_word_embeddings = p.tied;
   spec.config.num_kv_heads = p.num_kv_heads;
@@ -110,14 +78,14 @@ TEST_P(ParityTest, GreedyTokensAndLogprobsMatchFloat64Reference) {
   spec.dtype = p.dtype;
   spec.num_shards = p.num_shards;
   spec.seed = 42;
-  auto tensors = testing::WriteCheckpoint(dir.path(), spec);
+  auto tensors = testing::WriteCheckpoint(dir.path().string(), spec);
   ASSERT_TRUE(tensors.ok()) << tensors.status();
   std::map<std::string, std::vector<float>> values;
   for (auto& [name, t] : *tensors) values[name] = t.values;
   const testing::ReferenceLlama reference(spec.config, std::move(values));
 
   EngineOptions o;
-  o.model = dir.path();
+  o.model = dir.path().string();
   o.block_size = 4;                           // sequences span many blocks
   o.scheduler.max_num_batched_tokens = 16;    // long prompts prefill in chunks
   o.scheduler.max_model_len = 128;

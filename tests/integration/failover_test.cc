@@ -15,6 +15,7 @@
 #include "common/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/command.h"
 #include "tests/testing/subprocess.h"
 #include "worker/engine.h"
 
@@ -31,19 +32,12 @@ int64_t NowMs() { return Clock::Real()->NowMicros() / 1000; }
 
 class FailoverTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("carpool_failover_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::create_directories(dir_);
-  }
   void TearDown() override {
     workers_.clear();
     router_.reset();
-    if (!HasFailure()) std::filesystem::remove_all(dir_);
   }
 
-  std::string Log(const std::string& name) { return (dir_ / (name + ".log")).string(); }
+  std::string Log(const std::string& name) { return dir_.Log(name); }
 
   // Starts a router; ports 0 let it pick. Returns after it logged its endpoints.
   void StartRouter(std::vector<std::string> extra = {}, int frontend_port = 0,
@@ -93,7 +87,7 @@ class FailoverTest : public ::testing::Test {
     return -1;
   }
 
-  std::filesystem::path dir_;
+  testing::TestDir dir_{"carpool_failover_test"};
   std::unique_ptr<Subprocess> router_;
   std::vector<std::unique_ptr<Subprocess>> workers_;
   std::string frontend_, backend_;

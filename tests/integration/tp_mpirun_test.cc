@@ -23,6 +23,7 @@
 #include "common/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/command.h"
 #include "tests/testing/subprocess.h"
 #include "worker/engine.h"
 
@@ -69,12 +70,6 @@ struct Rank {
 
 class TpMpirunTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("carpool_tp_mpirun_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::create_directories(dir_);
-  }
   void TearDown() override {
     client_.reset();
     for (auto& job : jobs_) job.reset();  // SIGTERM, then SIGKILL
@@ -83,10 +78,9 @@ class TpMpirunTest : public ::testing::Test {
     std::vector<pid_t> pids;
     for (const auto& [pid, rank] : ranks_) pids.push_back(pid);
     for (pid_t p : Survivors(pids, 5000)) kill(p, SIGKILL);
-    if (!HasFailure()) std::filesystem::remove_all(dir_);
   }
 
-  std::string LogPath(const std::string& name) { return (dir_ / (name + ".log")).string(); }
+  std::string LogPath(const std::string& name) { return dir_.Log(name); }
 
   std::vector<std::string> Mpirun(std::vector<std::string> rest) {
     std::vector<std::string> argv = {CARPOOL_MPIEXEC};
@@ -168,7 +162,7 @@ class TpMpirunTest : public ::testing::Test {
     return pids;
   }
 
-  std::filesystem::path dir_;
+  testing::TestDir dir_{"carpool_tp_mpirun_test"};
   std::vector<std::unique_ptr<Subprocess>> jobs_;
   std::unique_ptr<Subprocess> router_;
   std::unique_ptr<Client> client_;

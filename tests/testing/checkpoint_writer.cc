@@ -44,6 +44,24 @@ Json RopeScalingJson(const worker::RopeScaling& scaling) {
 
 }  // namespace
 
+worker::ModelConfig TinyTestConfig() {
+  worker::ModelConfig c;
+  c.architecture = "LlamaForCausalLM";
+  c.vocab_size = 300;
+  c.hidden_size = 64;
+  c.intermediate_size = 128;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 16;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 10000.0;
+  c.max_position_embeddings = 256;
+  c.bos_token_id = 1;
+  c.eos_token_ids = {2};
+  return c;
+}
+
 std::string ConfigJson(const worker::ModelConfig& config) {
   Json json;
   json["architectures"] = {config.architecture};

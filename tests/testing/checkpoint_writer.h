@@ -44,6 +44,10 @@ using CheckpointTensors = std::map<std::string, CheckpointTensor>;
 absl::StatusOr<CheckpointTensors> WriteCheckpoint(const std::string& dir,
                                                   const CheckpointSpec& spec);
 
+// The small Llama the model, engine and embedding tests write checkpoints of: vocabulary 300,
+// hidden 64, 2 layers, 4 query heads over 2 key/value heads of 16, BOS 1, EOS 2.
+worker::ModelConfig TinyTestConfig();
+
 // config.json text with the Hugging Face keys for `config`.
 std::string ConfigJson(const worker::ModelConfig& config);
 

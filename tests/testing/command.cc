@@ -9,6 +9,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "gtest/gtest.h"
+
 namespace carpool::testing {
 
 CommandResult RunCommand(const std::string& command) {
@@ -49,6 +51,24 @@ std::string ScratchDir::WriteFile(const std::string& name, const std::string& te
   const std::string file = (path_ / name).string();
   std::ofstream(file) << text;
   return file;
+}
+
+TestDir::TestDir(const std::string& prefix) {
+  const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
+  path_ = std::filesystem::temp_directory_path() /
+          (prefix + "_" + std::to_string(::getpid()) + "_" +
+           (test != nullptr ? test->name() : "no_test"));
+  std::filesystem::create_directories(path_);
+}
+
+TestDir::~TestDir() {
+  if (::testing::Test::HasFailure()) return;
+  std::error_code ignored;
+  std::filesystem::remove_all(path_, ignored);
+}
+
+std::string TestDir::Log(const std::string& name) const {
+  return (path_ / (name + ".log")).string();
 }
 
 }  // namespace carpool::testing

@@ -37,6 +37,24 @@ class ScratchDir {
   std::filesystem::path path_;
 };
 
+// A folder for the running test's logs and files, <prefix>_<pid>_<test name> under the system
+// temp dir. Removed with everything in it on destruction unless the test has failed, so a
+// failure leaves its logs to read. Construct it inside a test (e.g. as a fixture member).
+class TestDir {
+ public:
+  explicit TestDir(const std::string& prefix);
+  ~TestDir();
+  TestDir(const TestDir&) = delete;
+  TestDir& operator=(const TestDir&) = delete;
+
+  const std::filesystem::path& path() const { return path_; }
+  // <path>/<name>.log
+  std::string Log(const std::string& name) const;
+
+ private:
+  std::filesystem::path path_;
+};
+
 }  // namespace carpool::testing
 
 #endif  // CARPOOL_TESTS_TESTING_COMMAND_H_

@@ -18,23 +18,6 @@
 namespace carpool::worker {
 namespace {
 
-ModelConfig TinyConfig() {
-  ModelConfig c;
-  c.architecture = "LlamaForCausalLM";
-  c.vocab_size = 300;
-  c.hidden_size = 64;
-  c.intermediate_size = 128;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 16;
-  c.rms_norm_eps = 1e-5;
-  c.rope_theta = 10000.0;
-  c.max_position_embeddings = 256;
-  c.bos_token_id = 1;
-  c.eos_token_ids = {2};
-  return c;
-}
 
 // A CpuDevice that counts the steps run whole (RunStep) and the batch sizes they had.
 class CountingDevice : public CpuDevice {
@@ -62,7 +45,7 @@ class ModelDeviceTest : public ::testing::Test {
                             ("carpool_model_device_test_" + std::to_string(::getpid())))
                                .string());
     testing::CheckpointSpec spec;
-    spec.config = TinyConfig();
+    spec.config = testing::TinyTestConfig();
     spec.seed = 9;
     auto tensors = testing::WriteCheckpoint(*dir_, spec);
     ASSERT_TRUE(tensors.ok()) << tensors.status();
@@ -203,7 +186,7 @@ TEST_F(ModelDeviceTest, TransfersWithoutHostMemoryGiveTheSameResults) {
 }
 
 TEST(KvBytesPerBlockTest, ScalesWithTheStorageType) {
-  const ModelConfig c = TinyConfig();
+  const ModelConfig c = testing::TinyTestConfig();
   const int64_t fp32 = LlamaModel::KvBytesPerBlock(c, 16);
   EXPECT_EQ(fp32, 2LL * c.num_layers * 16 * c.num_kv_heads * c.head_dim * 4);
   EXPECT_EQ(LlamaModel::KvBytesPerBlock(c, 16, StorageType::kF32), fp32);

@@ -23,23 +23,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-ModelConfig TinyConfig() {
-  ModelConfig c;
-  c.architecture = "LlamaForCausalLM";
-  c.vocab_size = 300;
-  c.hidden_size = 64;
-  c.intermediate_size = 128;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 16;
-  c.rms_norm_eps = 1e-5;
-  c.rope_theta = 10000.0;
-  c.max_position_embeddings = 256;
-  c.bos_token_id = 1;
-  c.eos_token_ids = {2};
-  return c;
-}
 
 std::vector<int32_t> RandomTokens(std::mt19937* rng, int len, int vocab) {
   std::uniform_int_distribution<int32_t> d(3, vocab - 1);
@@ -70,7 +53,7 @@ class EmbedTest : public ::testing::Test {
                             ("carpool_embed_test_" + std::to_string(::getpid())))
                                .string());
     testing::CheckpointSpec spec;
-    spec.config = TinyConfig();
+    spec.config = testing::TinyTestConfig();
     spec.seed = 7;
     auto tensors = testing::WriteCheckpoint(*dir_, spec);
     ASSERT_TRUE(tensors.ok()) << tensors.status();
