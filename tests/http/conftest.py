@@ -3,15 +3,16 @@ processes on ephemeral ports, from $CARPOOL_BIN_DIR (CTest sets it), else build/
 
 import json
 import os
-import re
-import signal
 import subprocess
+import sys
 import time
 
 import pytest
 import requests
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(REPO, "tests", "testing"))
+from processes import stop, wait_for_log  # noqa: E402
 BIN_DIR = os.environ.get("CARPOOL_BIN_DIR") or os.path.join(REPO, "build", "bin")
 ROUTER_BIN = os.path.join(BIN_DIR, "carpool-router")
 WORKER_BIN = os.path.join(BIN_DIR, "carpool-worker")
@@ -19,25 +20,6 @@ CLI_BIN = os.path.join(BIN_DIR, "carpool")
 BUILT = all(os.access(p, os.X_OK) for p in (ROUTER_BIN, WORKER_BIN, CLI_BIN))
 
 
-def wait_for_log(path, pattern, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with open(path, errors="replace") as f:
-            m = re.search(pattern, f.read())
-        if m:
-            return m
-        time.sleep(0.05)
-    return None
-
-
-def stop(proc, timeout=10):
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=timeout)
 
 
 class Cluster:

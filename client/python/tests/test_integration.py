@@ -4,9 +4,8 @@ build/bin; the tests skip when they are not built."""
 
 import asyncio
 import os
-import re
-import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -14,6 +13,9 @@ import pytest
 import carpool
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+
+sys.path.insert(0, os.path.join(REPO, "tests", "testing"))
+from processes import stop as _stop, wait_for_log as _wait_for_log  # noqa: E402
 BIN_DIR = os.environ.get("CARPOOL_BIN_DIR") or os.path.join(REPO, "build", "bin")
 ROUTER_BIN = os.path.join(BIN_DIR, "carpool-router")
 WORKER_BIN = os.path.join(BIN_DIR, "carpool-worker")
@@ -31,25 +33,6 @@ pytestmark = pytest.mark.skipif(
     reason="carpool-router / carpool-worker not built in %s" % BIN_DIR)
 
 
-def _wait_for_log(path, pattern, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with open(path, errors="replace") as f:
-            m = re.search(pattern, f.read())
-        if m:
-            return m
-        time.sleep(0.05)
-    return None
-
-
-def _stop(proc, timeout=10):
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=timeout)
 
 
 class Cluster:
