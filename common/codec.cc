@@ -1,6 +1,7 @@
 #include "common/codec.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/wire_scan.h"
 #include "proto/carpool.pb.h"
 
 namespace carpool {
@@ -477,6 +478,38 @@ absl::StatusOr<ClientMessage> DecodeClientMessage(std::string_view frame) {
     default:
       return UnknownType("client");
   }
+}
+
+std::string ScanClientRequestId(std::string_view frame) {
+  // Every body that names a request keeps its request_id as field 1.
+  static_assert(pb::GenerateRequest::kRequestIdFieldNumber == 1);
+  static_assert(pb::Cancel::kRequestIdFieldNumber == 1);
+  static_assert(pb::EmbedRequest::kRequestIdFieldNumber == 1);
+  const auto names_request = [](uint32_t number) {
+    return number == pb::ClientMessage::kGenerateFieldNumber ||
+           number == pb::ClientMessage::kCancelFieldNumber ||
+           number == pb::ClientMessage::kEmbedFieldNumber;
+  };
+  uint32_t body = 0;
+  std::string_view id;
+  wire::Reader envelope(frame);
+  wire::Field f;
+  while (envelope.Next(&f)) {
+    const bool is_body =
+        names_request(f.number) || f.number == pb::ClientMessage::kStatsFieldNumber;
+    if (f.wire_type != wire::kLen || !is_body) continue;  // unknown fields change nothing
+    if (f.number != body) id = {};  // another member of the oneof replaces the body
+    body = f.number;
+    if (!names_request(f.number)) continue;
+    // A repeated body merges into the one before: its request_id, if any, wins.
+    wire::Reader message(f.bytes);
+    wire::Field g;
+    while (message.Next(&g)) {
+      if (g.number == 1 && g.wire_type == wire::kLen && !g.truncated) id = g.bytes;
+    }
+  }
+  if (!names_request(body) || !wire::IsValidUtf8(id)) return "";
+  return std::string(id);
 }
 
 absl::StatusOr<ServerMessage> DecodeServerMessage(std::string_view frame) {

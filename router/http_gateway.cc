@@ -2,13 +2,9 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
-#include <deque>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <set>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -24,9 +20,8 @@
 #include "absl/time/clock.h"
 #include "client/carpool_client.h"
 #include "common/status.h"
-#include "httplib.h"
+#include "router/http_server.h"
 #include "router/openai_json.h"
-#include "router/peer_socket.h"
 #include "router/text_stream.h"
 
 namespace carpool::router {
@@ -35,8 +30,6 @@ namespace {
 constexpr char kJson[] = "application/json";
 constexpr char kEventStream[] = "text/event-stream";
 constexpr char kPrometheusText[] = "text/plain; version=0.0.4";
-// Threads beyond max_connections that only answer 503 to connections over the limit.
-constexpr int kRejectThreads = 4;
 // How long a stream waits for the next chunk before it checks the client and the gateway.
 constexpr int64_t kStreamPollMs = 250;
 // A stream with nothing to send writes an SSE comment this often, so a gone client is noticed.
@@ -47,74 +40,18 @@ constexpr int64_t kStatsTimeoutMs = 2000;
 // Added to a request's deadline_ms for the SDK call timeout (the router ends it first).
 constexpr int64_t kDeadlineSlackMs = 5000;
 
-// Set on a thread of ConnectionPool while it serves a connection over the limit.
-thread_local bool t_over_limit = false;
+HttpResponse JsonResponse(std::string body, int status = 200) {
+  HttpResponse r;
+  r.status = status;
+  r.content_type = kJson;
+  r.body = std::move(body);
+  return r;
+}
 
-// httplib's TaskQueue (one task = one connection, kept for its keep-alive lifetime) with a fixed
-// set of threads: max_connections serve, kRejectThreads more answer 503 at once to connections
-// beyond the limit, so those are never stuck behind slow ones. httplib 0.11's own ThreadPool
-// queues them silently instead.
-class ConnectionPool : public httplib::TaskQueue {
- public:
-  ConnectionPool(int max_connections, std::atomic<int>* active, std::atomic<int64_t>* rejected)
-      : max_(max_connections), active_(active), rejected_(rejected) {
-    for (int i = 0; i < max_connections + kRejectThreads; ++i) {
-      threads_.emplace_back([this] { Work(); });
-    }
-  }
-  ~ConnectionPool() override = default;
-
-  void enqueue(std::function<void()> fn) override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      jobs_.push_back(std::move(fn));
-    }
-    cv_.notify_one();
-  }
-
-  void shutdown() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      shutdown_ = true;
-    }
-    cv_.notify_all();
-    for (std::thread& t : threads_) t.join();
-  }
-
- private:
-  void Work() {
-    for (;;) {
-      std::function<void()> fn;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [this] { return shutdown_ || !jobs_.empty(); });
-        if (jobs_.empty()) return;
-        fn = std::move(jobs_.front());
-        jobs_.pop_front();
-      }
-      const int n = active_->fetch_add(1) + 1;
-      t_over_limit = n > max_;
-      if (t_over_limit) rejected_->fetch_add(1);
-      fn();
-      t_over_limit = false;
-      active_->fetch_sub(1);
-    }
-  }
-
-  const int max_;
-  std::atomic<int>* active_;
-  std::atomic<int64_t>* rejected_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;
-  bool shutdown_ = false;
-  std::vector<std::thread> threads_;
-};
-
-void SendError(httplib::Response& res, const HttpError& e) {
-  res.status = e.status;
-  if (e.retry_after_s > 0) res.set_header("Retry-After", absl::StrCat(e.retry_after_s));
-  res.set_content(ErrorBody(e), kJson);
+HttpResponse ErrorResponse(const HttpError& e) {
+  HttpResponse r = JsonResponse(ErrorBody(e), e.status);
+  if (e.retry_after_s > 0) r.headers.emplace_back("Retry-After", absl::StrCat(e.retry_after_s));
+  return r;
 }
 
 HttpError MakeError(int status, std::string type, std::string code, std::string message,
@@ -122,9 +59,9 @@ HttpError MakeError(int status, std::string type, std::string code, std::string 
   return HttpError{status, std::move(type), std::move(code), std::move(message), retry_after_s, ""};
 }
 
-std::string BearerKey(const httplib::Request& req) {
-  const std::string auth = req.get_header_value("Authorization");
-  constexpr std::string_view kBearer = "bearer ";
+std::string BearerKey(const HttpRequest& req) {
+  const std::string auth = req.Header("Authorization");
+  constexpr absl::string_view kBearer = "bearer ";
   if (auth.size() > kBearer.size() &&
       absl::AsciiStrToLower(auth.substr(0, kBearer.size())) == kBearer) {
     return std::string(absl::StripAsciiWhitespace(auth.substr(kBearer.size())));
@@ -179,17 +116,19 @@ class HttpGateway::Impl {
   };
   struct StreamState;
 
-  void Install();
-  void HandleGeneration(ApiKind kind, const httplib::Request& req, httplib::Response& res);
-  void RespondWhole(GenerationRequest r, ResponseMeta meta, const httplib::Request& req,
-                    httplib::Response& res);
-  void RespondStream(GenerationRequest r, ResponseMeta meta, httplib::Response& res);
-  void HandleEmbeddings(const httplib::Request& req, httplib::Response& res);
-  void HandleModels(httplib::Response& res);
+  // Routes one request (a handler thread of server_).
+  void Handle(const HttpRequest& req, HttpResponder& res);
+  // Counts an answer for carpool_http_responses_total.
+  void Count(absl::string_view path, int status);
+  void HandleGeneration(ApiKind kind, const HttpRequest& req, HttpResponder& res);
+  void RespondWhole(GenerationRequest r, ResponseMeta meta, HttpResponder& res);
+  void RespondStream(GenerationRequest r, ResponseMeta meta, HttpResponder& res);
+  void HandleEmbeddings(const HttpRequest& req, HttpResponder& res);
+  void HandleModels(HttpResponder& res);
   // GET /v1/models/{id}: the model object, or 404 model_not_found.
-  void HandleModel(const std::string& id, httplib::Response& res);
-  void HandleReady(httplib::Response& res);
-  void HandleMetrics(httplib::Response& res);
+  void HandleModel(const std::string& id, HttpResponder& res);
+  void HandleReady(HttpResponder& res);
+  void HandleMetrics(HttpResponder& res);
   // The model a request names, checked against the served ones (404 when unknown); the first
   // served one when it names none.
   std::string ResolveModel(const std::string& requested, std::optional<HttpError>* error);
@@ -201,15 +140,12 @@ class HttpGateway::Impl {
 
   const HttpGatewayOptions options_;
   std::unique_ptr<Client> client_;
-  httplib::Server server_;
-  std::thread thread_;
+  std::unique_ptr<HttpServer> server_;
   int port_ = 0;
   std::atomic<bool> stopping_{false};
   std::string id_prefix_;
   int64_t started_ = 0;  // unix seconds: the models' `created`
   std::atomic<uint64_t> next_id_{0};
-  std::atomic<int> active_connections_{0};
-  std::atomic<int64_t> rejected_connections_{0};
   std::atomic<int> active_streams_{0};
 
   absl::Mutex mu_;
@@ -234,22 +170,33 @@ absl::Status HttpGateway::Impl::Start() {
   ASSIGN_OR_RETURN(client_, Client::Connect(co));
 
   const size_t colon = options_.listen.rfind(':');
-  const std::string host = options_.listen.substr(0, colon);
-  int port = 0;
-  if (!absl::SimpleAtoi(options_.listen.substr(colon + 1), &port) || port < 0 || port > 65535) {
+  HttpServerOptions so;
+  so.host = options_.listen.substr(0, colon);
+  if (so.host == "localhost") so.host = "127.0.0.1";
+  if (!absl::SimpleAtoi(options_.listen.substr(colon + 1), &so.port) || so.port < 0 ||
+      so.port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("--http: bad port in '", options_.listen, "'"));
   }
-  Install();
-  if (port == 0) {
-    port_ = server_.bind_to_any_port(host);
-    if (port_ <= 0) return absl::UnavailableError(absl::StrCat("cannot bind ", options_.listen));
-  } else {
-    if (!server_.bind_to_port(host, port)) {
-      return absl::UnavailableError(absl::StrCat("cannot bind ", options_.listen));
-    }
-    port_ = port;
-  }
-  thread_ = std::thread([this] { server_.listen_after_bind(); });
+  so.max_connections = options_.max_connections;
+  so.max_concurrent_requests = options_.max_concurrent_requests;
+  so.max_body_bytes = options_.max_body_bytes;
+  so.max_header_bytes = options_.max_header_bytes;
+  so.idle_timeout_ms = options_.idle_timeout_ms;
+  so.body_timeout_ms = options_.body_timeout_ms;
+  so.write_timeout_ms = options_.write_timeout_ms;
+  so.error_page = [](int status, absl::string_view code, absl::string_view message) {
+    HttpResponse r = ErrorResponse(MakeError(
+        status, status >= 500 ? "server_error" : "invalid_request_error", std::string(code),
+        std::string(message)));
+    if (status == 503) r.headers.emplace_back("Retry-After", "1");
+    return r;
+  };
+  so.on_response = [this](absl::string_view path, int status) { Count(path, status); };
+  ASSIGN_OR_RETURN(server_, HttpServer::Start(so, [this](const HttpRequest& req,
+                                                         HttpResponder& res) {
+                     Handle(req, res);
+                   }));
+  port_ = server_->port();
   return absl::OkStatus();
 }
 
@@ -263,102 +210,60 @@ HttpGateway::Impl::~Impl() {
     }
     for (const std::string& id : ids) (void)client_->Cancel(id);
   }
-  server_.stop();
-  if (thread_.joinable()) thread_.join();
+  server_.reset();  // closes the connections and waits for the handlers
   client_.reset();
 }
 
-void HttpGateway::Impl::Install() {
-  const int max_connections = options_.max_connections;
-  server_.new_task_queue = [this, max_connections] {
-    return new ConnectionPool(max_connections, &active_connections_, &rejected_connections_);
-  };
-  const time_t idle_s = static_cast<time_t>(options_.idle_timeout_ms / 1000);
-  const time_t idle_us = static_cast<time_t>(options_.idle_timeout_ms % 1000 * 1000);
-  server_.set_keep_alive_timeout(std::max<time_t>(1, (options_.idle_timeout_ms + 999) / 1000));
-  server_.set_read_timeout(idle_s, idle_us);
-  server_.set_write_timeout(idle_s, idle_us);
-  server_.set_payload_max_length(static_cast<size_t>(options_.max_body_bytes));
-  server_.set_tcp_nodelay(true);
+void HttpGateway::Impl::Count(absl::string_view path, int status) {
+  static const std::set<std::string, std::less<>> kRoutes = {
+      "/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/models",
+      "/health",         "/ready",               "/metrics"};
+  const std::string route = kRoutes.contains(path)                  ? std::string(path)
+                            : absl::StartsWith(path, "/v1/models/") ? "/v1/models/{id}"
+                                                                    : "other";
+  absl::MutexLock lock(&mu_);
+  ++responses_[{route, status}];
+}
 
-  server_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (t_over_limit) {
-      res.set_header("Connection", "close");
-      SendError(res, MakeError(503, "server_error", "too_many_connections",
-                               absl::StrCat("the gateway serves at most ",
-                                            options_.max_connections, " connections at once"),
-                               1));
-      return httplib::Server::HandlerResponse::Handled;
+void HttpGateway::Impl::Handle(const HttpRequest& req, HttpResponder& res) {
+  const std::string& path = req.path;
+  const bool get = req.method == "GET", post = req.method == "POST";
+  const char* allowed = nullptr;
+  if (path == "/v1/completions" || path == "/v1/chat/completions" || path == "/v1/embeddings") {
+    if (!post) {
+      allowed = "POST";
+    } else if (path == "/v1/embeddings") {
+      return HandleEmbeddings(req, res);
+    } else {
+      return HandleGeneration(path == "/v1/completions" ? ApiKind::kCompletion : ApiKind::kChat,
+                              req, res);
     }
-    size_t header_bytes = req.method.size() + req.target.size() + 12;
-    for (const auto& [k, v] : req.headers) header_bytes += k.size() + v.size() + 4;
-    if (static_cast<int64_t>(header_bytes) > options_.max_header_bytes) {
-      res.set_header("Connection", "close");
-      SendError(res, MakeError(431, "invalid_request_error", "headers_too_large",
-                               absl::StrCat("request headers exceed ", options_.max_header_bytes,
-                                            " bytes")));
-      return httplib::Server::HandlerResponse::Handled;
+  } else if (path == "/v1/models" || path == "/health" || path == "/ready" ||
+             path == "/metrics" || absl::StartsWith(path, "/v1/models/")) {
+    if (!get) {
+      allowed = "GET";
+    } else if (path == "/v1/models") {
+      return HandleModels(res);
+    } else if (path == "/health") {
+      return res.Send(JsonResponse("{\"status\":\"ok\"}"));
+    } else if (path == "/ready") {
+      return HandleReady(res);
+    } else if (path == "/metrics") {
+      return HandleMetrics(res);
+    } else {
+      // Model ids hold ':' and '/' (synthetic:tiny, org/name): everything after /v1/models/.
+      return HandleModel(path.substr(absl::string_view("/v1/models/").size()), res);
     }
-    return httplib::Server::HandlerResponse::Unhandled;
-  });
-  server_.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    switch (res.status) {
-      case 404:
-        SendError(res, MakeError(404, "invalid_request_error", "not_found",
-                                 absl::StrCat("no route ", req.method, " ", req.path)));
-        break;
-      case 413:
-        SendError(res, MakeError(413, "invalid_request_error", "payload_too_large",
-                                 "the request body is too large"));
-        break;
-      default:
-        SendError(res, MakeError(res.status, res.status >= 500 ? "server_error"
-                                                               : "invalid_request_error",
-                                 absl::StrCat("http_", res.status), "bad HTTP request"));
-    }
-  });
-  server_.set_exception_handler(
-      [](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
-        SendError(res, MakeError(500, "server_error", reason::kInternal, "internal error"));
-      });
-  server_.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-    static const std::set<std::string> kRoutes = {
-        "/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/models",
-        "/health",         "/ready",               "/metrics"};
-    const std::string route = kRoutes.contains(req.path)                  ? req.path
-                              : absl::StartsWith(req.path, "/v1/models/") ? "/v1/models/{id}"
-                                                                          : "other";
-    absl::MutexLock lock(&mu_);
-    ++responses_[{route, res.status}];
-  });
-
-  server_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    HandleGeneration(ApiKind::kCompletion, req, res);
-  });
-  server_.Post("/v1/chat/completions",
-               [this](const httplib::Request& req, httplib::Response& res) {
-                 HandleGeneration(ApiKind::kChat, req, res);
-               });
-  server_.Post("/v1/embeddings", [this](const httplib::Request& req, httplib::Response& res) {
-    HandleEmbeddings(req, res);
-  });
-  server_.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    HandleModels(res);
-  });
-  // Model ids hold ':' and '/' (synthetic:tiny, org/name): everything after /v1/models/.
-  server_.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
-    HandleModel(req.matches[1], res);
-  });
-  server_.Get("/health", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content("{\"status\":\"ok\"}", kJson);
-  });
-  server_.Get("/ready", [this](const httplib::Request&, httplib::Response& res) {
-    HandleReady(res);
-  });
-  server_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    HandleMetrics(res);
-  });
+  }
+  if (allowed != nullptr) {
+    HttpResponse r = ErrorResponse(MakeError(
+        405, "invalid_request_error", "method_not_allowed",
+        absl::StrCat(req.method, " is not allowed on ", path, "; use ", allowed)));
+    r.headers.emplace_back("Allow", allowed);
+    return res.Send(std::move(r));
+  }
+  res.Send(ErrorResponse(MakeError(404, "invalid_request_error", "not_found",
+                                   absl::StrCat("no route ", req.method, " ", path))));
 }
 
 // ---- helpers
@@ -427,15 +332,15 @@ std::string HttpGateway::Impl::ResolveModel(const std::string& requested,
 
 // ---- generation
 
-void HttpGateway::Impl::HandleGeneration(ApiKind kind, const httplib::Request& req,
-                                         httplib::Response& res) {
+void HttpGateway::Impl::HandleGeneration(ApiKind kind, const HttpRequest& req,
+                                         HttpResponder& res) {
   RequestDefaults defaults{options_.completion_max_tokens, options_.chat_max_tokens};
   absl::StatusOr<GenerationRequest> r = ParseGenerationRequest(kind, req.body, defaults);
-  if (!r.ok()) return SendError(res, BadRequest(r.status()));
+  if (!r.ok()) return res.Send(ErrorResponse(BadRequest(r.status())));
   std::optional<HttpError> error;
   ResponseMeta meta;
   meta.model = ResolveModel(r->model, &error);
-  if (error.has_value()) return SendError(res, *error);
+  if (error.has_value()) return res.Send(ErrorResponse(*error));
   meta.byte_tokens = ByteTokens(meta.model);
   meta.created = absl::ToUnixSeconds(absl::Now());
   const std::string id = NextId();
@@ -449,41 +354,40 @@ void HttpGateway::Impl::HandleGeneration(ApiKind kind, const httplib::Request& r
   r->input.request_id = id;
   r->input.api_key = BearerKey(req);
   if (r->stream) return RespondStream(*std::move(r), std::move(meta), res);
-  RespondWhole(*std::move(r), std::move(meta), req, res);
+  RespondWhole(*std::move(r), std::move(meta), res);
 }
 
 void HttpGateway::Impl::RespondWhole(GenerationRequest r, ResponseMeta meta,
-                                     const httplib::Request& req, httplib::Response& res) {
+                                     HttpResponder& res) {
   const std::string id = r.input.request_id;
   Track(id);
   // Streamed from the router even here: reading chunk by chunk lets the handler look at its
-  // connection between them and cancel the request when the client has gone (its socket is
-  // found once; -1 if not, and then the request runs to its end).
+  // connection between them and cancel the request when the client has gone.
   absl::StatusOr<std::unique_ptr<Stream>> stream = client_->StartStream(r.input, CallFor(r.input));
   if (!stream.ok()) {
     Untrack(id);
-    return SendError(res, HttpErrorFromStatus(stream.status()));
+    return res.Send(ErrorResponse(HttpErrorFromStatus(stream.status())));
   }
-  const int fd = FindConnectionFd(req.remote_addr, req.remote_port, req.local_port);
   std::vector<SampleResult> tokens;
   TextStream pipeline(r.stop);
   std::string text;
   absl::Time next_check = absl::Now() + absl::Milliseconds(kStreamPollMs);
   for (;;) {
     absl::StatusOr<std::optional<GenerateChunkOut>> next = (*stream)->Next(kStreamPollMs);
-    if (fd >= 0 && absl::Now() >= next_check) {
+    if (absl::Now() >= next_check) {
       next_check = absl::Now() + absl::Milliseconds(kStreamPollMs);
-      if (PeerClosed(fd)) {
+      if (res.Gone()) {
         (*stream)->Cancel();  // frees the request on its worker
         Untrack(id);
-        res.status = 499;     // nobody reads it: the client went away
-        return;
+        // Nobody reads it: the client went away (counted as 499).
+        return res.Send(ErrorResponse(MakeError(499, "invalid_request_error", reason::kCancelled,
+                                                "the client closed the connection")));
       }
     }
     if (!next.ok()) {
       if (!(*stream)->done()) continue;  // only the poll interval passed
       Untrack(id);
-      return SendError(res, HttpErrorFromStatus(next.status()));
+      return res.Send(ErrorResponse(HttpErrorFromStatus(next.status())));
     }
     if (!next->has_value()) break;
     tokens.insert(tokens.end(), (*next)->tokens.begin(), (*next)->tokens.end());
@@ -506,16 +410,15 @@ void HttpGateway::Impl::RespondWhole(GenerationRequest r, ResponseMeta meta,
     finish_reason = (*stream)->result().finish_reason;
     usage = (*stream)->result().usage;
   }
-  res.set_content(ResponseBody(r, meta, text, tokens, finish_reason, usage), kJson);
+  res.Send(JsonResponse(ResponseBody(r, meta, text, tokens, finish_reason, usage)));
 }
 
-// One SSE response's state, shared by httplib's content provider and its releaser.
+// One SSE response's state.
 struct HttpGateway::Impl::StreamState {
   GenerationRequest request;
   ResponseMeta meta;
   std::unique_ptr<Stream> stream;
   TextStream text;
-  std::optional<GenerateChunkOut> first_chunk;  // read before the 200 was committed
   bool role_sent = false;
   bool done = false;
   int completion_tokens = 0;
@@ -569,7 +472,7 @@ struct HttpGateway::Impl::StreamState {
 };
 
 void HttpGateway::Impl::RespondStream(GenerationRequest r, ResponseMeta meta,
-                                      httplib::Response& res) {
+                                      HttpResponder& res) {
   const std::string id = r.input.request_id;
   Track(id);
   absl::StatusOr<std::unique_ptr<Stream>> stream = client_->StartStream(r.input, CallFor(r.input));
@@ -579,73 +482,62 @@ void HttpGateway::Impl::RespondStream(GenerationRequest r, ResponseMeta meta,
                                             stream.status());
   if (!first.ok()) {
     Untrack(id);
-    return SendError(res, HttpErrorFromStatus(first.status()));
+    return res.Send(ErrorResponse(HttpErrorFromStatus(first.status())));
   }
-  auto state = std::make_shared<StreamState>(std::move(r), std::move(meta));
-  state->stream = *std::move(stream);
-  state->first_chunk = *std::move(first);  // nullopt: it ended without chunks
+  StreamState state(std::move(r), std::move(meta));
+  state.stream = *std::move(stream);
   active_streams_.fetch_add(1);
-  res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider(
-      kEventStream,
-      [this, state](size_t, httplib::DataSink& sink) {
-        std::string out;
-        if (state->first_chunk.has_value() || state->stream->done()) {
-          if (state->first_chunk.has_value()) {
-            out = state->OnChunk(*state->first_chunk);
-            state->first_chunk.reset();
-          }
-          if (!state->done && state->stream->done()) {
-            out += state->Finish(state->stream->result().finish_reason,
-                                 state->stream->result().usage);
-          }
-        } else if (stopping_.load()) {
-          state->stream->Cancel();
-          state->done = true;
-          out = SseEvent(ErrorBody(MakeError(503, "server_error", reason::kDraining,
-                                             "the gateway is shutting down"))) +
-                kSseDone;
-        } else {
-          absl::StatusOr<std::optional<GenerateChunkOut>> next = state->stream->Next(kStreamPollMs);
-          if (next.ok() && next->has_value()) {
-            out = state->OnChunk(**next);
-          } else if (next.ok()) {
-            out = state->Finish(state->stream->result().finish_reason,
-                                state->stream->result().usage);
-          } else if (!state->stream->done()) {  // only the poll interval passed
-            if (absl::Now() - state->last_write > absl::Milliseconds(kStreamKeepAliveMs)) {
-              out = ": keep-alive\n\n";
-            }
-          } else {
-            state->done = true;
-            out = SseEvent(ErrorBody(HttpErrorFromStatus(next.status()))) + kSseDone;
-          }
+  HttpResponse head;
+  head.content_type = kEventStream;
+  head.headers.emplace_back("Cache-Control", "no-cache");
+  bool ok = res.StartStream(head);
+  std::string out;
+  if (ok && first->has_value()) out = state.OnChunk(**first);
+  while (ok && !state.done) {
+    if (state.stream->done() && out.empty()) {
+      out = state.Finish(state.stream->result().finish_reason, state.stream->result().usage);
+    } else if (out.empty() && stopping_.load()) {
+      state.stream->Cancel();
+      state.done = true;
+      out = SseEvent(ErrorBody(MakeError(503, "server_error", reason::kDraining,
+                                         "the gateway is shutting down"))) +
+            kSseDone;
+    } else if (out.empty()) {
+      absl::StatusOr<std::optional<GenerateChunkOut>> next = state.stream->Next(kStreamPollMs);
+      if (next.ok() && next->has_value()) {
+        out = state.OnChunk(**next);
+      } else if (next.ok()) {
+        out = state.Finish(state.stream->result().finish_reason, state.stream->result().usage);
+      } else if (!state.stream->done()) {  // only the poll interval passed
+        if (res.Gone()) break;
+        if (absl::Now() - state.last_write > absl::Milliseconds(kStreamKeepAliveMs)) {
+          out = ": keep-alive\n\n";
         }
-        if (!out.empty()) {
-          if (!sink.write(out.data(), out.size())) {
-            state->stream->Cancel();  // the client is gone: free the request
-            return false;
-          }
-          state->last_write = absl::Now();
-        }
-        if (state->done) sink.done();
-        return true;
-      },
-      [this, state, id](bool) {
-        state->stream->Cancel();  // no effect once it ended
-        Untrack(id);
-        active_streams_.fetch_sub(1);
-      });
+      } else {
+        state.done = true;
+        out = SseEvent(ErrorBody(HttpErrorFromStatus(next.status()))) + kSseDone;
+      }
+    }
+    if (!out.empty()) {
+      ok = res.Write(out);  // false: the client is gone
+      out.clear();
+      state.last_write = absl::Now();
+    }
+  }
+  state.stream->Cancel();  // frees the request when the client left; no effect once it ended
+  if (ok) res.End();
+  Untrack(id);
+  active_streams_.fetch_sub(1);
 }
 
 // ---- embeddings, models, health, metrics
 
-void HttpGateway::Impl::HandleEmbeddings(const httplib::Request& req, httplib::Response& res) {
+void HttpGateway::Impl::HandleEmbeddings(const HttpRequest& req, HttpResponder& res) {
   absl::StatusOr<EmbeddingsRequest> r = ParseEmbeddingsRequest(req.body);
-  if (!r.ok()) return SendError(res, BadRequest(r.status()));
+  if (!r.ok()) return res.Send(ErrorResponse(BadRequest(r.status())));
   std::optional<HttpError> error;
   const std::string model = ResolveModel(r->model, &error);
-  if (error.has_value()) return SendError(res, *error);
+  if (error.has_value()) return res.Send(ErrorResponse(*error));
   r->input.request_id = NextId();
   r->input.api_key = BearerKey(req);
   CallOptions call;
@@ -654,29 +546,29 @@ void HttpGateway::Impl::HandleEmbeddings(const httplib::Request& req, httplib::R
   Track(r->input.request_id);
   absl::StatusOr<EmbedResult> result = client_->Embed(r->input, call);
   Untrack(r->input.request_id);
-  if (!result.ok()) return SendError(res, HttpErrorFromStatus(result.status()));
-  res.set_content(EmbeddingsBody(result->embeddings, model, result->usage, r->base64), kJson);
+  if (!result.ok()) return res.Send(ErrorResponse(HttpErrorFromStatus(result.status())));
+  res.Send(JsonResponse(EmbeddingsBody(result->embeddings, model, result->usage, r->base64)));
 }
 
-void HttpGateway::Impl::HandleModels(httplib::Response& res) {
+void HttpGateway::Impl::HandleModels(HttpResponder& res) {
   absl::StatusOr<std::vector<std::string>> models = ServedModels(true);
-  if (!models.ok()) return SendError(res, HttpErrorFromStatus(models.status()));
-  res.set_content(ModelsBody(*models, started_), kJson);
+  if (!models.ok()) return res.Send(ErrorResponse(HttpErrorFromStatus(models.status())));
+  res.Send(JsonResponse(ModelsBody(*models, started_)));
 }
 
-void HttpGateway::Impl::HandleModel(const std::string& id, httplib::Response& res) {
+void HttpGateway::Impl::HandleModel(const std::string& id, HttpResponder& res) {
   absl::StatusOr<std::vector<std::string>> models = ServedModels(true);
-  if (!models.ok()) return SendError(res, HttpErrorFromStatus(models.status()));
+  if (!models.ok()) return res.Send(ErrorResponse(HttpErrorFromStatus(models.status())));
   if (std::find(models->begin(), models->end(), id) == models->end()) {
     HttpError e = MakeError(404, "invalid_request_error", "model_not_found",
                             absl::StrCat("the model '", id, "' does not exist"));
     e.param = "model";
-    return SendError(res, e);
+    return res.Send(ErrorResponse(e));
   }
-  res.set_content(ModelBody(id, started_), kJson);
+  res.Send(JsonResponse(ModelBody(id, started_)));
 }
 
-void HttpGateway::Impl::HandleReady(httplib::Response& res) {
+void HttpGateway::Impl::HandleReady(HttpResponder& res) {
   absl::StatusOr<StatsOut> stats = client_->Stats(kStatsTimeoutMs);
   int healthy = 0;
   if (stats.ok()) {
@@ -686,12 +578,12 @@ void HttpGateway::Impl::HandleReady(httplib::Response& res) {
     const std::string why = !stats.ok()       ? "the router does not answer"
                             : stats->draining ? "the router is draining"
                                               : "no healthy worker";
-    return SendError(res, MakeError(503, "server_error", "not_ready", why, 1));
+    return res.Send(ErrorResponse(MakeError(503, "server_error", "not_ready", why, 1)));
   }
-  res.set_content(absl::StrCat("{\"status\":\"ready\",\"healthy_workers\":", healthy, "}"), kJson);
+  res.Send(JsonResponse(absl::StrCat("{\"status\":\"ready\",\"healthy_workers\":", healthy, "}")));
 }
 
-void HttpGateway::Impl::HandleMetrics(httplib::Response& res) {
+void HttpGateway::Impl::HandleMetrics(HttpResponder& res) {
   std::string out =
       "# HELP carpool_http_responses_total HTTP responses of the gateway, by route and status.\n"
       "# TYPE carpool_http_responses_total counter\n";
@@ -702,21 +594,33 @@ void HttpGateway::Impl::HandleMetrics(httplib::Response& res) {
                       key.second, "\"} ", count, "\n");
     }
   }
+  const HttpServerStats st = server_->Stats();
   absl::StrAppend(
       &out,
-      "# HELP carpool_http_connections Connections the gateway holds now (one thread each).\n"
-      "# TYPE carpool_http_connections gauge\ncarpool_http_connections ",
-      active_connections_.load(), "\n",
+      "# HELP carpool_http_connections Connections the gateway holds open now.\n"
+      "# TYPE carpool_http_connections gauge\ncarpool_http_connections ", st.connections, "\n",
       "# HELP carpool_http_connections_rejected_total Connections refused over "
       "--http-max-connections.\n"
       "# TYPE carpool_http_connections_rejected_total counter\n"
-      "carpool_http_connections_rejected_total ",
-      rejected_connections_.load(), "\n",
+      "carpool_http_connections_rejected_total ", st.rejected_connections, "\n",
+      "# HELP carpool_http_requests_rejected_total Requests refused over "
+      "--http-max-concurrent-requests.\n"
+      "# TYPE carpool_http_requests_rejected_total counter\n"
+      "carpool_http_requests_rejected_total ", st.rejected_requests, "\n",
+      "# HELP carpool_http_timeouts_total Connections ended by a read (408) or write deadline.\n"
+      "# TYPE carpool_http_timeouts_total counter\ncarpool_http_timeouts_total ", st.timeouts,
+      "\n",
+      "# HELP carpool_http_active_requests Requests being handled now.\n"
+      "# TYPE carpool_http_active_requests gauge\ncarpool_http_active_requests ",
+      st.active_requests, "\n",
       "# HELP carpool_http_streams SSE streams in progress.\n"
       "# TYPE carpool_http_streams gauge\ncarpool_http_streams ",
       active_streams_.load(), "\n");
   if (options_.metrics) out += options_.metrics();
-  res.set_content(out, kPrometheusText);
+  HttpResponse r;
+  r.content_type = kPrometheusText;
+  r.body = std::move(out);
+  res.Send(std::move(r));
 }
 
 // ---- HttpGateway

@@ -21,6 +21,19 @@ constexpr int kDrainLingerMillis = 1000;
 constexpr int64_t kWorkerDrainWaitMicros = 5'000'000;
 constexpr int64_t kWorkerDrainResendMicros = 500'000;
 
+// A client's name inside the router: the socket it came on (one byte) and its routing id there,
+// so routing ids on the two client sockets never clash.
+constexpr char kTcpClient = 't';
+constexpr char kInprocClient = 'i';
+
+std::string ClientKey(char kind, const std::string& routing_id) {
+  std::string key(1, kind);
+  key += routing_id;
+  return key;
+}
+
+bool IsInproc(const std::string& client) { return !client.empty() && client[0] == kInprocClient; }
+
 }  // namespace
 
 absl::Status RouterOptions::Validate() const {
@@ -30,6 +43,10 @@ absl::Status RouterOptions::Validate() const {
   if (max_request_bytes < 1024 || max_request_bytes > max_frame_bytes) {
     return absl::InvalidArgumentError(
         "--max-request-bytes must be >= 1024 and <= the frame limit");
+  }
+  if (max_inproc_request_bytes < max_request_bytes) {
+    return absl::InvalidArgumentError(
+        "max_inproc_request_bytes must be >= --max-request-bytes");
   }
   RETURN_IF_ERROR(admission.Validate());
   if (max_migrations < 0) return absl::InvalidArgumentError("--max-migrations must be >= 0");
@@ -48,6 +65,9 @@ Router::Impl::Impl(const RouterOptions& o)
   options_.admission.clock = clock_;
   admission_ = std::make_unique<AdmissionController>(options_.admission, options_.tenants);
   tenant_rejections_.assign(options_.tenants.size(), 0);
+  inproc_limits_ = options_.request_limits;
+  inproc_limits_.max_prompt_bytes =
+      std::max(inproc_limits_.max_prompt_bytes, options_.max_inproc_request_bytes);
 }
 
 Router::Impl::~Impl() = default;
@@ -69,7 +89,10 @@ absl::Status Router::Impl::Init() {
   backend_endpoint_ = backend_->LastEndpoint();
   // One context per Router, so a fixed name cannot clash.
   inproc_endpoint_ = "inproc://carpool-frontend";
-  RETURN_IF_ERROR(frontend_->Bind(inproc_endpoint_));
+  SocketOptions io;
+  io.max_message_bytes = std::max(options_.max_frame_bytes, options_.max_inproc_request_bytes);
+  ASSIGN_OR_RETURN(inproc_, Socket::Create(&context_, zmq::socket_type::router, io));
+  RETURN_IF_ERROR(inproc_->Bind(inproc_endpoint_));
   return absl::OkStatus();
 }
 
@@ -77,14 +100,16 @@ absl::Status Router::Impl::Run(const std::atomic<bool>& stop, const std::atomic<
   int64_t next_check = 0;
   while (!stop.load(std::memory_order_relaxed)) {
     zmq::pollitem_t items[] = {{frontend_->raw().handle(), 0, ZMQ_POLLIN, 0},
-                               {backend_->raw().handle(), 0, ZMQ_POLLIN, 0}};
+                               {backend_->raw().handle(), 0, ZMQ_POLLIN, 0},
+                               {inproc_->raw().handle(), 0, ZMQ_POLLIN, 0}};
     try {
-      zmq::poll(items, 2, std::chrono::milliseconds(kPollMillis));
+      zmq::poll(items, 3, std::chrono::milliseconds(kPollMillis));
     } catch (const zmq::error_t& e) {
       if (e.num() != EINTR) return absl::InternalError(absl::StrCat("poll: ", e.what()));
     }
     if (items[1].revents & ZMQ_POLLIN) RETURN_IF_ERROR(DrainBackend());
-    if (items[0].revents & ZMQ_POLLIN) RETURN_IF_ERROR(DrainFrontend());
+    if (items[0].revents & ZMQ_POLLIN) RETURN_IF_ERROR(DrainFrontend(frontend_.get(), kTcpClient));
+    if (items[2].revents & ZMQ_POLLIN) RETURN_IF_ERROR(DrainFrontend(inproc_.get(), kInprocClient));
     const int64_t now = clock_->NowMicros();
     if (!draining_ && drain.load(std::memory_order_relaxed)) StartDraining(now);
     if (now >= next_check) {
@@ -95,6 +120,7 @@ absl::Status Router::Impl::Run(const std::atomic<bool>& stop, const std::atomic<
     TryDispatch();
     if (draining_ && DrainDone(now) && WorkersDrained(now)) {
       frontend_->raw().set(zmq::sockopt::linger, kDrainLingerMillis);
+      inproc_->raw().set(zmq::sockopt::linger, kDrainLingerMillis);
       backend_->raw().set(zmq::sockopt::linger, kDrainLingerMillis);
       return absl::OkStatus();
     }
@@ -104,18 +130,18 @@ absl::Status Router::Impl::Run(const std::atomic<bool>& stop, const std::atomic<
 
 // ---- socket plumbing
 
-absl::Status Router::Impl::DrainFrontend() {
+absl::Status Router::Impl::DrainFrontend(Socket* socket, char kind) {
   for (int i = 0; i < kMaxMessagesPerWake; ++i) {
-    ASSIGN_OR_RETURN(std::optional<Frames> frames, frontend_->Recv(0));
+    ASSIGN_OR_RETURN(std::optional<Frames> frames, socket->Recv(0));
     if (!frames) break;
+    if (frames->empty()) continue;
+    const std::string client = ClientKey(kind, frames->front());
     if (frames->size() != 2) {
-      if (!frames->empty()) {
-        SendError(frames->front(), "", absl::StatusCode::kInvalidArgument,
-                  reason::kInvalidArgument, "expected exactly one frame per message");
-      }
+      RefuseFrame(client, frames->size() > 1 ? std::string_view((*frames)[1]) : "",
+                  "expected exactly one frame per message");
       continue;
     }
-    OnClientFrame((*frames)[0], (*frames)[1]);
+    OnClientFrame(client, (*frames)[1]);
   }
   return absl::OkStatus();
 }
@@ -136,7 +162,8 @@ absl::Status Router::Impl::DrainBackend() {
 }
 
 void Router::Impl::SendToClient(const std::string& client, const ServerMessage& message) {
-  absl::Status s = frontend_->Send({client, Encode(message)});
+  Socket* socket = IsInproc(client) ? inproc_.get() : frontend_.get();
+  absl::Status s = socket->Send({client.substr(1), Encode(message)});
   if (!s.ok() && absl::IsUnavailable(s)) DropClient(client);
 }
 
@@ -158,16 +185,17 @@ void Router::Impl::SendError(const std::string& client, const std::string& reque
 // ---- clients
 
 void Router::Impl::OnClientFrame(const std::string& client, const std::string& payload) {
-  if (static_cast<int64_t>(payload.size()) > options_.max_request_bytes) {
-    SendError(client, "", absl::StatusCode::kInvalidArgument, reason::kInvalidArgument,
-              absl::StrCat("message of ", payload.size(), " bytes exceeds the limit of ",
-                           options_.max_request_bytes));
+  const int64_t limit =
+      IsInproc(client) ? options_.max_inproc_request_bytes : options_.max_request_bytes;
+  if (static_cast<int64_t>(payload.size()) > limit) {
+    RefuseFrame(client, payload,
+                absl::StrCat("message of ", payload.size(), " bytes exceeds the limit of ", limit,
+                             IsInproc(client) ? " (in-process)" : " (--max-request-bytes)"));
     return;
   }
   absl::StatusOr<ClientMessage> m = DecodeClientMessage(payload);
   if (!m.ok()) {
-    SendError(client, "", absl::StatusCode::kInvalidArgument, reason::kInvalidArgument,
-              std::string(m.status().message()));
+    RefuseFrame(client, payload, std::string(m.status().message()));
     return;
   }
   if (auto* g = std::get_if<GenerateInput>(&*m)) {
@@ -179,6 +207,19 @@ void Router::Impl::OnClientFrame(const std::string& client, const std::string& p
   } else {
     SendToClient(client, BuildStats());
   }
+}
+
+void Router::Impl::RefuseFrame(const std::string& client, std::string_view frame,
+                              std::string message) {
+  std::string rid = ScanClientRequestId(frame);
+  // An id the router would refuse anyway is not echoed: it cannot be a request in flight.
+  if (static_cast<int>(rid.size()) > LimitsFor(client).max_request_id_bytes) rid.clear();
+  SendError(client, rid, absl::StatusCode::kInvalidArgument, reason::kInvalidArgument,
+            std::move(message));
+}
+
+const RequestLimits& Router::Impl::LimitsFor(const std::string& client) const {
+  return IsInproc(client) ? inproc_limits_ : options_.request_limits;
 }
 
 bool Router::Impl::Accept(const std::string& client, const std::string& rid,
@@ -224,7 +265,7 @@ void Router::Impl::OnGenerate(const std::string& client, GenerateInput input) {
   metrics_.OnReceived("generate");
   const std::string rid = input.request_id;
   int tenant = -1;
-  if (!Accept(client, rid, ValidateShape(input, options_.request_limits), input.api_key,
+  if (!Accept(client, rid, ValidateShape(input, LimitsFor(client)), input.api_key,
               &tenant)) {
     return;
   }
@@ -265,7 +306,7 @@ void Router::Impl::OnEmbed(const std::string& client, EmbedInput input) {
   metrics_.OnReceived("embed");
   const std::string rid = input.request_id;
   int tenant = -1;
-  if (!Accept(client, rid, ValidateEmbedShape(input, options_.request_limits), input.api_key,
+  if (!Accept(client, rid, ValidateEmbedShape(input, LimitsFor(client)), input.api_key,
               &tenant)) {
     return;
   }
@@ -311,7 +352,7 @@ void Router::Impl::Refuse(const std::string& client, const std::string& request_
 bool Router::Impl::Validate(Request* r) {
   if (r->embed) return ValidateEmbedRequest(r);
   absl::StatusOr<ValidatedPrompt> v =
-      ValidateGenerate(r->input, limits_, options_.request_limits);
+      ValidateGenerate(r->input, limits_, LimitsFor(r->client));
   if (!v.ok()) {
     SendError(r->client, r->client_request_id, v.status().code(), ValidationReason(v.status()),
               std::string(v.status().message()));
@@ -325,7 +366,7 @@ bool Router::Impl::Validate(Request* r) {
 
 bool Router::Impl::ValidateEmbedRequest(Request* r) {
   absl::StatusOr<ValidatedEmbed> v =
-      ValidateEmbed(r->embed_input, limits_, options_.request_limits);
+      ValidateEmbed(r->embed_input, limits_, LimitsFor(r->client));
   if (!v.ok()) {
     SendError(r->client, r->client_request_id, v.status().code(), ValidationReason(v.status()),
               std::string(v.status().message()));

@@ -34,8 +34,15 @@ struct RouterOptions {
   std::string backend = "tcp://127.0.0.1:5556";
   // A worker silent this long is dead. Default: 1000 ms.
   int64_t heartbeat_timeout_ms = 1000;
-  // Client messages larger than this get an INVALID_ARGUMENT error. Default: 1 MiB.
+  // Client messages larger than this get an INVALID_ARGUMENT error naming their request_id.
+  // Default: 1 MiB.
   int64_t max_request_bytes = 1 << 20;
+  // The same for messages on the in-process endpoint (inproc_endpoint(): the HTTP gateway, whose
+  // rendered prompts may be larger than the body they came in), which also bounds their text
+  // prompts (instead of request_limits.max_prompt_bytes, when larger). Set it no smaller than
+  // the largest message the in-process client may forward; >= max_request_bytes.
+  // Default: 64 MiB.
+  int64_t max_inproc_request_bytes = 64 << 20;
   // Frames larger than this drop the connection (ZMQ_MAXMSGSIZE). Default: 64 MiB.
   int64_t max_frame_bytes = 64 << 20;
   // Queue limits, token budgets, aging, reserve (router/admission.h). admission.clock is
@@ -79,9 +86,10 @@ class Router {
   const std::string& curve_public_key() const;
   // The cluster view in the Prometheus text format (router/router_metrics.h). Any thread.
   std::string RenderMetrics() const;
-  // In-process clients (the HTTP gateway) connect here, with a socket of zmq_context(): the
-  // frontend socket is bound to this inproc:// endpoint too (no CURVE on inproc: it never leaves
-  // the process). The context lives as long as the Router; close its sockets before destroying it.
+  // In-process clients (the HTTP gateway) connect here, with a socket of zmq_context(): a socket
+  // of its own, served like the frontend but with max_inproc_request_bytes, and trusted (no CURVE:
+  // it never leaves the process). The context lives as long as the Router; close its sockets
+  // before destroying it.
   const std::string& inproc_endpoint() const;
   zmq::context_t* zmq_context();
 

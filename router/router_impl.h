@@ -72,7 +72,9 @@ class Router::Impl {
 
  private:
   // ---- router.cc: sockets, clients, admission, draining
-  absl::Status DrainFrontend();
+  // Clients are named by the socket they came on and their routing id there (ClientKey in
+  // router.cc): Request::client and by_client_ hold that name.
+  absl::Status DrainFrontend(Socket* socket, char kind);
   absl::Status DrainBackend();
   void SendToClient(const std::string& client, const ServerMessage& message);
   void SendToWorker(const std::string& identity, const RouterMessage& message);
@@ -80,6 +82,10 @@ class Router::Impl {
   void SendError(const std::string& client, const std::string& request_id, absl::StatusCode code,
                  const char* why, std::string message, int64_t retry_after_ms = 0);
   void OnClientFrame(const std::string& client, const std::string& payload);
+  // Refuses a client frame that does not decode, naming the request_id found in it (if any).
+  void RefuseFrame(const std::string& client, std::string_view frame, std::string message);
+  // The shape limits for `client`'s requests (the in-process client's allow larger prompts).
+  const RequestLimits& LimitsFor(const std::string& client) const;
   void OnGenerate(const std::string& client, GenerateInput input);
   void OnEmbed(const std::string& client, EmbedInput input);
   // Checks arrival conditions shared by generate and embed (draining, shape, API key, duplicate
@@ -139,7 +145,9 @@ class Router::Impl {
   zmq::context_t context_{1};
   std::unique_ptr<ZapHandler> zap_;
   std::unique_ptr<Socket> frontend_;
+  std::unique_ptr<Socket> inproc_;  // in-process clients (inproc_endpoint_)
   std::unique_ptr<Socket> backend_;
+  RequestLimits inproc_limits_;
   std::string frontend_endpoint_;
   std::string backend_endpoint_;
   std::string curve_public_key_;

@@ -93,13 +93,23 @@ int main(int argc, char** argv) {
                   "serve the OpenAI-compatible HTTP API on HOST:PORT, port 0 picks one "
                   "(default: off; docs/http.md)");
   flags.AddInt("http-max-connections", &http.max_connections,
-               "HTTP connections served at once; more get 503 (default 64)");
+               "HTTP connections open at once, idle ones included; more get 503 (default 10000)");
+  flags.AddInt("http-max-concurrent-requests", &http.max_concurrent_requests,
+               "HTTP requests handled at once (a stream holds one until it ends); more get 503 "
+               "(default 1024)");
   flags.AddBytes("http-max-body-bytes", &http.max_body_bytes,
                  "largest HTTP request body; larger get 413 (default 1MiB)");
   flags.AddBytes("http-max-header-bytes", &http.max_header_bytes,
                  "largest HTTP request header block; larger get 431 (default 16KiB)");
+  flags.AddInt64("http-body-timeout-ms", &http.body_timeout_ms,
+                 "an HTTP request body must arrive within this of its head, else 408 "
+                 "(default 30000)");
+  flags.AddInt64("http-write-timeout-ms", &http.write_timeout_ms,
+                 "an HTTP answer the client does not read within this closes the connection "
+                 "(default 10000)");
   flags.AddInt64("http-idle-timeout-ms", &http.idle_timeout_ms,
-                 "close an HTTP connection silent this long (default 5000)");
+                 "an HTTP request head must arrive within this (else 408), and a connection "
+                 "silent this long is closed (default 5000)");
   flags.AddInt64("http-request-timeout-ms", &http.request_timeout_ms,
                  "longest an HTTP generation may take without deadline_ms (default 600000)");
   flags.AddString("chat-template", &chat_template,
@@ -168,6 +178,19 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<carpool::router::HttpGateway> gateway;
   if (!http.listen.empty()) {
+    // Every HTTP connection is a descriptor: take the hard limit, and say so when even that is
+    // below what --http-max-connections allows.
+    rlimit files = {};
+    if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+      files.rlim_cur = files.rlim_max;
+      setrlimit(RLIMIT_NOFILE, &files);
+    }
+    if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY &&
+        files.rlim_cur < static_cast<rlim_t>(http.max_connections) + 256) {
+      std::cerr << "carpool-router: the descriptor limit (" << files.rlim_cur
+                << ") is below --http-max-connections + 256; connections beyond it wait in "
+                   "the kernel's backlog\n";
+    }
     http.router_endpoint = (*router)->inproc_endpoint();
     http.zmq_context = (*router)->zmq_context();
     http.metrics = [r = router->get()] { return r->RenderMetrics(); };

@@ -3,6 +3,7 @@
 
 #include <thread>
 
+#include "client/carpool_client.h"
 #include "common/codec.h"
 #include "common/transport.h"
 #include "gmock/gmock.h"
@@ -35,10 +36,11 @@ class RouterTest : public ::testing::Test {
     if (thread_.joinable()) thread_.join();
   }
 
-  std::unique_ptr<Socket> Dealer(const std::string& endpoint, const std::string& id) {
+  std::unique_ptr<Socket> Dealer(const std::string& endpoint, const std::string& id,
+                                 zmq::context_t* context = nullptr) {
     SocketOptions so;
     so.routing_id = id;
-    auto s = Socket::Create(&context_, zmq::socket_type::dealer, so);
+    auto s = Socket::Create(context ? context : &context_, zmq::socket_type::dealer, so);
     EXPECT_TRUE(s.ok());
     EXPECT_TRUE((*s)->Connect(endpoint).ok());
     return std::move(*s);
@@ -122,6 +124,13 @@ class RouterTest : public ::testing::Test {
     ServerMessage m = RecvClient(c);
     EXPECT_TRUE(std::holds_alternative<ErrorInfo>(m)) << "index " << m.index();
     return std::holds_alternative<ErrorInfo>(m) ? std::get<ErrorInfo>(m) : ErrorInfo{};
+  }
+
+  static GenerateInput TextRequest(const std::string& id, size_t bytes) {
+    GenerateInput g = Request(id, {}, 1, false);
+    g.has_text = true;
+    g.text = std::string(bytes, 'a');
+    return g;
   }
 
   zmq::context_t context_{1};
@@ -324,6 +333,75 @@ TEST_F(RouterTest, QueuedRequestsWaitForAWorkerAndUnknownWorkersAreAskedToRegist
   DispatchInfo d = w.RecvAs<DispatchInfo>();
   w.Send(StepTokensInfo{w.epoch, {Token(d.request_id, 3, true)}, {}});
   EXPECT_TRUE(std::holds_alternative<GenerateFinalOut>(RecvClient(client.get())));
+}
+
+TEST_F(RouterTest, RefusalsOfFramesThatDoNotDecodeNameTheirRequest) {
+  StartRouter();
+  auto client = Dealer(router_->frontend_endpoint(), "c1");
+  // Over --max-request-bytes (64 KiB here).
+  SendClient(client.get(), TextRequest("big-1", 100 << 10));
+  ErrorInfo big = RecvError(client.get());
+  EXPECT_EQ(big.request_id, "big-1");
+  EXPECT_EQ(big.code, absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(big.message, HasSubstr("exceeds the limit of 65536"));
+  // Truncated: the prompt is cut off, the id is whole.
+  const std::string frame = Encode(ClientMessage(TextRequest("cut-1", 500)));
+  ASSERT_TRUE(client->Send({frame.substr(0, 100)}).ok());
+  ErrorInfo cut = RecvError(client.get());
+  EXPECT_EQ(cut.request_id, "cut-1");
+  EXPECT_THAT(cut.message, HasSubstr("not a carpool.v1.ClientMessage"));
+  // Two frames in one message.
+  ASSERT_TRUE(client->Send({Encode(ClientMessage(CancelInput{"two-1"})), "x"}).ok());
+  ErrorInfo two = RecvError(client.get());
+  EXPECT_EQ(two.request_id, "two-1");
+  EXPECT_THAT(two.message, HasSubstr("exactly one frame"));
+  // An id longer than the request_id limit is not echoed.
+  SendClient(client.get(), TextRequest(std::string(200, 'i'), 100 << 10));
+  EXPECT_EQ(RecvError(client.get()).request_id, "");
+}
+
+TEST_F(RouterTest, InprocPathTakesMessagesOverTheTcpLimitAndKeepsItsClientsApart) {
+  StartRouter();
+  FakeWorker w = StartWorker("w1");
+  // The same routing id on both client sockets: two different clients.
+  auto tcp = Dealer(router_->frontend_endpoint(), "same");
+  auto inproc = Dealer(router_->inproc_endpoint(), "same", router_->zmq_context());
+  SendClient(tcp.get(), TextRequest("r1", 100 << 10));
+  SendClient(inproc.get(), TextRequest("r2", 100 << 10));
+  ErrorInfo over_tcp = RecvError(tcp.get());
+  EXPECT_EQ(over_tcp.request_id, "r1");
+  EXPECT_THAT(over_tcp.message, HasSubstr("exceeds the limit"));
+  // In-process it passes the size limits (frame and prompt bytes) and meets the model's.
+  ErrorInfo over_inproc = RecvError(inproc.get());
+  EXPECT_EQ(over_inproc.request_id, "r2");
+  EXPECT_EQ(over_inproc.reason, reason::kPromptTooLong);
+  EXPECT_THAT(over_inproc.message, HasSubstr("max_model_len"));
+  // Each got its own answer only.
+  SendClient(inproc.get(), Request("r3", {1}, 1, false));
+  DispatchInfo d = w.RecvAs<DispatchInfo>();
+  w.Send(StepTokensInfo{w.epoch, {Token(d.request_id, 9, true)}, {}});
+  ServerMessage m = RecvClient(inproc.get());
+  ASSERT_TRUE(std::holds_alternative<GenerateFinalOut>(m));
+  EXPECT_EQ(std::get<GenerateFinalOut>(m).request_id, "r3");
+  auto nothing = tcp->Recv(100);
+  ASSERT_TRUE(nothing.ok());
+  EXPECT_FALSE(nothing->has_value());
+  inproc.reset();  // before the router's context goes
+}
+
+TEST_F(RouterTest, SdkGetsTheRealErrorOfAnOversizedRequest) {
+  StartRouter();
+  ClientOptions co;
+  co.router_endpoint = router_->frontend_endpoint();
+  auto client = Client::Connect(co);
+  ASSERT_TRUE(client.ok()) << client.status();
+  CallOptions call;
+  call.timeout_ms = 10'000;
+  const int64_t start = Clock::Real()->NowMicros();
+  absl::StatusOr<GenerateResult> r = (*client)->Generate(TextRequest("", 100 << 10), call);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("exceeds the limit"));
+  EXPECT_LT(Clock::Real()->NowMicros() - start, 5'000'000);
 }
 
 }  // namespace

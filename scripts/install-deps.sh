@@ -15,7 +15,7 @@ packages=(
   libprotobuf-dev protobuf-compiler
   libopenmpi-dev openmpi-bin
   slurmctld slurmd slurm-client munge
-  libcpp-httplib-dev
+  libcpp-httplib-dev libboost-dev
   python3 python3-zmq python3-protobuf python3-numpy python3-pytest python3-matplotlib python3-requests python3-prometheus-client
 )
 

@@ -1,0 +1,823 @@
+#include "router/http_server.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <iostream>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http/error.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <boost/beast/http/string_body.hpp>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace carpool::router {
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = boost::beast::http;
+using tcp = asio::ip::tcp;
+using Parser = http::request_parser<http::string_body>;
+
+// Bytes read per readiness event, and unparsed bytes held beyond a request head at most (reading
+// pauses there while a handler runs: a pipelining client waits for its answers).
+constexpr size_t kReadChunk = 16 << 10;
+constexpr size_t kReadAhead = 64 << 10;
+// After an error answer: how long, and how many bytes, the server keeps reading (and dropping)
+// what the client still sends, so the client reads the answer instead of a reset.
+constexpr int64_t kLingerMs = 2000;
+constexpr size_t kLingerBytes = 8 << 20;
+// Pause before accepting again when the process is out of descriptors.
+constexpr int64_t kAcceptBackoffMs = 50;
+
+absl::string_view Reason(int status) {
+  switch (status) {
+    case 100: return "Continue";
+    case 200: return "OK";
+    case 204: return "No Content";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 409: return "Conflict";
+    case 413: return "Content Too Large";
+    case 422: return "Unprocessable Content";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 499: return "Client Closed Request";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    default: return status < 400 ? "OK" : status < 500 ? "Bad Request" : "Server Error";
+  }
+}
+
+std::string Head(const HttpResponse& r, bool close, absl::string_view framing) {
+  std::string out = absl::StrCat("HTTP/1.1 ", r.status, " ", Reason(r.status), "\r\n");
+  if (!r.content_type.empty()) absl::StrAppend(&out, "Content-Type: ", r.content_type, "\r\n");
+  for (const auto& [k, v] : r.headers) absl::StrAppend(&out, k, ": ", v, "\r\n");
+  absl::StrAppend(&out, framing, close ? "Connection: close\r\n" : "", "\r\n");
+  return out;
+}
+
+std::string Serialize(const HttpResponse& r, bool close) {
+  std::string out = Head(r, close, absl::StrCat("Content-Length: ", r.body.size(), "\r\n"));
+  out += r.body;
+  return out;
+}
+
+absl::string_view ToAbsl(boost::beast::string_view s) { return {s.data(), s.size()}; }
+
+int HexValue(char c) {
+  return absl::ascii_isdigit(c) ? c - '0' : absl::ascii_tolower(c) - 'a' + 10;
+}
+
+std::string PercentDecode(absl::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && absl::ascii_isxdigit(s[i + 1]) &&
+        absl::ascii_isxdigit(s[i + 2])) {
+      out.push_back(static_cast<char>(HexValue(s[i + 1]) * 16 + HexValue(s[i + 2])));
+      i += 2;
+    } else {
+      out.push_back(s[i]);
+    }
+  }
+  return out;
+}
+
+HttpResponse PlainError(int status, absl::string_view code, absl::string_view message) {
+  HttpResponse r;
+  r.status = status;
+  r.content_type = "text/plain";
+  r.body = absl::StrCat(code, ": ", message, "\n");
+  return r;
+}
+
+// Threads for handlers, started on demand up to a bound; TryRun refuses beyond it.
+class HandlerPool {
+ public:
+  explicit HandlerPool(int max_threads) : max_(max_threads) {}
+  ~HandlerPool() { Join(); }
+
+  bool TryRun(std::function<void()> job) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ || busy_ >= max_) return false;
+    ++busy_;
+    jobs_.push_back(std::move(job));
+    if (idle_ == 0) {
+      threads_.emplace_back([this] { Work(); });
+    } else {
+      cv_.notify_one();
+    }
+    return true;
+  }
+
+  int64_t busy() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return busy_;
+  }
+
+  // Runs the queued jobs, then ends the threads.
+  void Join() {
+    std::vector<std::thread> threads;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+      threads.swap(threads_);
+    }
+    cv_.notify_all();
+    for (std::thread& t : threads) t.join();
+  }
+
+ private:
+  void Work() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      if (jobs_.empty()) {
+        if (stopping_) return;
+        ++idle_;
+        cv_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+        --idle_;
+        continue;
+      }
+      std::function<void()> job = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      job();
+      lock.lock();
+      --busy_;
+    }
+  }
+
+  const int max_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  std::vector<std::thread> threads_;
+  int busy_ = 0;
+  int idle_ = 0;
+  bool stopping_ = false;
+};
+
+}  // namespace
+
+std::string HttpRequest::Header(absl::string_view name) const {
+  for (const auto& [k, v] : headers) {
+    if (absl::EqualsIgnoreCase(k, name)) return v;
+  }
+  return "";
+}
+
+absl::Status HttpServerOptions::Validate() const {
+  if (port < 0 || port > 65535) return absl::InvalidArgumentError("http port must be 0..65535");
+  if (max_connections < 1) return absl::InvalidArgumentError("--http-max-connections must be >= 1");
+  if (max_concurrent_requests < 1) {
+    return absl::InvalidArgumentError("--http-max-concurrent-requests must be >= 1");
+  }
+  if (max_body_bytes < 1024) return absl::InvalidArgumentError("--http-max-body-bytes must be >= 1024");
+  if (max_header_bytes < 1024 || max_header_bytes > (1 << 30)) {
+    return absl::InvalidArgumentError("--http-max-header-bytes must be in [1024, 1 GiB]");
+  }
+  if (idle_timeout_ms < 100) return absl::InvalidArgumentError("--http-idle-timeout-ms must be >= 100");
+  if (body_timeout_ms < 100) return absl::InvalidArgumentError("--http-body-timeout-ms must be >= 100");
+  if (write_timeout_ms < 100) {
+    return absl::InvalidArgumentError("--http-write-timeout-ms must be >= 100");
+  }
+  return absl::OkStatus();
+}
+
+class HttpServer::Impl {
+ public:
+  Impl(const HttpServerOptions& options, HttpHandler handler)
+      : options_(options), handler_(std::move(handler)), pool_(options.max_concurrent_requests) {
+    if (!options_.error_page) options_.error_page = PlainError;
+  }
+  ~Impl() { Stop(); }
+
+  absl::Status Start();
+  void Stop();
+  int port() const { return port_; }
+  HttpServerStats Stats() const {
+    HttpServerStats s;
+    s.connections = connections_.load();
+    s.connections_total = connections_total_.load();
+    s.rejected_connections = rejected_connections_.load();
+    s.rejected_requests = rejected_requests_.load();
+    s.timeouts = timeouts_.load();
+    s.active_requests = pool_.busy();
+    return s;
+  }
+
+ private:
+  class Connection;
+  class Exchange;
+
+  void Accept();
+  void OnAccepted(tcp::socket socket);
+
+  // Declared first: destroyed last, after everything that holds its sockets and timers.
+  asio::io_context io_;
+  HttpServerOptions options_;
+  HttpHandler handler_;
+  tcp::acceptor acceptor_{io_};
+  asio::steady_timer accept_backoff_{io_};
+  std::thread io_thread_;
+  int port_ = 0;
+  std::atomic<bool> stopping_{false};
+  bool stopped_ = false;
+  // Every open connection; touched only on the I/O thread.
+  absl::flat_hash_set<std::shared_ptr<Connection>> open_;
+  std::atomic<int64_t> connections_{0};
+  std::atomic<int64_t> connections_total_{0};
+  std::atomic<int64_t> rejected_connections_{0};
+  std::atomic<int64_t> rejected_requests_{0};
+  std::atomic<int64_t> timeouts_{0};
+  HandlerPool pool_;
+};
+
+
+// One TCP connection, on the I/O thread, except for the few members under mu_ that the handler
+// thread of its current request reads (through an Exchange).
+class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  enum class After { kNone, kSignal, kNextRequest, kLinger };
+
+  Connection(Impl* server, tcp::socket socket)
+      : server_(server),
+        options_(server->options_),
+        socket_(std::move(socket)),
+        read_timer_(server->io_),
+        write_timer_(server->io_) {}
+
+  void Begin() {
+    boost::system::error_code ec;
+    socket_.non_blocking(true, ec);
+    socket_.set_option(tcp::no_delay(true), ec);
+    const tcp::endpoint peer = socket_.remote_endpoint(ec);
+    if (!ec) remote_ = absl::StrCat(peer.address().to_string(), ":", peer.port());
+    NextRequest();
+  }
+
+  // Ends the connection now. Idempotent.
+  void Close() {
+    if (closed_) return;
+    closed_ = true;
+    boost::system::error_code ec;
+    socket_.shutdown(tcp::socket::shutdown_both, ec);
+    socket_.close(ec);
+    read_timer_.cancel();
+    write_timer_.cancel();
+    out_.clear();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      gone_ = true;
+      write_failed_ = true;
+    }
+    cv_.notify_all();
+    server_->connections_.fetch_sub(1);
+    server_->open_.erase(shared_from_this());
+  }
+
+  // Queues bytes of the current answer; `after` says what follows their write.
+  void QueueWrite(std::string bytes, After after) {
+    if (closed_) {
+      if (after == After::kSignal) Signal();
+      return;
+    }
+    out_.push_back(Pending{std::move(bytes), after});
+    if (!writing_) WriteNext();
+  }
+
+  // ---- handler side (any thread)
+
+  // Queues `bytes` and waits until they are written; false when the connection failed first.
+  bool WriteAndWait(std::string bytes) {
+    uint64_t ticket = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (write_failed_) return false;
+      ticket = ++writes_queued_;
+    }
+    asio::post(server_->io_, [self = shared_from_this(), bytes = std::move(bytes)]() mutable {
+      self->QueueWrite(std::move(bytes), After::kSignal);
+    });
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return write_failed_ || writes_done_ >= ticket; });
+    return !write_failed_;
+  }
+
+  bool Gone() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return gone_ || server_->stopping_.load();
+  }
+
+  Impl* server() const { return server_; }
+
+ private:
+  enum class Phase { kHead, kBody, kHandling, kLinger };
+  struct Pending {
+    std::string bytes;
+    After after;
+  };
+
+  // ---- reading
+
+  // Ready for the next request on this connection: its head must arrive within the idle timeout.
+  void NextRequest() {
+    phase_ = Phase::kHead;
+    parser_.emplace();
+    parser_->header_limit(static_cast<std::uint32_t>(options_.max_header_bytes));
+    parser_->body_limit(static_cast<std::uint64_t>(options_.max_body_bytes));
+    head_bytes_ = 0;
+    path_.clear();
+    ArmRead(options_.idle_timeout_ms);
+    if (buffer_.size() == 0) buffer_.shrink_to_fit();  // an idle connection holds no buffer
+    Process();
+    Read();
+  }
+
+  void ArmRead(int64_t ms) { ArmReadAt(std::chrono::steady_clock::now() + std::chrono::milliseconds(ms)); }
+
+  void ArmReadAt(std::chrono::steady_clock::time_point when) {
+    read_timer_.expires_at(when);
+    read_timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+      if (!ec) self->OnReadTimeout();
+    });
+  }
+
+  void OnReadTimeout() {
+    if (closed_) return;
+    switch (phase_) {
+      case Phase::kHead:
+        if (buffer_.size() == 0 && head_bytes_ == 0) return Close();  // idle keep-alive
+        server_->timeouts_.fetch_add(1);
+        return Fail(408, "request_timeout",
+                    absl::StrCat("the request head did not arrive within ",
+                                 options_.idle_timeout_ms, " ms"));
+      case Phase::kBody:
+        server_->timeouts_.fetch_add(1);
+        return Fail(408, "request_timeout",
+                    absl::StrCat("the request body did not arrive within ",
+                                 options_.body_timeout_ms, " ms, or paused longer than ",
+                                 options_.idle_timeout_ms, " ms"));
+      case Phase::kLinger:
+        return Close();
+      case Phase::kHandling:
+        return;
+    }
+  }
+
+  // Waits for the socket to be readable, then reads what is there: a waiting connection holds
+  // no read buffer.
+  void Read() {
+    if (closed_ || reading_ || read_eof_) return;
+    if (phase_ == Phase::kHandling && buffer_.size() >= kReadAhead) return;  // resumed later
+    reading_ = true;
+    socket_.async_wait(tcp::socket::wait_read,
+                       [self = shared_from_this()](const boost::system::error_code& ec) {
+                         self->reading_ = false;
+                         if (self->closed_) return;
+                         if (ec) return self->OnReadEnd();
+                         self->OnReadable();
+                       });
+  }
+
+  void OnReadable() {
+    boost::system::error_code ec;
+    const size_t n = socket_.read_some(buffer_.prepare(kReadChunk), ec);
+    if (ec == asio::error::would_block || ec == asio::error::try_again) return Read();
+    if (ec) return OnReadEnd();
+    buffer_.commit(n);
+    if (phase_ == Phase::kLinger) {
+      linger_bytes_ += n;
+      buffer_.consume(buffer_.size());
+      if (linger_bytes_ > kLingerBytes) return Close();
+      return Read();
+    }
+    if (phase_ == Phase::kBody) ArmBody();
+    Process();
+    Read();
+  }
+
+  // The client closed its side, or the connection broke.
+  void OnReadEnd() {
+    read_eof_ = true;
+    switch (phase_) {
+      case Phase::kHead:
+        if (buffer_.size() > 0) Process();  // answers what was pipelined before the close
+        if (phase_ == Phase::kHead) Close();
+        return;
+      case Phase::kBody:
+      case Phase::kLinger:
+        return Close();
+      case Phase::kHandling:
+        if (buffer_.size() == 0) {  // nothing pipelined: nobody will read the answer
+          std::lock_guard<std::mutex> lock(mu_);
+          gone_ = true;
+        }
+        return;
+    }
+  }
+
+  // Feeds buffered bytes to the parser while a request is being read.
+  void Process() {
+    while (!closed_ && (phase_ == Phase::kHead || phase_ == Phase::kBody) && buffer_.size() > 0) {
+      beast::error_code ec;
+      const size_t used = parser_->put(buffer_.data(), ec);
+      buffer_.consume(used);
+      if (phase_ == Phase::kHead) head_bytes_ += used;
+      if (ec == http::error::need_more) break;
+      if (ec) return OnParseError(ec);
+      if (phase_ == Phase::kHead && parser_->is_header_done() && !OnHead()) return;
+      if (parser_->is_done()) return Dispatch();
+    }
+    if (read_eof_ && phase_ == Phase::kBody) Close();
+  }
+
+  void OnParseError(const beast::error_code& ec) {
+    if (ec == http::error::body_limit) {
+      return Fail(413, "payload_too_large",
+                  absl::StrCat("the request body exceeds ", options_.max_body_bytes, " bytes"));
+    }
+    if (ec == http::error::header_limit) {
+      return Fail(431, "headers_too_large",
+                  absl::StrCat("the request head exceeds ", options_.max_header_bytes, " bytes"));
+    }
+    Fail(400, "bad_request", absl::StrCat("malformed HTTP request: ", ec.message()));
+  }
+
+  // Checks what Beast accepted in the head; false when the request was refused.
+  bool OnHead() {
+    const auto& h = parser_->get();
+    path_ = std::string(h.target().substr(0, h.target().find('?')));
+    if (h.count(http::field::transfer_encoding) > 0 && !parser_->chunked()) {
+      Fail(501, "not_implemented", "only the chunked Transfer-Encoding is supported");
+      return false;
+    }
+    for (const auto& f : h) {
+      for (char c : f.value()) {
+        if (c == '\0' || c == '\r' || c == '\n') {
+          Fail(400, "bad_request", "a header value holds a NUL, CR or LF");
+          return false;
+        }
+      }
+    }
+    keep_alive_ = h.keep_alive();
+    if (absl::EqualsIgnoreCase(ToAbsl(h[http::field::expect]), "100-continue") &&
+        !parser_->is_done()) {
+      QueueWrite("HTTP/1.1 100 Continue\r\n\r\n", After::kNone);
+    }
+    parser_->eager(true);
+    phase_ = Phase::kBody;
+    body_deadline_ =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.body_timeout_ms);
+    ArmBody();
+    return true;
+  }
+
+  // The body must arrive by body_deadline_, and never pause longer than the idle timeout.
+  void ArmBody() {
+    ArmReadAt(std::min(body_deadline_, std::chrono::steady_clock::now() +
+                                           std::chrono::milliseconds(options_.idle_timeout_ms)));
+  }
+
+  void Dispatch();
+
+  // Answers a request the server refuses itself, then closes gracefully.
+  void Fail(int status, absl::string_view code, const std::string& message) {
+    read_timer_.cancel();
+    phase_ = Phase::kHandling;  // no more parsing
+    Report(status);
+    QueueWrite(Serialize(options_.error_page(status, code, message), /*close=*/true),
+               After::kLinger);
+  }
+
+  void Report(int status) {
+    if (options_.on_response) options_.on_response(path_, status);
+  }
+
+  // ---- writing
+
+  void WriteNext() {
+    if (out_.empty() || closed_) return;
+    writing_ = true;
+    write_timer_.expires_after(std::chrono::milliseconds(options_.write_timeout_ms));
+    write_timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+      if (!ec && self->writing_) {
+        self->server_->timeouts_.fetch_add(1);
+        self->Close();
+      }
+    });
+    asio::async_write(socket_, asio::buffer(out_.front().bytes),
+                      [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
+                        self->OnWritten(ec);
+                      });
+  }
+
+  void OnWritten(const boost::system::error_code& ec) {
+    writing_ = false;
+    write_timer_.cancel();
+    if (closed_) return;
+    if (ec) return Close();
+    const After after = out_.front().after;
+    out_.pop_front();
+    switch (after) {
+      case After::kNone:
+        break;
+      case After::kSignal:
+        Signal();
+        break;
+      case After::kNextRequest:
+        if (read_eof_ && buffer_.size() == 0) return Close();
+        NextRequest();
+        break;
+      case After::kLinger:
+        return Linger();
+    }
+    WriteNext();
+  }
+
+  void Signal() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++writes_done_;
+    }
+    cv_.notify_all();
+  }
+
+  // Stops writing, drops what the client still sends for a moment, then closes.
+  void Linger() {
+    phase_ = Phase::kLinger;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      gone_ = true;
+      write_failed_ = true;
+    }
+    cv_.notify_all();
+    boost::system::error_code ec;
+    socket_.shutdown(tcp::socket::shutdown_send, ec);
+    buffer_.consume(buffer_.size());
+    if (read_eof_) return Close();
+    ArmRead(kLingerMs);
+    Read();
+  }
+
+  Impl* const server_;
+  const HttpServerOptions& options_;
+  tcp::socket socket_;
+  asio::steady_timer read_timer_;
+  asio::steady_timer write_timer_;
+  std::string remote_;
+
+  Phase phase_ = Phase::kHead;
+  beast::flat_buffer buffer_;
+  std::optional<Parser> parser_;
+  std::string path_;  // of the request being read or answered, for on_response
+  bool keep_alive_ = true;
+  size_t head_bytes_ = 0;
+  size_t linger_bytes_ = 0;
+  std::chrono::steady_clock::time_point body_deadline_;
+  bool reading_ = false;
+  bool read_eof_ = false;
+  bool writing_ = false;
+  bool closed_ = false;
+  std::deque<Pending> out_;
+
+  // Shared with the handler thread of the current request.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool gone_ = false;
+  bool write_failed_ = false;
+  uint64_t writes_queued_ = 0;
+  uint64_t writes_done_ = 0;
+};
+
+// The answer to one request, on its handler thread.
+class HttpServer::Impl::Exchange : public HttpResponder {
+ public:
+  using After = Connection::After;
+
+  Exchange(std::shared_ptr<Connection> connection, std::string path, bool keep_alive)
+      : connection_(std::move(connection)), path_(std::move(path)), keep_alive_(keep_alive) {}
+
+  void Send(HttpResponse response) override {
+    if (answered_) return;
+    answered_ = true;
+    Report(response.status);
+    const bool close = response.close || !keep_alive_;
+    asio::post(connection_->server()->io_,
+               [c = connection_, bytes = Serialize(response, close), close]() mutable {
+                 c->QueueWrite(std::move(bytes), close ? After::kLinger : After::kNextRequest);
+               });
+  }
+
+  bool StartStream(const HttpResponse& head) override {
+    if (answered_) return false;
+    answered_ = true;
+    streaming_ = true;
+    Report(head.status);
+    return connection_->WriteAndWait(Head(head, !keep_alive_, "Transfer-Encoding: chunked\r\n"));
+  }
+
+  bool Write(absl::string_view data) override {
+    if (!streaming_) return false;
+    if (data.empty()) return !Gone();
+    std::string chunk = absl::StrCat(absl::Hex(data.size()), "\r\n");
+    chunk.append(data.data(), data.size());
+    chunk += "\r\n";
+    return connection_->WriteAndWait(std::move(chunk));
+  }
+
+  void End() override {
+    if (!streaming_) return;
+    streaming_ = false;
+    const bool close = !keep_alive_;
+    asio::post(connection_->server()->io_, [c = connection_, close] {
+      c->QueueWrite("0\r\n\r\n", close ? After::kLinger : After::kNextRequest);
+    });
+  }
+
+  bool Gone() const override { return connection_->Gone(); }
+
+  // After the handler returned: answers what it left unanswered, ends what it left open.
+  void Finish() {
+    if (!answered_) {
+      Send(connection_->server()->options_.error_page(500, "internal",
+                                                      "the handler gave no answer"));
+    } else if (streaming_) {
+      End();
+    }
+  }
+
+ private:
+  void Report(int status) {
+    const auto& on_response = connection_->server()->options_.on_response;
+    if (on_response) on_response(path_, status);
+  }
+
+  std::shared_ptr<Connection> connection_;
+  const std::string path_;
+  const bool keep_alive_;
+  bool answered_ = false;
+  bool streaming_ = false;
+};
+
+void HttpServer::Impl::Connection::Dispatch() {
+  phase_ = Phase::kHandling;
+  read_timer_.cancel();
+  auto request = std::make_shared<HttpRequest>();
+  http::request<http::string_body> m = parser_->release();
+  parser_.reset();
+  request->method = std::string(m.method_string());
+  request->target = std::string(m.target());
+  const size_t q = request->target.find('?');
+  request->path = PercentDecode(absl::string_view(request->target).substr(0, q));
+  if (q != std::string::npos) request->query = request->target.substr(q + 1);
+  for (const auto& f : m) {
+    request->headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
+  }
+  request->body = std::move(m.body());
+  request->remote = remote_;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    gone_ = false;
+    write_failed_ = false;
+  }
+  auto exchange = std::make_shared<Exchange>(shared_from_this(), path_, keep_alive_);
+  const bool taken = server_->pool_.TryRun([server = server_, request, exchange] {
+    server->handler_(*request, *exchange);
+    exchange->Finish();
+  });
+  if (taken) return;
+  server_->rejected_requests_.fetch_add(1);
+  HttpResponse r = options_.error_page(
+      503, "too_many_requests",
+      absl::StrCat("the gateway runs at most ", options_.max_concurrent_requests,
+                   " requests at once"));
+  r.headers.emplace_back("Retry-After", "1");
+  Report(503);
+  QueueWrite(Serialize(r, !keep_alive_), keep_alive_ ? After::kNextRequest : After::kLinger);
+}
+
+// ---- the server
+
+absl::Status HttpServer::Impl::Start() {
+  if (absl::Status s = options_.Validate(); !s.ok()) return s;
+  boost::system::error_code ec;
+  const asio::ip::address address = asio::ip::make_address(options_.host, ec);
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--http: '", options_.host, "' is not an IP address"));
+  }
+  const tcp::endpoint endpoint(address, static_cast<unsigned short>(options_.port));
+  acceptor_.open(endpoint.protocol(), ec);
+  if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor_.bind(endpoint, ec);
+  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.host, ":",
+                                               options_.port, ": ", ec.message()));
+  }
+  port_ = acceptor_.local_endpoint().port();
+  Accept();
+  io_thread_ = std::thread([this] { io_.run(); });
+  return absl::OkStatus();
+}
+
+void HttpServer::Impl::Accept() {
+  acceptor_.async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
+    if (stopping_.load()) return;
+    if (ec == asio::error::operation_aborted) return;
+    if (ec) {
+      // Out of descriptors (EMFILE/ENFILE) or a connection reset before it was taken: pause a
+      // moment rather than spin, then go on.
+      accept_backoff_.expires_after(std::chrono::milliseconds(kAcceptBackoffMs));
+      accept_backoff_.async_wait([this](const boost::system::error_code& e) {
+        if (!e) Accept();
+      });
+      return;
+    }
+    OnAccepted(std::move(socket));
+    Accept();
+  });
+}
+
+void HttpServer::Impl::OnAccepted(tcp::socket socket) {
+  connections_total_.fetch_add(1);
+  if (connections_.load() >= options_.max_connections) {
+    rejected_connections_.fetch_add(1);
+    HttpResponse r = options_.error_page(
+        503, "too_many_connections",
+        absl::StrCat("the gateway holds at most ", options_.max_connections,
+                     " connections at once"));
+    r.headers.emplace_back("Retry-After", "1");
+    if (options_.on_response) options_.on_response("", 503);
+    // Best effort, without blocking: a fresh socket's send buffer takes a small answer whole.
+    boost::system::error_code ec;
+    socket.non_blocking(true, ec);
+    const std::string bytes = Serialize(r, /*close=*/true);
+    socket.write_some(asio::buffer(bytes), ec);
+    socket.shutdown(tcp::socket::shutdown_both, ec);
+    socket.close(ec);
+    return;
+  }
+  connections_.fetch_add(1);
+  auto connection = std::make_shared<Connection>(this, std::move(socket));
+  open_.insert(connection);
+  connection->Begin();
+}
+
+void HttpServer::Impl::Stop() {
+  if (stopped_) return;
+  stopped_ = true;
+  stopping_.store(true);
+  if (io_thread_.joinable()) {
+    asio::post(io_, [this] {
+      boost::system::error_code ec;
+      acceptor_.close(ec);
+      accept_backoff_.cancel();
+      std::vector<std::shared_ptr<Connection>> open(open_.begin(), open_.end());
+      for (const auto& c : open) c->Close();
+    });
+  }
+  pool_.Join();  // handlers see Gone() and failing writes, and return
+  io_.stop();
+  if (io_thread_.joinable()) io_thread_.join();
+}
+
+// ---- HttpServer
+
+HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+HttpServer::~HttpServer() = default;
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions& options,
+                                                              HttpHandler handler) {
+  auto impl = std::make_unique<Impl>(options, std::move(handler));
+  if (absl::Status s = impl->Start(); !s.ok()) return s;
+  return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
+}
+
+int HttpServer::port() const { return impl_->port(); }
+HttpServerStats HttpServer::Stats() const { return impl_->Stats(); }
+
+}  // namespace carpool::router
