@@ -39,6 +39,12 @@ inline constexpr char kCancelled[] = "cancelled";
 inline constexpr char kDraining[] = "draining";
 inline constexpr char kUnauthenticated[] = "unauthenticated";
 inline constexpr char kInternal[] = "internal";
+// RESOURCE_EXHAUSTED: the request reserves more tokens than the cluster could ever admit.
+inline constexpr char kTooLarge[] = "too_large";
+// UNAVAILABLE: a queued request waited --no-worker-timeout-ms with no worker able to serve it.
+inline constexpr char kNoWorkers[] = "no_workers";
+// Set by the SDKs, never sent: the connection to the router dropped with the call open.
+inline constexpr char kRouterLost[] = "router_lost";
 }  // namespace reason
 
 struct ErrorInfo {

@@ -29,6 +29,10 @@ absl::Status AdmissionOptions::Validate() const {
     return absl::InvalidArgumentError("--interactive-reserve must be < --max-inflight-tokens");
   }
   if (priority_aging_ms < 1) return absl::InvalidArgumentError("--priority-aging-ms must be >= 1");
+  if (skip_ahead_ms < 0) return absl::InvalidArgumentError("--skip-ahead-ms must be >= 0");
+  if (no_worker_timeout_ms < 0) {
+    return absl::InvalidArgumentError("--no-worker-timeout-ms must be >= 0");
+  }
   return absl::OkStatus();
 }
 
@@ -97,6 +101,9 @@ std::optional<Refusal> AdmissionController::CheckTenant(const AdmissionRequest& 
 std::optional<Refusal> AdmissionController::Admit(const AdmissionRequest& r) {
   const int64_t now = clock_->NowMicros();
   const int64_t tokens = std::max<int64_t>(1, r.prompt_tokens + r.max_tokens);
+  if (std::optional<Refusal> refusal = CheckSize(r.priority, r.kv_resident, tokens)) {
+    return refusal;
+  }
   if (std::optional<Refusal> refusal = CheckTenant(r, tokens, now)) return refusal;
   const int queued = counters_.queued[0] + counters_.queued[1] + counters_.queued[2];
   if (queued >= options_.max_queued_requests) {
@@ -144,6 +151,7 @@ std::optional<Refusal> AdmissionController::Admit(const AdmissionRequest& r) {
   e.request = r;
   e.tokens = tokens;
   e.arrival = now;
+  e.queued_at = now;
   entries_[r.id] = e;
   queues_[Index(r.priority)].push_back(r.id);
   ++counters_.queued[Index(r.priority)];
@@ -157,52 +165,92 @@ int AdmissionController::Level(const Entry& e, int64_t now) const {
   return static_cast<int>(std::max<int64_t>(0, Index(e.request.priority) - aged));
 }
 
-bool AdmissionController::Fits(const Entry& e) const {
-  if (counters_.inflight == 0) return true;  // anything may run alone
-  int64_t budget = max_inflight_tokens();
-  if (e.request.priority != Priority::kInteractive) budget -= options_.interactive_reserve_tokens;
-  return counters_.inflight_tokens + e.tokens <= budget;
+int64_t AdmissionController::ClassBudget(Priority p) const {
+  const int64_t budget = max_inflight_tokens();
+  return p == Priority::kInteractive ? budget : budget - options_.interactive_reserve_tokens;
 }
 
-std::optional<uint64_t> AdmissionController::Head(int p, int64_t now) {
-  std::deque<uint64_t>& q = queues_[p];
-  while (!q.empty()) {
-    auto it = entries_.find(q.front());
-    if (it != entries_.end() && it->second.queued) break;
-    q.pop_front();
+bool AdmissionController::Fits(const Entry& e) const {
+  // An unknown budget (no worker has reported its capacity): one request at a time.
+  if (max_inflight_tokens() <= 0) return counters_.inflight == 0;
+  return counters_.inflight_tokens + e.tokens <= ClassBudget(e.request.priority);
+}
+
+std::optional<Refusal> AdmissionController::CheckSize(Priority priority, bool kv_resident,
+                                                      int64_t tokens) const {
+  const auto refuse = [&](const std::string& limit) {
+    return Refusal{absl::StatusCode::kResourceExhausted, reason::kTooLarge,
+                   absl::StrCat("the request reserves ", tokens,
+                                " tokens (prompt + max_tokens; an embed: all its inputs) but ",
+                                limit, ", so it could never run"),
+                   0};
+  };
+  if (max_inflight_tokens() > 0) {
+    const int64_t budget = ClassBudget(priority);
+    if (tokens > budget) {
+      if (budget == max_inflight_tokens()) {
+        return refuse(absl::StrCat("the cluster's in-flight token budget is ", budget));
+      }
+      return refuse(absl::StrCat("the ", PriorityName(priority), " class may use ",
+                                 std::max<int64_t>(0, budget), " of the cluster's ",
+                                 max_inflight_tokens(),
+                                 " in-flight tokens (the rest is the interactive reserve)"));
+    }
   }
-  // Requests past their deadline stay queued until Expired() reports them, but never go.
-  for (uint64_t id : q) {
-    auto it = entries_.find(id);
-    if (it == entries_.end() || !it->second.queued) continue;
-    const int64_t deadline = it->second.request.deadline_micros;
-    if (deadline > 0 && now >= deadline) continue;
-    return id;
+  if (kv_resident && largest_worker_tokens_ > 0 && tokens > largest_worker_tokens_) {
+    return refuse(
+        absl::StrCat("the largest worker's KV cache holds ", largest_worker_tokens_, " tokens"));
   }
   return std::nullopt;
 }
 
-std::optional<uint64_t> AdmissionController::Next() {
+bool AdmissionController::Eligible(uint64_t id, int64_t now) const {
+  auto it = entries_.find(id);
+  if (it == entries_.end() || !it->second.queued) return false;
+  const Entry& e = it->second;
+  // Requests past their deadline stay queued until Expired() reports them, but never go; nor do
+  // oversized ones, until Oversized() reports them.
+  if (e.request.deadline_micros > 0 && now >= e.request.deadline_micros) return false;
+  return !CheckSize(e.request.priority, e.request.kv_resident, e.tokens).has_value();
+}
+
+std::optional<uint64_t> AdmissionController::Next(const absl::flat_hash_set<uint64_t>& unplaced) {
   const int64_t now = clock_->NowMicros();
-  std::optional<uint64_t> best;
-  int best_level = 0;
-  int64_t best_arrival = 0;
-  for (int p = 0; p < kNumPriorities; ++p) {
-    std::optional<uint64_t> head = Head(p, now);
-    if (!head) continue;
-    const Entry& e = entries_.at(*head);
-    const int level = Level(e, now);
-    if (!best || level < best_level || (level == best_level && e.arrival < best_arrival)) {
-      best = head;
-      best_level = level;
-      best_arrival = e.arrival;
+  // Drop ids released while queued from the front of each queue.
+  for (std::deque<uint64_t>& q : queues_) {
+    while (!q.empty()) {
+      auto it = entries_.find(q.front());
+      if (it != entries_.end() && it->second.queued) break;
+      q.pop_front();
     }
   }
-  if (!best) return std::nullopt;
-  if (Fits(entries_.at(*best))) return best;
-  const int interactive = Index(Priority::kInteractive);
-  std::optional<uint64_t> head = Head(interactive, now);
-  if (head && *head != *best && Fits(entries_.at(*head))) return head;
+  // Walk the dispatch order: a merge of the class queues by (level, arrival).
+  std::array<size_t, kNumPriorities> cursor = {0, 0, 0};
+  const int64_t skip_micros = options_.skip_ahead_ms * 1000;
+  for (int walked = 0; walked <= kMaxSkipAhead; ++walked) {
+    int best = -1;
+    int best_level = 0;
+    int64_t best_arrival = 0;
+    for (int p = 0; p < kNumPriorities; ++p) {
+      const std::deque<uint64_t>& q = queues_[p];
+      while (cursor[p] < q.size() && !Eligible(q[cursor[p]], now)) ++cursor[p];
+      if (cursor[p] == q.size()) continue;
+      const Entry& e = entries_.at(q[cursor[p]]);
+      const int level = Level(e, now);
+      if (best < 0 || level < best_level || (level == best_level && e.arrival < best_arrival)) {
+        best = p;
+        best_level = level;
+        best_arrival = e.arrival;
+      }
+    }
+    if (best < 0) return std::nullopt;
+    const uint64_t id = queues_[best][cursor[best]++];
+    const Entry& e = entries_.at(id);
+    if (!unplaced.contains(id) && Fits(e)) return id;
+    // It cannot go: requests behind it may go ahead until it has waited skip_ahead_ms; from then
+    // on the budget is held for it.
+    if (now - e.arrival >= skip_micros) return std::nullopt;
+  }
   return std::nullopt;
 }
 
@@ -227,6 +275,7 @@ void AdmissionController::MarkDispatched(uint64_t id) {
 void AdmissionController::Requeue(uint64_t id) {
   Entry& e = entries_.at(id);
   e.queued = true;
+  e.queued_at = clock_->NowMicros();
   --counters_.inflight;
   counters_.inflight_tokens -= e.tokens;
   ++counters_.queued[Index(e.request.priority)];
@@ -300,6 +349,39 @@ std::vector<uint64_t> AdmissionController::Overdue() const {
     if (!e.queued && e.request.deadline_micros > 0 && now >= e.request.deadline_micros) {
       out.push_back(id);
     }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<std::pair<uint64_t, Refusal>> AdmissionController::Oversized() const {
+  std::vector<std::pair<uint64_t, Refusal>> out;
+  for (const auto& [id, e] : entries_) {
+    if (!e.queued) continue;
+    if (std::optional<Refusal> r = CheckSize(e.request.priority, e.request.kv_resident, e.tokens)) {
+      out.emplace_back(id, *std::move(r));
+    }
+  }
+  std::sort(out.begin(), out.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  return out;
+}
+
+void AdmissionController::SetWorkersAvailable(bool available) {
+  if (available) {
+    no_workers_since_ = -1;
+  } else if (no_workers_since_ < 0) {
+    no_workers_since_ = clock_->NowMicros();
+  }
+}
+
+std::vector<uint64_t> AdmissionController::Stranded() const {
+  std::vector<uint64_t> out;
+  if (no_workers_since_ < 0 || options_.no_worker_timeout_ms <= 0) return out;
+  const int64_t now = clock_->NowMicros();
+  const int64_t timeout = options_.no_worker_timeout_ms * 1000;
+  for (const auto& [id, e] : entries_) {
+    if (e.queued && now - std::max(no_workers_since_, e.queued_at) >= timeout) out.push_back(id);
   }
   std::sort(out.begin(), out.end());
   return out;

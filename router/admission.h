@@ -7,14 +7,24 @@
 // max_inflight_tokens. Release() gives everything back exactly once, wherever the request is;
 // with no request left every counter is zero (CheckInvariants() verifies the sums).
 //
+// Size. A request must fit what the cluster could ever run: its tokens at most the in-flight
+// budget of its class (below), and, for a request that lives in one worker's KV cache (generate,
+// not embed), at most the largest registered worker's KV capacity. Larger ones are refused
+// RESOURCE_EXHAUSTED too_large at admission. While a limit is unknown (no worker registered and
+// no max_inflight_tokens) nothing is refused for it; Oversized() lists the queued requests that
+// no longer fit once the limits are known (or after they shrank), and Next() never returns them.
+//
 // Order. Three FIFO queues, one per class. A queued request's level is its class's base
 // (interactive 0, default 1, batch 2) minus one per `priority_aging_ms` it has waited, never
 // below 0: a batch request waiting 2 aging periods competes with interactive work as an equal.
-// Next() considers the head of each queue and picks the lowest level, then the earliest arrival.
-// The pick dispatches only if its tokens fit the in-flight budget of its class (everything for
-// interactive; max_inflight_tokens - interactive_reserve_tokens for the others) or nothing is in
-// flight; otherwise an interactive head that fits may go first, and everyone else waits (no
-// smaller request overtakes a larger one of the same or a better level).
+// The dispatch order merges the three queues, taking the lowest level, then the earliest
+// arrival. Next() walks that order and returns the first request whose tokens fit the in-flight
+// budget of its class (everything for interactive; max_inflight_tokens -
+// interactive_reserve_tokens for the others). A request that does not fit is overtaken by
+// requests behind it that fit while it has waited less than `skip_ahead_ms`; once it has waited
+// that long nothing behind it goes: the budget is held for it until the requests in flight have
+// left it room. So a large request never blocks small ones for longer than skip_ahead_ms, and is
+// never starved.
 //
 // Deadlines. Expired() lists queued requests whose deadline has passed (Next() never returns
 // them), and Overdue() the dispatched ones. At admission a request with a deadline is refused `deadline_unmeetable` when
@@ -35,9 +45,11 @@
 #include <deque>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "common/clock.h"
 #include "common/messages.h"
@@ -47,6 +59,8 @@ namespace carpool::router {
 
 inline constexpr int kNumPriorities = 3;  // indexed by static_cast<int>(Priority)
 inline constexpr int64_t kRateWindowMicros = 10'000'000;
+// Next() looks at most this many requests past the ones that cannot go.
+inline constexpr int kMaxSkipAhead = 256;
 
 struct AdmissionOptions {
   // Requests queued at once; beyond it UNAVAILABLE queue_full. Default: 10000.
@@ -61,6 +75,12 @@ struct AdmissionOptions {
   int64_t interactive_reserve_tokens = 0;
   // Waiting this long raises a queued request one class. Default: 5000.
   int64_t priority_aging_ms = 5000;
+  // How long requests that fit may go ahead of a queued request that does not; after that the
+  // in-flight budget is held for it. 0: never overtaken. Default: 2000.
+  int64_t skip_ahead_ms = 2000;
+  // A queued request with no worker able to serve it for this long is Stranded(). 0: it waits
+  // for one without end. Default: 30000.
+  int64_t no_worker_timeout_ms = 30000;
   // Not owned; Clock::Real() when null.
   Clock* clock = nullptr;
 
@@ -74,6 +94,9 @@ struct AdmissionRequest {
   int64_t prompt_tokens = 0;
   int64_t max_tokens = 0;
   int64_t deadline_micros = 0;     // absolute, on the clock; 0: none
+  // Its tokens live in one worker's KV cache while it runs (generate); false for an embed,
+  // which keeps no KV once its forward pass is done.
+  bool kv_resident = true;
 };
 
 // Why a request was not admitted, as the client will see it.
@@ -97,12 +120,15 @@ class AdmissionController {
   AdmissionController(const AdmissionOptions& options, TenantTable tenants);
 
   // Admits `request` (it is queued at the back of its class) or says why not. Checks, in order:
-  // tenant priority, tenant concurrency and token bucket, queue slots, queued tokens, deadline.
+  // size, tenant priority, tenant concurrency and token bucket, queue slots, queued tokens,
+  // deadline.
   std::optional<Refusal> Admit(const AdmissionRequest& request);
 
   // The queued request that should be dispatched now, by the rule above; nullopt when none may
-  // go. Does not change state.
-  std::optional<uint64_t> Next();
+  // go. `unplaced`: requests the caller found no worker for just now; they count as not fitting
+  // (and are overtaken, or held for, like one). At most kMaxSkipAhead requests that cannot go
+  // are passed over. Does not change state (but forgets ids released while queued).
+  std::optional<uint64_t> Next(const absl::flat_hash_set<uint64_t>& unplaced = {});
   // Moves a queued request to in flight. REQUIRES: it is queued.
   void MarkDispatched(uint64_t id);
   // Puts an in-flight request back at the front of its class (its worker died or refused it).
@@ -120,6 +146,17 @@ class AdmissionController {
   // The cluster's KV capacity in tokens; the in-flight budget when max_inflight_tokens is 0.
   void SetCapacityTokens(int64_t tokens) { capacity_tokens_ = tokens; }
   int64_t max_inflight_tokens() const;
+  // The largest KV capacity of one registered worker, in tokens; 0: unknown (no limit).
+  void SetLargestWorkerTokens(int64_t tokens) { largest_worker_tokens_ = tokens; }
+  // Queued requests that can never be dispatched under the present limits (see Size), with the
+  // too_large refusal each should end with. Sorted by id.
+  std::vector<std::pair<uint64_t, Refusal>> Oversized() const;
+
+  // Whether some worker can serve requests now. While none can, a queued request's wait for one
+  // runs from the later of the moment the last one went and the request's (re)queueing.
+  void SetWorkersAvailable(bool available);
+  // Queued requests that have waited no_worker_timeout_ms with no worker; sorted by id.
+  std::vector<uint64_t> Stranded() const;
 
   // Reserved tokens finished per second over the window; 0 while unknown.
   double ServiceRate() const;
@@ -140,6 +177,7 @@ class AdmissionController {
     AdmissionRequest request;
     int64_t tokens = 0;
     int64_t arrival = 0;
+    int64_t queued_at = 0;  // admission or the last Requeue
     bool queued = true;
   };
   struct TenantState {
@@ -149,10 +187,16 @@ class AdmissionController {
   };
 
   int Level(const Entry& e, int64_t now) const;
+  // The in-flight budget of class `p` (may be <= 0 when the reserve takes it all).
+  // REQUIRES: max_inflight_tokens() > 0, i.e. the budget is known.
+  int64_t ClassBudget(Priority p) const;
   bool Fits(const Entry& e) const;
-  // The first id of queue `p` that may be dispatched (queued, deadline not passed); drops ids
-  // released while queued from the front.
-  std::optional<uint64_t> Head(int p, int64_t now);
+  // Why a request of `tokens` can never be dispatched under the present limits; nullopt if it
+  // can (or a limit is unknown).
+  std::optional<Refusal> CheckSize(Priority priority, bool kv_resident, int64_t tokens) const;
+  // Whether the queued entry `id` may be dispatched now by everything but the budget: queued,
+  // deadline not passed, not oversized.
+  bool Eligible(uint64_t id, int64_t now) const;
   void Refill(TenantState* t, const TenantConfig& c, int64_t now) const;
   std::optional<Refusal> CheckTenant(const AdmissionRequest& r, int64_t tokens, int64_t now);
   void RecordFinish(int64_t tokens, int64_t now);
@@ -166,6 +210,9 @@ class AdmissionController {
   std::array<std::deque<uint64_t>, kNumPriorities> queues_;
   AdmissionCounters counters_;
   int64_t capacity_tokens_ = 0;
+  int64_t largest_worker_tokens_ = 0;
+  // Since when no worker can serve requests; -1 while one can.
+  int64_t no_workers_since_ = -1;
   // Finished reserved tokens per 100 ms bucket over the rate window.
   std::deque<std::pair<int64_t, int64_t>> finishes_;
   int64_t first_observation_ = -1;

@@ -1,11 +1,16 @@
 // Admission under load: the router in-process against simulated workers (fixed service rates)
 // and scripted clients on real sockets. Must-show items 2-5 of the admission issue.
 #include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/clock.h"
+#include "common/codec.h"
 #include "router/router.h"
 #include "router/testing/sim_worker.h"
 
@@ -18,7 +23,176 @@ using testing::QueryStats;
 using testing::Scripted;
 using testing::SimWorker;
 using testing::SimWorkerOptions;
+using testing::Tag;
 using testing::TaggedPrompt;
+
+int64_t NowMicros() { return Clock::Real()->NowMicros(); }
+
+// A worker that generates like SimWorker (one token per running request every step_ms) and
+// answers embeds embed_ms after they arrive. KV: 64 blocks of 16 = 1024 tokens. Records the
+// tags of its dispatches (a generate's prompt, an embed's first input) in arrival order.
+class EmbeddingSimWorker {
+ public:
+  EmbeddingSimWorker(const std::string& backend, int step_ms, int embed_ms)
+      : step_ms_(step_ms), embed_ms_(embed_ms), thread_([this, backend] { Run(backend); }) {}
+  ~EmbeddingSimWorker() {
+    stop_.store(true);
+    thread_.join();
+  }
+  std::vector<int> dispatch_order() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return order_;
+  }
+
+ private:
+  struct Pending {
+    uint64_t id = 0;
+    int left = 0;      // generate: tokens to go
+    int64_t due = 0;   // embed: when to answer (0: a generate)
+    size_t inputs = 0;
+  };
+  void Run(const std::string& backend) {
+    zmq::context_t context;
+    SocketOptions so;
+    so.routing_id = "embedding-sim";
+    auto socket = Socket::Create(&context, zmq::socket_type::dealer, so);
+    if (!socket.ok() || !(*socket)->Connect(backend).ok()) return;
+    Socket& s = **socket;
+    RegisterInfo reg;
+    reg.worker_id = "embedding-sim";
+    reg.model = "sim";
+    reg.max_num_seqs = 8;
+    reg.num_kv_blocks = 64;
+    reg.block_size = 16;
+    reg.max_model_len = 1024;
+    reg.vocab_size = 300;
+    reg.tokenizer = "byte";
+    reg.bos_token_id = 256;
+    reg.embed_queue_size = 64;
+    reg.hidden_size = 4;
+    (void)s.Send({Encode(WorkerMessage(reg))});
+    uint64_t epoch = 0;
+    std::vector<Pending> work;
+    int64_t next_step = NowMicros(), next_beat = NowMicros();
+    while (!stop_.load()) {
+      auto frames = s.Recv(1);
+      if (frames.ok() && frames->has_value() && (*frames)->size() == 1) {
+        auto m = DecodeRouterMessage((**frames)[0]);
+        if (m.ok()) {
+          if (auto* ack = std::get_if<RegisterAckInfo>(&*m)) {
+            epoch = ack->epoch;
+          } else if (auto* d = std::get_if<DispatchInfo>(&*m)) {
+            Record(Tag(d->prompt_tokens));
+            work.push_back({d->request_id, d->sampling.max_tokens, 0, 0});
+          } else if (auto* e = std::get_if<EmbedDispatchInfo>(&*m)) {
+            Record(e->inputs.empty() ? -1 : Tag(e->inputs[0]));
+            work.push_back({e->request_id, 0, NowMicros() + embed_ms_ * 1000, e->inputs.size()});
+          }
+        }
+      }
+      const int64_t now = NowMicros();
+      if (epoch > 0 && now >= next_beat) {
+        (void)s.Send({Encode(WorkerMessage(HeartbeatInfo{epoch, {}}))});
+        next_beat = now + 100'000;
+      }
+      for (Pending& p : work) {
+        if (p.due == 0 || now < p.due) continue;
+        EmbedDoneInfo done{epoch, p.id, std::vector<std::vector<float>>(p.inputs, {1, 0, 0, 0})};
+        (void)s.Send({Encode(WorkerMessage(done))});
+        p.left = -1;
+      }
+      if (now >= next_step) {
+        next_step = now + step_ms_ * 1000;
+        StepTokensInfo step;
+        step.epoch = epoch;
+        for (Pending& p : work) {
+          if (p.due != 0 || p.left <= 0) continue;
+          TokenEvent e;
+          e.request_id = p.id;
+          e.has_token = true;
+          e.token.token = 1;
+          e.finished = --p.left == 0;
+          if (e.finished) e.finish_reason = "length";
+          step.events.push_back(e);
+        }
+        if (!step.events.empty()) (void)s.Send({Encode(WorkerMessage(step))});
+      }
+      // Generates end at their last token, embeds once answered (left -1).
+      std::erase_if(work, [](const Pending& p) { return p.due == 0 ? p.left <= 0 : p.left < 0; });
+    }
+  }
+  void Record(int tag) {
+    std::lock_guard<std::mutex> lock(mu_);
+    order_.push_back(tag);
+  }
+
+  const int step_ms_;
+  const int embed_ms_;
+  std::atomic<bool> stop_{false};
+  mutable std::mutex mu_;
+  std::vector<int> order_;
+  std::thread thread_;
+};
+
+// A client of generate and embed requests on one DEALER: sends now, collects every answer.
+class ProbeClient {
+ public:
+  explicit ProbeClient(const std::string& frontend) {
+    auto s = Socket::Create(&context_, zmq::socket_type::dealer, SocketOptions());
+    EXPECT_TRUE(s.ok());
+    socket_ = std::move(*s);
+    EXPECT_TRUE(socket_->Connect(frontend).ok());
+  }
+  void Send(const ClientMessage& m) { ASSERT_TRUE(socket_->Send({Encode(m)}).ok()); }
+  // Reads answers until `request_id` has one (the first chunk of a stream counts), or 10 s.
+  void WaitFor(const std::string& request_id) {
+    const int64_t give_up = NowMicros() + 10'000'000;
+    while (!seen_.contains(request_id) && NowMicros() < give_up) ReadOne(10);
+  }
+  // Reads until every id in `ids` has ended, or 10 s.
+  void WaitEnded(const std::vector<std::string>& ids) {
+    const int64_t give_up = NowMicros() + 10'000'000;
+    const auto all = [&] {
+      for (const std::string& id : ids) {
+        if (!ended_.contains(id)) return false;
+      }
+      return true;
+    };
+    while (!all() && NowMicros() < give_up) ReadOne(10);
+  }
+  std::map<std::string, ServerMessage> ended_;
+
+ private:
+  void ReadOne(int wait_ms) {
+    auto frames = socket_->Recv(wait_ms);
+    if (!frames.ok() || !frames->has_value()) return;
+    auto m = DecodeServerMessage((**frames)[0]);
+    if (!m.ok()) return;
+    std::visit(
+        [&](const auto& v) {
+          if constexpr (requires { v.request_id; }) {
+            seen_.insert(v.request_id);
+            if (!std::holds_alternative<GenerateChunkOut>(*m)) ended_.emplace(v.request_id, *m);
+          }
+        },
+        *m);
+  }
+
+  zmq::context_t context_;
+  std::unique_ptr<Socket> socket_;
+  std::set<std::string> seen_;
+};
+
+EmbedInput TaggedEmbed(const std::string& id, int tag, int inputs, int tokens_each) {
+  EmbedInput e;
+  e.request_id = id;
+  for (int i = 0; i < inputs; ++i) {
+    EmbedItem item;
+    item.token_ids = TaggedPrompt(tag, tokens_each);
+    e.inputs.push_back(item);
+  }
+  return e;
+}
 
 class AdmissionClusterTest : public ::testing::Test {
  protected:
@@ -249,6 +423,74 @@ TEST_F(AdmissionClusterTest, ExpiredRequestsAreNeverDispatchedAndUnmeetableOnesA
   EXPECT_EQ(late_dispatches, 0);
   EXPECT_GE(exceeded, 25);
   EXPECT_GE(unmeetable, 10);
+  ExpectIdle();
+}
+
+// 6 of the hardening issue. The probe: an embed request larger than the cluster's whole
+// in-flight budget, and a 4-token completion sent with it. The embed is refused at once,
+// too_large, naming the limit; the completion is served (TTFT well under 1 s).
+TEST_F(AdmissionClusterTest, AnEmbedLargerThanTheClusterIsRefusedAndACompletionIsServed) {
+  Start(RouterOptions());
+  EmbeddingSimWorker worker(router_->backend_endpoint(), /*step_ms=*/2, /*embed_ms=*/1500);
+  for (int i = 0; i < 200 && QueryStats(router_->frontend_endpoint()).workers.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ProbeClient client(router_->frontend_endpoint());
+  const int64_t sent = NowMicros();
+  client.Send(TaggedEmbed("huge", 1, 24, 101));  // 2424 tokens against a budget of 1024
+  client.Send(Request(2, 4));
+  client.WaitEnded({"huge", "r2"});
+  ASSERT_TRUE(client.ended_.contains("huge"));
+  ASSERT_TRUE(std::holds_alternative<ErrorInfo>(client.ended_.at("huge")));
+  const ErrorInfo& e = std::get<ErrorInfo>(client.ended_.at("huge"));
+  EXPECT_EQ(e.code, absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(e.reason, reason::kTooLarge);
+  EXPECT_THAT(e.message, ::testing::HasSubstr("reserves 2424 tokens"));
+  EXPECT_THAT(e.message, ::testing::HasSubstr("in-flight token budget is 1024"));
+  ASSERT_TRUE(client.ended_.contains("r2"));
+  ASSERT_TRUE(std::holds_alternative<GenerateFinalOut>(client.ended_.at("r2")));
+  const GenerateFinalOut& f = std::get<GenerateFinalOut>(client.ended_.at("r2"));
+  std::cout << "completion beside a too-large embed: TTFT " << f.timings.ttft_ms << " ms, "
+            << (NowMicros() - sent) / 1000 << " ms until both ended\n";
+  EXPECT_LT(f.timings.ttft_ms, 1000);
+  EXPECT_EQ(QueryStats(router_->frontend_endpoint()).rejections_by_reason.at(reason::kTooLarge),
+            1);
+  ExpectIdle();
+}
+
+// A large request that fits the cluster but not beside what runs now waits; smaller requests
+// behind it go ahead while it has waited less than --skip-ahead-ms, then the budget is held for
+// it: it runs as soon as the running request leaves room, before anything that came later.
+TEST_F(AdmissionClusterTest, SmallRequestsGoAheadOfAWaitingLargeOneThenItIsNotStarved) {
+  RouterOptions o;
+  o.admission.skip_ahead_ms = 300;
+  o.admission.priority_aging_ms = 60'000;
+  Start(o);
+  EmbeddingSimWorker worker(router_->backend_endpoint(), /*step_ms=*/5, /*embed_ms=*/20);
+  for (int i = 0; i < 200 && QueryStats(router_->frontend_endpoint()).workers.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ProbeClient client(router_->frontend_endpoint());
+  GenerateInput running = Request(1, 300);  // 304 tokens for >= 1.5 s
+  running.stream = true;
+  client.Send(running);
+  client.WaitFor("r1");                            // it runs
+  client.Send(TaggedEmbed("large", 2, 8, 100));    // 800 tokens: 304 + 800 > 1024, it waits
+  client.Send(Request(3, 4));                      // fits: goes ahead
+  client.WaitEnded({"r3"});
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));  // past the skip-ahead bound
+  client.Send(Request(4, 4));                      // fits, but the budget is held for "large"
+  client.WaitEnded({"r1", "large", "r3", "r4"});
+  for (const char* id : {"r1", "large", "r3", "r4"}) {
+    ASSERT_TRUE(client.ended_.contains(id)) << id;
+    EXPECT_FALSE(std::holds_alternative<ErrorInfo>(client.ended_.at(id)))
+        << id << ": " << std::get<ErrorInfo>(client.ended_.at(id)).message;
+  }
+  const GenerateFinalOut& small = std::get<GenerateFinalOut>(client.ended_.at("r3"));
+  std::cout << "4-token completion behind a waiting 800-token embed: TTFT "
+            << small.timings.ttft_ms << " ms\n";
+  EXPECT_LT(small.timings.ttft_ms, 1000);
+  EXPECT_EQ(worker.dispatch_order(), (std::vector<int>{1, 3, 2, 4}));
   ExpectIdle();
 }
 

@@ -167,6 +167,152 @@ TEST_F(AdmissionTest, DeadlinesExpireAndUnmeetableOnesAreRefused) {
   EXPECT_NE(a.Next(), inter.id);
 }
 
+TEST_F(AdmissionTest, TooLargeIsRefusedAtOnceNamingTheLimit) {
+  AdmissionOptions o;
+  o.interactive_reserve_tokens = 200;
+  AdmissionController a = Make(o);
+  a.SetCapacityTokens(1000);
+  a.SetLargestWorkerTokens(600);
+  auto over_class = a.Admit(Req(Priority::kDefault, 700, 200));
+  ASSERT_TRUE(over_class.has_value());
+  EXPECT_EQ(over_class->code, absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(over_class->reason, std::string(reason::kTooLarge));
+  EXPECT_EQ(over_class->retry_after_ms, 0);  // retrying cannot help
+  EXPECT_THAT(over_class->message, HasSubstr("reserves 900 tokens"));
+  EXPECT_THAT(over_class->message, HasSubstr("may use 800 of the cluster's 1000"));
+  auto over_all = a.Admit(Req(Priority::kInteractive, 1000, 1));
+  ASSERT_TRUE(over_all.has_value());
+  EXPECT_THAT(over_all->message, HasSubstr("in-flight token budget is 1000"));
+  // One sequence must fit one worker's KV cache; an embed keeps none.
+  auto over_worker = a.Admit(Req(Priority::kInteractive, 500, 200));
+  ASSERT_TRUE(over_worker.has_value());
+  EXPECT_THAT(over_worker->message, HasSubstr("largest worker's KV cache holds 600"));
+  AdmissionRequest embed = Req(Priority::kInteractive, 700, 0);
+  embed.kv_resident = false;
+  EXPECT_FALSE(a.Admit(embed).has_value());
+  EXPECT_FALSE(a.Admit(Req(Priority::kDefault, 400, 200)).has_value());
+  EXPECT_TRUE(a.Oversized().empty());
+  EXPECT_TRUE(a.CheckInvariants().ok());
+}
+
+TEST_F(AdmissionTest, WithUnknownCapacityNothingIsRefusedButOversizedOnesNeverGo) {
+  AdmissionController a = Make(AdmissionOptions());
+  // No worker has registered: the limit is unknown, so nothing is too large yet.
+  const AdmissionRequest big = Req(Priority::kDefault, 4000, 1000);
+  const AdmissionRequest small = Req(Priority::kDefault, 10, 10);
+  ASSERT_FALSE(a.Admit(big).has_value());
+  ASSERT_FALSE(a.Admit(small).has_value());
+  EXPECT_TRUE(a.Oversized().empty());
+  // A worker of 1000 tokens registers: the big one can never run; it is reported, never
+  // returned by Next(), and holds no budget: the small one goes.
+  a.SetCapacityTokens(1000);
+  a.SetLargestWorkerTokens(1000);
+  const auto oversized = a.Oversized();
+  ASSERT_EQ(oversized.size(), 1u);
+  EXPECT_EQ(oversized[0].first, big.id);
+  EXPECT_EQ(oversized[0].second.reason, std::string(reason::kTooLarge));
+  EXPECT_THAT(oversized[0].second.message, HasSubstr("reserves 5000 tokens"));
+  clock_.AdvanceMicros(60'000'000);  // long past any skip-ahead bound
+  EXPECT_EQ(a.Next(), small.id);
+  // The same happens to a request requeued onto a cluster that shrank.
+  a.MarkDispatched(small.id);
+  a.SetCapacityTokens(15);
+  a.Requeue(small.id);
+  ASSERT_EQ(a.Oversized().size(), 2u);
+  EXPECT_EQ(a.Next(), std::nullopt);
+}
+
+// The old rule (no smaller request overtakes a larger one) let one large request stall the
+// queue. Now: requests that fit go ahead of one that does not for skip_ahead_ms; then the budget
+// is held for it, so it is not starved.
+TEST_F(AdmissionTest, SmallRequestsSkipAheadOfALargeOneUntilItHasWaitedTheBound) {
+  AdmissionOptions o;
+  o.skip_ahead_ms = 1000;
+  o.priority_aging_ms = 60'000;
+  AdmissionController a = Make(o);
+  a.SetCapacityTokens(100);
+  const AdmissionRequest running = Req(Priority::kDefault, 30, 30);
+  ASSERT_FALSE(a.Admit(running).has_value());
+  a.MarkDispatched(*a.Next());
+  const AdmissionRequest large = Req(Priority::kDefault, 40, 40);
+  const AdmissionRequest small1 = Req(Priority::kDefault, 2, 2);
+  const AdmissionRequest small2 = Req(Priority::kDefault, 2, 2);
+  for (const auto& r : {large, small1, small2}) ASSERT_FALSE(a.Admit(r).has_value());
+  // 60 + 80 > 100: the large one waits, the small ones behind it go.
+  ASSERT_EQ(a.Next(), small1.id);
+  a.MarkDispatched(small1.id);
+  // Ones the router could not place count as not fitting, and are passed over too.
+  EXPECT_EQ(a.Next({small2.id}), std::nullopt);
+  clock_.AdvanceMicros(999'000);
+  const AdmissionRequest small3 = Req(Priority::kDefault, 2, 2);
+  ASSERT_FALSE(a.Admit(small3).has_value());
+  EXPECT_EQ(a.Next({small2.id}), small3.id);
+  // The large one has waited the bound: nothing behind it goes now, though it would fit.
+  clock_.AdvanceMicros(1000);
+  EXPECT_EQ(a.Next(), std::nullopt);
+  // A better class is ahead of it in the order and still goes.
+  const AdmissionRequest inter = Req(Priority::kInteractive, 2, 2);
+  ASSERT_FALSE(a.Admit(inter).has_value());
+  ASSERT_EQ(a.Next(), inter.id);
+  a.MarkDispatched(inter.id);
+  EXPECT_EQ(a.Next(), std::nullopt);
+  // Room is made when the running request ends: the large one goes first, then the rest.
+  ASSERT_TRUE(a.Release(running.id, 30, true));
+  ASSERT_EQ(a.Next(), large.id);
+  a.MarkDispatched(large.id);
+  EXPECT_EQ(a.Next(), small2.id);
+  EXPECT_TRUE(a.CheckInvariants().ok());
+}
+
+TEST_F(AdmissionTest, SkipAheadZeroKeepsStrictOrder) {
+  AdmissionOptions o;
+  o.skip_ahead_ms = 0;
+  AdmissionController a = Make(o);
+  a.SetCapacityTokens(100);
+  const AdmissionRequest running = Req(Priority::kDefault, 50, 0);
+  const AdmissionRequest large = Req(Priority::kDefault, 60, 0);
+  const AdmissionRequest small = Req(Priority::kDefault, 1, 0);
+  for (const auto& r : {running, large, small}) ASSERT_FALSE(a.Admit(r).has_value());
+  a.MarkDispatched(*a.Next());
+  EXPECT_EQ(a.Next(), std::nullopt);
+}
+
+TEST_F(AdmissionTest, QueuedRequestsAreStrandedAfterTheNoWorkerTimeout) {
+  AdmissionOptions o;
+  o.no_worker_timeout_ms = 30'000;
+  AdmissionController a = Make(o);
+  a.SetCapacityTokens(1000);
+  const AdmissionRequest early = Req(Priority::kDefault, 1, 1);
+  const AdmissionRequest running = Req(Priority::kDefault, 1, 1);
+  ASSERT_FALSE(a.Admit(running).has_value());
+  a.MarkDispatched(*a.Next());
+  ASSERT_FALSE(a.Admit(early).has_value());
+  clock_.AdvanceMicros(60'000'000);  // waiting for a busy cluster is not waiting for no worker
+  EXPECT_TRUE(a.Stranded().empty());
+  a.SetWorkersAvailable(false);  // the last worker died
+  clock_.AdvanceMicros(20'000'000);
+  a.Requeue(running.id);  // its worker was the one lost
+  const AdmissionRequest late = Req(Priority::kDefault, 1, 1);
+  ASSERT_FALSE(a.Admit(late).has_value());
+  clock_.AdvanceMicros(9'999'999);
+  EXPECT_TRUE(a.Stranded().empty());
+  clock_.AdvanceMicros(1);
+  EXPECT_EQ(a.Stranded(), std::vector<uint64_t>{early.id});
+  a.SetWorkersAvailable(false);  // still none: the outage's start stays
+  clock_.AdvanceMicros(20'000'000);
+  EXPECT_EQ(a.Stranded(), (std::vector<uint64_t>{early.id, running.id, late.id}));
+  a.SetWorkersAvailable(true);
+  EXPECT_TRUE(a.Stranded().empty());
+  // 0 turns it off.
+  AdmissionOptions forever;
+  forever.no_worker_timeout_ms = 0;
+  AdmissionController b = Make(forever);
+  b.SetWorkersAvailable(false);
+  ASSERT_FALSE(b.Admit(Req(Priority::kDefault, 1, 1)).has_value());
+  clock_.AdvanceMicros(3'600'000'000);
+  EXPECT_TRUE(b.Stranded().empty());
+}
+
 // Must-show 1: thousands of random admit / reject / dispatch / requeue (worker death) / cancel /
 // expire / finish events on a fake clock; every step keeps the counters equal to the sums over
 // the live requests, no request past its deadline is dispatched, no dispatch exceeds the budget,
@@ -211,8 +357,12 @@ TEST_F(AdmissionTest, RandomEventsKeepInvariantsAndEndAtZero) {
         queued.erase(*id);
         inflight.insert(*id);
         ++dispatched;
-        ASSERT_TRUE(a.counters().inflight == 1 ||
-                    a.counters().inflight_tokens <= a.max_inflight_tokens());
+        // No request runs alone past the budget once it is known (it would be too_large).
+        if (a.max_inflight_tokens() > 0) {
+          ASSERT_LE(a.counters().inflight_tokens, a.max_inflight_tokens());
+        } else {
+          ASSERT_EQ(a.counters().inflight, 1);
+        }
       }
     } else if (op < 68 && !inflight.empty()) {
       // A worker died: some of its requests go back to the front.
@@ -263,8 +413,10 @@ TEST_F(AdmissionTest, RandomEventsKeepInvariantsAndEndAtZero) {
   EXPECT_EQ(a.TenantActive(1), 0);
   EXPECT_TRUE(a.CheckInvariants().ok());
   EXPECT_EQ(a.Next(), std::nullopt);
-  // A minute later alpha's bucket is full again: a request of its whole burst is admitted.
+  // A minute later alpha's bucket is full again: a request of its whole burst is admitted (on a
+  // cluster large enough to run it).
   clock_.AdvanceMicros(60'000'000);
+  a.SetCapacityTokens(1000);
   const AdmissionRequest whole = Req(Priority::kDefault, 300, 300, 0);
   EXPECT_FALSE(a.Admit(whole).has_value());
   // Every kind of event happened, many times.

@@ -50,6 +50,7 @@ absl::Status RouterOptions::Validate() const {
   }
   RETURN_IF_ERROR(admission.Validate());
   if (max_migrations < 0) return absl::InvalidArgumentError("--max-migrations must be >= 0");
+  if (stall_timeout_ms < 0) return absl::InvalidArgumentError("--stall-timeout-ms must be >= 0");
   if (affinity_load_weight < 0) {
     return absl::InvalidArgumentError("--affinity-load-weight must be >= 0");
   }
@@ -64,6 +65,7 @@ Router::Impl::Impl(const RouterOptions& o)
     : options_(o), clock_(o.clock ? o.clock : Clock::Real()) {
   options_.admission.clock = clock_;
   admission_ = std::make_unique<AdmissionController>(options_.admission, options_.tenants);
+  admission_->SetWorkersAvailable(false);  // none has registered yet
   tenant_rejections_.assign(options_.tenants.size(), 0);
   inproc_limits_ = options_.request_limits;
   inproc_limits_.max_prompt_bytes =
@@ -323,9 +325,10 @@ void Router::Impl::OnEmbed(const std::string& client, EmbedInput input) {
   r.priority = input.priority;
   r.tenant = tenant;
   r.arrival = clock_->NowMicros();
-  // Admitted like a generate request of the inputs' tokens and max_tokens 0.
+  // Admitted like a generate request of the inputs' tokens and max_tokens 0, but it keeps no KV.
   AdmissionRequest a;
   a.id = r.id;
+  a.kv_resident = false;
   a.tenant = tenant;
   a.priority = input.priority;
   if (input.deadline_ms > 0) a.deadline_micros = r.arrival + input.deadline_ms * 1000;

@@ -50,6 +50,11 @@ struct RouterOptions {
   AdmissionOptions admission;
   // Times a request may move to another worker after its worker died. Default: 3.
   int max_migrations = 3;
+  // Progress watchdog: a worker holding dispatched requests that shows no progress (no token,
+  // embed answer or change of its KV use) for max(stall_timeout_ms, kStallSteps x its measured
+  // step time) is stalled: marked unhealthy, its requests move as for a death. 0: off.
+  // Default: 10000.
+  int64_t stall_timeout_ms = 10000;
   // Which worker takes a request. Default: least_loaded.
   PlacementPolicy placement = PlacementPolicy::kLeastLoaded;
   // prefix_affinity: tokens of load that one cached prompt token is worth. Default: 1.

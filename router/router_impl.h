@@ -25,6 +25,10 @@ namespace carpool::router {
 
 // The reason of FAILED_PRECONDITION for an embed request no worker of the cluster can serve.
 inline constexpr char kReasonUnsupported[] = "unsupported";
+// A stalled worker's watchdog threshold is at least this many of its measured step times.
+inline constexpr int kStallSteps = 20;
+// retry_after_ms of a no_workers error.
+inline constexpr int64_t kNoWorkersRetryMs = 5000;
 
 // A request the router has admitted and not yet ended.
 struct Request {
@@ -133,7 +137,14 @@ class Router::Impl {
   // Back to the front of the queue to resume elsewhere, or WORKER_LOST past max_migrations.
   void Failover(uint64_t id);
   void RemoveWorker(const std::string& identity, const char* why);
+  // Every 50 ms: dead workers, stalled workers, then queued requests that can no longer run
+  // (too_large) or have had no worker too long (no_workers).
   void CheckWorkers(int64_t now);
+  // The progress watchdog (RouterOptions::stall_timeout_ms).
+  void NoteProgress(WorkerState* w, int64_t now, bool step);
+  void CheckStalls(int64_t now);
+  void FailQueuedThatCannotRun();
+  // The admission limits from the serving workers: in-flight budget, largest worker, any at all.
   void UpdateCapacity();
   // The gauges of metrics_: queue, running, each worker's load.
   void UpdateMetrics();

@@ -2,6 +2,9 @@
 //
 //   carpool-router [flags]            serve (docs/cluster.md)
 //   carpool-router keygen FILE        write a CURVE key pair: FILE (secret) and FILE.pub
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdlib>
@@ -71,6 +74,15 @@ int main(int argc, char** argv) {
                  "in-flight tokens only interactive requests may use (default 0)");
   flags.AddInt64("priority-aging-ms", &a.priority_aging_ms,
                  "waiting this long raises a queued request one class (default 5000)");
+  flags.AddInt64("skip-ahead-ms", &a.skip_ahead_ms,
+                 "how long requests that fit may go ahead of a queued one that does not; then "
+                 "the budget is held for it (default 2000)");
+  flags.AddInt64("no-worker-timeout-ms", &a.no_worker_timeout_ms,
+                 "a queued request with no worker able to serve it this long ends UNAVAILABLE "
+                 "no_workers; 0: waits without end (default 30000)");
+  flags.AddInt64("stall-timeout-ms", &options.stall_timeout_ms,
+                 "a worker holding requests with no progress this long (or 20 of its step "
+                 "times, if longer) is stalled and its requests move; 0: off (default 10000)");
   flags.AddString("placement", &placement,
                   "round_robin | least_loaded | power_of_two | prefix_affinity "
                   "(default least_loaded)");
@@ -156,6 +168,12 @@ int main(int argc, char** argv) {
   auto mpi = carpool::cluster::RouterMpiSession::JoinIfLaunched(&argc, &argv, std::getenv);
   if (!mpi.ok()) return fail(mpi.status(), 1);
   if (*mpi != nullptr && !flags.WasSet("backend")) options.backend = (*mpi)->backend();
+  // The gateway forwards rendered prompts over inproc: they never reach 4x its body limit
+  // (a chat message's template lines are shorter than its JSON), so neither may that path's.
+  if (!http.listen.empty()) {
+    options.max_inproc_request_bytes =
+        std::max(options.max_inproc_request_bytes, 4 * http.max_body_bytes);
+  }
   auto router = carpool::router::Router::Create(options);
   if (!router.ok()) return fail(router.status(), 1);
   g_router = router->get();

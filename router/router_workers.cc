@@ -15,6 +15,9 @@ int64_t CapacityTokens(const WorkerState& w) {
   return int64_t{w.info.num_kv_blocks} * std::max(0, w.info.block_size);
 }
 
+// TryDispatch passes over at most this many queued requests it finds no worker for, per call.
+constexpr size_t kMaxUnplacedPerPass = 16;
+
 }  // namespace
 
 // ---- dispatch
@@ -24,14 +27,21 @@ void Router::Impl::TryDispatch() {
   std::vector<WorkerState*> workers;
   std::vector<WorkerSnapshot> snapshots;
   const bool affinity = options_.placement == PlacementPolicy::kPrefixAffinity;
-  while (std::optional<uint64_t> id = admission_->Next()) {
+  // A request no worker can take now is passed over: the ones behind it may go (by the rule of
+  // AdmissionController::Next), up to a bound per call.
+  absl::flat_hash_set<uint64_t> unplaced;
+  const auto pass_over = [&](uint64_t id) {
+    unplaced.insert(id);
+    return unplaced.size() < kMaxUnplacedPerPass;
+  };
+  while (std::optional<uint64_t> id = admission_->Next(unplaced)) {
     Request& r = requests_.at(*id);
     if (!r.validated && !Validate(&r)) {
       End(*id);
       continue;
     }
     if (r.embed) {
-      if (!TryDispatchEmbed(&r)) return;
+      if (!TryDispatchEmbed(&r) && !pass_over(*id)) return;
       workers.clear();  // embed credit and load changed: fresh snapshots for the next one
       continue;
     }
@@ -59,7 +69,10 @@ void Router::Impl::TryDispatch() {
     in.random = rng_();
     in.affinity_load_weight = options_.affinity_load_weight;
     std::optional<int> pick = Place(options_.placement, snapshots, in);
-    if (!pick) return;
+    if (!pick) {
+      if (!pass_over(*id)) return;
+      continue;
+    }
     admission_->MarkDispatched(*id);
     ++placements_;
     Dispatch(&r, workers[*pick], snapshots[*pick].cached_prefix_tokens);
@@ -71,6 +84,7 @@ void Router::Impl::Dispatch(Request* r, WorkerState* w, int64_t cached_tokens) {
   r->dispatch_id = next_dispatch_id_++;
   dispatch_to_request_[r->dispatch_id] = r->id;
   if (r->dispatched == 0) r->dispatched = clock_->NowMicros();
+  if (!w->busy()) w->last_progress_micros = clock_->NowMicros();  // the watchdog starts now
   // Work still to do: the prompt and the tokens already produced (recomputed on a resumed
   // stream) less what the worker's cache holds, plus the tokens left to generate.
   r->outstanding = std::max<int64_t>(
@@ -141,6 +155,7 @@ void Router::Impl::DispatchEmbed(Request* r, WorkerState* w) {
   r->dispatch_id = next_dispatch_id_++;
   dispatch_to_request_[r->dispatch_id] = r->id;
   if (r->dispatched == 0) r->dispatched = clock_->NowMicros();
+  if (!w->busy()) w->last_progress_micros = clock_->NowMicros();  // the watchdog starts now
   r->outstanding = r->embed_total_tokens;
   w->embeds.insert(r->id);
   w->embed_inputs += static_cast<int>(r->embed_tokens.size());
@@ -186,17 +201,22 @@ void Router::Impl::OnWorkerMessage(const std::string& identity, WorkerMessage m)
   }
   w->last_seen_micros = now;
   if (auto* h = std::get_if<HeartbeatInfo>(&m)) {
+    // A change of KV use between two steps is a long prefill advancing chunk by chunk.
+    if (h->load.kv_used_blocks != w->load.kv_used_blocks) NoteProgress(w, now, /*step=*/false);
     w->load = h->load;
     if (h->embed_batcher.has_value()) {
       metrics_.UpdateEmbedBatcher(w->info.worker_id, *h->embed_batcher);
     }
   } else if (auto* s = std::get_if<StepTokensInfo>(&m)) {
+    NoteProgress(w, now, /*step=*/true);
     w->load = s->load;
     metrics_.OnStep(static_cast<int>(s->events.size()), w->info.max_num_seqs);
     for (TokenEvent& e : s->events) OnTokenEvent(w, std::move(e), now);
   } else if (auto* e = std::get_if<EmbedDoneInfo>(&m)) {
+    NoteProgress(w, now, /*step=*/true);
     OnEmbedDone(w, std::move(*e), now);
   } else if (auto* f = std::get_if<RequestFailedInfo>(&m)) {
+    NoteProgress(w, now, /*step=*/false);
     OnFailed(w, *f);
   } else if (auto* k = std::get_if<KvEventsInfo>(&m)) {
     prefix_index_.Apply(identity, *k, std::max(1, w->info.num_kv_blocks));
@@ -376,7 +396,70 @@ void Router::Impl::CheckWorkers(int64_t now) {
        registry_.Silent(now, options_.heartbeat_timeout_ms * 1000)) {
     RemoveWorker(identity, "missed its heartbeats: dead");
   }
+  CheckStalls(now);
+  UpdateCapacity();  // a worker may have started draining
+  FailQueuedThatCannotRun();
   UpdateMetrics();
+}
+
+void Router::Impl::NoteProgress(WorkerState* w, int64_t now, bool step) {
+  if (step && w->busy() && w->last_progress_micros > 0) {
+    // The time one step (or embed batch) took; the average follows slower steps at once.
+    const double took = static_cast<double>(now - w->last_progress_micros);
+    w->step_micros = std::max(took, 0.8 * w->step_micros + 0.2 * took);
+  }
+  w->last_progress_micros = now;
+  if (w->stalled) {
+    w->stalled = false;
+    std::cerr << "carpool-router: worker " << w->info.worker_id << " makes progress again\n";
+    UpdateCapacity();
+  }
+}
+
+void Router::Impl::CheckStalls(int64_t now) {
+  if (options_.stall_timeout_ms <= 0) return;
+  for (WorkerState* w : registry_.Mutable()) {
+    if (w->stalled || !w->busy()) continue;
+    const int64_t limit = std::max<int64_t>(options_.stall_timeout_ms * 1000,
+                                            static_cast<int64_t>(kStallSteps * w->step_micros));
+    const int64_t quiet = now - w->last_progress_micros;
+    if (quiet <= limit) continue;
+    std::cerr << "carpool-router: worker " << w->info.worker_id << " holds "
+              << w->requests.size() + w->embeds.size() << " request(s) and showed no progress for "
+              << quiet / 1000 << " ms (limit " << limit / 1000
+              << " ms): stalled, moving its requests\n";
+    w->stalled = true;
+    std::vector<uint64_t> held(w->requests.begin(), w->requests.end());
+    held.insert(held.end(), w->embeds.begin(), w->embeds.end());
+    std::sort(held.begin(), held.end());
+    for (uint64_t id : held) {
+      Request& r = requests_.at(id);
+      // Should it wake up, it frees their blocks and its late tokens are stale.
+      SendToWorker(w->identity, WorkerCancelInfo{r.dispatch_id});
+      DetachFromWorker(&r, w);
+      Failover(id);
+    }
+  }
+}
+
+void Router::Impl::FailQueuedThatCannotRun() {
+  for (const auto& [id, refusal] : admission_->Oversized()) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;
+    Refuse(it->second.client, it->second.client_request_id, it->second.tenant, refusal);
+    End(id);
+  }
+  for (uint64_t id : admission_->Stranded()) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;
+    SendError(it->second.client, it->second.client_request_id, absl::StatusCode::kUnavailable,
+              reason::kNoWorkers,
+              absl::StrCat("no worker could serve the request for ",
+                           options_.admission.no_worker_timeout_ms,
+                           " ms (--no-worker-timeout-ms)"),
+              kNoWorkersRetryMs);
+    End(id);
+  }
 }
 
 void Router::Impl::UpdateMetrics() {
@@ -384,7 +467,7 @@ void Router::Impl::UpdateMetrics() {
   std::vector<WorkerMetricsSnapshot> workers;
   for (const WorkerState* w : registry_.All()) {
     const int64_t age_ms = (now - w->last_seen_micros) / 1000;
-    workers.push_back({w->info.worker_id, !w->draining && age_ms * 2 <= options_.heartbeat_timeout_ms,
+    workers.push_back({w->info.worker_id, w->serving() && age_ms * 2 <= options_.heartbeat_timeout_ms,
                        static_cast<int>(w->requests.size()), w->load.waiting,
                        w->load.kv_used_blocks, w->info.num_kv_blocks, w->load.preemptions});
   }
@@ -395,9 +478,20 @@ void Router::Impl::UpdateMetrics() {
 }
 
 void Router::Impl::UpdateCapacity() {
+  // A stalled worker runs nothing: its KV is no part of what the cluster can admit. A draining
+  // one still finishes what it holds (and serves embeds), so its capacity counts.
   int64_t tokens = 0;
-  for (const WorkerState* w : registry_.All()) tokens += CapacityTokens(*w);
+  int64_t largest = 0;
+  bool any = false;
+  for (const WorkerState* w : registry_.All()) {
+    if (w->stalled) continue;
+    tokens += CapacityTokens(*w);
+    largest = std::max(largest, CapacityTokens(*w));
+    any = any || !w->draining;
+  }
   admission_->SetCapacityTokens(tokens);
+  admission_->SetLargestWorkerTokens(largest);
+  admission_->SetWorkersAvailable(any);
 }
 
 std::string Router::Impl::DecodeText(const std::vector<int32_t>& ids) const {
@@ -411,7 +505,7 @@ StatsOut Router::Impl::BuildStats() const {
     WorkerStatsOut o;
     o.worker_id = w->info.worker_id;
     o.heartbeat_age_ms = (now - w->last_seen_micros) / 1000;
-    o.healthy = !w->draining && o.heartbeat_age_ms * 2 <= options_.heartbeat_timeout_ms;
+    o.healthy = w->serving() && o.heartbeat_age_ms * 2 <= options_.heartbeat_timeout_ms;
     o.epoch = w->epoch;
     o.running = static_cast<int>(w->requests.size());
     o.num_kv_blocks = w->info.num_kv_blocks;

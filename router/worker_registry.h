@@ -29,12 +29,23 @@ struct WorkerState {
   // and the sum of their inputs, against info.embed_queue_size.
   absl::flat_hash_set<uint64_t> embeds;
   int embed_inputs = 0;
+  // Progress watchdog (router_workers.cc, CheckStalls): when it last showed progress (a step, an
+  // embed answer, a failure report, or a change of its KV use) or, idle before, got work; the
+  // measured time between two progress events while it held work (an average, micros); and
+  // whether it is stalled: it held work and showed no progress for the stall timeout. A stalled
+  // worker takes nothing until it shows progress again.
+  int64_t last_progress_micros = 0;
+  double step_micros = 0;
+  bool stalled = false;
 
+  bool busy() const { return !requests.empty() || !embeds.empty(); }
+  // Whether it serves new work at all: not draining, not stalled.
+  bool serving() const { return !draining && !stalled; }
   // Requests this worker can still take now.
   int credit() const {
-    return draining ? 0 : std::max(0, info.max_num_seqs - static_cast<int>(requests.size()));
+    return serving() ? std::max(0, info.max_num_seqs - static_cast<int>(requests.size())) : 0;
   }
-  bool can_embed() const { return info.embed_queue_size > 0 && !draining; }
+  bool can_embed() const { return info.embed_queue_size > 0 && serving(); }
   // Whether it can take an embed request of `inputs` inputs now: they fit its embed queue
   // beside the inputs it already holds.
   bool HasEmbedCredit(int inputs) const {
