@@ -16,6 +16,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/random/random.h"
 #include "absl/strings/cord.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -98,12 +99,22 @@ class Core {
   void ReceiveAll();
   void Route(ServerMessage message);
   void DeliverStats(absl::StatusOr<StatsOut> stats);
+  // Watches the socket's connection (tcp:// and ipc:// endpoints; nothing to watch in-process).
+  absl::Status StartMonitor(zmq::context_t* context);
+  // Reads the monitor's events; on a disconnect after a handshake, RouterLost().
+  void ReadMonitor();
+  // Ends every open attempt and every stats query sent with UNAVAILABLE router_lost: the router
+  // answers a connection, so nothing sent before it dropped can be answered any more.
+  void RouterLost();
 
   const ClientOptions options_;
   std::string id_prefix_;
   std::atomic<uint64_t> next_id_{0};
   zmq::context_t context_;          // unless options_.zmq_context; declared before socket_
   std::unique_ptr<Socket> socket_;  // used by the I/O thread only
+  // PAIR end of socket_'s monitor; I/O thread only. Declared after socket_: closed first.
+  std::optional<zmq::socket_t> monitor_;
+  bool handshaken_ = false;  // I/O thread only: the connection is up (ZMTP handshake done)
   int wake_fd_ = -1;
   std::thread io_thread_;
   std::deque<std::shared_ptr<StatsCall>> stats_sent_;  // I/O thread only
@@ -160,6 +171,19 @@ absl::StatusOr<std::shared_ptr<Core>> Core::Create(const ClientOptions& options)
   try {
     core->socket_->raw().set(zmq::sockopt::linger, 200);
   } catch (const zmq::error_t&) {
+  }
+  // A dead peer that does not close TCP (host down, network cut, process stopped) is dropped
+  // when a PING gets no traffic back within 2 intervals: within 3 intervals of its last word.
+  // PINGs are answered by the router's ZeroMQ I/O thread, never by its busy event loop.
+  if (options.zmtp_heartbeat_ms > 0) {
+    try {
+      core->socket_->raw().set(zmq::sockopt::heartbeat_timeout, 2 * options.zmtp_heartbeat_ms);
+    } catch (const zmq::error_t& e) {
+      return absl::InternalError(absl::StrCat("ZMQ_HEARTBEAT_TIMEOUT: ", e.what()));
+    }
+  }
+  if (!absl::StartsWith(options.router_endpoint, "inproc://")) {
+    RETURN_IF_ERROR(core->StartMonitor(context));  // before Connect: no event is missed
   }
   RETURN_IF_ERROR(core->socket_->Connect(options.router_endpoint));
   core->wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -308,17 +332,90 @@ void Core::Wake() {
 }
 
 void Core::IoLoop() {
-  zmq_pollitem_t items[2] = {{socket_->raw().handle(), 0, ZMQ_POLLIN, 0},
-                             {nullptr, wake_fd_, ZMQ_POLLIN, 0}};
+  zmq_pollitem_t items[3] = {{socket_->raw().handle(), 0, ZMQ_POLLIN, 0},
+                             {nullptr, wake_fd_, ZMQ_POLLIN, 0},
+                             {monitor_.has_value() ? monitor_->handle() : nullptr, 0, ZMQ_POLLIN,
+                              0}};
+  const int n = monitor_.has_value() ? 3 : 2;
   for (;;) {
-    if (zmq_poll(items, 2, -1) < 0 && zmq_errno() != EINTR) break;
+    if (zmq_poll(items, n, -1) < 0 && zmq_errno() != EINTR) break;
     if (items[1].revents & ZMQ_POLLIN) {
       uint64_t count;
       (void)!read(wake_fd_, &count, sizeof(count));
     }
     if (SendQueued()) break;
+    // Answers that arrived before a disconnect are delivered before the calls are ended.
     ReceiveAll();
+    if (n == 3 && (items[2].revents & ZMQ_POLLIN)) ReadMonitor();
   }
+}
+
+absl::Status Core::StartMonitor(zmq::context_t* context) {
+  static std::atomic<uint64_t> next_monitor{0};
+  const std::string endpoint =
+      absl::StrCat("inproc://carpool-client-monitor-", id_prefix_, next_monitor.fetch_add(1));
+  if (zmq_socket_monitor(socket_->raw().handle(), endpoint.c_str(),
+                         ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED) != 0) {
+    return absl::InternalError(absl::StrCat("zmq_socket_monitor: ", zmq_strerror(zmq_errno())));
+  }
+  try {
+    monitor_.emplace(*context, zmq::socket_type::pair);
+    monitor_->set(zmq::sockopt::linger, 0);
+    monitor_->connect(endpoint);  // inproc: connected at once, so no event is dropped
+  } catch (const zmq::error_t& e) {
+    return absl::InternalError(absl::StrCat("socket monitor: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+void Core::ReadMonitor() {
+  for (;;) {
+    // Each event is two frames: 6 bytes (uint16 event, uint32 value), then the endpoint.
+    zmq::message_t head, address;
+    try {
+      if (!monitor_->recv(head, zmq::recv_flags::dontwait)) return;
+      // The parts of a message arrive together.
+      for (bool more = head.more(); more; more = address.more()) {
+        if (!monitor_->recv(address, zmq::recv_flags::dontwait)) break;
+      }
+    } catch (const zmq::error_t&) {
+      return;
+    }
+    if (head.size() < sizeof(uint16_t)) continue;
+    uint16_t event;
+    std::memcpy(&event, head.data(), sizeof(event));
+    if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+      handshaken_ = true;
+    } else if (event == ZMQ_EVENT_DISCONNECTED && handshaken_) {
+      // Only an established connection counts: a failed handshake (a wrong CURVE key, not a
+      // carpool router) never carried a request, and those calls end at their deadline.
+      handshaken_ = false;
+      RouterLost();
+    }
+  }
+}
+
+void Core::RouterLost() {
+  std::vector<std::shared_ptr<Call>> calls;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, call] : calls_) calls.push_back(call);
+  }
+  const std::string message =
+      absl::StrCat("lost the connection to the router at ", options_.router_endpoint,
+                   " with the request open (the router closed it, died or stopped answering "
+                   "ZMTP heartbeats)");
+  for (const std::shared_ptr<Call>& call : calls) {
+    absl::MutexLock lock(&call->mu);
+    if (!call->attempt_open) continue;  // ended, or between retries: its next attempt may land
+    call->attempt_open = false;
+    call->events.push_back(
+        LocalError(call->request_id, absl::StatusCode::kUnavailable, reason::kRouterLost, message));
+  }
+  // Queries sent over the lost connection are never answered; later ones are, in order.
+  absl::Status lost = absl::UnavailableError(absl::StrCat("stats: ", message));
+  lost.SetPayload(kReasonPayloadUrl, absl::Cord(reason::kRouterLost));
+  while (!stats_sent_.empty()) DeliverStats(lost);
 }
 
 bool Core::SendQueued() {
@@ -414,7 +511,9 @@ absl::Status ClientOptions::Validate() const {
   if (initial_backoff_ms <= 0 || max_backoff_ms < initial_backoff_ms) {
     return bad("backoff needs 0 < initial_backoff_ms <= max_backoff_ms");
   }
-  if (zmtp_heartbeat_ms < 0) return bad("zmtp_heartbeat_ms must be >= 0");
+  if (zmtp_heartbeat_ms < 0 || zmtp_heartbeat_ms > 3600000) {
+    return bad("zmtp_heartbeat_ms must be in [0, 3600000]");
+  }
   if (max_message_bytes <= 0) return bad("max_message_bytes must be > 0");
   const auto z85 = [](const std::string& key) { return key.empty() || key.size() == 40; };
   if (!z85(curve_server_public_key) || !z85(curve_public_key) || !z85(curve_secret_key)) {

@@ -8,7 +8,10 @@
 //   absl::StatusOr<carpool::GenerateResult> result = (*client)->Generate(request);
 //
 // Every call ends within its timeout: a call that gets no final answer in time sends a cancel to
-// the router and returns DEADLINE_EXCEEDED. A server error becomes an absl::Status with the
+// the router and returns DEADLINE_EXCEEDED. When the connection to the router drops (the router
+// died or closed it, or, with zmtp_heartbeat_ms, stopped answering heartbeats), every call open
+// on it ends at once with UNAVAILABLE, reason "router_lost" (a tcp:// or ipc:// endpoint; an
+// inproc:// connection cannot drop). A server error becomes an absl::Status with the
 // server's code and message; its machine-readable reason and retry_after_ms travel as payloads
 // (ErrorReason(), RetryAfterMs()).
 //
@@ -62,8 +65,10 @@ struct ClientOptions {
   std::string curve_server_public_key;
   std::string curve_public_key;
   std::string curve_secret_key;
-  // ZMTP heartbeats on the connection, so a dead TCP peer is dropped and redialled after three
-  // silent intervals; 0 disables. Default: 1000.
+  // ZMTP heartbeats on the connection: a PING every interval, and a router that sends nothing for
+  // two intervals after one is dropped (its calls end with router_lost) and redialled, so a
+  // silent router is noticed within three intervals. A router that dies with its host alive
+  // closes TCP and is noticed at once, heartbeats or not. 0 disables. Default: 1000.
   int zmtp_heartbeat_ms = 1000;
   // Largest message accepted from the router. Default: 16 MiB.
   int64_t max_message_bytes = 16 << 20;

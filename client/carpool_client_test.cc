@@ -398,6 +398,181 @@ TEST(ClientTest, CurveEncryptedConnection) {
   EXPECT_THAT(r->TokenIds(), ElementsAre(3, 1));
 }
 
+// Answers a streaming generate with its first chunk, then nothing; nothing else is answered.
+void FirstChunkOnly(FakeRouter& r, const std::string& peer, const ClientMessage& m) {
+  const auto* g = std::get_if<GenerateInput>(&m);
+  if (g == nullptr || !g->stream) return;
+  r.Reply(peer, GenerateChunkOut{g->request_id, 0, FakeRouter::EchoTokens(*g), ""});
+}
+
+bool IsRouterLost(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kUnavailable && ErrorReason(s) == "router_lost";
+}
+
+// Every kind of call open on a connection, each on its own thread, all waiting for answers.
+struct OpenCalls {
+  static constexpr int64_t kTimeoutMs = 30000;
+
+  explicit OpenCalls(Client* client) {
+    threads.emplace_back([this, client] {
+      GenerateInput g = IdsRequest({1});
+      g.request_id = "blocking";
+      generate = client->Generate(g, CallOptions{kTimeoutMs}).status();
+    });
+    threads.emplace_back([this, client] {
+      GenerateInput g = IdsRequest({2});
+      g.request_id = "callback";
+      generate_stream =
+          client->GenerateStream(g, [this](const GenerateChunkOut&) { ++chunks; },
+                                 CallOptions{kTimeoutMs})
+              .status();
+    });
+    threads.emplace_back([this, client] {
+      EmbedInput e;
+      e.request_id = "embed";
+      e.inputs.push_back(EmbedItem{});
+      e.inputs.back().token_ids = {3};
+      embed = client->Embed(e, CallOptions{kTimeoutMs}).status();
+    });
+    threads.emplace_back([this, client] { stats = client->Stats(kTimeoutMs).status(); });
+    GenerateInput g = IdsRequest({4});
+    g.request_id = "iterated";
+    stream = std::move(*client->StartStream(g, CallOptions{kTimeoutMs}));
+  }
+  // Sent: the router has them all.
+  static bool AllArrived(const std::vector<ClientMessage>& ms) {
+    int stats_queries = 0;
+    for (const ClientMessage& m : ms) stats_queries += std::holds_alternative<StatsQuery>(m);
+    return HasGenerate(ms, "blocking") && HasGenerate(ms, "callback") &&
+           HasGenerate(ms, "iterated") && stats_queries > 0 &&
+           std::any_of(ms.begin(), ms.end(), [](const ClientMessage& m) {
+             return std::holds_alternative<EmbedInput>(m);
+           });
+  }
+  // Joins the threads and reads the stream to its end; how long that took.
+  absl::Duration End() {
+    const absl::Time start = absl::Now();
+    for (;;) {
+      absl::StatusOr<std::optional<GenerateChunkOut>> next = stream->Next();
+      if (!next.ok()) {
+        streamed = next.status();
+        break;
+      }
+      if (!next->has_value()) break;
+    }
+    for (std::thread& t : threads) t.join();
+    return absl::Now() - start;
+  }
+
+  std::vector<std::thread> threads;
+  std::unique_ptr<Stream> stream;
+  std::atomic<int> chunks{0};
+  absl::Status generate, generate_stream, embed, stats, streamed;
+};
+
+TEST(ClientTest, RouterClosingEndsEveryOpenCallWithRouterLost) {
+  auto router = std::make_unique<FakeRouter>(FirstChunkOnly);
+  auto client = ConnectTo(*router);
+  OpenCalls calls(client.get());
+  ASSERT_TRUE(router->WaitFor(OpenCalls::AllArrived));
+  ASSERT_TRUE(calls.stream->Next(5000).ok());  // mid-stream: a chunk has arrived
+  router.reset();  // closes its socket: TCP FIN, as when a router process dies
+  const absl::Duration took = calls.End();
+  EXPECT_LT(took, absl::Seconds(3));
+  EXPECT_TRUE(IsRouterLost(calls.generate)) << calls.generate;
+  EXPECT_TRUE(IsRouterLost(calls.generate_stream)) << calls.generate_stream;
+  EXPECT_EQ(calls.chunks.load(), 1);
+  EXPECT_TRUE(IsRouterLost(calls.embed)) << calls.embed;
+  EXPECT_TRUE(IsRouterLost(calls.stats)) << calls.stats;
+  EXPECT_TRUE(IsRouterLost(calls.streamed)) << calls.streamed;
+  EXPECT_THAT(calls.streamed.message(), HasSubstr("lost the connection to the router"));
+  EXPECT_TRUE(calls.stream->done());
+  // The ids are free again.
+  EXPECT_EQ(client->Cancel("blocking").code(), absl::StatusCode::kNotFound);
+}
+
+TEST(ClientTest, SilentRouterIsLostAfterMissedHeartbeats) {
+  testing::SilentZmtpPeer peer;
+  ClientOptions options;
+  options.router_endpoint = peer.endpoint();
+  options.zmtp_heartbeat_ms = 100;
+  auto client = std::move(*Client::Connect(options));
+  const absl::Time start = absl::Now();
+  absl::Status s = client->Generate(IdsRequest({1}), CallOptions{20000}).status();
+  EXPECT_TRUE(IsRouterLost(s)) << s;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));  // 3 intervals after the handshake, and slack
+  EXPECT_GE(peer.accepted(), 1);
+}
+
+TEST(ClientTest, WithoutHeartbeatsASilentRouterEndsCallsAtTheirDeadline) {
+  testing::SilentZmtpPeer peer;
+  ClientOptions options;
+  options.router_endpoint = peer.endpoint();
+  options.zmtp_heartbeat_ms = 0;
+  auto client = std::move(*Client::Connect(options));
+  absl::Status s = client->Generate(IdsRequest({1}), CallOptions{600}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+}
+
+TEST(ClientTest, BusyRouterAnsweringLateIsNotLost) {
+  // The router's thread is stuck for 20 heartbeat intervals; its ZeroMQ I/O thread still
+  // answers the PINGs, so the connection stays up and the answer arrives.
+  FakeRouter router([](FakeRouter& r, const std::string& peer, const ClientMessage& m) {
+    absl::SleepFor(absl::Milliseconds(1000));
+    FakeRouter::Echo(r, peer, m);
+  });
+  ClientOptions options;
+  options.zmtp_heartbeat_ms = 50;
+  auto client = ConnectTo(router, options);
+  absl::StatusOr<GenerateResult> r = client->Generate(IdsRequest({7, 8}), CallOptions{20000});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(r->TokenIds(), ElementsAre(7, 8));
+}
+
+TEST(ClientTest, ClientWorksWithTheNextRouterAfterALoss) {
+  auto router = std::make_unique<FakeRouter>(Silent);
+  const std::string endpoint = router->endpoint();
+  ClientOptions options;
+  options.initial_backoff_ms = 10;
+  auto client = ConnectTo(*router, options);
+  for (int round = 0; round < 2; ++round) {  // a second loss is noticed as the first was
+    absl::Status lost;
+    std::thread caller([&] { lost = client->Generate(IdsRequest({1}), CallOptions{20000}).status(); });
+    ASSERT_TRUE(router->WaitFor([](const auto& ms) { return !ms.empty(); }));
+    router.reset();
+    caller.join();
+    EXPECT_TRUE(IsRouterLost(lost)) << lost;
+    router = std::make_unique<FakeRouter>(round == 0 ? Silent : FakeRouter::Echo, SocketOptions{},
+                                          endpoint);
+  }
+  // The client redialled the same endpoint by itself.
+  absl::StatusOr<GenerateResult> r = client->Generate(IdsRequest({5}), CallOptions{20000});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(r->TokenIds(), ElementsAre(5));
+}
+
+TEST(ClientTest, RetriesResendARequestLostWithItsRouter) {
+  auto router = std::make_unique<FakeRouter>(Silent);
+  const std::string endpoint = router->endpoint();
+  ClientOptions options;
+  options.max_retries = 5;
+  options.initial_backoff_ms = 20;
+  options.max_backoff_ms = 100;
+  auto client = ConnectTo(*router, options);
+  absl::StatusOr<GenerateResult> r = absl::InternalError("not run");
+  std::thread caller([&] {
+    GenerateInput g = IdsRequest({6, 1});
+    g.request_id = "resent";
+    r = client->Generate(g, CallOptions{20000});
+  });
+  ASSERT_TRUE(router->WaitFor([](const auto& ms) { return HasGenerate(ms, "resent"); }));
+  router.reset();
+  router = std::make_unique<FakeRouter>(FakeRouter::Echo, SocketOptions{}, endpoint);
+  caller.join();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(r->TokenIds(), ElementsAre(6, 1));
+}
+
 TEST(ClientTest, ConnectRejectsBadOptions) {
   ClientOptions options;
   options.router_endpoint = "";

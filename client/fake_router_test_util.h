@@ -4,6 +4,13 @@
 #ifndef CARPOOL_CLIENT_FAKE_ROUTER_TEST_UTIL_H_
 #define CARPOOL_CLIENT_FAKE_ROUTER_TEST_UTIL_H_
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -27,12 +34,15 @@ class FakeRouter {
   using Handler =
       std::function<void(FakeRouter& router, const std::string& peer, const ClientMessage& m)>;
 
-  explicit FakeRouter(Handler handler = Echo, SocketOptions options = {})
+  // Binds `bind` (an ephemeral port by default; another router's endpoint() to stand in for it
+  // after it closed). Closing (the destructor) drops every client's connection.
+  explicit FakeRouter(Handler handler = Echo, SocketOptions options = {},
+                      const std::string& bind = "tcp://127.0.0.1:*")
       : handler_(std::move(handler)) {
     auto socket = Socket::Create(&context_, zmq::socket_type::router, options);
     CARPOOL_CHECK(socket.ok());
     socket_ = std::move(*socket);
-    CARPOOL_CHECK(socket_->Bind("tcp://127.0.0.1:*").ok());
+    CARPOOL_CHECK(socket_->Bind(bind).ok());
     endpoint_ = socket_->LastEndpoint();
     thread_ = std::thread([this] { Loop(); });
   }
@@ -169,6 +179,80 @@ class FakeRouter {
   std::atomic<bool> stop_{false};
   mutable absl::Mutex mu_;
   std::vector<ClientMessage> received_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+// A peer that completes a ZMTP 3.1 handshake as a ROUTER (NULL mechanism) and then reads and
+// drops everything, answering nothing, not even heartbeat PINGs: a router whose host froze or
+// whose network went away without closing the TCP connection.
+class SilentZmtpPeer {
+ public:
+  SilentZmtpPeer() {
+    listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    CARPOOL_CHECK(listen_fd_ >= 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CARPOOL_CHECK(bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+    CARPOOL_CHECK(listen(listen_fd_, 8) == 0);
+    socklen_t len = sizeof(addr);
+    CARPOOL_CHECK(getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+    endpoint_ = "tcp://127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~SilentZmtpPeer() {
+    stop_ = true;
+    thread_.join();
+    for (int fd : peers_) close(fd);
+    close(listen_fd_);
+  }
+
+  const std::string& endpoint() const { return endpoint_; }
+  // Connections accepted so far.
+  int accepted() const { return accepted_.load(); }
+
+ private:
+  static std::string Handshake() {
+    std::string greeting(64, '\0');
+    greeting[0] = '\xff';
+    greeting[9] = '\x7f';
+    greeting[10] = 3;  // ZMTP 3.1: the version with PING/PONG
+    greeting[11] = 1;
+    greeting.replace(12, 4, "NULL");
+    const std::string body = std::string("\x05READY\x0bSocket-Type\0\0\0\x06ROUTER", 28);
+    return greeting + std::string("\x04") + static_cast<char>(body.size()) + body;
+  }
+
+  void Loop() {
+    const std::string hello = Handshake();
+    char buf[4096];
+    while (!stop_) {
+      std::vector<pollfd> fds = {{listen_fd_, POLLIN, 0}};
+      for (int fd : peers_) fds.push_back({fd, POLLIN, 0});
+      if (poll(fds.data(), fds.size(), 20) <= 0) continue;
+      if (fds[0].revents & POLLIN) {
+        const int fd = accept(listen_fd_, nullptr, nullptr);
+        if (fd >= 0) {
+          CARPOOL_CHECK(write(fd, hello.data(), hello.size()) ==
+                        static_cast<ssize_t>(hello.size()));
+          peers_.push_back(fd);
+          accepted_.fetch_add(1);
+        }
+      }
+      for (size_t k = 1; k < fds.size(); ++k) {
+        if ((fds[k].revents & (POLLIN | POLLHUP)) && read(fds[k].fd, buf, sizeof(buf)) <= 0) {
+          close(fds[k].fd);  // the client hung up
+          peers_.erase(std::find(peers_.begin(), peers_.end(), fds[k].fd));
+        }
+      }
+    }
+  }
+
+  int listen_fd_ = -1;
+  std::string endpoint_;
+  std::vector<int> peers_;  // peer thread only until it stops
+  std::atomic<int> accepted_{0};
+  std::atomic<bool> stop_{false};
   std::thread thread_;
 };
 

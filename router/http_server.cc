@@ -262,8 +262,10 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
  public:
   enum class After { kNone, kSignal, kNextRequest, kLinger };
 
-  Connection(Impl* server, tcp::socket socket)
+  // `counted`: it counts against max_connections.
+  Connection(Impl* server, tcp::socket socket, bool counted = true)
       : server_(server),
+        counted_(counted),
         options_(server->options_),
         socket_(std::move(socket)),
         read_timer_(server->io_),
@@ -276,6 +278,14 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
     const tcp::endpoint peer = socket_.remote_endpoint(ec);
     if (!ec) remote_ = absl::StrCat(peer.address().to_string(), ":", peer.port());
     NextRequest();
+  }
+
+  // Answers `bytes` before any request is read, then closes gracefully.
+  void Refuse(std::string bytes) {
+    boost::system::error_code ec;
+    socket_.non_blocking(true, ec);
+    phase_ = Phase::kHandling;
+    QueueWrite(std::move(bytes), After::kLinger);
   }
 
   // Ends the connection now. Idempotent.
@@ -294,7 +304,7 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
       write_failed_ = true;
     }
     cv_.notify_all();
-    server_->connections_.fetch_sub(1);
+    if (counted_) server_->connections_.fetch_sub(1);
     server_->open_.erase(shared_from_this());
   }
 
@@ -583,6 +593,7 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
   }
 
   Impl* const server_;
+  const bool counted_;
   const HttpServerOptions& options_;
   tcp::socket socket_;
   asio::steady_timer read_timer_;
@@ -772,13 +783,11 @@ void HttpServer::Impl::OnAccepted(tcp::socket socket) {
                      " connections at once"));
     r.headers.emplace_back("Retry-After", "1");
     if (options_.on_response) options_.on_response("", 503);
-    // Best effort, without blocking: a fresh socket's send buffer takes a small answer whole.
-    boost::system::error_code ec;
-    socket.non_blocking(true, ec);
-    const std::string bytes = Serialize(r, /*close=*/true);
-    socket.write_some(asio::buffer(bytes), ec);
-    socket.shutdown(tcp::socket::shutdown_both, ec);
-    socket.close(ec);
+    // Answered and closed gracefully (so the client reads the 503 rather than a reset), and
+    // not counted against the limit meanwhile.
+    auto refused = std::make_shared<Connection>(this, std::move(socket), /*counted=*/false);
+    open_.insert(refused);
+    refused->Refuse(Serialize(r, /*close=*/true));
     return;
   }
   connections_.fetch_add(1);
