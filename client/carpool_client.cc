@@ -332,10 +332,10 @@ void Core::Wake() {
 }
 
 void Core::IoLoop() {
-  zmq_pollitem_t items[3] = {{socket_->raw().handle(), 0, ZMQ_POLLIN, 0},
-                             {nullptr, wake_fd_, ZMQ_POLLIN, 0},
-                             {monitor_.has_value() ? monitor_->handle() : nullptr, 0, ZMQ_POLLIN,
-                              0}};
+  zmq_pollitem_t items[3] = {
+      {socket_->raw().handle(), 0, ZMQ_POLLIN, 0},
+      {nullptr, wake_fd_, ZMQ_POLLIN, 0},
+      {monitor_.has_value() ? monitor_->handle() : nullptr, 0, ZMQ_POLLIN, 0}};
   const int n = monitor_.has_value() ? 3 : 2;
   for (;;) {
     if (zmq_poll(items, n, -1) < 0 && zmq_errno() != EINTR) break;

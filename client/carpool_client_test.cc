@@ -423,8 +423,9 @@ struct OpenCalls {
       GenerateInput g = IdsRequest({2});
       g.request_id = "callback";
       generate_stream =
-          client->GenerateStream(g, [this](const GenerateChunkOut&) { ++chunks; },
-                                 CallOptions{kTimeoutMs})
+          client
+              ->GenerateStream(
+                  g, [this](const GenerateChunkOut&) { ++chunks; }, CallOptions{kTimeoutMs})
               .status();
     });
     threads.emplace_back([this, client] {
@@ -537,7 +538,8 @@ TEST(ClientTest, ClientWorksWithTheNextRouterAfterALoss) {
   auto client = ConnectTo(*router, options);
   for (int round = 0; round < 2; ++round) {  // a second loss is noticed as the first was
     absl::Status lost;
-    std::thread caller([&] { lost = client->Generate(IdsRequest({1}), CallOptions{20000}).status(); });
+    std::thread caller(
+        [&] { lost = client->Generate(IdsRequest({1}), CallOptions{20000}).status(); });
     ASSERT_TRUE(router->WaitFor([](const auto& ms) { return !ms.empty(); }));
     router.reset();
     caller.join();
