@@ -1,0 +1,271 @@
+// Liveness of requests: the router in-process on a fake clock, against scripted workers and
+// clients on real ZeroMQ sockets. A queued request with no worker ends no_workers after
+// --no-worker-timeout-ms; a worker that heartbeats but never steps is stalled by the progress
+// watchdog and its stream resumes, unbroken, on another worker.
+#include <thread>
+
+#include "common/clock.h"
+#include "common/codec.h"
+#include "common/transport.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "router/router.h"
+
+namespace carpool::router {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kWaitMs = 5000;
+// How long a negative check listens for a message that must not come.
+constexpr int kQuietMs = 150;
+
+class LivenessTest : public ::testing::Test {
+ protected:
+  void StartRouter() {
+    RouterOptions o;
+    o.frontend = "tcp://127.0.0.1:*";
+    o.backend = "tcp://127.0.0.1:*";
+    o.heartbeat_timeout_ms = heartbeat_timeout_ms_;
+    o.stall_timeout_ms = 10'000;
+    o.admission.no_worker_timeout_ms = 30'000;
+    o.clock = &clock_;
+    auto router = Router::Create(o);
+    ASSERT_TRUE(router.ok()) << router.status();
+    router_ = std::move(*router);
+    thread_ = std::thread([this] { EXPECT_TRUE(router_->Run().ok()); });
+  }
+
+  void TearDown() override {
+    if (router_) router_->Stop();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  std::unique_ptr<Socket> Dealer(const std::string& endpoint, const std::string& id) {
+    SocketOptions so;
+    so.routing_id = id;
+    auto s = Socket::Create(&context_, zmq::socket_type::dealer, so);
+    EXPECT_TRUE(s.ok());
+    EXPECT_TRUE((*s)->Connect(endpoint).ok());
+    return std::move(*s);
+  }
+
+  // A scripted worker: registers; the test reads what the router sends and answers by hand.
+  struct FakeWorker {
+    std::unique_ptr<Socket> socket;
+    uint64_t epoch = 0;
+    void Send(const WorkerMessage& m) { ASSERT_TRUE(socket->Send({Encode(m)}).ok()); }
+    void Heartbeat(int kv_used_blocks = 0) {
+      WorkerLoad load;
+      load.kv_used_blocks = kv_used_blocks;
+      Send(HeartbeatInfo{epoch, load});
+    }
+    std::optional<RouterMessage> Recv(int wait_ms = kWaitMs) {
+      auto frames = socket->Recv(wait_ms);
+      if (!frames.ok() || !frames->has_value()) return std::nullopt;
+      auto m = DecodeRouterMessage((**frames)[0]);
+      EXPECT_TRUE(m.ok());
+      if (!m.ok()) return std::nullopt;
+      return *m;
+    }
+    template <typename T>
+    T RecvAs() {
+      std::optional<RouterMessage> m = Recv();
+      EXPECT_TRUE(m.has_value()) << "the worker got nothing";
+      if (!m.has_value()) return T{};
+      EXPECT_TRUE(std::holds_alternative<T>(*m)) << "got message index " << m->index();
+      return std::holds_alternative<T>(*m) ? std::get<T>(*m) : T{};
+    }
+  };
+
+  FakeWorker StartWorker(const std::string& id) {
+    FakeWorker w;
+    w.socket = Dealer(router_->backend_endpoint(), id);
+    RegisterInfo r;
+    r.worker_id = id;
+    r.model = "fake";
+    r.max_num_seqs = 8;
+    r.num_kv_blocks = 100;
+    r.block_size = 16;
+    r.max_model_len = 64;
+    r.vocab_size = 300;
+    r.tokenizer = "byte";
+    r.bos_token_id = 256;
+    w.Send(r);
+    w.epoch = w.RecvAs<RegisterAckInfo>().epoch;
+    EXPECT_GT(w.epoch, 0u);
+    return w;
+  }
+
+  static StepTokensInfo Step(const FakeWorker& w, uint64_t dispatch_id, int32_t token,
+                             bool finished = false) {
+    TokenEvent e;
+    e.request_id = dispatch_id;
+    e.has_token = true;
+    e.token.token = token;
+    e.finished = finished;
+    e.finish_reason = finished ? "length" : "";
+    return StepTokensInfo{w.epoch, {e}, {}};
+  }
+
+  static GenerateInput Request(const std::string& id, int max_tokens, bool stream) {
+    GenerateInput g;
+    g.request_id = id;
+    g.token_ids = {1, 2};
+    g.sampling.max_tokens = max_tokens;
+    g.stream = stream;
+    return g;
+  }
+
+  static void SendClient(Socket* c, const ClientMessage& m) {
+    ASSERT_TRUE(c->Send({Encode(m)}).ok());
+  }
+  static std::optional<ServerMessage> RecvClient(Socket* c, int wait_ms = kWaitMs) {
+    auto frames = c->Recv(wait_ms);
+    if (!frames.ok() || !frames->has_value()) return std::nullopt;
+    auto m = DecodeServerMessage((**frames)[0]);
+    EXPECT_TRUE(m.ok());
+    if (!m.ok()) return std::nullopt;
+    return *m;
+  }
+  template <typename T>
+  static T RecvClientAs(Socket* c) {
+    std::optional<ServerMessage> m = RecvClient(c);
+    EXPECT_TRUE(m.has_value()) << "the client got nothing";
+    if (!m.has_value()) return T{};
+    EXPECT_TRUE(std::holds_alternative<T>(*m)) << "got message index " << m->index();
+    return std::holds_alternative<T>(*m) ? std::get<T>(*m) : T{};
+  }
+  StatsOut Stats(Socket* c) {
+    SendClient(c, StatsQuery{});
+    return RecvClientAs<StatsOut>(c);
+  }
+  void Advance(int64_t ms) { clock_.AdvanceMicros(ms * 1000); }
+
+  int64_t heartbeat_timeout_ms_ = 60'000;
+  FakeClock clock_{1'000'000'000};
+  zmq::context_t context_{1};
+  std::unique_ptr<Router> router_;
+  std::thread thread_;
+};
+
+TEST_F(LivenessTest, QueuedRequestsEndNoWorkersAfterTheTimeoutWithRetryAfter) {
+  heartbeat_timeout_ms_ = 1000;
+  StartRouter();
+  auto client = Dealer(router_->frontend_endpoint(), "c1");
+  // No worker has ever registered.
+  SendClient(client.get(), Request("r1", 4, false));
+  ASSERT_EQ(Stats(client.get()).queued, 1);
+  Advance(29'900);
+  EXPECT_FALSE(RecvClient(client.get(), kQuietMs).has_value());
+  Advance(100);
+  ErrorInfo e = RecvClientAs<ErrorInfo>(client.get());
+  EXPECT_EQ(e.request_id, "r1");
+  EXPECT_EQ(e.code, absl::StatusCode::kUnavailable);
+  EXPECT_EQ(e.reason, reason::kNoWorkers);
+  EXPECT_EQ(e.retry_after_ms, 5000);
+  EXPECT_THAT(e.message, HasSubstr("--no-worker-timeout-ms"));
+
+  // The only worker dies with the request on it: it goes back to the queue, and ends the same
+  // way once the timeout has passed since the worker was lost.
+  FakeWorker w = StartWorker("w1");
+  SendClient(client.get(), Request("r2", 4, false));
+  w.RecvAs<DispatchInfo>();
+  Advance(1'100);  // w1 misses its heartbeats
+  for (int i = 0; i < 100 && !Stats(client.get()).workers.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(Stats(client.get()).queued, 1);
+  Advance(29'800);
+  EXPECT_FALSE(RecvClient(client.get(), kQuietMs).has_value());
+  Advance(200);
+  e = RecvClientAs<ErrorInfo>(client.get());
+  EXPECT_EQ(e.request_id, "r2");
+  EXPECT_EQ(e.reason, reason::kNoWorkers);
+  const StatsOut s = Stats(client.get());
+  EXPECT_EQ(s.rejections_by_reason.at(reason::kNoWorkers), 2);
+  EXPECT_EQ(s.queued, 0);
+  EXPECT_EQ(s.inflight, 0);
+  EXPECT_EQ(s.queued_tokens, 0);
+}
+
+TEST_F(LivenessTest, AWorkerThatHeartbeatsButNeverStepsIsStalledAndTheStreamResumesExactly) {
+  StartRouter();
+  FakeWorker w1 = StartWorker("w1");
+  auto client = Dealer(router_->frontend_endpoint(), "c1");
+  SendClient(client.get(), Request("r1", 5, /*stream=*/true));
+  const DispatchInfo d1 = w1.RecvAs<DispatchInfo>();
+  w1.Send(Step(w1, d1.request_id, 10));
+  w1.Send(Step(w1, d1.request_id, 11));
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(RecvClientAs<GenerateChunkOut>(client.get()).index, i);
+  FakeWorker w2 = StartWorker("w2");
+  // w1 keeps heartbeating but never steps again.
+  Advance(9'000);
+  w1.Heartbeat();
+  w2.Heartbeat();
+  EXPECT_FALSE(w2.Recv(kQuietMs).has_value());
+  Advance(1'100);
+  w1.Heartbeat();
+  const DispatchInfo d2 = w2.RecvAs<DispatchInfo>();
+  EXPECT_EQ(d2.prompt_tokens, (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(d2.output_tokens, (std::vector<int32_t>{10, 11}));
+  EXPECT_EQ(d2.sampling.seed, d1.sampling.seed);
+  EXPECT_EQ(w1.RecvAs<WorkerCancelInfo>().request_id, d1.request_id);
+  StatsOut s = Stats(client.get());
+  ASSERT_EQ(s.workers.size(), 2u);
+  EXPECT_FALSE(s.workers[0].healthy);  // w1: registered, heartbeating, stalled
+  EXPECT_TRUE(s.workers[1].healthy);
+  EXPECT_EQ(s.migrations, 1);
+  // A late token of w1 is stale; the stream goes on from w2 without a gap.
+  w1.Send(Step(w1, d1.request_id, 99));
+  w2.Send(Step(w2, d2.request_id, 12));
+  w2.Send(Step(w2, d2.request_id, 13));
+  w2.Send(Step(w2, d2.request_id, 14, /*finished=*/true));
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 3; ++i) {
+    const GenerateChunkOut c = RecvClientAs<GenerateChunkOut>(client.get());
+    EXPECT_EQ(c.index, 2 + i);
+    tokens.push_back(c.tokens.empty() ? -1 : c.tokens[0].token);
+  }
+  EXPECT_EQ(tokens, (std::vector<int32_t>{12, 13, 14}));
+  EXPECT_EQ(RecvClientAs<GenerateFinalOut>(client.get()).usage.completion_tokens, 5);
+  // w1 stepped (its stale step): it is healthy again and takes work.
+  s = Stats(client.get());
+  EXPECT_TRUE(s.workers[0].healthy);
+  EXPECT_EQ(s.inflight, 0);
+}
+
+TEST_F(LivenessTest, SlowStepsAndAdvancingPrefillAreNotStalls) {
+  StartRouter();
+  FakeWorker w1 = StartWorker("w1");
+  auto client = Dealer(router_->frontend_endpoint(), "c1");
+  SendClient(client.get(), Request("r1", 8, /*stream=*/true));
+  const DispatchInfo d1 = w1.RecvAs<DispatchInfo>();
+  FakeWorker w2 = StartWorker("w2");
+  // A long prefill: no token for 24 s, but the KV cache it fills grows every 8 s.
+  for (int i = 1; i <= 3; ++i) {
+    Advance(8'000);
+    w1.Heartbeat(/*kv_used_blocks=*/10 * i);
+    w2.Heartbeat();
+    EXPECT_EQ(Stats(client.get()).migrations, 0) << "after " << 8 * i << " s";
+  }
+  // Then steps of 1.5 s each: the watchdog's limit becomes 20 steps = 30 s.
+  for (int i = 0; i < 4; ++i) {
+    Advance(1'500);
+    w1.Send(Step(w1, d1.request_id, 20 + i));
+    EXPECT_EQ(RecvClientAs<GenerateChunkOut>(client.get()).index, i);
+  }
+  // Its steps reported no KV use (load {}); heartbeats saying the same are no progress.
+  Advance(25'000);
+  w1.Heartbeat();
+  w2.Heartbeat();
+  EXPECT_FALSE(w2.Recv(kQuietMs).has_value());
+  Advance(5'100);
+  w1.Heartbeat();
+  w2.Heartbeat();
+  const DispatchInfo d2 = w2.RecvAs<DispatchInfo>();
+  EXPECT_EQ(d2.output_tokens, (std::vector<int32_t>{20, 21, 22, 23}));
+}
+
+}  // namespace
+}  // namespace carpool::router
