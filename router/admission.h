@@ -12,7 +12,8 @@
 // not embed), at most the largest registered worker's KV capacity. Larger ones are refused
 // RESOURCE_EXHAUSTED too_large at admission. While a limit is unknown (no worker registered and
 // no max_inflight_tokens) nothing is refused for it; Oversized() lists the queued requests that
-// no longer fit once the limits are known (or after they shrank), and Next() never returns them.
+// no longer fit once the limits are known (or after they shrank: a worker left or stalled), and
+// Next() never returns them.
 //
 // Order. Three FIFO queues, one per class. A queued request's level is its class's base
 // (interactive 0, default 1, batch 2) minus one per `priority_aging_ms` it has waited, never
@@ -20,11 +21,12 @@
 // The dispatch order merges the three queues, taking the lowest level, then the earliest
 // arrival. Next() walks that order and returns the first request whose tokens fit the in-flight
 // budget of its class (everything for interactive; max_inflight_tokens -
-// interactive_reserve_tokens for the others). A request that does not fit is overtaken by
-// requests behind it that fit while it has waited less than `skip_ahead_ms`; once it has waited
-// that long nothing behind it goes: the budget is held for it until the requests in flight have
-// left it room. So a large request never blocks small ones for longer than skip_ahead_ms, and is
-// never starved.
+// interactive_reserve_tokens for the others; while the budget is unknown, one request at a
+// time). A request that does not fit (or that the caller could not place on a worker) is
+// overtaken by requests behind it that fit, among the next kMaxSkipAhead, while it has waited
+// less than `skip_ahead_ms`; once it has waited that long nothing behind it goes: the budget is
+// held for it until the requests in flight have left it room. So small requests pass a large
+// one for skip_ahead_ms, and after that nothing overtakes it: it is never starved.
 //
 // Deadlines. Expired() lists queued requests whose deadline has passed (Next() never returns
 // them), and Overdue() the dispatched ones. At admission a request with a deadline is refused `deadline_unmeetable` when
