@@ -45,6 +45,12 @@ inline constexpr char kTooLarge[] = "too_large";
 inline constexpr char kNoWorkers[] = "no_workers";
 // Set by the SDKs, never sent: the connection to the router dropped with the call open.
 inline constexpr char kRouterLost[] = "router_lost";
+// RESOURCE_EXHAUSTED: the client did not read its answers; the router's backlog for it overflowed
+// and its requests were cancelled.
+inline constexpr char kClientTooSlow[] = "client_too_slow";
+// ALREADY_EXISTS: the request_id is already in flight for this client; the error refers to the
+// refused message, never to the live request, which goes on.
+inline constexpr char kDuplicateRequestId[] = "duplicate_request_id";
 }  // namespace reason
 
 struct ErrorInfo {

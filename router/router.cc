@@ -12,6 +12,8 @@ namespace carpool::router {
 namespace {
 
 constexpr int kPollMillis = 20;
+// While some client has a backlog: how often it is retried.
+constexpr int kBacklogPollMillis = 5;
 constexpr int kMaxMessagesPerWake = 512;
 constexpr int64_t kCheckIntervalMicros = 50'000;
 // How long the frontend keeps trying to deliver the last answers when Run returns after a drain.
@@ -34,6 +36,16 @@ std::string ClientKey(char kind, const std::string& routing_id) {
 
 bool IsInproc(const std::string& client) { return !client.empty() && client[0] == kInprocClient; }
 
+// The client request a message answers; "" for stats.
+const std::string& RequestIdOf(const ServerMessage& m) {
+  static const std::string kNone;
+  if (auto* c = std::get_if<GenerateChunkOut>(&m)) return c->request_id;
+  if (auto* f = std::get_if<GenerateFinalOut>(&m)) return f->request_id;
+  if (auto* e = std::get_if<ErrorInfo>(&m)) return e->request_id;
+  if (auto* r = std::get_if<EmbedResultOut>(&m)) return r->request_id;
+  return kNone;
+}
+
 }  // namespace
 
 absl::Status RouterOptions::Validate() const {
@@ -43,6 +55,11 @@ absl::Status RouterOptions::Validate() const {
   if (max_request_bytes < 1024 || max_request_bytes > max_frame_bytes) {
     return absl::InvalidArgumentError(
         "--max-request-bytes must be >= 1024 and <= the frame limit");
+  }
+  if (client_send_hwm < 1) return absl::InvalidArgumentError("client_send_hwm must be >= 1");
+  if (client_backlog.max_messages < 1 || client_backlog.max_bytes < 1024) {
+    return absl::InvalidArgumentError(
+        "client_backlog needs max_messages >= 1 and max_bytes >= 1024");
   }
   if (max_inproc_request_bytes < max_request_bytes) {
     return absl::InvalidArgumentError(
@@ -67,6 +84,7 @@ Router::Impl::Impl(const RouterOptions& o)
   admission_ = std::make_unique<AdmissionController>(options_.admission, options_.tenants);
   admission_->SetWorkersAvailable(false);  // none has registered yet
   tenant_rejections_.assign(options_.tenants.size(), 0);
+  backlog_ = std::make_unique<ClientBacklog>(options_.client_backlog);
   inproc_limits_ = options_.request_limits;
   inproc_limits_.max_prompt_bytes =
       std::max(inproc_limits_.max_prompt_bytes, options_.max_inproc_request_bytes);
@@ -84,6 +102,7 @@ absl::Status Router::Impl::Init() {
     ASSIGN_OR_RETURN(zap_, ZapHandler::Start(&context_, options_.curve_allowed_client_keys));
     so.curve_server = CurveServerKeys{curve_public_key_, options_.curve_secret_key};
   }
+  so.high_water_mark = options_.client_send_hwm;
   ASSIGN_OR_RETURN(frontend_, Socket::Create(&context_, zmq::socket_type::router, so));
   RETURN_IF_ERROR(frontend_->Bind(options_.frontend));
   RETURN_IF_ERROR(backend_->Bind(options_.backend));
@@ -93,6 +112,7 @@ absl::Status Router::Impl::Init() {
   inproc_endpoint_ = "inproc://carpool-frontend";
   SocketOptions io;
   io.max_message_bytes = std::max(options_.max_frame_bytes, options_.max_inproc_request_bytes);
+  io.high_water_mark = options_.client_send_hwm;
   ASSIGN_OR_RETURN(inproc_, Socket::Create(&context_, zmq::socket_type::router, io));
   RETURN_IF_ERROR(inproc_->Bind(inproc_endpoint_));
   return absl::OkStatus();
@@ -105,13 +125,18 @@ absl::Status Router::Impl::Run(const std::atomic<bool>& stop, const std::atomic<
                                {backend_->raw().handle(), 0, ZMQ_POLLIN, 0},
                                {inproc_->raw().handle(), 0, ZMQ_POLLIN, 0}};
     try {
-      zmq::poll(items, 3, std::chrono::milliseconds(kPollMillis));
+      zmq::poll(items, 3,
+                std::chrono::milliseconds(backlog_->empty() ? kPollMillis : kBacklogPollMillis));
     } catch (const zmq::error_t& e) {
       if (e.num() != EINTR) return absl::InternalError(absl::StrCat("poll: ", e.what()));
     }
     if (items[1].revents & ZMQ_POLLIN) RETURN_IF_ERROR(DrainBackend());
-    if (items[0].revents & ZMQ_POLLIN) RETURN_IF_ERROR(DrainFrontend(frontend_.get(), kTcpClient));
-    if (items[2].revents & ZMQ_POLLIN) RETURN_IF_ERROR(DrainFrontend(inproc_.get(), kInprocClient));
+    if (items[0].revents & ZMQ_POLLIN) {
+      RETURN_IF_ERROR(DrainFrontend(frontend_.get(), kTcpClient));
+    }
+    if (items[2].revents & ZMQ_POLLIN) {
+      RETURN_IF_ERROR(DrainFrontend(inproc_.get(), kInprocClient));
+    }
     const int64_t now = clock_->NowMicros();
     if (!draining_ && drain.load(std::memory_order_relaxed)) StartDraining(now);
     if (now >= next_check) {
@@ -120,7 +145,10 @@ absl::Status Router::Impl::Run(const std::atomic<bool>& stop, const std::atomic<
       next_check = now + kCheckIntervalMicros;
     }
     TryDispatch();
-    if (draining_ && DrainDone(now) && WorkersDrained(now)) {
+    ServeBacklog();
+    // After a drain, answers still queued for slow readers get until the grace period's end.
+    if (draining_ && DrainDone(now) && WorkersDrained(now) &&
+        (backlog_->empty() || now >= drain_deadline_)) {
       frontend_->raw().set(zmq::sockopt::linger, kDrainLingerMillis);
       inproc_->raw().set(zmq::sockopt::linger, kDrainLingerMillis);
       backend_->raw().set(zmq::sockopt::linger, kDrainLingerMillis);
@@ -138,6 +166,8 @@ absl::Status Router::Impl::DrainFrontend(Socket* socket, char kind) {
     if (!frames) break;
     if (frames->empty()) continue;
     const std::string client = ClientKey(kind, frames->front());
+    // A slow reader that sends on without reading: past a bound, not even a refusal is queued.
+    if (!backlog_->TakeMessage(client)) continue;
     if (frames->size() != 2) {
       RefuseFrame(client, frames->size() > 1 ? std::string_view((*frames)[1]) : "",
                   "expected exactly one frame per message");
@@ -164,9 +194,65 @@ absl::Status Router::Impl::DrainBackend() {
 }
 
 void Router::Impl::SendToClient(const std::string& client, const ServerMessage& message) {
-  Socket* socket = IsInproc(client) ? inproc_.get() : frontend_.get();
-  absl::Status s = socket->Send({client.substr(1), Encode(message)});
-  if (!s.ok() && absl::IsUnavailable(s)) DropClient(client);
+  const std::string& rid = RequestIdOf(message);
+  if (std::holds_alternative<GenerateFinalOut>(message) && backlog_->LostChunks(client, rid)) {
+    // Chunks of this stream were dropped for a slow reader: it cannot end as if whole.
+    SendError(client, rid, absl::StatusCode::kResourceExhausted, reason::kClientTooSlow,
+              "the client did not read its answers: chunks of this stream were dropped");
+    return;
+  }
+  std::string frame = Encode(message);
+  if (!backlog_->Has(client)) {
+    Socket* socket = IsInproc(client) ? inproc_.get() : frontend_.get();
+    absl::Status s = socket->Send({client.substr(1), frame});
+    if (s.ok()) return;
+    if (absl::IsUnavailable(s)) {  // the client is gone
+      DropClient(client);
+      return;
+    }
+    if (!absl::IsResourceExhausted(s)) {
+      std::cerr << "carpool-router: send to client failed: " << s.message() << "\n";
+      return;
+    }
+    // Its pipe is full: the message waits in the backlog.
+  }
+  const bool chunk = std::holds_alternative<GenerateChunkOut>(message);
+  if (backlog_->Add(client, rid, std::move(frame), chunk) == ClientBacklog::Added::kTooSlow) {
+    too_slow_.push_back(client);
+  }
+}
+
+void Router::Impl::ServeBacklog() {
+  std::vector<std::string> too_slow;
+  too_slow.swap(too_slow_);
+  for (const std::string& client : too_slow) {
+    std::vector<uint64_t> ids;
+    for (const auto& [key, id] : by_client_) {
+      if (key.first == client) ids.push_back(id);
+    }
+    std::sort(ids.begin(), ids.end());
+    std::cerr << "carpool-router: a client is not reading its answers (backlog over "
+              << options_.client_backlog.max_messages << " messages or "
+              << options_.client_backlog.max_bytes << " bytes): " << ids.size()
+              << " request(s) cancelled\n";
+    for (uint64_t id : ids) {
+      Fail(id, absl::StatusCode::kResourceExhausted, reason::kClientTooSlow,
+           absl::StrCat("the client did not read its answers: the router's backlog for it "
+                        "passed ",
+                        options_.client_backlog.max_messages, " messages or ",
+                        options_.client_backlog.max_bytes,
+                        " bytes, so its requests were cancelled"));
+    }
+  }
+  if (backlog_->empty()) return;
+  std::vector<std::string> gone;
+  backlog_->Flush(
+      [this](const std::string& client, const std::string& frame) {
+        Socket* socket = IsInproc(client) ? inproc_.get() : frontend_.get();
+        return socket->Send({client.substr(1), frame});
+      },
+      &gone);
+  for (const std::string& client : gone) DropClient(client);
 }
 
 void Router::Impl::SendToWorker(const std::string& identity, const RouterMessage& message) {
@@ -233,6 +319,11 @@ bool Router::Impl::Accept(const std::string& client, const std::string& rid,
   }
   if (!shape.ok()) {
     SendError(client, rid, shape.code(), ValidationReason(shape), std::string(shape.message()));
+    return false;
+  }
+  if (backlog_->TooSlow(client)) {
+    SendError(client, rid, absl::StatusCode::kResourceExhausted, reason::kClientTooSlow,
+              "this client has not read its earlier answers yet; read them, then send again");
     return false;
   }
   *tenant = -1;
@@ -392,6 +483,7 @@ void Router::Impl::OnCancel(const std::string& client, const std::string& reques
 }
 
 void Router::Impl::DropClient(const std::string& client) {
+  backlog_->Erase(client);
   std::vector<uint64_t> ids;
   for (const auto& [key, id] : by_client_) {
     if (key.first == client) ids.push_back(id);

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "common/clock.h"
 #include "router/admission.h"
+#include "router/client_backlog.h"
 #include "router/placement.h"
 #include "router/request_validator.h"
 #include "router/tenants.h"
@@ -45,6 +46,13 @@ struct RouterOptions {
   int64_t max_inproc_request_bytes = 64 << 20;
   // Frames larger than this drop the connection (ZMQ_MAXMSGSIZE). Default: 64 MiB.
   int64_t max_frame_bytes = 64 << 20;
+  // Answers ZeroMQ queues per client before a send reports the client's pipe full
+  // (ZMQ_SNDHWM of the client sockets). Default: 10000.
+  int client_send_hwm = 10000;
+  // Answers the router keeps per client beyond that, retried as the client reads; past these
+  // limits the client is too slow: its requests are cancelled with RESOURCE_EXHAUSTED
+  // client_too_slow (router/client_backlog.h). Defaults: 1024 messages, 16 MiB.
+  ClientBacklogOptions client_backlog;
   // Queue limits, token budgets, aging, reserve (router/admission.h). admission.clock is
   // replaced by `clock`.
   AdmissionOptions admission;

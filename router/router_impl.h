@@ -106,6 +106,9 @@ class Router::Impl {
   bool ValidateEmbedRequest(Request* r);
   void OnCancel(const std::string& client, const std::string& request_id);
   void DropClient(const std::string& client);
+  // Cancels the requests of the clients the backlog found too slow, one client_too_slow error
+  // each; then retries every backlog. From the loop only (it ends requests).
+  void ServeBacklog();
   // Ends a request everywhere (admission, worker, tables); tells its worker to stop it.
   // `completed`: it finished normally (feeds the service rate).
   void End(uint64_t id, bool completed = false);
@@ -172,6 +175,8 @@ class Router::Impl {
   absl::flat_hash_map<uint64_t, Request> requests_;
   absl::flat_hash_map<std::pair<std::string, std::string>, uint64_t> by_client_;
   absl::flat_hash_map<uint64_t, uint64_t> dispatch_to_request_;
+  std::unique_ptr<ClientBacklog> backlog_;
+  std::vector<std::string> too_slow_;  // clients to end in ServeBacklog
   uint64_t next_request_id_ = 1;
   uint64_t next_dispatch_id_ = 1;
   uint64_t placements_ = 0;
