@@ -1,7 +1,11 @@
 #include "router/http_server.h"
 
+#include <poll.h>
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <deque>
 #include <iostream>
@@ -260,7 +264,7 @@ class HttpServer::Impl {
 // thread of its current request reads (through an Exchange).
 class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connection> {
  public:
-  enum class After { kNone, kSignal, kNextRequest, kLinger };
+  enum class After { kNone, kNextRequest, kLinger };
 
   // `counted`: it counts against max_connections.
   Connection(Impl* server, tcp::socket socket, bool counted = true)
@@ -272,6 +276,7 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
         write_timer_(server->io_) {}
 
   void Begin() {
+    fd_ = socket_.native_handle();
     boost::system::error_code ec;
     socket_.non_blocking(true, ec);
     socket_.set_option(tcp::no_delay(true), ec);
@@ -282,58 +287,84 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
 
   // Answers `bytes` before any request is read, then closes gracefully.
   void Refuse(std::string bytes) {
+    fd_ = socket_.native_handle();
     boost::system::error_code ec;
     socket_.non_blocking(true, ec);
     phase_ = Phase::kHandling;
     QueueWrite(std::move(bytes), After::kLinger);
   }
 
-  // Ends the connection now. Idempotent.
+  // Ends the connection now. Idempotent. While a handler writes on the socket the descriptor
+  // is only shut down (so the handler's send fails at once) and closed when it is done.
   void Close() {
     if (closed_) return;
     closed_ = true;
-    boost::system::error_code ec;
-    socket_.shutdown(tcp::socket::shutdown_both, ec);
-    socket_.close(ec);
     read_timer_.cancel();
     write_timer_.cancel();
     out_.clear();
+    bool handler_writes = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       gone_ = true;
       write_failed_ = true;
+      handler_writes = handler_writes_;
     }
-    cv_.notify_all();
+    boost::system::error_code ec;
+    socket_.shutdown(tcp::socket::shutdown_both, ec);
+    if (!handler_writes) socket_.close(ec);
     if (counted_) server_->connections_.fetch_sub(1);
     server_->open_.erase(shared_from_this());
   }
 
-  // Queues bytes of the current answer; `after` says what follows their write.
+  // Queues bytes the server writes itself (its own answers); `after` says what follows.
+  // REQUIRES: no handler writes on this connection.
   void QueueWrite(std::string bytes, After after) {
-    if (closed_) {
-      if (after == After::kSignal) Signal();
-      return;
-    }
+    if (closed_) return;
     out_.push_back(Pending{std::move(bytes), after});
     if (!writing_) WriteNext();
   }
 
-  // ---- handler side (any thread)
+  // ---- handler side (the handler thread of the current request)
 
-  // Queues `bytes` and waits until they are written; false when the connection failed first.
-  bool WriteAndWait(std::string bytes) {
-    uint64_t ticket = 0;
+  // Writes `bytes` on the handler's thread, straight to the socket (no hand-over to the I/O
+  // thread), waiting for room at most the write timeout. False when the connection failed.
+  bool SendAll(absl::string_view bytes) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (write_failed_) return false;
-      ticket = ++writes_queued_;
     }
-    asio::post(server_->io_, [self = shared_from_this(), bytes = std::move(bytes)]() mutable {
-      self->QueueWrite(std::move(bytes), After::kSignal);
-    });
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return write_failed_ || writes_done_ >= ticket; });
-    return !write_failed_;
+    const int fd = fd_;
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.write_timeout_ms);
+    size_t off = 0;
+    while (off < bytes.size()) {
+      const ssize_t n =
+          ::send(fd, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) {
+        off += static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        const int64_t left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 deadline - std::chrono::steady_clock::now())
+                                 .count();
+        pollfd p{fd, POLLOUT, 0};
+        if (left > 0 && ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 100))) >= 0 &&
+            !server_->stopping_.load()) {
+          continue;
+        }
+        if (left <= 0) server_->timeouts_.fetch_add(1);
+      }
+      FailWrites();
+      return false;
+    }
+    return true;
+  }
+
+  // The handler is done with the socket; `after` says what follows (I/O thread, later).
+  void HandlerDone(After after) {
+    asio::post(server_->io_, [self = shared_from_this(), after] { self->OnHandlerDone(after); });
   }
 
   bool Gone() const {
@@ -343,12 +374,43 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
 
   Impl* server() const { return server_; }
 
+  // The socket belongs to the request's handler for writing from now until HandlerDone.
+  void GiveWritesToHandler() {
+    std::lock_guard<std::mutex> lock(mu_);
+    handler_writes_ = true;
+    gone_ = false;
+    write_failed_ = false;
+  }
+
  private:
   enum class Phase { kHead, kBody, kHandling, kLinger };
   struct Pending {
     std::string bytes;
     After after;
   };
+
+  void FailWrites() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      write_failed_ = true;
+    }
+    asio::post(server_->io_, [self = shared_from_this()] { self->Close(); });
+  }
+
+  void OnHandlerDone(After after) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      handler_writes_ = false;
+    }
+    if (closed_) {
+      boost::system::error_code ec;
+      socket_.close(ec);  // deferred while the handler wrote
+      return;
+    }
+    if (after == After::kLinger) return Linger();
+    if (read_eof_ && buffer_.size() == 0) return Close();
+    NextRequest();
+  }
 
   // ---- reading
 
@@ -495,7 +557,14 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
     keep_alive_ = h.keep_alive();
     if (absl::EqualsIgnoreCase(ToAbsl(h[http::field::expect]), "100-continue") &&
         !parser_->is_done()) {
-      QueueWrite("HTTP/1.1 100 Continue\r\n\r\n", After::kNone);
+      // Written at once: the socket's buffer is empty between requests, and the handler will
+      // own the write side once the body is in.
+      constexpr absl::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+      if (writing_ || ::send(fd_, kContinue.data(), kContinue.size(), MSG_NOSIGNAL | MSG_DONTWAIT) !=
+                          static_cast<ssize_t>(kContinue.size())) {
+        Close();
+        return false;
+      }
     }
     parser_->eager(true);
     phase_ = Phase::kBody;
@@ -554,9 +623,6 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
     switch (after) {
       case After::kNone:
         break;
-      case After::kSignal:
-        Signal();
-        break;
       case After::kNextRequest:
         if (read_eof_ && buffer_.size() == 0) return Close();
         NextRequest();
@@ -567,14 +633,6 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
     WriteNext();
   }
 
-  void Signal() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      ++writes_done_;
-    }
-    cv_.notify_all();
-  }
-
   // Stops writing, drops what the client still sends for a moment, then closes.
   void Linger() {
     phase_ = Phase::kLinger;
@@ -583,7 +641,6 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
       gone_ = true;
       write_failed_ = true;
     }
-    cv_.notify_all();
     boost::system::error_code ec;
     socket_.shutdown(tcp::socket::shutdown_send, ec);
     buffer_.consume(buffer_.size());
@@ -596,6 +653,7 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
   const bool counted_;
   const HttpServerOptions& options_;
   tcp::socket socket_;
+  int fd_ = -1;  // socket_'s descriptor, open until the handler that writes on it is done
   asio::steady_timer read_timer_;
   asio::steady_timer write_timer_;
   std::string remote_;
@@ -616,11 +674,9 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
 
   // Shared with the handler thread of the current request.
   mutable std::mutex mu_;
-  std::condition_variable cv_;
   bool gone_ = false;
   bool write_failed_ = false;
-  uint64_t writes_queued_ = 0;
-  uint64_t writes_done_ = 0;
+  bool handler_writes_ = false;  // a handler owns the socket's write side
 };
 
 // The answer to one request, on its handler thread.
@@ -636,10 +692,8 @@ class HttpServer::Impl::Exchange : public HttpResponder {
     answered_ = true;
     Report(response.status);
     const bool close = response.close || !keep_alive_;
-    asio::post(connection_->server()->io_,
-               [c = connection_, bytes = Serialize(response, close), close]() mutable {
-                 c->QueueWrite(std::move(bytes), close ? After::kLinger : After::kNextRequest);
-               });
+    const bool sent = connection_->SendAll(Serialize(response, close));
+    Done(sent && !close ? After::kNextRequest : After::kLinger);
   }
 
   bool StartStream(const HttpResponse& head) override {
@@ -647,7 +701,7 @@ class HttpServer::Impl::Exchange : public HttpResponder {
     answered_ = true;
     streaming_ = true;
     Report(head.status);
-    return connection_->WriteAndWait(Head(head, !keep_alive_, "Transfer-Encoding: chunked\r\n"));
+    return connection_->SendAll(Head(head, !keep_alive_, "Transfer-Encoding: chunked\r\n"));
   }
 
   bool Write(absl::string_view data) override {
@@ -656,21 +710,20 @@ class HttpServer::Impl::Exchange : public HttpResponder {
     std::string chunk = absl::StrCat(absl::Hex(data.size()), "\r\n");
     chunk.append(data.data(), data.size());
     chunk += "\r\n";
-    return connection_->WriteAndWait(std::move(chunk));
+    return connection_->SendAll(chunk);
   }
 
   void End() override {
     if (!streaming_) return;
     streaming_ = false;
-    const bool close = !keep_alive_;
-    asio::post(connection_->server()->io_, [c = connection_, close] {
-      c->QueueWrite("0\r\n\r\n", close ? After::kLinger : After::kNextRequest);
-    });
+    const bool sent = connection_->SendAll("0\r\n\r\n");
+    Done(sent && keep_alive_ ? After::kNextRequest : After::kLinger);
   }
 
   bool Gone() const override { return connection_->Gone(); }
 
-  // After the handler returned: answers what it left unanswered, ends what it left open.
+  // After the handler returned: answers what it left unanswered, ends what it left open, and
+  // hands the connection back to the I/O thread.
   void Finish() {
     if (!answered_) {
       Send(connection_->server()->options_.error_page(500, "internal",
@@ -678,6 +731,7 @@ class HttpServer::Impl::Exchange : public HttpResponder {
     } else if (streaming_) {
       End();
     }
+    Done(After::kLinger);  // no effect when Send or End handed it back
   }
 
  private:
@@ -686,11 +740,18 @@ class HttpServer::Impl::Exchange : public HttpResponder {
     if (on_response) on_response(path_, status);
   }
 
+  void Done(After after) {
+    if (done_) return;
+    done_ = true;
+    connection_->HandlerDone(after);
+  }
+
   std::shared_ptr<Connection> connection_;
   const std::string path_;
   const bool keep_alive_;
   bool answered_ = false;
   bool streaming_ = false;
+  bool done_ = false;
 };
 
 void HttpServer::Impl::Connection::Dispatch() {
@@ -709,17 +770,17 @@ void HttpServer::Impl::Connection::Dispatch() {
   }
   request->body = std::move(m.body());
   request->remote = remote_;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    gone_ = false;
-    write_failed_ = false;
-  }
   auto exchange = std::make_shared<Exchange>(shared_from_this(), path_, keep_alive_);
+  GiveWritesToHandler();
   const bool taken = server_->pool_.TryRun([server = server_, request, exchange] {
     server->handler_(*request, *exchange);
     exchange->Finish();
   });
   if (taken) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    handler_writes_ = false;
+  }
   server_->rejected_requests_.fetch_add(1);
   HttpResponse r = options_.error_page(
       503, "too_many_requests",
