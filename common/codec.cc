@@ -1,6 +1,10 @@
 #include "common/codec.h"
 
+#include <algorithm>
+#include <limits>
+
 #include "absl/strings/str_cat.h"
+#include "common/wire_ranges.h"
 #include "common/wire_scan.h"
 #include "proto/carpool.pb.h"
 
@@ -10,6 +14,12 @@ namespace {
 namespace pb = ::carpool::v1;
 
 // ---- shared pieces
+
+// Milliseconds for a uint32 field: clamped to [0, 2^32 - 1] (about 49.7 days), never wrapped.
+uint32_t WireMillis(int64_t ms) {
+  return static_cast<uint32_t>(
+      std::clamp<int64_t>(ms, 0, std::numeric_limits<uint32_t>::max()));
+}
 
 pb::Priority ToProto(Priority p) {
   switch (p) {
@@ -93,7 +103,7 @@ void ToProto(const ErrorInfo& e, pb::Error* p) {
   p->set_code(absl::StatusCodeToString(e.code));
   p->set_reason(e.reason);
   p->set_message(e.message);
-  p->set_retry_after_ms(static_cast<uint32_t>(std::max<int64_t>(0, e.retry_after_ms)));
+  p->set_retry_after_ms(WireMillis(e.retry_after_ms));
 }
 
 ErrorInfo FromProto(const pb::Error& p) {
@@ -172,12 +182,16 @@ std::string Serialize(const google::protobuf::Message& m) {
   return out;
 }
 
-// Parses `frame` as T and checks the protocol version.
+// Parses `frame` as T and checks the protocol version; with `check_ranges`, first that every
+// integer fits its field (wire::CheckRanges), before the parser's truncation is relied on.
 template <typename T>
-absl::Status ParseEnvelope(std::string_view frame, T* envelope) {
+absl::Status ParseEnvelope(std::string_view frame, T* envelope, bool check_ranges = false) {
   if (!envelope->ParseFromArray(frame.data(), static_cast<int>(frame.size()))) {
     return absl::InvalidArgumentError(
         absl::StrCat("frame is not a carpool.v1.", T::descriptor()->name()));
+  }
+  if (check_ranges) {
+    if (absl::Status s = wire::CheckRanges(frame, T::descriptor()); !s.ok()) return s;
   }
   if (envelope->protocol_version() != kProtocolVersion) {
     return absl::InvalidArgumentError(absl::StrCat("protocol version ",
@@ -207,7 +221,7 @@ struct ClientEncoder {
     }
     ToProto(g.sampling, p->mutable_sampling());
     p->set_priority(ToProto(g.priority));
-    p->set_deadline_ms(static_cast<uint32_t>(std::max<int64_t>(0, g.deadline_ms)));
+    p->set_deadline_ms(WireMillis(g.deadline_ms));
     p->set_api_key(g.api_key);
     p->set_stream(g.stream);
     p->set_add_bos(g.add_bos);
@@ -229,7 +243,7 @@ struct ClientEncoder {
     p->set_normalize(e.normalize);
     p->set_pooling(ToProto(e.pooling));
     p->set_priority(ToProto(e.priority));
-    p->set_deadline_ms(static_cast<uint32_t>(std::max<int64_t>(0, e.deadline_ms)));
+    p->set_deadline_ms(WireMillis(e.deadline_ms));
     p->set_api_key(e.api_key);
     p->set_add_bos(e.add_bos);
   }
@@ -435,7 +449,7 @@ std::string Encode(const RouterMessage& message) {
 
 absl::StatusOr<ClientMessage> DecodeClientMessage(std::string_view frame) {
   pb::ClientMessage m;
-  if (absl::Status s = ParseEnvelope(frame, &m); !s.ok()) return s;
+  if (absl::Status s = ParseEnvelope(frame, &m, /*check_ranges=*/true); !s.ok()) return s;
   switch (m.body_case()) {
     case pb::ClientMessage::kGenerate: {
       const pb::GenerateRequest& p = m.generate();

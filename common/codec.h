@@ -2,7 +2,11 @@
 //
 // Decode* never trusts its input: a frame that is not the expected message, carries another
 // protocol version, or names no known message type gives INVALID_ARGUMENT with a message that
-// says which. Field-level validation (ranges, lengths) is the receiver's job.
+// says which. DecodeClientMessage also refuses an integer that does not fit its field (a uint32
+// deadline_ms of 2^32 + 100 is not read as 100) or an enum value that names none
+// (common/wire_ranges.h). Semantic validation (sampling ranges, lengths, floats) is the
+// receiver's job: router/request_validator.h. Encode clamps an int64 millisecond count to a
+// uint32 field's range instead of wrapping it.
 #ifndef CARPOOL_COMMON_CODEC_H_
 #define CARPOOL_COMMON_CODEC_H_
 

@@ -46,9 +46,10 @@ absl::Status ValidateShape(const GenerateInput& r, const RequestLimits& limits) 
     return PromptTooLong(absl::StrCat("prompt is ", r.token_ids.size(), " tokens; the limit is ",
                                       limits.max_prompt_tokens));
   }
-  if (r.sampling.max_tokens > limits.max_max_tokens) {
+  if (r.sampling.max_tokens < 1 || r.sampling.max_tokens > limits.max_max_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("max_tokens is ", r.sampling.max_tokens,
-                                                   "; the limit is ", limits.max_max_tokens));
+                                                   "; it must be in [1, ",
+                                                   limits.max_max_tokens, "]"));
   }
   if (static_cast<int>(r.sampling.stop_token_ids.size()) > limits.max_stop_token_ids) {
     return absl::InvalidArgumentError(absl::StrCat("stop_token_ids has ",
