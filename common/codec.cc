@@ -227,7 +227,7 @@ struct ClientEncoder {
     p->set_add_bos(g.add_bos);
   }
   void operator()(const CancelInput& c) const { m->mutable_cancel()->set_request_id(c.request_id); }
-  void operator()(const StatsQuery&) const { m->mutable_stats(); }
+  void operator()(const StatsQuery& q) const { m->mutable_stats()->set_api_key(q.api_key); }
   void operator()(const EmbedInput& e) const {
     pb::EmbedRequest* p = m->mutable_embed();
     p->set_request_id(e.request_id);
@@ -469,7 +469,7 @@ absl::StatusOr<ClientMessage> DecodeClientMessage(std::string_view frame) {
     case pb::ClientMessage::kCancel:
       return ClientMessage(CancelInput{m.cancel().request_id()});
     case pb::ClientMessage::kStats:
-      return ClientMessage(StatsQuery{});
+      return ClientMessage(StatsQuery{m.stats().api_key()});
     case pb::ClientMessage::kEmbed: {
       const pb::EmbedRequest& p = m.embed();
       EmbedInput e;

@@ -114,7 +114,9 @@ struct CancelInput {
   std::string request_id;
 };
 
-struct StatsQuery {};
+struct StatsQuery {
+  std::string api_key;  // needed where the router has tenants
+};
 
 using ClientMessage = std::variant<GenerateInput, CancelInput, StatsQuery, EmbedInput>;
 

@@ -20,6 +20,9 @@ namespace {
 using testing::Drive;
 using testing::Outcome;
 using testing::QueryStats;
+
+// Sees every tenant's stats where the router has tenants; ignored where it has none.
+constexpr char kAdminKey[] = "key-admin";
 using testing::Scripted;
 using testing::SimWorker;
 using testing::SimWorkerOptions;
@@ -213,7 +216,8 @@ class AdmissionClusterTest : public ::testing::Test {
       workers_.push_back(std::make_unique<SimWorker>(router_->backend_endpoint(), o));
     }
     for (int i = 0; i < 200; ++i) {
-      if (static_cast<int>(QueryStats(router_->frontend_endpoint()).workers.size()) == n) return;
+      const StatsOut s = QueryStats(router_->frontend_endpoint(), kAdminKey);
+      if (static_cast<int>(s.workers.size()) == n) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     FAIL() << "workers did not register";
@@ -225,7 +229,7 @@ class AdmissionClusterTest : public ::testing::Test {
   }
   // Every reservation is back: nothing queued or in flight, no tokens reserved.
   void ExpectIdle() {
-    const StatsOut s = QueryStats(router_->frontend_endpoint());
+    const StatsOut s = QueryStats(router_->frontend_endpoint(), kAdminKey);
     EXPECT_EQ(s.queued, 0);
     EXPECT_EQ(s.inflight, 0);
     EXPECT_EQ(s.queued_tokens, 0);
@@ -327,6 +331,7 @@ TEST_F(AdmissionClusterTest, FloodingTenantIsRefusedWhileTheOtherIsServed) {
   )pb");
   ASSERT_TRUE(tenants.ok());
   o.tenants = *tenants;
+  o.admin_api_keys = {kAdminKey};  // stats of every tenant (ExpectIdle too)
   Start(o);
   AddWorkers(2, 8, 1);
   // Requests of 8 tokens (4 prompt + 4 output); quotas of 100 tokens/s = 12.5 requests/s.
@@ -370,7 +375,7 @@ TEST_F(AdmissionClusterTest, FloodingTenantIsRefusedWhileTheOtherIsServed) {
   EXPECT_GE(flood_quota, 250 * 7 / 10);
   EXPECT_EQ(out.at("stranger").error.code, absl::StatusCode::kUnauthenticated);
   EXPECT_EQ(out.at("stranger").error.reason, reason::kUnauthenticated);
-  const StatsOut s = QueryStats(router_->frontend_endpoint());
+  const StatsOut s = QueryStats(router_->frontend_endpoint(), kAdminKey);
   ASSERT_EQ(s.tenants.size(), 2u);
   EXPECT_EQ(s.tenants[0].rejected, flood_quota);
   EXPECT_EQ(s.tenants[1].rejected, 24 - steady_ok);

@@ -72,6 +72,9 @@ absl::Status RouterOptions::Validate() const {
     return absl::InvalidArgumentError("--affinity-load-weight must be >= 0");
   }
   if (drain_grace_ms < 0) return absl::InvalidArgumentError("--drain-grace-ms must be >= 0");
+  for (const std::string& key : admin_api_keys) {
+    if (key.empty()) return absl::InvalidArgumentError("an admin API key is empty");
+  }
   if (curve_secret_key.empty() && !curve_allowed_client_keys.empty()) {
     return absl::InvalidArgumentError("--curve-allow needs --curve-secret-key-file");
   }
@@ -293,8 +296,35 @@ void Router::Impl::OnClientFrame(const std::string& client, const std::string& p
   } else if (auto* c = std::get_if<CancelInput>(&*m)) {
     OnCancel(client, c->request_id);
   } else {
-    SendToClient(client, BuildStats());
+    OnStats(client, std::get<StatsQuery>(*m));
   }
+}
+
+void Router::Impl::OnStats(const std::string& client, const StatsQuery& query) {
+  StatsOut stats = BuildStats();
+  // The in-process client (the HTTP gateway) is trusted. Over the network, with tenants, a key
+  // is needed, and a tenant sees the cluster and itself, not the other tenants.
+  if (options_.tenants.enabled() && !IsInproc(client)) {
+    bool admin = false;
+    for (const std::string& key : options_.admin_api_keys) {
+      admin = ConstantTimeEquals(key, query.api_key) || admin;  // no early exit
+    }
+    const int tenant = options_.tenants.Authenticate(query.api_key);
+    if (admin) {
+      SendToClient(client, stats);
+      return;
+    }
+    if (tenant < 0) {
+      SendError(client, "", absl::StatusCode::kUnauthenticated, reason::kUnauthenticated,
+                query.api_key.empty() ? "stats need an API key on this router"
+                                      : "unknown API key");
+      return;
+    }
+    std::erase_if(stats.tenants, [&](const TenantStatsOut& t) {
+      return t.name != options_.tenants.at(tenant).name;
+    });
+  }
+  SendToClient(client, stats);
 }
 
 void Router::Impl::RefuseFrame(const std::string& client, std::string_view frame,
@@ -302,6 +332,13 @@ void Router::Impl::RefuseFrame(const std::string& client, std::string_view frame
   std::string rid = ScanClientRequestId(frame);
   // An id the router would refuse anyway is not echoed: it cannot be a request in flight.
   if (static_cast<int>(rid.size()) > LimitsFor(client).max_request_id_bytes) rid.clear();
+  if (!rid.empty() && by_client_.contains({client, rid})) {
+    // The error names a live request: its reason must say it is not that request's end.
+    SendError(client, rid, absl::StatusCode::kAlreadyExists, reason::kDuplicateRequestId,
+              absl::StrCat("request_id '", rid, "' is already in flight; this message was "
+                           "refused (", message, "), the request in flight goes on"));
+    return;
+  }
   SendError(client, rid, absl::StatusCode::kInvalidArgument, reason::kInvalidArgument,
             std::move(message));
 }
@@ -312,6 +349,14 @@ const RequestLimits& Router::Impl::LimitsFor(const std::string& client) const {
 
 bool Router::Impl::Accept(const std::string& client, const std::string& rid,
                           const absl::Status& shape, const std::string& api_key, int* tenant) {
+  // First: every refusal below would name a live request.
+  if (by_client_.contains({client, rid})) {
+    SendError(client, rid, absl::StatusCode::kAlreadyExists, reason::kDuplicateRequestId,
+              absl::StrCat("request_id '", rid,
+                           "' is already in flight; this request is refused, the one in flight "
+                           "goes on"));
+    return false;
+  }
   if (draining_) {
     SendError(client, rid, absl::StatusCode::kUnavailable, reason::kDraining,
               "the router is shutting down and takes no new requests", 1000);
@@ -335,11 +380,6 @@ bool Router::Impl::Accept(const std::string& client, const std::string& rid,
       return false;
     }
   }
-  if (by_client_.contains({client, rid})) {
-    SendError(client, rid, absl::StatusCode::kInvalidArgument, reason::kInvalidArgument,
-              absl::StrCat("request_id '", rid, "' is already in flight"));
-    return false;
-  }
   return true;
 }
 
@@ -361,6 +401,9 @@ void Router::Impl::OnGenerate(const std::string& client, GenerateInput input) {
   if (!Accept(client, rid, ValidateShape(input, LimitsFor(client)), input.api_key,
               &tenant)) {
     return;
+  }
+  if (tenant >= 0) {
+    input.priority = ResolvePriority(input.priority, options_.tenants.at(tenant).max_priority);
   }
   Request r;
   r.id = next_request_id_++;
@@ -402,6 +445,9 @@ void Router::Impl::OnEmbed(const std::string& client, EmbedInput input) {
   if (!Accept(client, rid, ValidateEmbedShape(input, LimitsFor(client)), input.api_key,
               &tenant)) {
     return;
+  }
+  if (tenant >= 0) {
+    input.priority = ResolvePriority(input.priority, options_.tenants.at(tenant).max_priority);
   }
   if (!registry_.empty() && !AnyWorkerCanEmbed()) {
     SendError(client, rid, absl::StatusCode::kFailedPrecondition, kReasonUnsupported,

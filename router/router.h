@@ -69,6 +69,9 @@ struct RouterOptions {
   double affinity_load_weight = 1.0;
   // API keys and quotas; empty: no authentication, no quotas. Default: empty.
   TenantTable tenants;
+  // With tenants: keys whose stats requests see every tenant (a tenant's key sees itself only;
+  // the in-process client needs none). They serve no other request. Default: none.
+  std::vector<std::string> admin_api_keys;
   // After Drain(): how long in-flight and queued requests may take to finish before they are
   // ended with UNAVAILABLE / draining and Run returns. Default: 30000.
   int64_t drain_grace_ms = 30000;

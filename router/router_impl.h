@@ -105,6 +105,8 @@ class Router::Impl {
   bool Validate(Request* r);
   bool ValidateEmbedRequest(Request* r);
   void OnCancel(const std::string& client, const std::string& request_id);
+  // Stats for `client`: everything in-process; with tenants, over the network, the key's view.
+  void OnStats(const std::string& client, const StatsQuery& query);
   void DropClient(const std::string& client);
   // Cancels the requests of the clients the backlog found too slow, one client_too_slow error
   // each; then retries every backlog. From the loop only (it ends requests).

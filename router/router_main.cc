@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
   carpool::router::RouterOptions options;
   carpool::router::AdmissionOptions& a = options.admission;
   std::string placement = "least_loaded";
-  std::string tenants_file, curve_secret_file, curve_allow_file;
+  std::string tenants_file, curve_secret_file, curve_allow_file, admin_key_file;
   carpool::router::HttpGatewayOptions http;
   http.listen.clear();
   std::string chat_template = "auto";
@@ -89,6 +89,9 @@ int main(int argc, char** argv) {
   flags.AddDouble("affinity-load-weight", &options.affinity_load_weight,
                   "prefix_affinity: load tokens one cached token is worth (default 1)");
   flags.AddString("tenants", &tenants_file, "API keys and quotas, textproto (default: none)");
+  flags.AddString("admin-key-file", &admin_key_file,
+                  "with --tenants: keys (one per line) whose stats see every tenant; a tenant's "
+                  "key sees itself only (default: none)");
   flags.AddBool("drain-workers", &options.drain_workers,
                 "on SIGTERM, drain the workers too once in-flight work is done (default true)");
   flags.AddInt64("drain-grace-ms", &options.drain_grace_ms,
@@ -150,6 +153,11 @@ int main(int argc, char** argv) {
     auto tenants = carpool::router::TenantTable::Load(tenants_file);
     if (!tenants.ok()) return fail(tenants.status(), 2);
     options.tenants = std::move(*tenants);
+  }
+  if (!admin_key_file.empty()) {
+    auto keys = carpool::router::LoadKeyFile(admin_key_file);
+    if (!keys.ok()) return fail(keys.status(), 2);
+    options.admin_api_keys = std::move(*keys);
   }
   if (!curve_secret_file.empty()) {
     auto key = carpool::router::ReadCurveKeyFile(curve_secret_file);

@@ -19,8 +19,10 @@ constexpr int kWaitMs = 5000;
 
 class RouterTest : public ::testing::Test {
  protected:
-  void StartRouter(int64_t heartbeat_timeout_ms = 60'000) {
+  void StartRouter(int64_t heartbeat_timeout_ms = 60'000, TenantTable tenants = {}) {
     RouterOptions o;
+    o.tenants = std::move(tenants);
+    o.admin_api_keys = {"key-admin"};
     o.frontend = "tcp://127.0.0.1:*";
     o.backend = "tcp://127.0.0.1:*";
     o.heartbeat_timeout_ms = heartbeat_timeout_ms;
@@ -248,7 +250,9 @@ TEST_F(RouterTest, BadInputGetsTypedErrorsWhileAnotherClientIsServed) {
   // The good client was served throughout: its first chunk, then the duplicate's error.
   ServerMessage first = RecvClient(good.get());
   ASSERT_TRUE(std::holds_alternative<GenerateChunkOut>(first));
-  EXPECT_THAT(RecvError(good.get()).message, HasSubstr("already in flight"));
+  ErrorInfo dup = RecvError(good.get());
+  EXPECT_THAT(dup.message, HasSubstr("already in flight"));
+  EXPECT_EQ(dup.reason, reason::kDuplicateRequestId);
   w.Send(StepTokensInfo{w.epoch, {Token(d.request_id, 6, true)}, {}});
   EXPECT_TRUE(std::holds_alternative<GenerateChunkOut>(RecvClient(good.get())));
   EXPECT_TRUE(std::holds_alternative<GenerateFinalOut>(RecvClient(good.get())));
@@ -402,6 +406,104 @@ TEST_F(RouterTest, SdkGetsTheRealErrorOfAnOversizedRequest) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
   EXPECT_THAT(r.status().message(), HasSubstr("exceeds the limit"));
   EXPECT_LT(Clock::Real()->NowMicros() - start, 5'000'000);
+}
+
+TEST_F(RouterTest, DuplicateRequestIdIsRefusedAndTheLiveRequestGoesOn) {
+  StartRouter();
+  FakeWorker w = StartWorker("w1");
+  auto client = Dealer(router_->frontend_endpoint(), "c1");
+  SendClient(client.get(), Request("live", {1, 2}, 3, /*stream=*/true));
+  DispatchInfo d = w.RecvAs<DispatchInfo>();
+  w.Send(StepTokensInfo{w.epoch, {Token(d.request_id, 7)}, {}});
+  ASSERT_TRUE(std::holds_alternative<GenerateChunkOut>(RecvClient(client.get())));
+  // A duplicate that is fine, one that is invalid, one too large, one that does not decode:
+  // each refused as a duplicate, never as the live request's end.
+  SendClient(client.get(), Request("live", {1}, 1, false));
+  SendClient(client.get(), Request("live", {1}, 0, false));
+  GenerateInput big = TextRequest("live", 100 << 10);
+  SendClient(client.get(), big);
+  const std::string frame = Encode(ClientMessage(TextRequest("live", 300)));
+  ASSERT_TRUE(client->Send({frame.substr(0, 60)}).ok());
+  for (int i = 0; i < 4; ++i) {
+    ErrorInfo e = RecvError(client.get());
+    EXPECT_EQ(e.request_id, "live") << i;
+    EXPECT_EQ(e.reason, reason::kDuplicateRequestId) << i << ": " << e.message;
+    EXPECT_EQ(e.code, absl::StatusCode::kAlreadyExists) << i;
+  }
+  // The live one was not cancelled: its tokens still come, then its final.
+  w.Send(StepTokensInfo{w.epoch, {Token(d.request_id, 8)}, {}});
+  w.Send(StepTokensInfo{w.epoch, {Token(d.request_id, 9, true)}, {}});
+  for (int i = 1; i < 3; ++i) {
+    ServerMessage m = RecvClient(client.get());
+    ASSERT_TRUE(std::holds_alternative<GenerateChunkOut>(m)) << m.index();
+    EXPECT_EQ(std::get<GenerateChunkOut>(m).index, i);
+  }
+  ServerMessage end = RecvClient(client.get());
+  ASSERT_TRUE(std::holds_alternative<GenerateFinalOut>(end));
+  EXPECT_EQ(std::get<GenerateFinalOut>(end).usage.completion_tokens, 3);
+  // Another client may use the same id.
+  auto other = Dealer(router_->frontend_endpoint(), "c2");
+  SendClient(other.get(), Request("live", {1}, 1, false));
+  EXPECT_GT(w.RecvAs<DispatchInfo>().request_id, d.request_id);
+}
+
+TenantTable TwoTenants() {
+  auto t = TenantTable::Parse(R"pb(
+    tenant { key: "key-alpha" name: "alpha" }
+    tenant { key: "key-beta" name: "beta" max_priority: PRIORITY_BATCH }
+  )pb");
+  EXPECT_TRUE(t.ok()) << t.status();
+  return t.ok() ? *t : TenantTable();
+}
+
+TEST_F(RouterTest, StatsNeedAKeyWithTenantsAndShowTheTenantsOwnView) {
+  StartRouter(60'000, TwoTenants());
+  auto client = Dealer(router_->frontend_endpoint(), "c1");
+  for (const char* key : {"", "wrong"}) {
+    SendClient(client.get(), StatsQuery{key});
+    ErrorInfo e = RecvError(client.get());
+    EXPECT_EQ(e.code, absl::StatusCode::kUnauthenticated) << key;
+    EXPECT_THAT(e.message, ::testing::Not(HasSubstr("alpha")));
+  }
+  SendClient(client.get(), StatsQuery{"key-alpha"});
+  ServerMessage m = RecvClient(client.get());
+  ASSERT_TRUE(std::holds_alternative<StatsOut>(m));
+  ASSERT_EQ(std::get<StatsOut>(m).tenants.size(), 1u);
+  EXPECT_EQ(std::get<StatsOut>(m).tenants[0].name, "alpha");
+  // An admin key sees every tenant.
+  SendClient(client.get(), StatsQuery{"key-admin"});
+  m = RecvClient(client.get());
+  ASSERT_TRUE(std::holds_alternative<StatsOut>(m));
+  EXPECT_EQ(std::get<StatsOut>(m).tenants.size(), 2u);
+  // It is no tenant's key: requests with it are refused.
+  GenerateInput g = Request("r1", {1}, 1, false);
+  g.api_key = "key-admin";
+  SendClient(client.get(), g);
+  EXPECT_EQ(RecvError(client.get()).code, absl::StatusCode::kUnauthenticated);
+  // The in-process client (the HTTP gateway: /metrics, /ready, /v1/models) needs none.
+  auto inproc = Dealer(router_->inproc_endpoint(), "gw", router_->zmq_context());
+  SendClient(inproc.get(), StatsQuery{});
+  m = RecvClient(inproc.get());
+  ASSERT_TRUE(std::holds_alternative<StatsOut>(m));
+  EXPECT_EQ(std::get<StatsOut>(m).tenants.size(), 2u);
+  inproc.reset();
+}
+
+TEST_F(RouterTest, ABatchOnlyTenantsRequestNamingNoClassRunsAsBatch) {
+  StartRouter(60'000, TwoTenants());
+  FakeWorker w = StartWorker("w1");
+  auto client = Dealer(router_->frontend_endpoint(), "c1");
+  GenerateInput g = Request("r1", {1}, 1, false);  // priority: default, i.e. none named
+  g.api_key = "key-beta";
+  SendClient(client.get(), g);
+  EXPECT_EQ(w.RecvAs<DispatchInfo>().priority, Priority::kBatch);
+  // Asking for more than it may still is refused.
+  g.request_id = "r2";
+  g.priority = Priority::kInteractive;
+  SendClient(client.get(), g);
+  ErrorInfo e = RecvError(client.get());
+  EXPECT_EQ(e.request_id, "r2");
+  EXPECT_THAT(e.message, HasSubstr("batch"));
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "proto/carpool.pb.h"
@@ -107,6 +108,19 @@ int TenantTable::Authenticate(std::string_view key) const {
   return found;
 }
 
+absl::StatusOr<std::vector<std::string>> LoadKeyFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read the key file ", path));
+  std::vector<std::string> keys;
+  std::string line;
+  while (std::getline(in, line)) {
+    const absl::string_view key = absl::StripAsciiWhitespace(line);
+    if (!key.empty() && key[0] != '#') keys.emplace_back(key);
+  }
+  if (keys.empty()) return absl::InvalidArgumentError(absl::StrCat(path, " holds no key"));
+  return keys;
+}
+
 bool ConstantTimeEquals(std::string_view a, std::string_view b) {
   const size_t n = std::max(a.size(), b.size());
   volatile unsigned char diff = a.size() == b.size() ? 0 : 1;
@@ -121,6 +135,11 @@ bool ConstantTimeEquals(std::string_view a, std::string_view b) {
 bool PriorityAllowed(Priority requested, Priority highest) {
   // Lower enum value = higher class (kInteractive 0, kDefault 1, kBatch 2).
   return static_cast<int>(requested) >= static_cast<int>(highest);
+}
+
+Priority ResolvePriority(Priority requested, Priority highest) {
+  if (requested == Priority::kDefault && !PriorityAllowed(requested, highest)) return highest;
+  return requested;
 }
 
 const char* PriorityName(Priority p) {

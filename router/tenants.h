@@ -49,12 +49,23 @@ class TenantTable {
   std::vector<TenantConfig> tenants_;
 };
 
+// API keys from a file: one per line; blank lines and lines starting with '#' are skipped,
+// surrounding whitespace trimmed. NOT_FOUND when it cannot be read, INVALID_ARGUMENT when it
+// holds no key.
+absl::StatusOr<std::vector<std::string>> LoadKeyFile(const std::string& path);
+
 // a == b, in time that depends only on the lengths.
 bool ConstantTimeEquals(std::string_view a, std::string_view b);
 
 // True when a request of class `requested` is allowed for a tenant whose highest class is
 // `highest` (interactive > default > batch).
 bool PriorityAllowed(Priority requested, Priority highest);
+
+// The class a request of a tenant whose highest class is `highest` runs at: `requested`, except
+// that a request naming no class (PRIORITY_DEFAULT, what a client that knows no classes sends,
+// such as a stock OpenAI client through the HTTP gateway) from a tenant whose highest class is
+// below default runs at that highest class instead of being refused.
+Priority ResolvePriority(Priority requested, Priority highest);
 
 const char* PriorityName(Priority p);
 

@@ -67,5 +67,17 @@ TEST(TenantsTest, ConstantTimeEqualsAndPriorityOrder) {
   EXPECT_TRUE(PriorityAllowed(Priority::kInteractive, Priority::kInteractive));
 }
 
+TEST(TenantsTest, ARequestNamingNoClassTakesTheTenantsHighest) {
+  // A batch-only tenant: no class named (PRIORITY_DEFAULT) runs as batch, not refused.
+  EXPECT_EQ(ResolvePriority(Priority::kDefault, Priority::kBatch), Priority::kBatch);
+  EXPECT_EQ(ResolvePriority(Priority::kBatch, Priority::kBatch), Priority::kBatch);
+  // An explicit class above the tenant's stays, to be refused by admission.
+  EXPECT_EQ(ResolvePriority(Priority::kInteractive, Priority::kBatch), Priority::kInteractive);
+  // Tenants allowed default or more keep what was asked.
+  EXPECT_EQ(ResolvePriority(Priority::kDefault, Priority::kDefault), Priority::kDefault);
+  EXPECT_EQ(ResolvePriority(Priority::kDefault, Priority::kInteractive), Priority::kDefault);
+  EXPECT_EQ(ResolvePriority(Priority::kBatch, Priority::kInteractive), Priority::kBatch);
+}
+
 }  // namespace
 }  // namespace carpool::router

@@ -173,11 +173,11 @@ std::map<std::string, Outcome> Drive(const std::string& frontend,
   return out;
 }
 
-StatsOut QueryStats(const std::string& frontend) {
+StatsOut QueryStats(const std::string& frontend, const std::string& api_key) {
   zmq::context_t context;
   auto socket = Socket::Create(&context, zmq::socket_type::dealer, SocketOptions());
   if (!socket.ok() || !(*socket)->Connect(frontend).ok()) return StatsOut();
-  (void)(*socket)->Send({Encode(ClientMessage(StatsQuery{}))});
+  (void)(*socket)->Send({Encode(ClientMessage(StatsQuery{api_key}))});
   auto frames = (*socket)->Recv(5000);
   if (!frames.ok() || !frames->has_value()) return StatsOut();
   auto m = DecodeServerMessage((**frames)[0]);

@@ -75,8 +75,9 @@ std::map<std::string, Outcome> Drive(const std::string& frontend,
                                      const std::vector<Scripted>& script, int timeout_ms,
                                      const SocketOptions& socket = SocketOptions());
 
-// The router's stats over a fresh DEALER; an empty StatsOut after 5 s without an answer.
-StatsOut QueryStats(const std::string& frontend);
+// The router's stats over a fresh DEALER, asked with `api_key` (needed where the router has
+// tenants); an empty StatsOut after 5 s without an answer, or on an error.
+StatsOut QueryStats(const std::string& frontend, const std::string& api_key = "");
 
 }  // namespace carpool::router::testing
 
