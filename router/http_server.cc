@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <condition_variable>
+#include <chrono>
 #include <deque>
+#include <exception>
 #include <iostream>
+#include <iterator>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -26,8 +28,8 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "router/handler_pool.h"
 
 namespace carpool::router {
 namespace {
@@ -46,6 +48,8 @@ constexpr size_t kReadAhead = 64 << 10;
 // what the client still sends, so the client reads the answer instead of a reset.
 constexpr int64_t kLingerMs = 2000;
 constexpr size_t kLingerBytes = 8 << 20;
+// Connections refused over max_connections that may linger for a graceful close at once.
+constexpr int kMaxLingeringRefusals = 256;
 // Pause before accepting again when the process is out of descriptors.
 constexpr int64_t kAcceptBackoffMs = 50;
 
@@ -109,6 +113,14 @@ std::string PercentDecode(absl::string_view s) {
   return out;
 }
 
+// Retry-After: 1, unless the error page set one.
+void SetRetryAfter(HttpResponse* r) {
+  for (const auto& [k, v] : r->headers) {
+    if (absl::EqualsIgnoreCase(k, "Retry-After")) return;
+  }
+  r->headers.emplace_back("Retry-After", "1");
+}
+
 HttpResponse PlainError(int status, absl::string_view code, absl::string_view message) {
   HttpResponse r;
   r.status = status;
@@ -116,72 +128,6 @@ HttpResponse PlainError(int status, absl::string_view code, absl::string_view me
   r.body = absl::StrCat(code, ": ", message, "\n");
   return r;
 }
-
-// Threads for handlers, started on demand up to a bound; TryRun refuses beyond it.
-class HandlerPool {
- public:
-  explicit HandlerPool(int max_threads) : max_(max_threads) {}
-  ~HandlerPool() { Join(); }
-
-  bool TryRun(std::function<void()> job) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_ || busy_ >= max_) return false;
-    ++busy_;
-    jobs_.push_back(std::move(job));
-    if (idle_ == 0) {
-      threads_.emplace_back([this] { Work(); });
-    } else {
-      cv_.notify_one();
-    }
-    return true;
-  }
-
-  int64_t busy() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return busy_;
-  }
-
-  // Runs the queued jobs, then ends the threads.
-  void Join() {
-    std::vector<std::thread> threads;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopping_ = true;
-      threads.swap(threads_);
-    }
-    cv_.notify_all();
-    for (std::thread& t : threads) t.join();
-  }
-
- private:
-  void Work() {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      if (jobs_.empty()) {
-        if (stopping_) return;
-        ++idle_;
-        cv_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
-        --idle_;
-        continue;
-      }
-      std::function<void()> job = std::move(jobs_.front());
-      jobs_.pop_front();
-      lock.unlock();
-      job();
-      lock.lock();
-      --busy_;
-    }
-  }
-
-  const int max_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;
-  std::vector<std::thread> threads_;
-  int busy_ = 0;
-  int idle_ = 0;
-  bool stopping_ = false;
-};
 
 }  // namespace
 
@@ -251,6 +197,7 @@ class HttpServer::Impl {
   bool stopped_ = false;
   // Every open connection; touched only on the I/O thread.
   absl::flat_hash_set<std::shared_ptr<Connection>> open_;
+  int lingering_refusals_ = 0;  // refused connections still open (I/O thread)
   std::atomic<int64_t> connections_{0};
   std::atomic<int64_t> connections_total_{0};
   std::atomic<int64_t> rejected_connections_{0};
@@ -312,7 +259,11 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
     boost::system::error_code ec;
     socket_.shutdown(tcp::socket::shutdown_both, ec);
     if (!handler_writes) socket_.close(ec);
-    if (counted_) server_->connections_.fetch_sub(1);
+    if (counted_) {
+      server_->connections_.fetch_sub(1);
+    } else {
+      --server_->lingering_refusals_;
+    }
     server_->open_.erase(shared_from_this());
   }
 
@@ -334,14 +285,15 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
       if (write_failed_) return false;
     }
     const int fd = fd_;
-    const auto deadline =
-        std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.write_timeout_ms);
+    const auto timeout = std::chrono::milliseconds(options_.write_timeout_ms);
+    auto deadline = std::chrono::steady_clock::now() + timeout;  // moves on with each progress
     size_t off = 0;
     while (off < bytes.size()) {
       const ssize_t n =
           ::send(fd, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n > 0) {
         off += static_cast<size_t>(n);
+        deadline = std::chrono::steady_clock::now() + timeout;
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
@@ -349,10 +301,12 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
         const int64_t left = std::chrono::duration_cast<std::chrono::milliseconds>(
                                  deadline - std::chrono::steady_clock::now())
                                  .count();
-        pollfd p{fd, POLLOUT, 0};
-        if (left > 0 && ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 100))) >= 0 &&
-            !server_->stopping_.load()) {
-          continue;
+        if (left > 0 && !server_->stopping_.load()) {
+          pollfd p{fd, POLLOUT, 0};
+          if (::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 100))) >= 0 ||
+              errno == EINTR) {
+            continue;
+          }
         }
         if (left <= 0) server_->timeouts_.fetch_add(1);
       }
@@ -378,8 +332,8 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
   void GiveWritesToHandler() {
     std::lock_guard<std::mutex> lock(mu_);
     handler_writes_ = true;
-    gone_ = false;
-    write_failed_ = false;
+    gone_ = reset_;
+    write_failed_ = reset_;
   }
 
  private:
@@ -425,20 +379,25 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
     ArmRead(options_.idle_timeout_ms);
     if (buffer_.size() == 0) buffer_.shrink_to_fit();  // an idle connection holds no buffer
     Process();
+    if (read_eof_ && phase_ == Phase::kHead) return Close();  // a partial head nobody finishes
     Read();
   }
 
   void ArmRead(int64_t ms) { ArmReadAt(std::chrono::steady_clock::now() + std::chrono::milliseconds(ms)); }
 
+  // A wait that had already fired when the timer was re-armed still runs, with success: the
+  // generation tells it apart.
   void ArmReadAt(std::chrono::steady_clock::time_point when) {
     read_timer_.expires_at(when);
-    read_timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
-      if (!ec) self->OnReadTimeout();
-    });
+    read_timer_.async_wait(
+        [self = shared_from_this(), gen = ++read_timer_gen_](const boost::system::error_code& ec) {
+          if (!ec && gen == self->read_timer_gen_) self->OnReadTimeout();
+        });
   }
 
   void OnReadTimeout() {
     if (closed_) return;
+    ++read_timer_gen_;
     switch (phase_) {
       case Phase::kHead:
         if (buffer_.size() == 0 && head_bytes_ == 0) return Close();  // idle keep-alive
@@ -478,6 +437,11 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
     boost::system::error_code ec;
     const size_t n = socket_.read_some(buffer_.prepare(kReadChunk), ec);
     if (ec == asio::error::would_block || ec == asio::error::try_again) return Read();
+    if (ec && ec != asio::error::eof) {
+      std::lock_guard<std::mutex> lock(mu_);
+      reset_ = true;  // whatever was pipelined, nobody reads the answers
+      gone_ = true;
+    }
     if (ec) return OnReadEnd();
     buffer_.commit(n);
     if (phase_ == Phase::kLinger) {
@@ -518,7 +482,19 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
       const size_t used = parser_->put(buffer_.data(), ec);
       buffer_.consume(used);
       if (phase_ == Phase::kHead) head_bytes_ += used;
-      if (ec == http::error::need_more) break;
+      if (ec == http::error::need_more) {
+        // Beast consumes complete header lines and bounds only the rest, and does not bound a
+        // chunk-size line or the trailers: the server bounds what a request may hold unparsed.
+        const size_t held = (phase_ == Phase::kHead ? head_bytes_ : 0) + buffer_.size();
+        if (held > static_cast<size_t>(options_.max_header_bytes)) {
+          return phase_ == Phase::kHead
+                     ? OnParseError(http::error::header_limit)
+                     : Fail(400, "bad_request",
+                            absl::StrCat("a chunk header or the trailers exceed ",
+                                         options_.max_header_bytes, " bytes"));
+        }
+        break;
+      }
       if (ec) return OnParseError(ec);
       if (phase_ == Phase::kHead && parser_->is_header_done() && !OnHead()) return;
       if (parser_->is_done()) return Dispatch();
@@ -542,10 +518,16 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
   bool OnHead() {
     const auto& h = parser_->get();
     path_ = std::string(h.target().substr(0, h.target().find('?')));
-    if (h.count(http::field::transfer_encoding) > 0 && !parser_->chunked()) {
-      Fail(501, "not_implemented", "only the chunked Transfer-Encoding is supported");
+    if (h.count(http::field::transfer_encoding) > 1 ||
+        (h.count(http::field::transfer_encoding) == 1 &&
+         !absl::EqualsIgnoreCase(absl::StripAsciiWhitespace(ToAbsl(h[http::field::transfer_encoding])),
+                                 "chunked"))) {
+      Fail(501, "not_implemented", "the only Transfer-Encoding supported is chunked, alone");
       return false;
     }
+    head_fields_ = static_cast<size_t>(std::distance(h.begin(), h.end()));
+    version_ = h.version();
+    head_only_ = h.method() == http::verb::head;
     for (const auto& f : h) {
       for (char c : f.value()) {
         if (c == '\0' || c == '\r' || c == '\n') {
@@ -555,7 +537,7 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
       }
     }
     keep_alive_ = h.keep_alive();
-    if (absl::EqualsIgnoreCase(ToAbsl(h[http::field::expect]), "100-continue") &&
+    if (version_ >= 11 && absl::EqualsIgnoreCase(ToAbsl(h[http::field::expect]), "100-continue") &&
         !parser_->is_done()) {
       // Written at once: the socket's buffer is empty between requests, and the handler will
       // own the write side once the body is in.
@@ -598,7 +580,7 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
   // ---- writing
 
   void WriteNext() {
-    if (out_.empty() || closed_) return;
+    if (writing_ || out_.empty() || closed_) return;
     writing_ = true;
     write_timer_.expires_after(std::chrono::milliseconds(options_.write_timeout_ms));
     write_timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
@@ -664,6 +646,10 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
   std::string path_;  // of the request being read or answered, for on_response
   bool keep_alive_ = true;
   size_t head_bytes_ = 0;
+  size_t head_fields_ = 0;  // fields of the head; more are chunked trailers, not headers
+  unsigned version_ = 11;
+  bool head_only_ = false;  // a HEAD request: answers carry no body
+  uint64_t read_timer_gen_ = 0;
   size_t linger_bytes_ = 0;
   std::chrono::steady_clock::time_point body_deadline_;
   bool reading_ = false;
@@ -677,6 +663,7 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
   bool gone_ = false;
   bool write_failed_ = false;
   bool handler_writes_ = false;  // a handler owns the socket's write side
+  bool reset_ = false;           // the client reset the connection
 };
 
 // The answer to one request, on its handler thread.
@@ -684,46 +671,59 @@ class HttpServer::Impl::Exchange : public HttpResponder {
  public:
   using After = Connection::After;
 
-  Exchange(std::shared_ptr<Connection> connection, std::string path, bool keep_alive)
-      : connection_(std::move(connection)), path_(std::move(path)), keep_alive_(keep_alive) {}
+  struct Framing {
+    bool keep_alive = true;  // the request allows another one on the connection
+    unsigned version = 11;   // 10 or 11
+    bool head_only = false;  // HEAD: no body in the answer
+  };
+
+  Exchange(std::shared_ptr<Connection> connection, std::string path, Framing framing)
+      : connection_(std::move(connection)), path_(std::move(path)), framing_(framing) {}
 
   void Send(HttpResponse response) override {
     if (answered_) return;
     answered_ = true;
     Report(response.status);
-    const bool close = response.close || !keep_alive_;
-    const bool sent = connection_->SendAll(Serialize(response, close));
-    Done(sent && !close ? After::kNextRequest : After::kLinger);
+    close_ = response.close || !framing_.keep_alive;
+    std::string bytes = Serialize(response, close_);
+    if (framing_.head_only) bytes.resize(bytes.size() - response.body.size());
+    ok_ = connection_->SendAll(bytes);
+    ended_ = true;
   }
 
+  // HTTP/1.1 streams are chunked; HTTP/1.0 has no chunks, so its stream is the raw bytes, ended
+  // by closing the connection.
   bool StartStream(const HttpResponse& head) override {
     if (answered_) return false;
     answered_ = true;
     streaming_ = true;
     Report(head.status);
-    return connection_->SendAll(Head(head, !keep_alive_, "Transfer-Encoding: chunked\r\n"));
+    chunked_ = framing_.version >= 11;
+    close_ = head.close || !framing_.keep_alive || !chunked_;
+    ok_ = connection_->SendAll(Head(head, close_, chunked_ ? "Transfer-Encoding: chunked\r\n" : ""));
+    return ok_;
   }
 
   bool Write(absl::string_view data) override {
-    if (!streaming_) return false;
-    if (data.empty()) return !Gone();
+    if (!streaming_ || !ok_) return false;
+    if (data.empty() || framing_.head_only) return !Gone();
+    if (!chunked_) return ok_ = connection_->SendAll(data);
     std::string chunk = absl::StrCat(absl::Hex(data.size()), "\r\n");
     chunk.append(data.data(), data.size());
     chunk += "\r\n";
-    return connection_->SendAll(chunk);
+    return ok_ = connection_->SendAll(chunk);
   }
 
   void End() override {
     if (!streaming_) return;
     streaming_ = false;
-    const bool sent = connection_->SendAll("0\r\n\r\n");
-    Done(sent && keep_alive_ ? After::kNextRequest : After::kLinger);
+    ended_ = true;
+    if (ok_ && chunked_ && !framing_.head_only) ok_ = connection_->SendAll("0\r\n\r\n");
   }
 
   bool Gone() const override { return connection_->Gone(); }
 
-  // After the handler returned: answers what it left unanswered, ends what it left open, and
-  // hands the connection back to the I/O thread.
+  // After the handler returned: answers what it left unanswered, ends what it left open.
   void Finish() {
     if (!answered_) {
       Send(connection_->server()->options_.error_page(500, "internal",
@@ -731,7 +731,12 @@ class HttpServer::Impl::Exchange : public HttpResponder {
     } else if (streaming_) {
       End();
     }
-    Done(After::kLinger);  // no effect when Send or End handed it back
+  }
+
+  // Once the handler's slot is free again: hands the connection back to the I/O thread, which
+  // reads the next request or closes.
+  void Release() {
+    connection_->HandlerDone(ok_ && ended_ && !close_ ? After::kNextRequest : After::kLinger);
   }
 
  private:
@@ -740,18 +745,15 @@ class HttpServer::Impl::Exchange : public HttpResponder {
     if (on_response) on_response(path_, status);
   }
 
-  void Done(After after) {
-    if (done_) return;
-    done_ = true;
-    connection_->HandlerDone(after);
-  }
-
   std::shared_ptr<Connection> connection_;
   const std::string path_;
-  const bool keep_alive_;
+  const Framing framing_;
   bool answered_ = false;
   bool streaming_ = false;
-  bool done_ = false;
+  bool chunked_ = true;
+  bool ended_ = false;  // the whole answer was written (or tried)
+  bool close_ = false;  // the connection ends after this answer
+  bool ok_ = true;      // every write so far succeeded
 };
 
 void HttpServer::Impl::Connection::Dispatch() {
@@ -765,17 +767,28 @@ void HttpServer::Impl::Connection::Dispatch() {
   const size_t q = request->target.find('?');
   request->path = PercentDecode(absl::string_view(request->target).substr(0, q));
   if (q != std::string::npos) request->query = request->target.substr(q + 1);
+  // The head's fields only: chunked trailers (fields after them) skipped the head's checks and
+  // are not headers.
+  size_t n = 0;
   for (const auto& f : m) {
+    if (n++ == head_fields_) break;
     request->headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
   }
   request->body = std::move(m.body());
   request->remote = remote_;
-  auto exchange = std::make_shared<Exchange>(shared_from_this(), path_, keep_alive_);
+  auto exchange = std::make_shared<Exchange>(
+      shared_from_this(), path_, Exchange::Framing{keep_alive_, version_, head_only_});
   GiveWritesToHandler();
-  const bool taken = server_->pool_.TryRun([server = server_, request, exchange] {
-    server->handler_(*request, *exchange);
-    exchange->Finish();
-  });
+  const bool taken = server_->pool_.TryRun(
+      [server = server_, request, exchange] {
+        try {
+          server->handler_(*request, *exchange);
+        } catch (const std::exception& e) {
+          std::cerr << "carpool-router: HTTP handler threw: " << e.what() << "\n";
+        }
+        exchange->Finish();
+      },
+      [exchange] { exchange->Release(); });
   if (taken) return;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -786,7 +799,7 @@ void HttpServer::Impl::Connection::Dispatch() {
       503, "too_many_requests",
       absl::StrCat("the gateway runs at most ", options_.max_concurrent_requests,
                    " requests at once"));
-  r.headers.emplace_back("Retry-After", "1");
+  SetRetryAfter(&r);
   Report(503);
   QueueWrite(Serialize(r, !keep_alive_), keep_alive_ ? After::kNextRequest : After::kLinger);
 }
@@ -842,10 +855,17 @@ void HttpServer::Impl::OnAccepted(tcp::socket socket) {
         503, "too_many_connections",
         absl::StrCat("the gateway holds at most ", options_.max_connections,
                      " connections at once"));
-    r.headers.emplace_back("Retry-After", "1");
+    SetRetryAfter(&r);
     if (options_.on_response) options_.on_response("", 503);
     // Answered and closed gracefully (so the client reads the 503 rather than a reset), and
-    // not counted against the limit meanwhile.
+    // not counted against the limit meanwhile; past kMaxLingeringRefusals of those (a flood),
+    // closed at once so they do not take every descriptor.
+    if (lingering_refusals_ >= kMaxLingeringRefusals) {
+      boost::system::error_code ec;
+      socket.close(ec);
+      return;
+    }
+    ++lingering_refusals_;
     auto refused = std::make_shared<Connection>(this, std::move(socket), /*counted=*/false);
     open_.insert(refused);
     refused->Refuse(Serialize(r, /*close=*/true));

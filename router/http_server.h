@@ -17,14 +17,16 @@
 //     max_body_bytes: the read stops there;
 //   - 431 when the head passes max_header_bytes;
 //   - 400 for framing RFC 9112 forbids (two different Content-Length values, Content-Length with
-//     Transfer-Encoding, a Transfer-Encoding other than chunked, NUL or bare CR in a header value);
+//     Transfer-Encoding, NUL or bare CR in a header value, a chunk header or trailers longer than
+//     max_header_bytes); 501 for a Transfer-Encoding other than chunked alone;
 //   - 503 (Retry-After: 1) at once when max_connections are open, or when max_concurrent_requests
 //     handlers are busy;
-//   - `100 Continue` when the request asks for it.
+//   - `100 Continue` when an HTTP/1.1 request asks for it;
+//   - HEAD: the answer's head only; HTTP/1.0: a stream is the raw bytes, ended by a close.
 // After an error answer the connection is closed gracefully: the server stops writing, reads and
 // discards what the client still sends for a moment, so the client sees the answer, not a reset.
 //
-// Thread-safe: Start/Stop from any thread; handlers run on pool threads.
+// Thread-safe: Start, Stats and the destructor from any thread; handlers run on pool threads.
 #ifndef CARPOOL_ROUTER_HTTP_SERVER_H_
 #define CARPOOL_ROUTER_HTTP_SERVER_H_
 
@@ -32,12 +34,12 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace carpool::router {
 
@@ -70,7 +72,8 @@ struct HttpResponse {
 class HttpResponder {
  public:
   virtual ~HttpResponder() = default;
-  // The whole answer. Does not wait for it to be written.
+  // The whole answer, written on the caller's thread (waiting for the client to take it at
+  // most the server's write timeout).
   virtual void Send(HttpResponse response) = 0;
   // A chunked answer's head (`response.body` is ignored). False when the client is gone.
   virtual bool StartStream(const HttpResponse& head) = 0;

@@ -20,6 +20,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -113,6 +114,8 @@ class Conn {
   }
 
   bool eof() const { return eof_; }
+  // Everything received and not yet taken by Next.
+  const std::string& raw() const { return in_; }
   // True when the peer closed within `ms` (after whatever it still sent).
   bool ClosedWithin(int64_t ms) {
     ReadFor(ms);
@@ -206,6 +209,10 @@ class HttpServerTest : public ::testing::Test {
         return res.End();
       }
       if (req.path == "/silent") return;  // answers nothing: the server sends 500
+      if (req.path == "/headers") {
+        for (const auto& [k, v] : req.headers) absl::StrAppend(&r.body, k, "=", v, ";");
+        return res.Send(std::move(r));
+      }
       r.status = 404;
       res.Send(std::move(r));
     });
@@ -512,6 +519,93 @@ TEST_F(HttpServerTest, PercentDecodesThePathAndSplitsTheQuery) {
   ASSERT_TRUE(c.Send("GET /v1/models/synthetic%3Atiny?a=1 HTTP/1.1\r\nX-Case: v\r\n\r\n"));
   EXPECT_EQ(c.Next().status, 200);
   EXPECT_EQ(seen, "/v1/models/synthetic:tiny|a=1|v");
+}
+
+TEST_F(HttpServerTest, PipelinedRequestsRefusedWhileHandlersAreBusyGetOneAnswerEach) {
+  HttpServerOptions o;
+  o.max_concurrent_requests = 1;
+  Start(o);
+  Conn busy(port());
+  ASSERT_TRUE(busy.Send("GET /slow HTTP/1.1\r\nHost: t\r\n\r\n"));
+  for (int i = 0; i < 200 && server_->Stats().active_requests < 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  Conn c(port());
+  ASSERT_TRUE(c.Send(Post("/echo", "1") + Post("/echo", "2") + Post("/echo", "3")));
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(c.Next().status, 503) << i;
+  EXPECT_EQ(c.Next(200).status, 0);  // nothing more: each refusal written once
+  release_.store(true);
+  EXPECT_EQ(busy.Next().body, "slow");
+  for (int i = 0; i < 200 && server_->Stats().active_requests > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(c.Send(Post("/echo", "4")));
+  EXPECT_EQ(c.Next().body, "POST /echo 4");
+}
+
+TEST_F(HttpServerTest, HeadsAndChunkLinesAreBoundedHoweverTheyArrive) {
+  HttpServerOptions o;
+  o.max_header_bytes = 4096;
+  Start(o);
+  {
+    // 16-byte header lines sent one by one: each is whole when it arrives.
+    Conn c(port());
+    ASSERT_TRUE(c.Send("GET /echo HTTP/1.1\r\n"));
+    bool refused = false;
+    for (int i = 0; i < 2000 && !refused; ++i) {
+      if (!c.Send(absl::StrFormat("X-%010d: b\r\n", i))) break;
+      if (i % 64 == 0) {
+        c.ReadFor(1, /*first=*/true);
+        refused = c.eof() || c.Next(1).status != 0;
+      }
+    }
+    c.ReadFor(500);
+    EXPECT_TRUE(c.eof());
+  }
+  {
+    Conn c(port());  // a chunk-size line with an endless extension
+    ASSERT_TRUE(c.Send("POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n1;"));
+    c.Send(std::string(20000, 'a'));
+    EXPECT_EQ(c.Next().status, 400);
+  }
+  EXPECT_EQ(calls_.load(), 0);
+}
+
+TEST_F(HttpServerTest, TrailersAreNotHeaders) {
+  Start();
+  Conn c(port());
+  ASSERT_TRUE(c.Send("POST /headers HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     "1\r\na\r\n0\r\nAuthorization: Bearer sneaky\r\n\r\n"));
+  Conn::Response r = c.Next();
+  EXPECT_EQ(r.status, 200);
+  EXPECT_THAT(r.body, HasSubstr("Host=t;"));
+  EXPECT_THAT(r.body, ::testing::Not(HasSubstr("sneaky")));
+}
+
+TEST_F(HttpServerTest, HeadAnswersCarryNoBodyAndKeepTheConnectionInStep) {
+  Start();
+  Conn c(port());
+  ASSERT_TRUE(c.Send("HEAD /echo HTTP/1.1\r\nHost: t\r\n\r\nGET /nowhere HTTP/1.1\r\nHost: t\r\n\r\n"));
+  c.ReadFor(300);
+  // The HEAD answer's Content-Length is that of the body it does not carry; the next answer
+  // follows at once.
+  const std::string& raw = c.raw();
+  const size_t end = raw.find("\r\n\r\n");
+  ASSERT_NE(end, std::string::npos) << raw;
+  EXPECT_THAT(raw.substr(0, end), HasSubstr("HTTP/1.1 200"));
+  EXPECT_THAT(raw.substr(0, end), HasSubstr("Content-Length: 11"));  // of "HEAD /echo "
+  EXPECT_EQ(raw.substr(end + 4, 12), "HTTP/1.1 404") << raw;
+}
+
+TEST_F(HttpServerTest, Http10StreamsAreRawBytesEndedByAClose) {
+  Start();
+  Conn c(port());
+  ASSERT_TRUE(c.Send("GET /stream HTTP/1.0\r\n\r\n"));
+  EXPECT_TRUE(c.ClosedWithin(3000));
+  const std::string& raw = c.raw();
+  EXPECT_THAT(raw, ::testing::StartsWith("HTTP/1.1 200"));
+  EXPECT_THAT(raw, ::testing::Not(HasSubstr("Transfer-Encoding")));
+  EXPECT_THAT(raw, ::testing::EndsWith("\r\n\r\nchunk0;chunk1;chunk2;"));
 }
 
 TEST_F(HttpServerTest, StopsWithHandlersMidStream) {
