@@ -299,7 +299,8 @@ absl::StatusOr<StatsOut> Core::Stats(absl::Time deadline) {
     absl::MutexLock lock(&mu_);
     if (closed_) return absl::CancelledError("the client was closed");
   }
-  RETURN_IF_ERROR(Enqueue(Outgoing{Encode(StatsQuery{}), nullptr, stats}));
+  // A router with tenants answers stats only to a key (docs/protocol.md).
+  RETURN_IF_ERROR(Enqueue(Outgoing{Encode(StatsQuery{options_.api_key}), nullptr, stats}));
   {
     absl::MutexLock lock(&stats->mu);
     stats->mu.AwaitWithDeadline(
@@ -473,6 +474,11 @@ std::string Core::DecodeFailures() {
 void Core::Route(ServerMessage message) {
   if (auto* stats = std::get_if<StatsOut>(&message)) {
     DeliverStats(std::move(*stats));
+    return;
+  }
+  // A refusal that names no request answers a stats query (one without a key, say).
+  if (auto* error = std::get_if<ErrorInfo>(&message); error != nullptr && error->request_id.empty()) {
+    DeliverStats(StatusFromError(*error));
     return;
   }
   std::shared_ptr<Call> call = Find(RequestIdOf(message));

@@ -169,6 +169,9 @@ int RunStatus(int argc, char** argv, int first) {
   parser.AddString("router", &options.router_endpoint,
                    "the router's client endpoint (default tcp://127.0.0.1:5555)");
   parser.AddInt64("timeout-ms", &timeout_ms, "how long to wait for the answer (default 5000)");
+  parser.AddString("api-key", &options.api_key,
+                   "key for a router with --tenants: a tenant's key shows that tenant, an admin "
+                   "key every tenant (default: none)");
   parser.AddBool("json", &json, "print the stats as one JSON object (implies --once)");
   parser.AddBool("once", &once,
                  "print one table and exit (the default when stdout is not a terminal)");

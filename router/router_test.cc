@@ -489,6 +489,25 @@ TEST_F(RouterTest, StatsNeedAKeyWithTenantsAndShowTheTenantsOwnView) {
   inproc.reset();
 }
 
+TEST_F(RouterTest, SdkStatsSendTheClientsKeyAndGetTheRefusalAtOnce) {
+  StartRouter(60'000, TwoTenants());
+  ClientOptions co;
+  co.router_endpoint = router_->frontend_endpoint();
+  auto anonymous = Client::Connect(co);
+  ASSERT_TRUE(anonymous.ok()) << anonymous.status();
+  const int64_t start = Clock::Real()->NowMicros();
+  absl::StatusOr<StatsOut> refused = (*anonymous)->Stats(10'000);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnauthenticated) << refused.status();
+  EXPECT_LT(Clock::Real()->NowMicros() - start, 5'000'000);  // the refusal, not the timeout
+  co.api_key = "key-alpha";
+  auto alpha = Client::Connect(co);
+  ASSERT_TRUE(alpha.ok()) << alpha.status();
+  absl::StatusOr<StatsOut> stats = (*alpha)->Stats(10'000);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  ASSERT_EQ(stats->tenants.size(), 1u);
+  EXPECT_EQ(stats->tenants[0].name, "alpha");
+}
+
 TEST_F(RouterTest, ABatchOnlyTenantsRequestNamingNoClassRunsAsBatch) {
   StartRouter(60'000, TwoTenants());
   FakeWorker w = StartWorker("w1");
