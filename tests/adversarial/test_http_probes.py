@@ -1,0 +1,457 @@
+"""Hostile and broken HTTP clients against the gateway of a live carpool-router (docs/http.md,
+"Limits" and "How the server holds up against slow and hostile clients"): slowloris, oversized
+chunked bodies, pipelining, ambiguous framing, huge heads, connection floods, idle keep-alive
+connections and clients that leave mid-stream. Each probe asserts the documented outcome, and
+each group checks that the router's RSS and descriptors come back within 10%."""
+
+import json
+import selectors
+import socket
+import threading
+import time
+
+import pytest
+import requests
+
+from conftest import BUILT, Cluster, bounded_resources, get, open_fds, rss_kb
+from rawhttp import Conn, exchange, request
+
+pytestmark = pytest.mark.skipif(not BUILT, reason="carpool binaries not built")
+
+MODEL = "synthetic:small"  # slow enough that a long stream is still running when its client goes
+MAX_MODEL_LEN = 1024
+IDLE_MS = 3000  # --http-idle-timeout-ms of the main cluster
+MARGIN_S = 3.0  # slack on a deadline's answer for a loaded 2-core machine
+
+
+def completion(max_tokens=1, **extra):
+    body = dict(model=MODEL, prompt="The carpool left at dawn", max_tokens=max_tokens,
+                temperature=0, ignore_eos=True)
+    body.update(extra)
+    return json.dumps(body)
+
+
+def error_code(resp):
+    return resp.json()["error"]["code"]
+
+
+def http_connections(cluster):
+    """carpool_http_connections from /metrics (this scrape's own connection included)."""
+    for line in get(cluster, "/metrics").text.splitlines():
+        if line.startswith("carpool_http_connections "):
+            return int(float(line.split()[1]))
+    raise AssertionError("no carpool_http_connections in /metrics")
+
+
+def open_many(cluster, n, first=b""):
+    """`n` connections, each having sent `first`."""
+    conns = []
+    try:
+        for _ in range(n):
+            s = socket.create_connection((cluster.host, cluster.port), timeout=10)
+            if first:
+                s.sendall(first)
+            conns.append(s)
+    except BaseException:
+        for s in conns:
+            s.close()
+        raise
+    return conns
+
+
+def warm_up(cluster):
+    """Runs every probe of the main cluster once (the chunked one, whose buffers are the
+    largest, three times), so that the allocator's arenas, the handler threads and the kernel's
+    buffers reach their working size before anything is measured."""
+    for _ in range(20):
+        assert requests.post(cluster.url + "/v1/completions", data=completion(4), timeout=30,
+                             headers={"Content-Type": "application/json"}).status_code == 200
+    pipelining(cluster)
+    refused_framings(cluster)
+    for _ in range(3):
+        chunked_over_limit(cluster, chunks=300)
+    for stream in (True, False):
+        client_leaves(cluster, stream)
+    wait_connections(cluster, 1)
+
+
+def wait_connections(cluster, n, timeout=30):
+    deadline = time.monotonic() + timeout
+    while True:
+        now = http_connections(cluster)
+        if now <= n:
+            return
+        assert time.monotonic() < deadline, "%d HTTP connections still open" % now
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("http"), ["--http-idle-timeout-ms", str(IDLE_MS)])
+    try:
+        c.add_worker(MODEL, "--max-model-len", str(MAX_MODEL_LEN))
+        warm_up(c)
+        yield c
+    finally:
+        c.close()
+
+
+# ---- framing
+
+def test_pipelined_requests_are_answered_in_order(cluster):
+    with bounded_resources(cluster, "pipelining"):
+        pipelining(cluster)
+
+
+def pipelining(cluster):
+    three = b"".join(request("POST", "/v1/completions", completion(n)) for n in (1, 2, 3))
+    for half_close in (False, True):
+        c = Conn(cluster.host, cluster.port)
+        try:
+            c.send(three)  # one send(): three requests in one segment
+            if half_close:
+                c.sock.shutdown(socket.SHUT_WR)
+            got = [c.response(30) for _ in range(3)]
+            assert [r.status for r in got] == [200] * 3, got
+            assert [r.json()["usage"]["completion_tokens"] for r in got] == [1, 2, 3]
+            if half_close:
+                assert c.closed_by_server(5)
+        finally:
+            c.close()
+    # Pipelined GETs of different routes, then a keep-alive request on the same connection.
+    c = Conn(cluster.host, cluster.port)
+    try:
+        c.send(request("GET", "/health") + request("GET", "/v1/models") +
+               request("GET", "/nothing"))
+        got = [c.response() for _ in range(3)]
+        assert [r.status for r in got] == [200, 200, 404], got
+        assert got[1].json()["data"][0]["id"] == MODEL
+        c.send(request("GET", "/ready"))
+        assert c.response().status == 200
+    finally:
+        c.close()
+
+
+REFUSED_FRAMINGS = {
+    "two Content-Length values": (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+        b"Content-Length: 3\r\n\r\n{}x", 400, "bad_request"),
+    "Content-Length with Transfer-Encoding": (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", 400, "bad_request"),
+    "NUL in a header value": (
+        b"GET /health HTTP/1.1\r\nHost: x\r\nX-Probe: a\x00b\r\n\r\n", 400, "bad_request"),
+    "bare CR in a header value": (
+        b"GET /health HTTP/1.1\r\nHost: x\r\nX-Probe: a\rb\r\n\r\n", 400, "bad_request"),
+    "malformed chunk size": (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"zz\r\n{}\r\n0\r\n\r\n", 400, "bad_request"),
+    "malformed request line": (b"GET /health HTTP/9\r\nHost: x\r\n\r\n", 400, "bad_request"),
+    "Transfer-Encoding gzip": (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n",
+        501, "not_implemented"),
+    "head of 64 KiB over --http-max-header-bytes (16 KiB)": (
+        b"GET /health HTTP/1.1\r\nHost: x\r\n" +
+        b"".join(b"X-Pad-%d: %s\r\n" % (i, b"p" * 1000) for i in range(64)) + b"\r\n",
+        431, "headers_too_large"),
+    "one header line over --http-max-header-bytes": (
+        b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"p" * (20 << 10) + b"\r\n\r\n",
+        431, "headers_too_large"),
+    "Content-Length over --http-max-body-bytes": (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2097152\r\n\r\n"
+        + b"x" * (2 << 20), 413, "payload_too_large"),
+}
+
+
+def test_refused_framings_get_their_status_and_a_closed_connection(cluster):
+    with bounded_resources(cluster, "refused framings"):
+        refused_framings(cluster)
+
+
+def refused_framings(cluster):
+    for name, (data, status, code) in REFUSED_FRAMINGS.items():
+        c = Conn(cluster.host, cluster.port)
+        try:
+            try:
+                c.send(data)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the server answered before it all went out; the answer is read below
+            r = c.response()
+            assert r.status == status, (name, r)
+            assert error_code(r) == code, (name, r)
+            assert r.headers.get("connection", "").lower() == "close", (name, r)
+            assert c.closed_by_server(5), name
+        finally:
+            c.close()
+        # Still serving.
+        assert get(cluster, "/health").status_code == 200, name
+
+
+def test_chunked_bodies_are_decoded_and_bounded(cluster):
+    # Under the limit, chunked like any body.
+    body = completion(2).encode()
+    framed = b"".join(b"%x\r\n%s\r\n" % (len(body[i:i + 7]), body[i:i + 7])
+                      for i in range(0, len(body), 7)) + b"0\r\n\r\n"
+    r = exchange(cluster, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                          b"application/json\r\nTransfer-Encoding: chunked\r\n\r\n" + framed, 30)
+    assert r.status == 200, r
+    assert r.json()["usage"]["completion_tokens"] == 2
+    # 300 chunks of 1 MiB against the 1 MiB limit: 413, and the router reads no more than that.
+    rss0 = rss_kb(cluster.router.pid)
+    with bounded_resources(cluster, "chunked body of 300 MiB"):
+        sent = chunked_over_limit(cluster, chunks=300)
+        assert sent < 64 << 20, "the server took %d MiB before refusing" % (sent >> 20)
+    grown = rss_kb(cluster.router.pid) - rss0
+    assert grown < 32 << 10, "router RSS grew by %d KiB for a refused body" % grown
+
+
+def chunked_over_limit(cluster, chunks):
+    """Sends `chunks` chunks of 1 MiB (while the server takes them); asserts the 413; returns
+    the bytes that went out."""
+    c = Conn(cluster.host, cluster.port, timeout=30)
+    sent = [0]
+    chunk = b"100000\r\n" + b"x" * (1 << 20) + b"\r\n"
+
+    def send():
+        try:
+            c.sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                           b"application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+            for _ in range(chunks):
+                c.sock.sendall(chunk)
+                sent[0] += len(chunk)
+            c.sock.sendall(b"0\r\n\r\n")
+        except OSError:
+            pass  # refused and closed: what the probe expects
+
+    t = threading.Thread(target=send, daemon=True)
+    t.start()
+    try:
+        r = c.response(30)
+        assert r.status == 413, r
+        assert error_code(r) == "payload_too_large", r
+        t.join(30)
+        assert not t.is_alive(), "the sender still blocked 30 s after the 413"
+    finally:
+        c.close()
+    return sent[0]
+
+
+# ---- slow clients
+
+def slowloris(cluster, n, probe, idle_ms, interval_s=0.3):
+    """`n` connections sending a request head one byte every `interval_s`, never finishing it;
+    `probe()` runs meanwhile, again and again, until the first 408 arrives. Asserts that every
+    slow connection gets 408 at the idle timeout (not before, and within MARGIN_S after).
+    Returns how many times probe() ran."""
+    head = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"s" * 100000
+    sel = selectors.DefaultSelector()
+    conns = {}
+    try:
+        for _ in range(n):
+            s = socket.create_connection((cluster.host, cluster.port), timeout=10)
+            # The server's clock starts at its accept, after this.
+            conns[s] = {"start": time.monotonic(), "sent": 0, "data": b"", "answered": None}
+            s.setblocking(False)
+            sel.register(s, selectors.EVENT_READ)
+        done = threading.Event()
+        errors = []
+
+        def drive():
+            # The slow clients' side: a byte to each every interval, answers read as they come.
+            try:
+                next_tick = time.monotonic()
+                deadline = time.monotonic() + idle_ms / 1000 + MARGIN_S + 5
+                while any(st["answered"] is None for st in conns.values()):
+                    now = time.monotonic()
+                    if now > deadline:
+                        break
+                    if now >= next_tick:
+                        for s, st in conns.items():
+                            if st["answered"] is None:
+                                try:
+                                    s.send(head[st["sent"]:st["sent"] + 1])
+                                    st["sent"] += 1
+                                except OSError:
+                                    pass
+                        next_tick += interval_s
+                    for key, _ in sel.select(max(0, next_tick - time.monotonic())):
+                        st = conns[key.fileobj]
+                        try:
+                            data = key.fileobj.recv(4096)
+                        except OSError:
+                            data = b""
+                        if not data:
+                            sel.unregister(key.fileobj)
+                            if st["answered"] is None:
+                                st["answered"] = time.monotonic()
+                            continue
+                        st["data"] += data
+                        if st["answered"] is None and b"\r\n\r\n" in st["data"]:
+                            st["answered"] = time.monotonic()
+            except BaseException as e:  # reported by the caller
+                errors.append(e)
+            finally:
+                done.set()
+
+        t = threading.Thread(target=drive, daemon=True)
+        t.start()
+        runs = 0
+        first_deadline = min(st["start"] for st in conns.values()) + idle_ms / 1000
+        while time.monotonic() < first_deadline - 0.2:
+            probe()
+            runs += 1
+        t.join(idle_ms / 1000 + MARGIN_S + 10)
+        assert not errors, errors
+        assert done.is_set()
+        late = []
+        for st in conns.values():
+            assert st["data"].startswith(b"HTTP/1.1 408 "), st["data"][:200]
+            assert b"request_timeout" in st["data"], st["data"]
+            took = st["answered"] - st["start"]
+            assert took >= idle_ms / 1000 - 0.05, "408 after %.3f s, before the idle timeout" % took
+            if took > idle_ms / 1000 + MARGIN_S:
+                late.append(took)
+        assert not late, "%d of %d slow connections answered late (%.2f s at worst)" % (
+            len(late), n, max(late))
+        return runs
+    finally:
+        for s in conns:
+            s.close()
+        sel.close()
+
+
+def test_slowloris_delays_nobody(make_cluster):
+    n, idle_ms = 1000, 2000
+    c = make_cluster(["--http-idle-timeout-ms", str(idle_ms)])
+    c.add_worker(MODEL, "--max-model-len", str(MAX_MODEL_LEN))
+    latencies, metrics_ok = [], []
+
+    def probe():
+        # A normal request and a /metrics scrape, each on a new connection; the request timed.
+        t0 = time.monotonic()
+        r = requests.post(c.url + "/v1/completions", data=completion(1), timeout=10,
+                          headers={"Content-Type": "application/json"})
+        latencies.append(time.monotonic() - t0)
+        assert r.status_code == 200, r.text
+        m = get(c, "/metrics")
+        metrics_ok.append(m.status_code == 200 and "carpool_http_connections" in m.text)
+        time.sleep(0.01)
+
+    # Two rounds to warm up (the allocator settles on the 1,000 connections' buffers), then
+    # the measured one; the latencies of all three count.
+    runs = 0
+    for _ in range(2):
+        runs += slowloris(c, n, probe, idle_ms)
+        wait_connections(c, 1)
+    with bounded_resources(c, "%d slowloris connections" % n):
+        runs += slowloris(c, n, probe, idle_ms)
+        wait_connections(c, 1)
+    assert runs >= 20, "only %d normal requests during the slowloris" % runs
+    assert all(metrics_ok)
+    latencies.sort()
+    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+    print("slowloris: p99 %.1f ms of %d normal requests with %d slow connections" % (
+        p99 * 1000, len(latencies), n))
+    assert p99 < 0.5, "p99 %.0f ms of %d normal requests with %d slowloris connections" % (
+        p99 * 1000, len(latencies), n)
+
+
+def idle_keepalive(cluster, n, idle_ms):
+    """`n` connections that each got an answer and then wait: returns the router RSS they cost
+    per connection; asserts that each is closed, without an answer, at the idle timeout."""
+    rss0, fds0 = rss_kb(cluster.router.pid), open_fds(cluster.router.pid)
+    conns = open_many(cluster, n, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    try:
+        start = time.monotonic()
+        for s in conns:
+            assert s.recv(4096).startswith(b"HTTP/1.1 200 "), "no answer to /health"
+        open_now = open_fds(cluster.router.pid) - fds0
+        per_conn = (rss_kb(cluster.router.pid) - rss0) * 1024 / n
+        assert time.monotonic() - start < idle_ms / 1000 and open_now >= n - 10, (
+            "the connections were not all open at once (%d); the machine is too slow for this "
+            "probe" % open_now)
+        # A normal request still goes through.
+        assert get(cluster, "/health").status_code == 200
+        # Closed without an answer once idle for the idle timeout.
+        for s in conns:
+            s.settimeout(max(0.1, start + idle_ms / 1000 + MARGIN_S - time.monotonic()))
+            assert s.recv(4096) == b"", "an idle connection got bytes instead of a close"
+    finally:
+        for s in conns:
+            s.close()
+    wait_connections(cluster, 1)
+    return per_conn
+
+
+def test_idle_keepalive_connections_cost_bounded_memory_and_are_closed(make_cluster):
+    # A router of its own: the first connections it ever holds show what one costs.
+    n, idle_ms = 2000, 4000
+    c = make_cluster(["--http-idle-timeout-ms", str(idle_ms)])
+    for _ in range(20):
+        assert get(c, "/health").status_code == 200
+    per_conn = idle_keepalive(c, n, idle_ms)
+    # docs/http.md: about 1 KB of state per waiting connection; its socket's kernel buffers are
+    # not in the RSS.
+    assert per_conn < 8192, "%.0f bytes of router RSS per idle keep-alive connection" % per_conn
+    print("router RSS per idle keep-alive connection: %.0f bytes (%d connections)" % (per_conn, n))
+    with bounded_resources(c, "%d idle keep-alive connections" % n):
+        idle_keepalive(c, n, idle_ms)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_client_that_leaves_frees_the_workers_kv(cluster, stream):
+    with bounded_resources(cluster, "clients leaving (stream=%s)" % stream):
+        client_leaves(cluster, stream)
+
+
+def client_leaves(cluster, stream):
+    for _ in range(3):
+        served = cluster.stats().workers[0].requests_served
+        body = completion(900, stream=stream)
+        if stream:
+            r = requests.post(cluster.url + "/v1/completions", data=body, stream=True,
+                              timeout=30, headers={"Content-Type": "application/json"})
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            for _ in range(3):
+                next(lines)
+            r.close()  # drops the connection mid-stream
+        else:
+            with pytest.raises(requests.exceptions.ReadTimeout):
+                requests.post(cluster.url + "/v1/completions", data=body, timeout=0.3,
+                              headers={"Content-Type": "application/json"})
+        s = cluster.wait_idle()
+        # Cancelled, not finished.
+        assert s.workers[0].requests_served == served
+
+
+# ---- connection floods
+
+def test_connections_over_the_limit_get_503_at_once(make_cluster):
+    c = make_cluster(["--http-max-connections", "50", "--http-idle-timeout-ms", "10000"])
+    base = open_fds(c.router.pid)
+    held = open_many(c, 50)
+    try:
+        deadline = time.monotonic() + 10
+        while open_fds(c.router.pid) < base + 50:  # all accepted
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        with bounded_resources(c, "connections over --http-max-connections"):
+            for _ in range(20):
+                t0 = time.monotonic()
+                r = exchange(c, request("GET", "/health"), timeout=5)
+                took = time.monotonic() - t0
+                assert r.status == 503, r
+                assert error_code(r) == "too_many_connections"
+                assert r.headers["retry-after"] == "1"
+                assert took < 1.0, "503 after %.3f s" % took
+        # Once the held ones go, connections are served again.
+        for s in held:
+            s.close()
+        deadline = time.monotonic() + 10
+        while exchange(c, request("GET", "/health")).status != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        for s in held:
+            s.close()
