@@ -425,6 +425,51 @@ def client_leaves(cluster, stream):
         assert s.workers[0].requests_served == served
 
 
+# ---- request content
+
+def post_json(cluster, path, body, timeout=30):
+    return requests.post(cluster.url + path, json=body, timeout=timeout)
+
+
+def too_large_embedding(cluster, budget):
+    per_input = MAX_MODEL_LEN - 24
+    inputs = [[(i + j) % 250 + 1 for j in range(per_input)]
+              for i in range(budget // per_input + 4)]
+    result = {}
+
+    def send():
+        result["r"] = post_json(cluster, "/v1/embeddings", {"model": MODEL, "input": inputs})
+
+    t = threading.Thread(target=send)
+    t.start()
+    # Completions meanwhile start at once.
+    ttfts = []
+    for _ in range(3):
+        t0 = time.monotonic()
+        r = requests.post(cluster.url + "/v1/completions", data=completion(4, stream=True),
+                          headers={"Content-Type": "application/json"}, stream=True, timeout=30)
+        assert r.status_code == 200, r.text
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith(b"data: "))
+        ttfts.append(time.monotonic() - t0)
+        for _ in lines:
+            pass
+    t.join(30)
+    r = result["r"]
+    assert r.status_code == 429, r.text
+    err = r.json()["error"]
+    assert err["code"] == "too_large" and str(budget) in err["message"], err
+    return ttfts
+
+
+def test_embedding_larger_than_the_cluster_is_refused_and_blocks_nobody(cluster):
+    budget = cluster.stats().max_inflight_tokens
+    ttfts = too_large_embedding(cluster, budget)
+    with bounded_resources(cluster, "embeddings larger than the cluster"):
+        ttfts += too_large_embedding(cluster, budget)
+    assert max(ttfts) < 1.0, "TTFT %.3f s next to a too-large embedding" % max(ttfts)
+
+
 # ---- connection floods
 
 def test_connections_over_the_limit_get_503_at_once(make_cluster):
