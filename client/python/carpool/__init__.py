@@ -18,7 +18,7 @@ from .aio import AsyncClient, AsyncStream  # noqa: E402
 from .client import Client, Stream  # noqa: E402
 from .errors import (  # noqa: E402
     Cancelled, CarpoolError, DeadlineExceeded, DeadlineUnmeetable, Draining, InternalError,
-    InvalidArgument, PromptTooLong, QueueFull, TenantQuota, Timeout, TokenBudget,
+    InvalidArgument, PromptTooLong, QueueFull, RouterLost, TenantQuota, Timeout, TokenBudget,
     Unauthenticated, UnknownModel, Unsupported, WorkerLost)
 from .types import (  # noqa: E402
     Chunk, EmbedResult, GenerateResult, Stats, TenantStats, Timings, Token, TokenLogprob, Usage,
@@ -30,7 +30,7 @@ __all__ = [
     "AsyncClient", "AsyncStream", "Cancelled", "CarpoolError", "Chunk", "Client",
     "DeadlineExceeded", "DeadlineUnmeetable", "Draining", "EmbedResult", "GenerateResult",
     "InternalError",
-    "InvalidArgument", "PromptTooLong", "QueueFull", "Stats", "Stream", "TenantQuota",
+    "InvalidArgument", "PromptTooLong", "QueueFull", "RouterLost", "Stats", "Stream", "TenantQuota",
     "TenantStats", "Timeout", "Timings", "Token", "TokenBudget", "TokenLogprob",
     "Unauthenticated", "UnknownModel", "Unsupported", "Usage", "WorkerLost", "WorkerStats",
 ]

@@ -16,7 +16,8 @@ import zmq.asyncio
 from . import _requests
 from . import _wire
 from . import errors
-from .client import DEFAULT_URL, SocketOptions, configure_socket
+from .client import (DEFAULT_URL, ConnectionWatch, SocketOptions, close_monitor,
+                     configure_socket, router_lost_error)
 from .types import Chunk, EmbedResult, GenerateResult, Stats
 
 
@@ -140,11 +141,12 @@ class AsyncClient:
         self._context = context if context is not None else zmq.asyncio.Context()
         try:
             self._sock = self._context.socket(zmq.DEALER)
-            configure_socket(self._sock, url, options)
+            self._monitor = configure_socket(self._sock, url, options)
         except BaseException:
             if self._own_context:
                 self._context.term()
             raise
+        self._watch = ConnectionWatch()
         self._calls: Dict[str, "asyncio.Queue[Any]"] = {}
         self._stats_calls: Deque["asyncio.Future[Any]"] = collections.deque()
         self._reader: Optional["asyncio.Task[None]"] = None
@@ -273,6 +275,7 @@ class AsyncClient:
                 await self._reader
             except (asyncio.CancelledError, Exception):
                 pass
+        close_monitor(self._sock, self._monitor)
         self._sock.close(linger=200)
         if self._own_context:
             self._context.term()
@@ -378,13 +381,45 @@ class AsyncClient:
             self._reader = asyncio.ensure_future(self._read_loop())
 
     async def _read_loop(self) -> None:
+        poller = zmq.asyncio.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        if self._monitor is not None:
+            poller.register(self._monitor, zmq.POLLIN)
         try:
             while True:
-                self._route(await self._sock.recv())
+                events = dict(await poller.poll())
+                # Answers that arrived before a disconnect are routed before calls are ended.
+                while True:
+                    try:
+                        frame = await self._sock.recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    self._route(frame)
+                if self._monitor is not None and self._monitor in events:
+                    await self._read_monitor()
         except asyncio.CancelledError:
             raise
         except Exception as e:  # a broken socket or context: fail every call, never hang them
             self._fail_all(errors.InternalError("the client's reader failed: %r" % (e,)))
+
+    async def _read_monitor(self) -> None:
+        while True:
+            try:
+                parts = await self._monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if self._watch.lost(parts):
+                self._router_lost()
+
+    def _router_lost(self) -> None:
+        """Ends every call and stats query in flight with RouterLost; the client goes on."""
+        calls, self._calls = self._calls, {}
+        for request_id, events in calls.items():
+            events.put_nowait(router_lost_error(self.url, request_id))
+        while self._stats_calls:
+            f = self._stats_calls.popleft()
+            if not f.done():
+                f.set_result(router_lost_error(self.url))
 
     def _route(self, frame: bytes) -> None:
         try:
@@ -425,6 +460,7 @@ class AsyncClient:
                 self._closed = True
                 if self._reader is not None:
                     self._reader.cancel()
+                close_monitor(self._sock, self._monitor)
                 self._sock.close(linger=0)
         except Exception:
             pass

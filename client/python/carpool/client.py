@@ -13,9 +13,10 @@ import os
 import queue
 import threading
 import time
-from typing import Any, Deque, Dict, Optional, Sequence, Union
+from typing import Any, Deque, Dict, List, Optional, Sequence, Union
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from . import _requests
 from . import _wire
@@ -52,14 +53,28 @@ class SocketOptions:
         self.curve_secret_key = curve_secret_key
 
 
-def configure_socket(sock: "zmq.Socket", url: str, options: SocketOptions) -> None:
-    """Applies `options` to a DEALER socket and connects it (InvalidArgument for a bad url)."""
+# What a connection monitor reports: a connection is up (handshake done), or it dropped.
+_MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+
+
+def configure_socket(sock: "zmq.Socket", url: str,
+                     options: SocketOptions) -> Optional["zmq.Socket"]:
+    """Applies `options` to a DEALER socket and connects it (InvalidArgument for a bad url).
+
+    Returns the PAIR socket of a monitor on the connection (of the socket's own kind, sync or
+    asyncio; None for inproc://, which has no connection to lose): read it with
+    ConnectionWatch.
+    """
+    monitor = None
     try:
         sock.setsockopt(zmq.LINGER, 200)  # on close, cancels get ~200 ms to leave
         sock.setsockopt(zmq.MAXMSGSIZE, options.max_message_bytes)
         if options.heartbeat_ms > 0 and hasattr(zmq, "HEARTBEAT_IVL"):
+            # A router that sends nothing for 2 intervals after a PING is dropped: a silent
+            # router is noticed within 3 intervals. PINGs are answered by the router's ZeroMQ
+            # I/O thread, so a busy router is not.
             sock.setsockopt(zmq.HEARTBEAT_IVL, options.heartbeat_ms)
-            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * options.heartbeat_ms)
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 2 * options.heartbeat_ms)
         if options.curve_server_key:
             if not zmq.has("curve"):
                 raise errors.InvalidArgument("this libzmq has no CURVE support")
@@ -69,13 +84,54 @@ def configure_socket(sock: "zmq.Socket", url: str, options: SocketOptions) -> No
             sock.setsockopt_string(zmq.CURVE_SERVERKEY, options.curve_server_key)
             sock.setsockopt_string(zmq.CURVE_PUBLICKEY, public)
             sock.setsockopt_string(zmq.CURVE_SECRETKEY, secret)
+        if not url.startswith("inproc://"):
+            monitor = sock.get_monitor_socket(_MONITOR_EVENTS)  # before connect: misses nothing
+            monitor.setsockopt(zmq.LINGER, 0)
         sock.connect(url)
+        return monitor
     except zmq.ZMQError as e:
+        close_monitor(sock, monitor)
         sock.close(linger=0)
         raise errors.InvalidArgument("cannot connect to %r: %s" % (url, e)) from None
     except BaseException:
+        close_monitor(sock, monitor)
         sock.close(linger=0)
         raise
+
+
+def close_monitor(sock: "zmq.Socket", monitor: Optional["zmq.Socket"]) -> None:
+    if monitor is None:
+        return
+    try:
+        sock.disable_monitor()
+    except zmq.ZMQError:
+        pass
+    monitor.close(linger=0)
+
+
+class ConnectionWatch:
+    """Reads a connection monitor's events and tells when an established connection dropped:
+    every call sent over it is then lost (the router keys requests by connection). A failed
+    handshake (a wrong CURVE key, a peer that is not a router) never carried a call: not lost."""
+
+    def __init__(self) -> None:
+        self._up = False
+
+    def lost(self, parts: List[bytes]) -> bool:
+        """Feeds one monitor message; True when it says the connection was lost."""
+        event = parse_monitor_message(parts)["event"]
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self._up = True
+        elif event == zmq.EVENT_DISCONNECTED and self._up:
+            self._up = False
+            return True
+        return False
+
+
+def router_lost_error(url: str, request_id: str = "") -> errors.RouterLost:
+    return errors.RouterLost(
+        "lost the connection to the router at %s with the request open (the router closed it, "
+        "died or stopped answering ZMTP heartbeats)" % url, request_id=request_id)
 
 
 class _Call:
@@ -101,15 +157,17 @@ class _Core:
 
     def __init__(self, url: str, options: SocketOptions,
                  context: Optional["zmq.Context"]) -> None:
+        self._url = url
         self._own_context = context is None
         self._context = context if context is not None else zmq.Context()
         try:
             self._sock = self._context.socket(zmq.DEALER)
-            configure_socket(self._sock, url, options)
+            self._monitor = configure_socket(self._sock, url, options)
         except BaseException:
             if self._own_context:
                 self._context.term()
             raise
+        self._watch = ConnectionWatch()  # I/O thread only
         # _mu guards the fields below it; the socket belongs to the I/O thread alone.
         self._mu = threading.Lock()
         self._calls: Dict[str, _Call] = {}
@@ -236,6 +294,8 @@ class _Core:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
+        if self._monitor is not None:
+            poller.register(self._monitor, zmq.POLLIN)
         unsent: Deque[bytes] = collections.deque()
         try:
             while True:
@@ -255,11 +315,36 @@ class _Core:
                 poller.modify(self._sock, zmq.POLLIN | (zmq.POLLOUT if unsent else 0))
                 if closing:
                     break
+                # Answers that arrived before a disconnect are routed before calls are ended.
                 self._receive_all()
+                if self._monitor is not None and self._monitor in events:
+                    self._read_monitor()
         except Exception as e:  # a broken socket or context: fail every call, never hang them
             self._fail_all(errors.InternalError("the client's I/O thread failed: %r" % (e,)))
         finally:
+            close_monitor(self._sock, self._monitor)
             self._sock.close(linger=200)
+
+    def _read_monitor(self) -> None:
+        while True:
+            try:
+                parts = self._monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if self._watch.lost(parts):
+                self._router_lost()
+
+    def _router_lost(self) -> None:
+        """Ends every call and stats query in flight with RouterLost; the client goes on."""
+        with self._mu:
+            calls = list(self._calls.values())
+            self._calls.clear()
+            stats_calls = list(self._stats_calls)
+            self._stats_calls.clear()
+        for call in calls:
+            call.events.put(router_lost_error(self._url, call.request_id))
+        for s in stats_calls:
+            s.answer.put(router_lost_error(self._url))
 
     def _drain_wake_pipe(self) -> None:
         try:
@@ -407,7 +492,8 @@ class Client:
       timeout: seconds a call may take, unless the call names its own. Default: 60.
       api_key: sent with every request that names none. Default: none.
       max_message_bytes: largest message accepted from the router. Default: 16 MiB.
-      heartbeat_ms: ZMTP heartbeat interval, so a dead TCP peer is noticed; 0: off. Default: 1000.
+      heartbeat_ms: ZMTP heartbeat interval: a router silent for 2 intervals after a PING is
+        dropped; 0: off. Default: 1000.
       curve_server_key: the router's CURVE public key (Z85, 40 characters): encrypts the
         connection. Default: off.
       curve_public_key, curve_secret_key: this client's CURVE key pair, for a router that checks
@@ -415,6 +501,8 @@ class Client:
       context: a zmq.Context to use; by default the client makes (and terminates) its own.
 
     Connecting does not wait for the router: calls to a router that never answers raise Timeout.
+    When the connection to the router drops (the router died or closed it, or missed heartbeats),
+    every call open on it raises RouterLost at once; the client redials by itself.
     Thread-safe (see the module docstring). Use it as a context manager, or call close().
     """
 

@@ -88,6 +88,12 @@ class WorkerLost(CarpoolError):
     default_code, default_reason = "UNAVAILABLE", "worker_lost"
 
 
+class RouterLost(CarpoolError):
+    """The connection to the router dropped with the call open: the router died, closed it or
+    stopped answering heartbeats. Raised by this client; the client redials by itself."""
+    default_code, default_reason = "UNAVAILABLE", "router_lost"
+
+
 class Cancelled(CarpoolError):
     """The request was cancelled (cancel(), Stream.cancel(), or the client was closed)."""
     default_code, default_reason = "CANCELLED", "cancelled"
@@ -121,8 +127,8 @@ class Timeout(DeadlineExceeded, TimeoutError):
 _BY_REASON: Dict[str, Type[CarpoolError]] = {
     cls.default_reason: cls
     for cls in (QueueFull, TokenBudget, TenantQuota, DeadlineUnmeetable, DeadlineExceeded,
-                PromptTooLong, InvalidArgument, UnknownModel, WorkerLost, Cancelled, Draining,
-                InternalError, Unauthenticated, Unsupported)
+                PromptTooLong, InvalidArgument, UnknownModel, WorkerLost, RouterLost, Cancelled,
+                Draining, InternalError, Unauthenticated, Unsupported)
 }
 
 # For reasons this SDK does not know (a newer server), the class of the canonical code.

@@ -108,9 +108,12 @@ def echo_handler(router: "FakeRouter", client: bytes, msg: "pb.ClientMessage") -
 
 
 class FakeRouter:
-    """ROUTER socket on an ephemeral TCP port, served by a thread until stop()."""
+    """ROUTER socket on an ephemeral TCP port (or `bind`: another router's url, to stand in for
+    it after it stopped), served by a thread until stop(), which drops every client's
+    connection."""
 
-    def __init__(self, handler: Handler = echo_handler, curve_secret_key: bytes = b"") -> None:
+    def __init__(self, handler: Handler = echo_handler, curve_secret_key: bytes = b"",
+                 bind: str = "tcp://127.0.0.1:*") -> None:
         self.handler = handler
         self.received: List["pb.ClientMessage"] = []
         self._mu = threading.Lock()
@@ -121,7 +124,7 @@ class FakeRouter:
         if curve_secret_key:
             self._sock.curve_server = True
             self._sock.curve_secretkey = curve_secret_key
-        self._sock.bind("tcp://127.0.0.1:*")
+        self._sock.bind(bind)
         self.url = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
