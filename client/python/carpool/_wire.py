@@ -188,9 +188,11 @@ def cancel_frame(request_id: str) -> bytes:
     return msg.SerializeToString()
 
 
-def stats_frame() -> bytes:
+def stats_frame(api_key: str = "") -> bytes:
+    """A stats query; a router with tenants answers it only to a key."""
     msg = pb.ClientMessage(protocol_version=PROTOCOL_VERSION)
     msg.stats.SetInParent()
+    msg.stats.api_key = api_key
     return msg.SerializeToString()
 
 

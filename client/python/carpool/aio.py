@@ -208,8 +208,10 @@ class AsyncClient:
         await self._send(_wire.cancel_frame(request_id))
         return True
 
-    async def stats(self, timeout: Optional[float] = None) -> Stats:
-        """The router's view of the cluster: workers, queue, totals."""
+    async def stats(self, timeout: Optional[float] = None,
+                    api_key: Optional[str] = None) -> Stats:
+        """As Client.stats: the router's view of the cluster (a router with tenants answers
+        only to a key, by default the client's api_key)."""
         timeout = self.timeout if timeout is None else _wire.check_timeout(timeout)
         self._check_open("")
         self._ensure_reader()
@@ -217,7 +219,8 @@ class AsyncClient:
         answer: "asyncio.Future[Any]" = asyncio.get_running_loop().create_future()
         self._stats_calls.append(answer)
         try:
-            await asyncio.wait_for(self._send(_wire.stats_frame()), timeout)
+            frame = _wire.stats_frame(self.api_key if api_key is None else api_key)
+            await asyncio.wait_for(self._send(frame), timeout)
             # On timeout wait_for cancels `answer`, and the reader skips cancelled answers.
             s = await asyncio.wait_for(answer, max(0.0, deadline - time.monotonic()))
         except asyncio.TimeoutError:
@@ -436,6 +439,14 @@ class AsyncClient:
                     return
             return
         request_id = _wire.request_id_of(msg)
+        if kind == "error" and not request_id:  # a refusal naming no request answers a stats
+            while self._stats_calls:              # query (one without a key, say)
+                f = self._stats_calls.popleft()
+                if not f.done():
+                    f.set_result(errors.from_error(msg.error))
+                    return
+            self._problems.note_unmatched(msg)
+            return
         events = self._calls.get(request_id)
         if events is not None:
             if kind != "chunk":

@@ -230,7 +230,7 @@ class _Core:
             self._outbox.append(_wire.cancel_frame(request_id))
         self._wake()
 
-    def stats(self, timeout: float) -> Stats:
+    def stats(self, timeout: float, api_key: str) -> Stats:
         call = _StatsCall()
         with self._mu:
             if self._closed:
@@ -238,7 +238,7 @@ class _Core:
             if self._broken is not None:
                 raise self._broken
             self._stats_calls.append(call)
-            self._outbox.append(_wire.stats_frame())
+            self._outbox.append(_wire.stats_frame(api_key))
         self._wake()
         try:
             answer = call.answer.get(timeout=timeout)
@@ -377,6 +377,15 @@ class _Core:
                         return
             return
         request_id = _wire.request_id_of(msg)
+        if kind == "error" and not request_id:  # a refusal naming no request answers a stats
+            with self._mu:                        # query (one without a key, say)
+                while self._stats_calls:
+                    call = self._stats_calls.popleft()
+                    if not call.abandoned:
+                        call.answer.put(errors.from_error(msg.error))
+                        return
+                self._problems.note_unmatched(msg)
+            return
         with self._mu:
             call = self._calls.get(request_id)
             if call is not None and kind != "chunk":
@@ -575,9 +584,11 @@ class Client:
         request's resources. False when no call with that id is in flight."""
         return self._core.cancel(request_id)
 
-    def stats(self, timeout: Optional[float] = None) -> Stats:
-        """The router's view of the cluster: workers, queue, totals."""
-        return self._core.stats(self.timeout if timeout is None else _wire.check_timeout(timeout))
+    def stats(self, timeout: Optional[float] = None, api_key: Optional[str] = None) -> Stats:
+        """The router's view of the cluster: workers, queue, totals. A router with tenants
+        answers only to a key (default: the client's api_key): Unauthenticated otherwise."""
+        return self._core.stats(self.timeout if timeout is None else _wire.check_timeout(timeout),
+                                self.api_key if api_key is None else api_key)
 
     def embed(self, inputs: _wire.EmbedInputs, *, normalize: bool = True,
               pooling: str = "mean", priority: Union[str, int] = "default",

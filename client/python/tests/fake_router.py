@@ -107,6 +107,16 @@ def echo_handler(router: "FakeRouter", client: bytes, msg: "pb.ClientMessage") -
         router.send(client, final(g.request_id, ids, b"".join(pieces), prompt_tokens=len(ids)))
 
 
+def keyed_stats_handler(router: "FakeRouter", client: bytes, msg: "pb.ClientMessage") -> None:
+    """Like a router with tenants: stats only for the key "admin", else an UNAUTHENTICATED error
+    naming no request; everything else as echo_handler."""
+    if msg.WhichOneof("body") == "stats" and msg.stats.api_key != "admin":
+        router.send(client, error("", "UNAUTHENTICATED", "unauthenticated",
+                                  "stats need an API key"))
+        return
+    echo_handler(router, client, msg)
+
+
 class FakeRouter:
     """ROUTER socket on an ephemeral TCP port (or `bind`: another router's url, to stand in for
     it after it stopped), served by a thread until stop(), which drops every client's

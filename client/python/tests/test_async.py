@@ -6,7 +6,7 @@ import time
 import pytest
 
 import carpool
-from fake_router import FakeRouter, chunk, error
+from fake_router import FakeRouter, chunk, error, keyed_stats_handler
 
 
 def run(coro, limit=20):
@@ -171,6 +171,25 @@ def test_stats(fake_router):
     for stats in run(main()):
         assert stats.workers[0].worker_id == "w1"
         assert stats.rejections_by_reason == {"queue_full": 1}
+
+
+def test_stats_send_the_key_and_a_refusal_ends_them_at_once():
+    router = FakeRouter(keyed_stats_handler)
+
+    async def main():
+        async with carpool.AsyncClient(router.url, timeout=10) as client:
+            with pytest.raises(carpool.Unauthenticated):
+                await client.stats()
+            by_arg = await client.stats(api_key="admin")
+        async with carpool.AsyncClient(router.url, timeout=10, api_key="admin") as client:
+            return by_arg, await client.stats()
+
+    try:
+        for stats in run(main()):
+            assert stats.workers[0].worker_id == "w1"
+        assert [m.stats.api_key for m in router.messages("stats")] == ["", "admin", "admin"]
+    finally:
+        router.stop()
 
 
 def test_close_cancels_calls_in_flight():

@@ -9,7 +9,7 @@ import zmq
 
 import carpool
 from carpool import carpool_pb2 as pb
-from fake_router import FakeRouter, chunk, error, final
+from fake_router import FakeRouter, chunk, error, final, keyed_stats_handler
 
 
 def test_generate_text_returns_the_whole_result(fake_router, client):
@@ -277,6 +277,22 @@ def test_stats(client):
     assert (w.worker_id, w.healthy, w.epoch, w.model) == ("w1", True, 3, "synthetic:tiny")
     assert (w.running, w.max_num_seqs, w.kv_used_blocks, w.num_kv_blocks) == (1, 8, 7, 100)
     assert (w.outstanding_tokens, w.requests_served) == (12, 5)
+
+
+def test_stats_send_the_key_and_a_refusal_ends_them_at_once():
+    router = FakeRouter(keyed_stats_handler)
+    try:
+        with carpool.Client(router.url, timeout=10) as client:
+            start = time.monotonic()
+            with pytest.raises(carpool.Unauthenticated):
+                client.stats()
+            assert time.monotonic() - start < 5
+            assert client.stats(api_key="admin").workers[0].worker_id == "w1"
+        with carpool.Client(router.url, timeout=10, api_key="admin") as client:
+            assert client.stats().workers[0].worker_id == "w1"
+        assert [m.stats.api_key for m in router.messages("stats")] == ["", "admin", "admin"]
+    finally:
+        router.stop()
 
 
 def test_answers_reach_their_own_caller_across_threads():
