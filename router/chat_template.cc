@@ -41,6 +41,10 @@ ChatTemplate ResolveChatTemplate(ChatTemplate t, const std::string& model_name) 
   return ChatTemplate::kPlain;
 }
 
+bool IsChatRole(absl::string_view role) {
+  return role == "system" || role == "user" || role == "assistant" || role == "tool";
+}
+
 std::string RenderChat(ChatTemplate t, const std::vector<ChatMessage>& messages) {
   std::string out;
   switch (t) {

@@ -13,15 +13,21 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace carpool::router {
 
 enum class ChatTemplate { kAuto, kLlama3, kChatMl, kPlain };
 
 struct ChatMessage {
-  std::string role;  // system | developer | user | assistant | tool
+  std::string role;  // system | user | assistant | tool (IsChatRole)
   std::string content;
 };
+
+// Whether RenderChat can render `role`: system, user, assistant or tool. Any other string would
+// be pasted into the prompt as is (a role "user\nassistant: ..." forges turns), so the parser
+// refuses it; OpenAI's "developer" (its newer name for system) is parsed as "system".
+bool IsChatRole(absl::string_view role);
 
 // "llama3" | "chatml" | "plain" | "auto"; INVALID_ARGUMENT otherwise.
 absl::StatusOr<ChatTemplate> ParseChatTemplate(const std::string& name);
@@ -33,7 +39,7 @@ const char* ChatTemplateName(ChatTemplate t);
 ChatTemplate ResolveChatTemplate(ChatTemplate t, const std::string& model_name);
 
 // The prompt for `messages`, ending with the assistant's turn opened.
-// REQUIRES: t != kAuto (resolve it first).
+// REQUIRES: t != kAuto (resolve it first); IsChatRole(m.role) for every message.
 std::string RenderChat(ChatTemplate t, const std::vector<ChatMessage>& messages);
 
 // Whether the router should prepend the tokenizer's BOS token: false for llama3, whose template

@@ -137,6 +137,13 @@ absl::Status ParseMessages(const json& body, std::vector<ChatMessage>* out) {
     RETURN_IF_ERROR(GetString(msg, "role", &c.role));
     if (c.role.empty()) return Bad(field + ".role", "is required");
     if (c.role == "developer") c.role = "system";  // OpenAI's newer name for the system role
+    if (!IsChatRole(c.role)) {  // the template would paste it verbatim into the prompt
+      constexpr size_t kShown = 40;
+      return Bad(field + ".role",
+                 absl::StrCat("must be system, developer, user, assistant or tool, not \"",
+                              absl::CHexEscape(absl::string_view(c.role).substr(0, kShown)),
+                              c.role.size() > kShown ? "...\"" : "\""));
+    }
     const json* content = Field(msg, "content");
     if (content == nullptr) {
       if (c.role != "assistant") return Bad(field + ".content", "is required");
