@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/command.h"
+#include "tests/testing/subprocess.h"
 
 namespace carpool {
 namespace {
@@ -185,6 +186,25 @@ TEST_F(RouterCliTest, UnreachableRouterTimesOut) {
   r = RunCarpool("status --router tcp://127.0.0.1:1 --timeout-ms 300");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_THAT(r.output, HasSubstr("tcp://127.0.0.1:1"));
+}
+
+TEST_F(RouterCliTest, LostRouterEndsEmbedAndGenerateAtOnce) {
+  const std::vector<std::vector<std::string>> commands = {{"embed", "--input", "abc"},
+                                                          {"generate", "--prompt-ids", "1,2"}};
+  for (const std::vector<std::string>& command : commands) {
+    auto router = std::make_unique<FakeRouter>(
+        [](FakeRouter&, const std::string&, const ClientMessage&) {});  // never answers
+    std::vector<std::string> argv = {std::string(CARPOOL_BIN_DIR) + "/carpool"};
+    argv.insert(argv.end(), command.begin(), command.end());
+    argv.insert(argv.end(), {"--router", router->endpoint(), "--timeout-ms", "30000"});
+    testing::Subprocess cli(argv, dir_.WriteFile(command[0] + ".log", ""));
+    ASSERT_TRUE(router->WaitFor([](const auto& ms) { return !ms.empty(); })) << cli.Log();
+    const absl::Time start = absl::Now();
+    router.reset();  // closes the connection, as a dying router's kernel does
+    EXPECT_EQ(cli.Wait(3000), 1) << command[0] << ": " << cli.Log();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+    EXPECT_THAT(cli.Log(), HasSubstr("router_lost")) << command[0];
+  }
 }
 
 TEST_F(RouterCliTest, StatusPrintsTableAndJson) {
