@@ -309,8 +309,8 @@ HttpError HttpErrorFromStatus(const absl::Status& status) {
   e.code = ErrorReason(status);
   e.message = std::string(status.message());
   const std::string& r = e.code;
-  if (r == reason::kInvalidArgument || r == reason::kPromptTooLong) {
-    e.status = 400;
+  if (r == reason::kInvalidArgument || r == reason::kPromptTooLong || r == reason::kTooLarge) {
+    e.status = 400;  // too_large: the cluster could never run it, so retrying cannot help
   } else if (r == reason::kUnauthenticated) {
     e.status = 401;
   } else if (r == reason::kUnknownModel) {
@@ -323,6 +323,8 @@ HttpError HttpErrorFromStatus(const absl::Status& status) {
     e.status = 504;
   } else if (r == reason::kCancelled) {
     e.status = 499;
+  } else if (r == reason::kDuplicateRequestId) {
+    e.status = 409;
   } else {
     switch (status.code()) {
       case absl::StatusCode::kInvalidArgument:
@@ -358,6 +360,7 @@ HttpError HttpErrorFromStatus(const absl::Status& status) {
   switch (e.status) {
     case 400:
     case 404:
+    case 409:
       e.type = "invalid_request_error";
       break;
     case 401:

@@ -190,6 +190,13 @@ TEST(OpenAiErrorTest, StatusMapping) {
       {ServerError(absl::StatusCode::kInternal, reason::kInternal), 500, "server_error"},
       {absl::UnavailableError("cannot send"), 503, "server_error"},
       {absl::DeadlineExceededError("no answer"), 504, "timeout_error"},
+      // Never admissible: a retry cannot help, so no 429 and no Retry-After.
+      {ServerError(absl::StatusCode::kResourceExhausted, reason::kTooLarge), 400,
+       "invalid_request_error"},
+      {ServerError(absl::StatusCode::kUnavailable, reason::kNoWorkers, 5000), 503,
+       "server_error"},
+      {ServerError(absl::StatusCode::kAlreadyExists, reason::kDuplicateRequestId), 409,
+       "invalid_request_error"},
   };
   for (const Case& c : cases) {
     HttpError e = HttpErrorFromStatus(c.status);
@@ -198,6 +205,8 @@ TEST(OpenAiErrorTest, StatusMapping) {
     EXPECT_FALSE(e.code.empty()) << c.status;
   }
   EXPECT_EQ(HttpErrorFromStatus(cases[4].status).retry_after_s, 2);  // 1500 ms rounds up
+  EXPECT_EQ(HttpErrorFromStatus(cases[13].status).retry_after_s, 0);  // too_large
+  EXPECT_EQ(HttpErrorFromStatus(cases[14].status).retry_after_s, 5);  // no_workers
   EXPECT_EQ(HttpErrorFromStatus(cases[4].status).code, "queue_full");
   EXPECT_EQ(HttpErrorFromStatus(cases[5].status).retry_after_s, 1);  // at least 1 on 429
   EXPECT_EQ(HttpErrorFromStatus(cases[7].status).retry_after_s, 1);

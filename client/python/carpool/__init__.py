@@ -17,9 +17,10 @@ __path__ = extend_path(__path__, __name__)
 from .aio import AsyncClient, AsyncStream  # noqa: E402
 from .client import Client, Stream  # noqa: E402
 from .errors import (  # noqa: E402
-    Cancelled, CarpoolError, DeadlineExceeded, DeadlineUnmeetable, Draining, InternalError,
-    InvalidArgument, PromptTooLong, QueueFull, RouterLost, TenantQuota, Timeout, TokenBudget,
-    Unauthenticated, UnknownModel, Unsupported, WorkerLost)
+    Cancelled, CarpoolError, ClientTooSlow, DeadlineExceeded, DeadlineUnmeetable, Draining,
+    DuplicateRequestId, InternalError, InvalidArgument, NoWorkers, PromptTooLong, QueueFull,
+    RouterLost, TenantQuota, Timeout, TokenBudget, TooLarge, Unauthenticated, UnknownModel,
+    Unsupported, WorkerLost)
 from .types import (  # noqa: E402
     Chunk, EmbedResult, GenerateResult, Stats, TenantStats, Timings, Token, TokenLogprob, Usage,
     WorkerStats)
@@ -28,9 +29,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AsyncClient", "AsyncStream", "Cancelled", "CarpoolError", "Chunk", "Client",
-    "DeadlineExceeded", "DeadlineUnmeetable", "Draining", "EmbedResult", "GenerateResult",
-    "InternalError",
-    "InvalidArgument", "PromptTooLong", "QueueFull", "RouterLost", "Stats", "Stream", "TenantQuota",
-    "TenantStats", "Timeout", "Timings", "Token", "TokenBudget", "TokenLogprob",
+    "ClientTooSlow", "DeadlineExceeded", "DeadlineUnmeetable", "Draining", "DuplicateRequestId",
+    "EmbedResult", "GenerateResult", "InternalError", "InvalidArgument", "NoWorkers",
+    "PromptTooLong", "QueueFull", "RouterLost", "Stats", "Stream", "TenantQuota",
+    "TenantStats", "Timeout", "Timings", "Token", "TokenBudget", "TokenLogprob", "TooLarge",
     "Unauthenticated", "UnknownModel", "Unsupported", "Usage", "WorkerLost", "WorkerStats",
 ]

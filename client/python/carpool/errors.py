@@ -119,6 +119,28 @@ class Unsupported(CarpoolError):
     default_code, default_reason = "FAILED_PRECONDITION", "unsupported"
 
 
+class TooLarge(CarpoolError):
+    """The request reserves more tokens than the cluster could ever run at once (its class's
+    in-flight budget, or the largest worker's KV cache): retrying cannot help; send less."""
+    default_code, default_reason = "RESOURCE_EXHAUSTED", "too_large"
+
+
+class NoWorkers(CarpoolError):
+    """No worker able to serve the request was there for the router's no-worker timeout."""
+    default_code, default_reason = "UNAVAILABLE", "no_workers"
+
+
+class ClientTooSlow(CarpoolError):
+    """This client read its answers too slowly: the router's bounded backlog for it overflowed,
+    so its open requests were cancelled."""
+    default_code, default_reason = "RESOURCE_EXHAUSTED", "client_too_slow"
+
+
+class DuplicateRequestId(CarpoolError):
+    """A request with the same request_id from this client is still in flight (it goes on)."""
+    default_code, default_reason = "ALREADY_EXISTS", "duplicate_request_id"
+
+
 class Timeout(DeadlineExceeded, TimeoutError):
     """This client's timeout passed before the request ended; the router was told to cancel it."""
     default_code, default_reason = "DEADLINE_EXCEEDED", "deadline_exceeded"
@@ -128,7 +150,8 @@ _BY_REASON: Dict[str, Type[CarpoolError]] = {
     cls.default_reason: cls
     for cls in (QueueFull, TokenBudget, TenantQuota, DeadlineUnmeetable, DeadlineExceeded,
                 PromptTooLong, InvalidArgument, UnknownModel, WorkerLost, RouterLost, Cancelled,
-                Draining, InternalError, Unauthenticated, Unsupported)
+                Draining, InternalError, Unauthenticated, Unsupported, TooLarge, NoWorkers,
+                ClientTooSlow, DuplicateRequestId)
 }
 
 # For reasons this SDK does not know (a newer server), the class of the canonical code.

@@ -114,6 +114,10 @@ def test_stream_wait_returns_the_result(client):
     ("draining", "UNAVAILABLE", carpool.Draining),
     ("internal", "INTERNAL", carpool.InternalError),
     ("unauthenticated", "UNAUTHENTICATED", carpool.Unauthenticated),
+    ("too_large", "RESOURCE_EXHAUSTED", carpool.TooLarge),
+    ("no_workers", "UNAVAILABLE", carpool.NoWorkers),
+    ("client_too_slow", "RESOURCE_EXHAUSTED", carpool.ClientTooSlow),
+    ("duplicate_request_id", "ALREADY_EXISTS", carpool.DuplicateRequestId),
     # A reason this SDK does not know falls back to the code's class, then to the base.
     ("brand_new", "UNAUTHENTICATED", carpool.Unauthenticated),
     ("brand_new", "ABORTED", carpool.CarpoolError),
