@@ -135,15 +135,6 @@ ErrorInfo LocalError(const std::string& request_id, absl::StatusCode code, const
   return ErrorInfo{request_id, code, reason, std::move(message), 0};
 }
 
-const std::string& RequestIdOf(const ServerMessage& m) {
-  static const std::string kNone;
-  if (auto* c = std::get_if<GenerateChunkOut>(&m)) return c->request_id;
-  if (auto* f = std::get_if<GenerateFinalOut>(&m)) return f->request_id;
-  if (auto* e = std::get_if<ErrorInfo>(&m)) return e->request_id;
-  if (auto* r = std::get_if<EmbedResultOut>(&m)) return r->request_id;
-  return kNone;
-}
-
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<Core>> Core::Create(const ClientOptions& options) {

@@ -195,6 +195,16 @@ struct EmbedResultOut {
 using ServerMessage =
     std::variant<GenerateChunkOut, GenerateFinalOut, ErrorInfo, StatsOut, EmbedResultOut>;
 
+// The client request a message answers; "" for stats.
+inline const std::string& RequestIdOf(const ServerMessage& m) {
+  static const std::string kNone;
+  if (auto* c = std::get_if<GenerateChunkOut>(&m)) return c->request_id;
+  if (auto* f = std::get_if<GenerateFinalOut>(&m)) return f->request_id;
+  if (auto* e = std::get_if<ErrorInfo>(&m)) return e->request_id;
+  if (auto* r = std::get_if<EmbedResultOut>(&m)) return r->request_id;
+  return kNone;
+}
+
 // ---- worker -> router
 
 struct RegisterInfo {

@@ -36,16 +36,6 @@ std::string ClientKey(char kind, const std::string& routing_id) {
 
 bool IsInproc(const std::string& client) { return !client.empty() && client[0] == kInprocClient; }
 
-// The client request a message answers; "" for stats.
-const std::string& RequestIdOf(const ServerMessage& m) {
-  static const std::string kNone;
-  if (auto* c = std::get_if<GenerateChunkOut>(&m)) return c->request_id;
-  if (auto* f = std::get_if<GenerateFinalOut>(&m)) return f->request_id;
-  if (auto* e = std::get_if<ErrorInfo>(&m)) return e->request_id;
-  if (auto* r = std::get_if<EmbedResultOut>(&m)) return r->request_id;
-  return kNone;
-}
-
 }  // namespace
 
 absl::Status RouterOptions::Validate() const {
