@@ -11,132 +11,36 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "router/router.h"
+#include "router/testing/scripted_router.h"
 
 namespace carpool::router {
 namespace {
 
 using ::testing::HasSubstr;
 
-constexpr int kWaitMs = 5000;
 // How long a negative check listens for a message that must not come.
 constexpr int kQuietMs = 150;
 
-class LivenessTest : public ::testing::Test {
+class LivenessTest : public ScriptedRouterTest {
  protected:
   void StartRouter() {
     RouterOptions o;
-    o.frontend = "tcp://127.0.0.1:*";
-    o.backend = "tcp://127.0.0.1:*";
     o.heartbeat_timeout_ms = heartbeat_timeout_ms_;
     o.stall_timeout_ms = 10'000;
     o.admission.no_worker_timeout_ms = 30'000;
     o.clock = &clock_;
-    auto router = Router::Create(o);
-    ASSERT_TRUE(router.ok()) << router.status();
-    router_ = std::move(*router);
-    thread_ = std::thread([this] { EXPECT_TRUE(router_->Run().ok()); });
-  }
-
-  void TearDown() override {
-    if (router_) router_->Stop();
-    if (thread_.joinable()) thread_.join();
-  }
-
-  std::unique_ptr<Socket> Dealer(const std::string& endpoint, const std::string& id) {
-    SocketOptions so;
-    so.routing_id = id;
-    auto s = Socket::Create(&context_, zmq::socket_type::dealer, so);
-    EXPECT_TRUE(s.ok());
-    EXPECT_TRUE((*s)->Connect(endpoint).ok());
-    return std::move(*s);
-  }
-
-  // A scripted worker: registers; the test reads what the router sends and answers by hand.
-  struct FakeWorker {
-    std::unique_ptr<Socket> socket;
-    uint64_t epoch = 0;
-    void Send(const WorkerMessage& m) { ASSERT_TRUE(socket->Send({Encode(m)}).ok()); }
-    void Heartbeat(int kv_used_blocks = 0) {
-      WorkerLoad load;
-      load.kv_used_blocks = kv_used_blocks;
-      Send(HeartbeatInfo{epoch, load});
-    }
-    std::optional<RouterMessage> Recv(int wait_ms = kWaitMs) {
-      auto frames = socket->Recv(wait_ms);
-      if (!frames.ok() || !frames->has_value()) return std::nullopt;
-      auto m = DecodeRouterMessage((**frames)[0]);
-      EXPECT_TRUE(m.ok());
-      if (!m.ok()) return std::nullopt;
-      return *m;
-    }
-    template <typename T>
-    T RecvAs() {
-      std::optional<RouterMessage> m = Recv();
-      EXPECT_TRUE(m.has_value()) << "the worker got nothing";
-      if (!m.has_value()) return T{};
-      EXPECT_TRUE(std::holds_alternative<T>(*m)) << "got message index " << m->index();
-      return std::holds_alternative<T>(*m) ? std::get<T>(*m) : T{};
-    }
-  };
-
-  FakeWorker StartWorker(const std::string& id) {
-    FakeWorker w;
-    w.socket = Dealer(router_->backend_endpoint(), id);
-    RegisterInfo r;
-    r.worker_id = id;
-    r.model = "fake";
-    r.max_num_seqs = 8;
-    r.num_kv_blocks = 100;
-    r.block_size = 16;
-    r.max_model_len = 64;
-    r.vocab_size = 300;
-    r.tokenizer = "byte";
-    r.bos_token_id = 256;
-    w.Send(r);
-    w.epoch = w.RecvAs<RegisterAckInfo>().epoch;
-    EXPECT_GT(w.epoch, 0u);
-    return w;
+    ScriptedRouterTest::StartRouter(std::move(o));
   }
 
   static StepTokensInfo Step(const FakeWorker& w, uint64_t dispatch_id, int32_t token,
                              bool finished = false) {
-    TokenEvent e;
-    e.request_id = dispatch_id;
-    e.has_token = true;
-    e.token.token = token;
-    e.finished = finished;
-    e.finish_reason = finished ? "length" : "";
-    return StepTokensInfo{w.epoch, {e}, {}};
+    return StepTokensInfo{w.epoch, {Token(dispatch_id, token, finished)}, {}};
   }
 
   static GenerateInput Request(const std::string& id, int max_tokens, bool stream) {
-    GenerateInput g;
-    g.request_id = id;
-    g.token_ids = {1, 2};
-    g.sampling.max_tokens = max_tokens;
-    g.stream = stream;
-    return g;
+    return ScriptedRouterTest::Request(id, {1, 2}, max_tokens, stream);
   }
 
-  static void SendClient(Socket* c, const ClientMessage& m) {
-    ASSERT_TRUE(c->Send({Encode(m)}).ok());
-  }
-  static std::optional<ServerMessage> RecvClient(Socket* c, int wait_ms = kWaitMs) {
-    auto frames = c->Recv(wait_ms);
-    if (!frames.ok() || !frames->has_value()) return std::nullopt;
-    auto m = DecodeServerMessage((**frames)[0]);
-    EXPECT_TRUE(m.ok());
-    if (!m.ok()) return std::nullopt;
-    return *m;
-  }
-  template <typename T>
-  static T RecvClientAs(Socket* c) {
-    std::optional<ServerMessage> m = RecvClient(c);
-    EXPECT_TRUE(m.has_value()) << "the client got nothing";
-    if (!m.has_value()) return T{};
-    EXPECT_TRUE(std::holds_alternative<T>(*m)) << "got message index " << m->index();
-    return std::holds_alternative<T>(*m) ? std::get<T>(*m) : T{};
-  }
   static int KvUsed(const StatsOut& stats, const std::string& worker) {
     for (const WorkerStatsOut& w : stats.workers) {
       if (w.worker_id == worker) return w.kv_used_blocks;
@@ -151,9 +55,6 @@ class LivenessTest : public ::testing::Test {
 
   int64_t heartbeat_timeout_ms_ = 60'000;
   FakeClock clock_{1'000'000'000};
-  zmq::context_t context_{1};
-  std::unique_ptr<Router> router_;
-  std::thread thread_;
 };
 
 TEST_F(LivenessTest, QueuedRequestsEndNoWorkersAfterTheTimeoutWithRetryAfter) {
@@ -164,7 +65,7 @@ TEST_F(LivenessTest, QueuedRequestsEndNoWorkersAfterTheTimeoutWithRetryAfter) {
   SendClient(client.get(), Request("r1", 4, false));
   ASSERT_EQ(Stats(client.get()).queued, 1);
   Advance(29'900);
-  EXPECT_FALSE(RecvClient(client.get(), kQuietMs).has_value());
+  EXPECT_FALSE(TryRecvClient(client.get(), kQuietMs).has_value());
   Advance(100);
   ErrorInfo e = RecvClientAs<ErrorInfo>(client.get());
   EXPECT_EQ(e.request_id, "r1");
@@ -184,7 +85,7 @@ TEST_F(LivenessTest, QueuedRequestsEndNoWorkersAfterTheTimeoutWithRetryAfter) {
   }
   ASSERT_EQ(Stats(client.get()).queued, 1);
   Advance(29'800);
-  EXPECT_FALSE(RecvClient(client.get(), kQuietMs).has_value());
+  EXPECT_FALSE(TryRecvClient(client.get(), kQuietMs).has_value());
   Advance(200);
   e = RecvClientAs<ErrorInfo>(client.get());
   EXPECT_EQ(e.request_id, "r2");

@@ -9,123 +9,22 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/carpool.pb.h"
+#include "router/testing/scripted_router.h"
 
 namespace carpool::router {
 namespace {
 
 using ::testing::HasSubstr;
 
-constexpr int kWaitMs = 5000;
-
-class RouterTest : public ::testing::Test {
+class RouterTest : public ScriptedRouterTest {
  protected:
   void StartRouter(int64_t heartbeat_timeout_ms = 60'000, TenantTable tenants = {}) {
     RouterOptions o;
     o.tenants = std::move(tenants);
     o.admin_api_keys = {"key-admin"};
-    o.frontend = "tcp://127.0.0.1:*";
-    o.backend = "tcp://127.0.0.1:*";
     o.heartbeat_timeout_ms = heartbeat_timeout_ms;
     o.max_request_bytes = 64 << 10;
-    auto router = Router::Create(o);
-    ASSERT_TRUE(router.ok()) << router.status();
-    router_ = std::move(*router);
-    thread_ = std::thread([this] { EXPECT_TRUE(router_->Run().ok()); });
-  }
-
-  void TearDown() override {
-    if (router_) router_->Stop();
-    if (thread_.joinable()) thread_.join();
-  }
-
-  std::unique_ptr<Socket> Dealer(const std::string& endpoint, const std::string& id,
-                                 zmq::context_t* context = nullptr) {
-    SocketOptions so;
-    so.routing_id = id;
-    auto s = Socket::Create(context ? context : &context_, zmq::socket_type::dealer, so);
-    EXPECT_TRUE(s.ok());
-    EXPECT_TRUE((*s)->Connect(endpoint).ok());
-    return std::move(*s);
-  }
-
-  // A fake worker: registers and answers as the test tells it to.
-  struct FakeWorker {
-    std::unique_ptr<Socket> socket;
-    uint64_t epoch = 0;
-    void Send(const WorkerMessage& m) { ASSERT_TRUE(socket->Send({Encode(m)}).ok()); }
-    RouterMessage Recv() {
-      auto frames = socket->Recv(kWaitMs);
-      EXPECT_TRUE(frames.ok() && frames->has_value()) << "worker got nothing";
-      if (!frames.ok() || !frames->has_value()) return DrainInfo{};
-      auto m = DecodeRouterMessage((**frames)[0]);
-      EXPECT_TRUE(m.ok());
-      return m.ok() ? *m : RouterMessage(DrainInfo{});
-    }
-    template <typename T>
-    T RecvAs() {
-      RouterMessage m = Recv();
-      EXPECT_TRUE(std::holds_alternative<T>(m)) << "index " << m.index();
-      return std::holds_alternative<T>(m) ? std::get<T>(m) : T{};
-    }
-  };
-
-  FakeWorker StartWorker(const std::string& id, int max_seqs = 8) {
-    FakeWorker w;
-    w.socket = Dealer(router_->backend_endpoint(), id);
-    RegisterInfo r;
-    r.worker_id = id;
-    r.model = "fake";
-    r.max_num_seqs = max_seqs;
-    r.num_kv_blocks = 100;
-    r.block_size = 16;
-    r.max_model_len = 64;
-    r.vocab_size = 300;
-    r.tokenizer = "byte";
-    r.bos_token_id = 256;
-    w.Send(r);
-    w.epoch = w.RecvAs<RegisterAckInfo>().epoch;
-    EXPECT_GT(w.epoch, 0u);
-    return w;
-  }
-
-  static TokenEvent Token(uint64_t dispatch_id, int32_t token, bool finished = false) {
-    TokenEvent e;
-    e.request_id = dispatch_id;
-    e.has_token = true;
-    e.token.token = token;
-    e.token.logprob = -0.5f;
-    e.finished = finished;
-    e.finish_reason = finished ? "length" : "";
-    return e;
-  }
-
-  static GenerateInput Request(const std::string& id, std::vector<int32_t> ids, int max_tokens,
-                               bool stream) {
-    GenerateInput g;
-    g.request_id = id;
-    g.token_ids = std::move(ids);
-    g.sampling.max_tokens = max_tokens;
-    g.stream = stream;
-    return g;
-  }
-
-  static void SendClient(Socket* c, const ClientMessage& m) {
-    ASSERT_TRUE(c->Send({Encode(m)}).ok());
-  }
-
-  static ServerMessage RecvClient(Socket* c) {
-    auto frames = c->Recv(kWaitMs);
-    EXPECT_TRUE(frames.ok() && frames->has_value()) << "client got nothing";
-    if (!frames.ok() || !frames->has_value()) return ErrorInfo{};
-    auto m = DecodeServerMessage((**frames)[0]);
-    EXPECT_TRUE(m.ok());
-    return m.ok() ? *m : ServerMessage(ErrorInfo{});
-  }
-
-  static ErrorInfo RecvError(Socket* c) {
-    ServerMessage m = RecvClient(c);
-    EXPECT_TRUE(std::holds_alternative<ErrorInfo>(m)) << "index " << m.index();
-    return std::holds_alternative<ErrorInfo>(m) ? std::get<ErrorInfo>(m) : ErrorInfo{};
+    ScriptedRouterTest::StartRouter(std::move(o));
   }
 
   static GenerateInput TextRequest(const std::string& id, size_t bytes) {
@@ -134,10 +33,6 @@ class RouterTest : public ::testing::Test {
     g.text = std::string(bytes, 'a');
     return g;
   }
-
-  zmq::context_t context_{1};
-  std::unique_ptr<Router> router_;
-  std::thread thread_;
 };
 
 TEST_F(RouterTest, StreamsTokensInOrderThenFinal) {
