@@ -88,12 +88,7 @@ absl::Status HttpGatewayOptions::Validate() const {
   if (listen.rfind(':') == std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat("--http must be HOST:PORT, not '", listen, "'"));
   }
-  if (max_connections < 1) return absl::InvalidArgumentError("--http-max-connections must be >= 1");
-  if (max_body_bytes < 1024) return absl::InvalidArgumentError("--http-max-body-bytes must be >= 1024");
-  if (max_header_bytes < 1024) {
-    return absl::InvalidArgumentError("--http-max-header-bytes must be >= 1024");
-  }
-  if (idle_timeout_ms < 100) return absl::InvalidArgumentError("--http-idle-timeout-ms must be >= 100");
+  RETURN_IF_ERROR(server.Validate());
   if (request_timeout_ms < 1) return absl::InvalidArgumentError("request_timeout_ms must be >= 1");
   if (completion_max_tokens < 1 || chat_max_tokens < 1) {
     return absl::InvalidArgumentError("default max_tokens must be >= 1");
@@ -166,24 +161,17 @@ absl::Status HttpGateway::Impl::Start() {
   co.zmq_context = options_.zmq_context;
   co.default_timeout_ms = options_.request_timeout_ms;
   co.zmtp_heartbeat_ms = 0;  // inproc
-  co.max_message_bytes = std::max<int64_t>(64 << 20, options_.max_body_bytes * 4);
+  co.max_message_bytes = std::max<int64_t>(64 << 20, options_.server.max_body_bytes * 4);
   ASSIGN_OR_RETURN(client_, Client::Connect(co));
 
   const size_t colon = options_.listen.rfind(':');
-  HttpServerOptions so;
+  HttpServerOptions so = options_.server;
   so.host = options_.listen.substr(0, colon);
   if (so.host == "localhost") so.host = "127.0.0.1";
   if (!absl::SimpleAtoi(options_.listen.substr(colon + 1), &so.port) || so.port < 0 ||
       so.port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("--http: bad port in '", options_.listen, "'"));
   }
-  so.max_connections = options_.max_connections;
-  so.max_concurrent_requests = options_.max_concurrent_requests;
-  so.max_body_bytes = options_.max_body_bytes;
-  so.max_header_bytes = options_.max_header_bytes;
-  so.idle_timeout_ms = options_.idle_timeout_ms;
-  so.body_timeout_ms = options_.body_timeout_ms;
-  so.write_timeout_ms = options_.write_timeout_ms;
   so.error_page = [](int status, absl::string_view code, absl::string_view message) {
     HttpResponse r = ErrorResponse(MakeError(
         status, status >= 500 ? "server_error" : "invalid_request_error", std::string(code),

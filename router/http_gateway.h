@@ -5,10 +5,11 @@
 //   POST /v1/completions, /v1/chat/completions   (stream: true -> server-sent events)
 //   POST /v1/embeddings    GET /v1/models    GET /health    GET /ready    GET /metrics
 //
-// Connections cost memory, not threads: at most max_connections are open at once, and one more
-// gets an immediate 503 (Retry-After: 1). A request head must arrive within idle_timeout_ms and
-// its body within body_timeout_ms (else 408), so slow clients delay nobody. Requests run on at
-// most max_concurrent_requests handler threads (a stream holds one until it ends).
+// Connections cost memory, not threads: at most server.max_connections are open at once, and one
+// more gets an immediate 503 (Retry-After: 1). A request head must arrive within
+// server.idle_timeout_ms and its body within server.body_timeout_ms (else 408), so slow clients
+// delay nobody. Requests run on at most server.max_concurrent_requests handler threads (a stream
+// holds one until it ends).
 //
 // Thread-safe. Destroy it before the Router whose context it uses.
 #ifndef CARPOOL_ROUTER_HTTP_GATEWAY_H_
@@ -22,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "router/chat_template.h"
+#include "router/http_server.h"
 
 namespace zmq {
 class context_t;
@@ -37,24 +39,9 @@ struct HttpGatewayOptions {
   // Any router endpoint works with zmq_context null (tests). Required.
   std::string router_endpoint;
   zmq::context_t* zmq_context = nullptr;  // not owned
-  // Connections open at once (idle keep-alive ones included). Default: 10000.
-  int max_connections = 10000;
-  // Requests handled at once (one thread each; a stream holds its thread until it ends); one
-  // more gets 503 at once. Default: 1024.
-  int max_concurrent_requests = 1024;
-  // Largest request body (decoded, whatever the framing); larger ones get 413. Default: 1 MiB.
-  int64_t max_body_bytes = 1 << 20;
-  // Largest request header block (request line + headers); larger ones get 431.
-  // Default: 16 KiB.
-  int64_t max_header_bytes = 16 << 10;
-  // A request head must arrive within this of the connection's start or of the previous
-  // answer (408 otherwise; an idle keep-alive connection is closed). Default: 5000.
-  int64_t idle_timeout_ms = 5000;
-  // A request body must arrive within this of its head (408 otherwise). Default: 30000.
-  int64_t body_timeout_ms = 30000;
-  // An answer's write the client does not read within this closes the connection.
-  // Default: 10000.
-  int64_t write_timeout_ms = 10000;
+  // The HTTP transport: connection and request limits, deadlines (router/http_server.h).
+  // host and port come from `listen`; error_page and on_response are the gateway's own.
+  HttpServerOptions server;
   // Longest a generation may take end to end (the SDK call timeout) unless the request's
   // deadline_ms says otherwise. Default: 600000.
   int64_t request_timeout_ms = 600000;

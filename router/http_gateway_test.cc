@@ -39,8 +39,8 @@ class HttpGatewayTest : public ::testing::Test {
     h.listen = "127.0.0.1:0";
     h.router_endpoint = router_->inproc_endpoint();
     h.zmq_context = router_->zmq_context();
-    h.max_connections = max_connections;
-    h.idle_timeout_ms = 1000;
+    h.server.max_connections = max_connections;
+    h.server.idle_timeout_ms = 1000;
     h.metrics = [] { return std::string("carpool_test_metric 1\n"); };
     auto gateway = HttpGateway::Start(h);
     ASSERT_TRUE(gateway.ok()) << gateway.status();

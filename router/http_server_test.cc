@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -166,6 +167,14 @@ class Conn {
   bool eof_ = false;
   std::string in_;
 };
+
+// Polls `done` every 5 ms until it holds or `ms` pass.
+void WaitUntil(const std::function<bool()>& done, int64_t ms) {
+  const auto until = Clock::now() + std::chrono::milliseconds(ms);
+  while (!done() && Clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
 
 std::string Post(absl::string_view path, absl::string_view body, absl::string_view extra = "") {
   return absl::StrCat("POST ", path, " HTTP/1.1\r\nHost: t\r\nContent-Length: ", body.size(),
@@ -422,9 +431,7 @@ TEST_F(HttpServerTest, ConnectionsOverTheLimitGet503AtOnce) {
   EXPECT_LT(MsSince(t), 500);
   EXPECT_EQ(server_->Stats().rejected_connections, 1);
   a.Close();
-  for (int i = 0; i < 100 && server_->Stats().connections > 1; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  WaitUntil([&] { return server_->Stats().connections <= 1; }, 1000);
   Conn d(port());
   ASSERT_TRUE(d.Send(Post("/echo", "d")));
   EXPECT_EQ(d.Next().status, 200);  // a slot is free again
@@ -436,9 +443,7 @@ TEST_F(HttpServerTest, RequestsOverTheHandlerLimitGet503AndTheConnectionStaysUsa
   Start(o);
   Conn busy(port());
   ASSERT_TRUE(busy.Send("GET /slow HTTP/1.1\r\nHost: t\r\n\r\n"));
-  for (int i = 0; i < 200 && server_->Stats().active_requests < 1; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  WaitUntil([&] { return server_->Stats().active_requests >= 1; }, 1000);
   Conn c(port());
   ASSERT_TRUE(c.Send(Post("/echo", "x")));
   Conn::Response r = c.Next();
@@ -446,9 +451,7 @@ TEST_F(HttpServerTest, RequestsOverTheHandlerLimitGet503AndTheConnectionStaysUsa
   EXPECT_THAT(r.head, HasSubstr("Retry-After: 1"));
   release_.store(true);
   EXPECT_EQ(busy.Next().body, "slow");
-  for (int i = 0; i < 200 && server_->Stats().active_requests > 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  WaitUntil([&] { return server_->Stats().active_requests == 0; }, 1000);
   ASSERT_TRUE(c.Send(Post("/echo", "again")));
   EXPECT_EQ(c.Next().body, "POST /echo again");
 }
@@ -472,9 +475,7 @@ TEST_F(HttpServerTest, StreamsChunksAndNoticesAClientThatLeft) {
     c.ReadFor(50);
     c.Reset();
   }
-  for (int i = 0; i < 500 && !write_failed_.load(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  WaitUntil([&] { return write_failed_.load(); }, 5000);
   EXPECT_TRUE(write_failed_.load());
 }
 
@@ -483,13 +484,9 @@ TEST_F(HttpServerTest, AHandlerWaitingWithoutWritingSeesTheClientLeave) {
   {
     Conn c(port());
     ASSERT_TRUE(c.Send("GET /slow HTTP/1.1\r\nHost: t\r\n\r\n"));
-    for (int i = 0; i < 200 && server_->Stats().active_requests < 1; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
+    WaitUntil([&] { return server_->Stats().active_requests >= 1; }, 1000);
   }  // closed
-  for (int i = 0; i < 500 && server_->Stats().active_requests > 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  WaitUntil([&] { return server_->Stats().active_requests == 0; }, 5000);
   EXPECT_EQ(server_->Stats().active_requests, 0);
   EXPECT_TRUE(saw_gone_.load());
 }
@@ -527,18 +524,14 @@ TEST_F(HttpServerTest, PipelinedRequestsRefusedWhileHandlersAreBusyGetOneAnswerE
   Start(o);
   Conn busy(port());
   ASSERT_TRUE(busy.Send("GET /slow HTTP/1.1\r\nHost: t\r\n\r\n"));
-  for (int i = 0; i < 200 && server_->Stats().active_requests < 1; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  WaitUntil([&] { return server_->Stats().active_requests >= 1; }, 1000);
   Conn c(port());
   ASSERT_TRUE(c.Send(Post("/echo", "1") + Post("/echo", "2") + Post("/echo", "3")));
   for (int i = 0; i < 3; ++i) EXPECT_EQ(c.Next().status, 503) << i;
   EXPECT_EQ(c.Next(200).status, 0);  // nothing more: each refusal written once
   release_.store(true);
   EXPECT_EQ(busy.Next().body, "slow");
-  for (int i = 0; i < 200 && server_->Stats().active_requests > 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  WaitUntil([&] { return server_->Stats().active_requests == 0; }, 1000);
   ASSERT_TRUE(c.Send(Post("/echo", "4")));
   EXPECT_EQ(c.Next().body, "POST /echo 4");
 }

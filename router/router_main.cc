@@ -107,22 +107,22 @@ int main(int argc, char** argv) {
   flags.AddString("http", &http.listen,
                   "serve the OpenAI-compatible HTTP API on HOST:PORT, port 0 picks one "
                   "(default: off; docs/http.md)");
-  flags.AddInt("http-max-connections", &http.max_connections,
+  flags.AddInt("http-max-connections", &http.server.max_connections,
                "HTTP connections open at once, idle ones included; more get 503 (default 10000)");
-  flags.AddInt("http-max-concurrent-requests", &http.max_concurrent_requests,
+  flags.AddInt("http-max-concurrent-requests", &http.server.max_concurrent_requests,
                "HTTP requests handled at once (a stream holds one until it ends); more get 503 "
                "(default 1024)");
-  flags.AddBytes("http-max-body-bytes", &http.max_body_bytes,
+  flags.AddBytes("http-max-body-bytes", &http.server.max_body_bytes,
                  "largest HTTP request body; larger get 413 (default 1MiB)");
-  flags.AddBytes("http-max-header-bytes", &http.max_header_bytes,
+  flags.AddBytes("http-max-header-bytes", &http.server.max_header_bytes,
                  "largest HTTP request header block; larger get 431 (default 16KiB)");
-  flags.AddInt64("http-body-timeout-ms", &http.body_timeout_ms,
+  flags.AddInt64("http-body-timeout-ms", &http.server.body_timeout_ms,
                  "an HTTP request body must arrive within this of its head, else 408 "
                  "(default 30000)");
-  flags.AddInt64("http-write-timeout-ms", &http.write_timeout_ms,
+  flags.AddInt64("http-write-timeout-ms", &http.server.write_timeout_ms,
                  "an HTTP answer the client does not read within this closes the connection "
                  "(default 10000)");
-  flags.AddInt64("http-idle-timeout-ms", &http.idle_timeout_ms,
+  flags.AddInt64("http-idle-timeout-ms", &http.server.idle_timeout_ms,
                  "an HTTP request head must arrive within this (else 408), and a connection "
                  "silent this long is closed (default 5000)");
   flags.AddInt64("http-request-timeout-ms", &http.request_timeout_ms,
@@ -180,7 +180,7 @@ int main(int argc, char** argv) {
   // (a chat message's template lines are shorter than its JSON), so neither may that path's.
   if (!http.listen.empty()) {
     options.max_inproc_request_bytes =
-        std::max(options.max_inproc_request_bytes, 4 * http.max_body_bytes);
+        std::max(options.max_inproc_request_bytes, 4 * http.server.max_body_bytes);
   }
   auto router = carpool::router::Router::Create(options);
   if (!router.ok()) return fail(router.status(), 1);
@@ -212,7 +212,7 @@ int main(int argc, char** argv) {
       setrlimit(RLIMIT_NOFILE, &files);
     }
     if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY &&
-        files.rlim_cur < static_cast<rlim_t>(http.max_connections) + 256) {
+        files.rlim_cur < static_cast<rlim_t>(http.server.max_connections) + 256) {
       std::cerr << "carpool-router: the descriptor limit (" << files.rlim_cur
                 << ") is below --http-max-connections + 256; connections beyond it wait in "
                    "the kernel's backlog\n";
