@@ -106,12 +106,18 @@ def bounded_resources(cluster, what, settle_s=15):
 class Zmq:
     """A DEALER on the router's frontend, sending and receiving carpool.v1 frames."""
 
-    def __init__(self, endpoint, rcvhwm=None, handshake=True):
-        self.ctx = zmq.Context()
+    def __init__(self, endpoint, rcvhwm=None, handshake=True, curve=None, ctx=None):
+        """curve: (server public key, client public key, client secret key), Z85."""
+        self.own_ctx = ctx is None
+        self.ctx = zmq.Context() if ctx is None else ctx
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         if rcvhwm is not None:
             self.sock.setsockopt(zmq.RCVHWM, rcvhwm)
+        if curve is not None:
+            self.sock.setsockopt_string(zmq.CURVE_SERVERKEY, curve[0])
+            self.sock.setsockopt_string(zmq.CURVE_PUBLICKEY, curve[1])
+            self.sock.setsockopt_string(zmq.CURVE_SECRETKEY, curve[2])
         self.sock.connect(endpoint)
         if handshake:  # connected for sure (the router holds its descriptor) once answered
             self.stats()
@@ -138,7 +144,8 @@ class Zmq:
 
     def close(self):
         self.sock.close(0)
-        self.ctx.term()
+        if self.own_ctx:
+            self.ctx.term()
 
 
 def generate_msg(request_id, token_ids=None, text=None, max_tokens=8, stream=False, **kw):

@@ -16,7 +16,7 @@ from contextlib import nullcontext
 import pytest
 import requests
 
-from conftest import BUILT, Cluster, bounded_resources, get, open_fds, rss_kb
+from conftest import BUILT, Cluster, Zmq, bounded_resources, get, open_fds, rss_kb
 from rawhttp import Conn, exchange, request
 
 pytestmark = pytest.mark.skipif(not BUILT, reason="carpool binaries not built")
@@ -439,6 +439,32 @@ def test_embedding_larger_than_the_cluster_is_refused_and_blocks_nobody(cluster)
     with bounded_resources(cluster, "embeddings larger than the cluster"):
         ttfts += too_large_embedding(cluster, budget)
     assert max(ttfts) < 1.0, "TTFT %.3f s next to a too-large embedding" % max(ttfts)
+
+
+def test_batch_only_tenant_is_served_without_naming_a_class(make_cluster, tmp_path):
+    # A stock OpenAI client sends no priority: the tenant's own class applies.
+    tenants = tmp_path / "tenants.textproto"
+    tenants.write_text('tenant { key: "batch-key" name: "nightly" max_priority: PRIORITY_BATCH }\n')
+    c = make_cluster(["--tenants", str(tenants)])
+    c._zmq = Zmq(c.frontend, handshake=False)
+    c.add_worker("synthetic:tiny", wait=False)
+    deadline = time.monotonic() + 60
+    while get(c, "/ready").status_code != 200:
+        assert time.monotonic() < deadline, c.log_text()
+        time.sleep(0.05)
+    body = dict(model="synthetic:tiny", prompt="hello", max_tokens=2)
+
+    def round_():
+        for _ in range(20):
+            r = post_json(c, "/v1/completions", body)
+            assert r.status_code == 401, r.text
+            r = requests.post(c.url + "/v1/completions", json=body, timeout=30,
+                              headers={"Authorization": "Bearer batch-key"})
+            assert r.status_code == 200, r.text
+
+    round_()
+    with bounded_resources(c, "a batch-only tenant"):
+        round_()
 
 
 # ---- connection floods

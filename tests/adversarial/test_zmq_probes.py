@@ -4,13 +4,15 @@ duplicate request ids, a client that stops reading, stats without a key, and req
 for the cluster. Every refusal must name the request it refuses; every accepted request ends
 with exactly one final or error."""
 
+import subprocess
 import time
 from contextlib import nullcontext
 
 import pytest
+import zmq
 
-from conftest import (BUILT, PROTOCOL_VERSION, Zmq, bounded_resources, generate_msg, pb,
-                      read_request)
+from conftest import (BUILT, PROTOCOL_VERSION, ROUTER_BIN, Zmq, bounded_resources, generate_msg,
+                      pb, read_request)
 
 pytestmark = pytest.mark.skipif(not BUILT, reason="carpool binaries not built")
 
@@ -383,3 +385,92 @@ def test_request_larger_than_the_cluster_is_refused_and_blocks_nobody(make_clust
     finally:
         big.close()
         small.close()
+
+
+def vanishing_clients(c, tag):
+    """15 DEALERs each start 4 long streams (60: all running at once, under the worker's 64
+    sequences) and read one chunk, a 16th sends 8 that must queue behind them and reads
+    nothing; then all close. The router cancels a gone client's requests (docs/protocol.md,
+    slow readers), the queued ones too once they run, so the cluster is idle long before the
+    streams could have finished. Returns (seconds until idle, streams sent)."""
+    ctx = zmq.Context()
+    clients = []
+    try:
+        for _ in range(16):
+            clients.append(Zmq(c.frontend, ctx=ctx))
+        for k, client in enumerate(clients):
+            for i in range(4 if k < 15 else 8):
+                client.send(generate_msg("%s-%d-%d" % (tag, k, i), max_tokens=400, stream=True,
+                                         token_ids=[1 + k, 2 + i, 3]))
+        for client in clients[:15]:
+            m = client.recv(30)
+            assert m.WhichOneof("body") == "chunk", m
+    finally:
+        for client in clients:
+            client.close()
+        ctx.term()
+    t0 = time.monotonic()
+    c.wait_idle(timeout=30)
+    return time.monotonic() - t0, 15 * 4 + 8
+
+
+def test_clients_that_vanish_mid_stream_have_their_requests_cancelled(make_cluster):
+    # synthetic:small generates a few tens of tokens a second here: 68 streams of 400 tokens
+    # would take minutes if they ran on.
+    c = make_cluster(http=False)
+    c.add_worker("synthetic:small", "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "64")
+    vanishing_clients(c, "warm")
+    before = c.stats().workers[0].tokens_generated
+    with bounded_resources(c, "16 vanished clients with 68 streams"):
+        took, streams = vanishing_clients(c, "gone")
+    generated = c.stats().workers[0].tokens_generated - before
+    assert generated < streams * 400 / 4, "%d tokens generated for gone clients" % generated
+    print("vanished clients: idle %.1f s after they closed, %d tokens generated" % (
+        took, generated))
+
+
+def test_curve_refuses_unknown_clients_silently(make_cluster, tmp_path):
+    if not zmq.has("curve"):
+        pytest.skip("this libzmq has no CURVE")
+    server_key = tmp_path / "router.key"
+    out = subprocess.run([ROUTER_BIN, "keygen", str(server_key)], capture_output=True, text=True,
+                         timeout=30, check=True)
+    server_public = (tmp_path / "router.key.pub").read_text().split()[-1]
+    assert server_public in out.stdout + out.stderr
+    allowed = [k.decode() for k in zmq.curve_keypair()]  # (public, secret)
+    (tmp_path / "clients.allow").write_text(allowed[0] + "\n")
+    c = make_cluster(["--curve-secret-key-file", str(server_key), "--curve-allow",
+                      str(tmp_path / "clients.allow")], http=False)
+    c._zmq = Zmq(c.frontend, curve=(server_public, allowed[0], allowed[1]))
+    c.add_worker(MODEL, "--max-model-len", str(MAX_MODEL_LEN))
+
+    def strangers(n):
+        ctx = zmq.Context()
+        socks = []
+        try:
+            for i in range(n):
+                if i % 2:
+                    pub, sec = (k.decode() for k in zmq.curve_keypair())
+                    socks.append(Zmq(c.frontend, handshake=False, ctx=ctx,
+                                     curve=(server_public, pub, sec)))
+                else:  # no CURVE at all
+                    socks.append(Zmq(c.frontend, handshake=False, ctx=ctx))
+            for i, z in enumerate(socks):
+                z.send(generate_msg("stranger-%d" % i, max_tokens=2))
+                z.send(b"garbage")
+            time.sleep(0.5)
+            for z in socks:
+                assert not z.sock.poll(0), "a client without an allowed key got an answer"
+        finally:
+            for z in socks:
+                z.close()
+            ctx.term()
+        # The allowed client is served meanwhile.
+        client = c.zmq()
+        client.send(generate_msg("friend", max_tokens=3))
+        tokens, end = read_request(client, "friend")
+        assert end.WhichOneof("body") == "final" and len(tokens) == 3, end
+
+    strangers(100)
+    with bounded_resources(c, "100 clients without an allowed CURVE key"):
+        strangers(100)
