@@ -523,3 +523,77 @@ def test_connections_over_the_limit_get_503_at_once(make_cluster):
     finally:
         for s in held:
             s.close()
+
+
+def busy_handlers(c, n):
+    """`n` streams of synthetic:small, each holding a handler thread; returns (response, its
+    line iterator) once each has sent its first event. (A dropped iterator closes its
+    connection, and the server then ends the stream.)"""
+    streams = []
+    for _ in range(n):
+        r = requests.post(c.url + "/v1/completions", data=completion(400, stream=True),
+                          headers={"Content-Type": "application/json"}, stream=True, timeout=30)
+        assert r.status_code == 200, r.text
+        lines = r.iter_lines()
+        while not next(lines).startswith(b"data: "):
+            pass
+        streams.append((r, lines))
+    return streams
+
+
+def test_requests_over_the_handler_limit_get_503_and_keep_their_connection(make_cluster):
+    c = make_cluster(["--http-max-concurrent-requests", "2"])
+    c.add_worker(MODEL, "--max-model-len", str(MAX_MODEL_LEN))
+    for round in range(2):
+        with bounded_resources(c, "requests over --http-max-concurrent-requests") \
+                if round == 1 else nullcontext():
+            streams = busy_handlers(c, 2)
+            k = Conn(c.host, c.port)
+            try:
+                for _ in range(10):
+                    t0 = time.monotonic()
+                    k.send(request("POST", "/v1/completions", completion(1)))
+                    r = k.response()
+                    assert r.status == 503 and error_code(r) == "too_many_requests", r
+                    assert r.headers["retry-after"] == "1"
+                    assert time.monotonic() - t0 < 1.0
+                for s, _ in streams:
+                    s.close()  # the handlers are freed as their clients leave
+                deadline = time.monotonic() + 15
+                while True:  # the same connection, served again
+                    k.send(request("POST", "/v1/completions", completion(1)))
+                    r = k.response(30)
+                    if r.status == 200:
+                        break
+                    assert r.status == 503 and time.monotonic() < deadline, r
+                    time.sleep(0.05)
+            finally:
+                k.close()
+            c.wait_idle()
+
+
+def test_slow_bodies_get_408_while_others_are_served(cluster):
+    def round_(n):
+        conns = open_many(cluster, n, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                                      b"Content-Length: 100\r\n\r\n{\"model\"")
+        start = time.monotonic()
+        try:
+            # Others meanwhile are answered.
+            for _ in range(5):
+                r = requests.post(cluster.url + "/v1/completions", data=completion(1),
+                                  headers={"Content-Type": "application/json"}, timeout=10)
+                assert r.status_code == 200, r.text
+            # The body paused longer than the idle timeout: 408.
+            for s in conns:
+                s.settimeout(max(0.1, start + IDLE_MS / 1000 + MARGIN_S - time.monotonic()))
+                data = s.recv(4096)
+                assert data.startswith(b"HTTP/1.1 408 ") and b"request_timeout" in data, data
+            assert time.monotonic() - start >= IDLE_MS / 1000 - 0.05
+        finally:
+            for s in conns:
+                s.close()
+        wait_connections(cluster, 1)
+
+    round_(200)
+    with bounded_resources(cluster, "200 slow bodies"):
+        round_(200)
