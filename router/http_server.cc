@@ -496,7 +496,13 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
         break;
       }
       if (ec) return OnParseError(ec);
-      if (phase_ == Phase::kHead && parser_->is_header_done() && !OnHead()) return;
+      if (phase_ == Phase::kHead && parser_->is_header_done()) {
+        // A head parsed in one put() is not bounded by Beast's header_limit as a whole.
+        if (head_bytes_ > static_cast<size_t>(options_.max_header_bytes)) {
+          return OnParseError(http::error::header_limit);
+        }
+        if (!OnHead()) return;
+      }
       if (parser_->is_done()) return Dispatch();
     }
     if (read_eof_ && phase_ == Phase::kBody) Close();

@@ -354,10 +354,24 @@ TEST_F(HttpServerTest, HeadLimitIs431) {
   HttpServerOptions o;
   o.max_header_bytes = 4096;
   Start(o);
-  Conn c(port());
-  ASSERT_TRUE(c.Send(absl::StrCat("GET /echo HTTP/1.1\r\nHost: t\r\nX-Big: ",
-                                  std::string(8000, 'a'), "\r\n\r\n")));
-  EXPECT_EQ(c.Next().status, 431);
+  {
+    Conn c(port());  // one long line
+    ASSERT_TRUE(c.Send(absl::StrCat("GET /echo HTTP/1.1\r\nHost: t\r\nX-Big: ",
+                                    std::string(8000, 'a'), "\r\n\r\n")));
+    EXPECT_EQ(c.Next().status, 431);
+  }
+  for (int lines : {5, 6, 8}) {  // whole lines of 1 KB, the head sent at once: 5-8 KiB
+    Conn c(port());
+    std::string head = "GET /echo HTTP/1.1\r\nHost: t\r\n";
+    for (int i = 0; i < lines; ++i) absl::StrAppend(&head, "X-", i, ": ", std::string(1000, 'p'), "\r\n");
+    ASSERT_TRUE(c.Send(head + "\r\n"));
+    EXPECT_EQ(c.Next().status, 431) << lines;
+  }
+  Conn ok(port());  // 3 KiB is under the limit
+  std::string head = "GET /echo HTTP/1.1\r\nHost: t\r\n";
+  for (int i = 0; i < 3; ++i) absl::StrAppend(&head, "X-", i, ": ", std::string(1000, 'p'), "\r\n");
+  ASSERT_TRUE(ok.Send(head + "\r\n"));
+  EXPECT_EQ(ok.Next().status, 200);
 }
 
 TEST_F(HttpServerTest, SlowHeadsGet408WithinTheIdleTimeoutAndDelayNobody) {

@@ -191,10 +191,6 @@ def refused_framings(cluster):
         assert get(cluster, "/health").status_code == 200, name
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a head of 16-32 KiB in header lines of 1 KB, sent at once, is answered 200: Boost 1.74's "
-    "parser checks header_limit against one put() only and router/http_server.cc does not "
-    "compare the head bytes it counts (head_bytes_) with max_header_bytes"))
 def test_head_just_over_the_limit_gets_431(cluster):
     for kib in (17, 20, 24, 30):
         data = (b"GET /health HTTP/1.1\r\nHost: x\r\n" +
