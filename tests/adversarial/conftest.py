@@ -4,6 +4,7 @@ it), else build/bin; a raw ZeroMQ client speaking carpool.v1 protobuf; and the r
 memory and open descriptors, read from /proc, checked around each group of probes."""
 
 import contextlib
+import faulthandler
 import os
 import resource
 import subprocess
@@ -18,6 +19,10 @@ import zmq
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "tests", "testing"))
 from processes import stop, wait_for_log  # noqa: E402
+
+# The suite takes about a minute; CTest ends it at 300 s without a word. Past 240 s every
+# thread's stack is printed and the run ends, so a hang says where it is.
+faulthandler.dump_traceback_later(240, exit=True)
 
 BIN_DIR = os.environ.get("CARPOOL_BIN_DIR") or os.path.join(REPO, "build", "bin")
 ROUTER_BIN = os.path.join(BIN_DIR, "carpool-router")
@@ -125,7 +130,10 @@ class Zmq:
     def send(self, msg):
         if not isinstance(msg, (bytes, bytearray)):
             msg = msg.SerializeToString()
-        self.sock.send(msg)
+        # A probe never waits on a send (a DEALER blocks while it has no pipe or at its HWM).
+        if not self.sock.poll(10_000, zmq.POLLOUT):
+            raise AssertionError("the socket could not send within 10 s")
+        self.sock.send(msg, zmq.NOBLOCK)
 
     def recv(self, timeout_s=10):
         """The next ServerMessage; AssertionError after `timeout_s` seconds without one."""
@@ -145,7 +153,7 @@ class Zmq:
     def close(self):
         self.sock.close(0)
         if self.own_ctx:
-            self.ctx.term()
+            self.ctx.destroy(linger=0)
 
 
 def generate_msg(request_id, token_ids=None, text=None, max_tokens=8, stream=False, **kw):

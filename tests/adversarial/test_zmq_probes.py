@@ -408,7 +408,7 @@ def vanishing_clients(c, tag):
     finally:
         for client in clients:
             client.close()
-        ctx.term()
+        ctx.destroy(linger=0)  # closes any socket a failed constructor left behind
     t0 = time.monotonic()
     c.wait_idle(timeout=30)
     return time.monotonic() - t0, 15 * 4 + 8
@@ -464,7 +464,7 @@ def test_curve_refuses_unknown_clients_silently(make_cluster, tmp_path):
         finally:
             for z in socks:
                 z.close()
-            ctx.term()
+            ctx.destroy(linger=0)  # closes any socket a failed constructor left behind
         # The allowed client is served meanwhile.
         client = c.zmq()
         client.send(generate_msg("friend", max_tokens=3))
