@@ -229,15 +229,16 @@ def test_lost_router_ends_python_sdk_calls_with_router_lost(make_cluster, fault)
     for attempt in range(3):  # a loaded machine can only make the end later
         c = make_cluster(["--no-worker-timeout-ms", "0"], http=False)
         client = carpool.Client(c.frontend, timeout=60)
+        four = carpool.SamplingParams(max_tokens=4)
         outcomes, ended = {}, {}
 
         def call(i):
             try:
                 if i % 2:
-                    for _ in client.stream(token_ids=[1, 2, 3], max_tokens=4):
+                    for _ in client.stream(token_ids=[1, 2, 3], sampling=four):
                         pass
                 else:
-                    client.generate(token_ids=[1, 2, 3], max_tokens=4)
+                    client.generate(token_ids=[1, 2, 3], sampling=four)
                 outcomes[i] = "answered"
             except Exception as e:  # noqa: BLE001 (the probe reports whatever ended the call)
                 outcomes[i] = e

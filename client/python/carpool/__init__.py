@@ -3,7 +3,8 @@ ZeroMQ.
 
   import carpool
   with carpool.Client("tcp://127.0.0.1:5555") as client:
-      print(client.generate("Hello", max_tokens=16, temperature=0).text)
+      greedy = carpool.SamplingParams(max_tokens=16, temperature=0)
+      print(client.generate("Hello", sampling=greedy).text)
 
 Usage: docs/python.md. Wire protocol: docs/protocol.md.
 """
@@ -21,6 +22,7 @@ from .errors import (  # noqa: E402
     DuplicateRequestId, InternalError, InvalidArgument, NoWorkers, PromptTooLong, QueueFull,
     RouterLost, TenantQuota, Timeout, TokenBudget, TooLarge, Unauthenticated, UnknownModel,
     Unsupported, WorkerLost)
+from .sampling import SamplingParams  # noqa: E402
 from .types import (  # noqa: E402
     Chunk, EmbedResult, GenerateResult, Stats, TenantStats, Timings, Token, TokenLogprob, Usage,
     WorkerStats)
@@ -31,7 +33,8 @@ __all__ = [
     "AsyncClient", "AsyncStream", "Cancelled", "CarpoolError", "Chunk", "Client",
     "ClientTooSlow", "DeadlineExceeded", "DeadlineUnmeetable", "Draining", "DuplicateRequestId",
     "EmbedResult", "GenerateResult", "InternalError", "InvalidArgument", "NoWorkers",
-    "PromptTooLong", "QueueFull", "RouterLost", "Stats", "Stream", "TenantQuota",
-    "TenantStats", "Timeout", "Timings", "Token", "TokenBudget", "TokenLogprob", "TooLarge",
-    "Unauthenticated", "UnknownModel", "Unsupported", "Usage", "WorkerLost", "WorkerStats",
+    "PromptTooLong", "QueueFull", "RouterLost", "SamplingParams", "Stats", "Stream",
+    "TenantQuota", "TenantStats", "Timeout", "Timings", "Token", "TokenBudget", "TokenLogprob",
+    "TooLarge", "Unauthenticated", "UnknownModel", "Unsupported", "Usage", "WorkerLost",
+    "WorkerStats",
 ]

@@ -8,7 +8,11 @@ from typing import Any, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import _wire
 from . import errors
+from .sampling import SamplingParams
 from .types import Chunk, EmbedResult, GenerateResult
+
+
+_DEFAULT_SAMPLING = SamplingParams()  # every field unset: the worker's defaults
 
 
 class Request(NamedTuple):
@@ -21,24 +25,10 @@ class Request(NamedTuple):
 def generate_request(ids: _wire.RequestIds, client_api_key: str, client_timeout: float,
                      prompt: Optional[_wire.Prompt] = None, *,
                      token_ids: Optional[Sequence[int]] = None,
-                     max_tokens: Optional[int] = None,
-                     temperature: Optional[float] = None,
-                     top_k: Optional[int] = None,
-                     top_p: Optional[float] = None,
-                     min_p: Optional[float] = None,
-                     repetition_penalty: Optional[float] = None,
-                     presence_penalty: Optional[float] = None,
-                     frequency_penalty: Optional[float] = None,
-                     seed: Optional[int] = None,
-                     stop_token_ids: Optional[Sequence[int]] = None,
-                     ignore_eos: bool = False,
-                     logprobs: int = 0,
-                     priority: Union[str, int] = "default",
-                     deadline_ms: int = 0,
-                     add_bos: bool = False,
-                     request_id: Optional[str] = None,
-                     api_key: Optional[str] = None,
-                     timeout: Optional[float] = None,
+                     sampling: Optional[SamplingParams] = None,
+                     priority: Union[str, int] = "default", deadline_ms: int = 0,
+                     add_bos: bool = False, request_id: Optional[str] = None,
+                     api_key: Optional[str] = None, timeout: Optional[float] = None,
                      stream: bool = False) -> Request:
     """The Request of Client.generate / AsyncClient.generate (arguments and defaults as
     there; the client passes its RequestIds, api_key and timeout). Raises as
@@ -47,12 +37,8 @@ def generate_request(ids: _wire.RequestIds, client_api_key: str, client_timeout:
     frame = _wire.generate_frame(
         rid, prompt, token_ids, stream=stream,
         api_key=client_api_key if api_key is None else api_key, priority=priority,
-        deadline_ms=deadline_ms, add_bos=add_bos, stop_token_ids=stop_token_ids,
-        ignore_eos=ignore_eos, logprobs=logprobs,
-        sampling=dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                      min_p=min_p, repetition_penalty=repetition_penalty,
-                      presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                      seed=seed))
+        deadline_ms=deadline_ms, add_bos=add_bos,
+        sampling=_DEFAULT_SAMPLING if sampling is None else sampling)
     return Request(rid, frame, call_timeout)
 
 

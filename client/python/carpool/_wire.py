@@ -11,6 +11,7 @@ import os
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 from . import errors
+from .sampling import OPTIONAL_FIELDS, SamplingParams
 from .types import (Chunk, EmbedResult, GenerateResult, Stats, TenantStats, Timings, Token,
                     TokenLogprob, Usage, WorkerStats)
 
@@ -31,11 +32,6 @@ _PRIORITIES = {
     "interactive": pb.PRIORITY_INTERACTIVE,
     "batch": pb.PRIORITY_BATCH,
 }
-
-# Optional SamplingParams fields: None leaves them unset (the router's defaults apply).
-_OPTIONAL_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
-                      "presence_penalty", "frequency_penalty", "seed", "max_tokens")
-
 
 class RequestIds:
     """Unique request ids for one client: a random prefix and a counter."""
@@ -58,14 +54,15 @@ def _token_list(values: Any, what: str) -> List[int]:
 def generate_frame(request_id: str, prompt: Optional[Prompt],
                    token_ids: Optional[Sequence[int]], *, stream: bool, api_key: str,
                    priority: Union[str, int], deadline_ms: int, add_bos: bool,
-                   stop_token_ids: Optional[Sequence[int]], ignore_eos: bool, logprobs: int,
-                   sampling: Dict[str, Any]) -> bytes:
-    """The encoded ClientMessage for a generate call. sampling: the _OPTIONAL_SAMPLING fields
-    by name (None: unset).
+                   sampling: SamplingParams) -> bytes:
+    """The encoded ClientMessage for a generate call (sampling's unset fields stay unset).
 
     Raises TypeError for arguments of the wrong type and InvalidArgument for values the wire
     cannot carry (out of the field's range, an unknown priority); the router checks the rest.
     """
+    if not isinstance(sampling, SamplingParams):
+        raise TypeError("sampling must be a carpool.SamplingParams, not %r" %
+                        type(sampling).__name__)
     if prompt is not None and token_ids is not None:
         raise TypeError("pass either a prompt or token_ids, not both")
     if prompt is None and token_ids is None:
@@ -85,14 +82,13 @@ def generate_frame(request_id: str, prompt: Optional[Prompt],
         g.stream = stream
         g.add_bos = add_bos
         s = g.sampling
-        for name in _OPTIONAL_SAMPLING:
-            value = sampling.get(name)
+        for name in OPTIONAL_FIELDS:
+            value = getattr(sampling, name)
             if value is not None:
                 setattr(s, name, value)
-        if stop_token_ids:
-            s.stop_token_ids.extend(_token_list(stop_token_ids, "stop_token_ids"))
-        s.ignore_eos = ignore_eos
-        s.logprobs = logprobs
+        s.stop_token_ids.extend(sampling.stop_token_ids)
+        s.ignore_eos = sampling.ignore_eos
+        s.logprobs = sampling.logprobs
     return msg.SerializeToString()
 
 

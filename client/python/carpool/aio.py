@@ -18,6 +18,7 @@ from . import _wire
 from . import errors
 from .client import (DEFAULT_URL, ConnectionWatch, SocketOptions, close_monitor,
                      configure_socket, router_lost_error)
+from .sampling import SamplingParams
 from .types import Chunk, EmbedResult, GenerateResult, Stats
 
 
@@ -119,8 +120,8 @@ class AsyncClient:
     """An asyncio carpool client over one zmq.asyncio DEALER socket.
 
       async with carpool.AsyncClient("tcp://10.0.0.1:5555") as client:
-          result = await client.generate("Hello", max_tokens=16)
-          async for chunk in client.stream("Once upon a time", max_tokens=64):
+          result = await client.generate("Hello", sampling=carpool.SamplingParams(max_tokens=16))
+          async for chunk in client.stream("Once upon a time"):
               print(chunk.text, end="")
 
     Arguments as for Client. Connecting does not wait for the router.
@@ -157,33 +158,15 @@ class AsyncClient:
 
     async def generate(self, prompt: Optional[_wire.Prompt] = None, *,
                        token_ids: Optional[Sequence[int]] = None,
-                       max_tokens: Optional[int] = None,
-                       temperature: Optional[float] = None,
-                       top_k: Optional[int] = None,
-                       top_p: Optional[float] = None,
-                       min_p: Optional[float] = None,
-                       repetition_penalty: Optional[float] = None,
-                       presence_penalty: Optional[float] = None,
-                       frequency_penalty: Optional[float] = None,
-                       seed: Optional[int] = None,
-                       stop_token_ids: Optional[Sequence[int]] = None,
-                       ignore_eos: bool = False,
-                       logprobs: int = 0,
-                       priority: Union[str, int] = "default",
-                       deadline_ms: int = 0,
-                       add_bos: bool = False,
-                       request_id: Optional[str] = None,
-                       api_key: Optional[str] = None,
-                       timeout: Optional[float] = None,
+                       sampling: Optional[SamplingParams] = None,
+                       priority: Union[str, int] = "default", deadline_ms: int = 0,
+                       add_bos: bool = False, request_id: Optional[str] = None,
+                       api_key: Optional[str] = None, timeout: Optional[float] = None,
                        stream: bool = False) -> Union[GenerateResult, AsyncStream]:
         """As Client.generate. stream=False: the GenerateResult. stream=True: an AsyncStream
         whose request is already sent."""
         s = AsyncStream(self, _requests.generate_request(
-            self._ids, self.api_key, self.timeout, prompt, token_ids=token_ids,
-            max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-            min_p=min_p, repetition_penalty=repetition_penalty,
-            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, seed=seed,
-            stop_token_ids=stop_token_ids, ignore_eos=ignore_eos, logprobs=logprobs,
+            self._ids, self.api_key, self.timeout, prompt, token_ids=token_ids, sampling=sampling,
             priority=priority, deadline_ms=deadline_ms, add_bos=add_bos, request_id=request_id,
             api_key=api_key, timeout=timeout, stream=stream))
         if stream:

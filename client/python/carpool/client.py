@@ -21,6 +21,7 @@ from zmq.utils.monitor import parse_monitor_message
 from . import _requests
 from . import _wire
 from . import errors
+from .sampling import SamplingParams
 from .types import Chunk, EmbedResult, GenerateResult, Stats
 
 DEFAULT_URL = "tcp://127.0.0.1:5555"
@@ -492,8 +493,9 @@ class Client:
     """A blocking carpool client over one ZeroMQ DEALER socket.
 
       client = carpool.Client("tcp://10.0.0.1:5555", timeout=30)
-      print(client.generate("The carpool left at dawn", max_tokens=32, temperature=0).text)
-      for chunk in client.stream("Once upon a time", max_tokens=64):
+      greedy = carpool.SamplingParams(max_tokens=32, temperature=0)
+      print(client.generate("The carpool left at dawn", sampling=greedy).text)
+      for chunk in client.stream("Once upon a time", sampling=greedy):
           print(chunk.text, end="", flush=True)
 
     Args:
@@ -529,31 +531,18 @@ class Client:
 
     def generate(self, prompt: Optional[_wire.Prompt] = None, *,
                  token_ids: Optional[Sequence[int]] = None,
-                 max_tokens: Optional[int] = None,
-                 temperature: Optional[float] = None,
-                 top_k: Optional[int] = None,
-                 top_p: Optional[float] = None,
-                 min_p: Optional[float] = None,
-                 repetition_penalty: Optional[float] = None,
-                 presence_penalty: Optional[float] = None,
-                 frequency_penalty: Optional[float] = None,
-                 seed: Optional[int] = None,
-                 stop_token_ids: Optional[Sequence[int]] = None,
-                 ignore_eos: bool = False,
-                 logprobs: int = 0,
-                 priority: Union[str, int] = "default",
-                 deadline_ms: int = 0,
-                 add_bos: bool = False,
-                 request_id: Optional[str] = None,
-                 api_key: Optional[str] = None,
-                 timeout: Optional[float] = None,
+                 sampling: Optional[SamplingParams] = None,
+                 priority: Union[str, int] = "default", deadline_ms: int = 0,
+                 add_bos: bool = False, request_id: Optional[str] = None,
+                 api_key: Optional[str] = None, timeout: Optional[float] = None,
                  stream: bool = False) -> Union[GenerateResult, Stream]:
         """Generates from `prompt` (str or bytes: text; a list of ints: token ids).
 
-        Unset sampling arguments take the router's defaults (temperature 1, top_p 1,
-        max_tokens 16). priority: "interactive", "default" or "batch". deadline_ms: the router
-        drops the request if it is not done this long after arrival (0: none). logprobs: how
-        many top alternatives to return per token. request_id: unique among this client's calls
+        sampling: a carpool.SamplingParams (max_tokens, temperature, top_k, ..., logprobs);
+        its unset fields, and all of them when None, take the worker's defaults (max_tokens 16,
+        temperature 1, ...). priority: "interactive", "default" or "batch". deadline_ms: the
+        router drops the request if it is not done this long after arrival (0: none). add_bos:
+        prepend the model's BOS to a text prompt. request_id: unique among this client's calls
         in flight (default: generated). timeout: seconds for the whole call (default: the
         client's); past it the router is told to cancel and Timeout is raised.
 
@@ -562,11 +551,7 @@ class Client:
         Raises the CarpoolError subclass of the router's reason, or Timeout.
         """
         req = _requests.generate_request(
-            self._ids, self.api_key, self.timeout, prompt, token_ids=token_ids,
-            max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-            min_p=min_p, repetition_penalty=repetition_penalty,
-            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, seed=seed,
-            stop_token_ids=stop_token_ids, ignore_eos=ignore_eos, logprobs=logprobs,
+            self._ids, self.api_key, self.timeout, prompt, token_ids=token_ids, sampling=sampling,
             priority=priority, deadline_ms=deadline_ms, add_bos=add_bos, request_id=request_id,
             api_key=api_key, timeout=timeout, stream=stream)
         deadline = time.monotonic() + req.timeout

@@ -20,7 +20,7 @@ def silent(router, client, msg):
 def test_generate(fake_router):
     async def main():
         async with carpool.AsyncClient(fake_router.url, timeout=10) as client:
-            return await client.generate("hi!", max_tokens=2)
+            return await client.generate("hi!", sampling=carpool.SamplingParams(max_tokens=2))
 
     result = run(main())
     assert result.text == "hi"

@@ -13,7 +13,7 @@ from fake_router import FakeRouter, chunk, error, final, keyed_stats_handler
 
 
 def test_generate_text_returns_the_whole_result(fake_router, client):
-    result = client.generate("héllo", max_tokens=32)
+    result = client.generate("héllo", sampling=carpool.SamplingParams(max_tokens=32))
     assert isinstance(result, carpool.GenerateResult)
     assert result.text == "héllo"
     assert result.text_bytes == "héllo".encode()
@@ -29,11 +29,12 @@ def test_generate_text_returns_the_whole_result(fake_router, client):
 
 def test_generate_sends_every_argument(fake_router):
     with carpool.Client(fake_router.url, timeout=10, api_key="key-1") as client:
-        client.generate([5, 6, 7], max_tokens=2, temperature=0.5, top_k=4, top_p=0.9, min_p=0.1,
-                        repetition_penalty=1.1, presence_penalty=0.2, frequency_penalty=0.3,
-                        seed=42, stop_token_ids=[9], ignore_eos=True, logprobs=3,
-                        priority="interactive", deadline_ms=500, add_bos=True,
-                        request_id="mine")
+        sampling = carpool.SamplingParams(
+            max_tokens=2, temperature=0.5, top_k=4, top_p=0.9, min_p=0.1, repetition_penalty=1.1,
+            presence_penalty=0.2, frequency_penalty=0.3, seed=42, stop_token_ids=[9],
+            ignore_eos=True, logprobs=3)
+        client.generate([5, 6, 7], sampling=sampling, priority="interactive", deadline_ms=500,
+                        add_bos=True, request_id="mine")
         client.generate(token_ids=[1], api_key="key-2")
     first, second = [m.generate for m in fake_router.messages("generate")]
     assert first.request_id == "mine"
@@ -67,7 +68,7 @@ def test_bad_arguments_fail_before_sending(fake_router, client):
     with pytest.raises(carpool.InvalidArgument):
         client.generate("a", priority="urgent")
     with pytest.raises(carpool.InvalidArgument):  # out of int32's range
-        client.generate("a", max_tokens=1 << 40)
+        client.generate("a", sampling=carpool.SamplingParams(max_tokens=1 << 40))
     with pytest.raises(ValueError):
         carpool.Client(fake_router.url, timeout=0)
     with pytest.raises(carpool.InvalidArgument):

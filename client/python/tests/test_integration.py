@@ -93,17 +93,18 @@ def cluster(tmp_path_factory):
 
 
 PROMPT = "The carpool left at dawn"
+ONE_TOKEN = carpool.SamplingParams(max_tokens=1)
+LONG_RUN = carpool.SamplingParams(max_tokens=LONG, ignore_eos=True)
 
 
 def greedy(**extra):
-    args = dict(max_tokens=12, temperature=0, ignore_eos=True)
-    args.update(extra)
-    return args
+    return dict(sampling=carpool.SamplingParams(max_tokens=12, temperature=0, ignore_eos=True,
+                                                **extra))
 
 
 def test_generate(cluster):
     with carpool.Client(cluster.frontend, api_key=KEY, timeout=60) as client:
-        result = client.generate(PROMPT, logprobs=2, **greedy())
+        result = client.generate(PROMPT, **greedy(logprobs=2))
     assert len(result.tokens) == 12
     assert all(0 <= t < 258 for t in result.token_ids)
     assert all(len(t.top_logprobs) == 2 for t in result.tokens)
@@ -153,14 +154,14 @@ def test_async_stream_matches_the_whole_answer(cluster):
 def test_typed_errors(cluster):
     with carpool.Client(cluster.frontend, api_key=KEY, timeout=30) as client:
         with pytest.raises(carpool.InvalidArgument) as info:
-            client.generate(PROMPT, max_tokens=100000)
+            client.generate(PROMPT, sampling=carpool.SamplingParams(max_tokens=100000))
         assert info.value.code == "INVALID_ARGUMENT"
         assert "max_tokens" in info.value.message
         with pytest.raises(carpool.PromptTooLong) as info:
-            client.generate([1] * MAX_MODEL_LEN, max_tokens=1)
+            client.generate([1] * MAX_MODEL_LEN, sampling=ONE_TOKEN)
         assert info.value.reason == "prompt_too_long"
         with pytest.raises(carpool.InvalidArgument) as info:
-            client.stream([100000], max_tokens=1).wait()
+            client.stream([100000], sampling=ONE_TOKEN).wait()
         assert "vocabulary" in info.value.message
         with pytest.raises(carpool.Unauthenticated) as info:
             client.generate(PROMPT, api_key="not-a-key")
@@ -173,10 +174,10 @@ def test_tenant_quota(cluster):
     refused = None
     with carpool.Client(cluster.frontend, api_key=ONE_KEY, timeout=60) as client:
         for _ in range(5):
-            with client.stream(PROMPT, max_tokens=LONG, ignore_eos=True) as first:
+            with client.stream(PROMPT, sampling=LONG_RUN) as first:
                 next(first)
                 try:
-                    client.generate(PROMPT, max_tokens=1)
+                    client.generate(PROMPT, sampling=ONE_TOKEN)
                 except carpool.TenantQuota as e:
                     refused = e
                     break
@@ -187,7 +188,8 @@ def test_tenant_quota(cluster):
         deadline = time.monotonic() + 10
         while True:
             try:
-                assert len(client.generate(PROMPT, max_tokens=2).tokens) == 2
+                two = client.generate(PROMPT, sampling=carpool.SamplingParams(max_tokens=2))
+                assert len(two.tokens) == 2
                 break
             except carpool.TenantQuota:
                 assert time.monotonic() < deadline
@@ -198,7 +200,8 @@ def test_async_typed_error(cluster):
     async def main():
         async with carpool.AsyncClient(cluster.frontend, api_key=KEY, timeout=30) as client:
             with pytest.raises(carpool.InvalidArgument):
-                async for _ in client.stream(PROMPT, max_tokens=100000):
+                too_many = carpool.SamplingParams(max_tokens=100000)
+                async for _ in client.stream(PROMPT, sampling=too_many):
                     pass
 
     asyncio.run(asyncio.wait_for(main(), 60))
@@ -207,7 +210,7 @@ def test_async_typed_error(cluster):
 def test_cancel_mid_stream_frees_the_request(cluster):
     with carpool.Client(cluster.frontend, api_key=KEY, timeout=60) as client:
         for _ in range(5):  # a long request may end before the cancel arrives: try again
-            stream = client.stream(PROMPT, max_tokens=LONG, ignore_eos=True)
+            stream = client.stream(PROMPT, sampling=LONG_RUN)
             assert next(stream).index == 0
             if stream.cancel():
                 break

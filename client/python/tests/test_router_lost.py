@@ -287,7 +287,7 @@ def wait_for_inflight(client, n, worker):
 def open_streams(frontend, worker, sync_client, async_client, loop):
     """STREAMS streams in flight, half sync and half async, each with a first chunk read; then
     the worker is frozen so none can finish. Returns (sync streams, async streams)."""
-    args = dict(max_tokens=LONG, ignore_eos=True)
+    args = dict(sampling=carpool.SamplingParams(max_tokens=LONG, ignore_eos=True))
     sync_streams = [sync_client.stream([1, 2, i], **args) for i in range(STREAMS // 2)]
     for s in sync_streams:
         next(s)
