@@ -59,8 +59,6 @@ struct ErrorInfo {
   std::string reason;
   std::string message;
   int64_t retry_after_ms = 0;
-
-  absl::Status ToStatus() const { return absl::Status(code, message); }
 };
 
 struct Usage {
