@@ -141,7 +141,7 @@ void EngineLoop::OnEpoch(uint64_t epoch) {
 }
 
 void EngineLoop::SendKvEvents(bool snapshot) {
-  std::optional<KvEventsInfo> kv = backend_->TakeKvEvents(snapshot, Clock::Real()->NowMicros());
+  std::optional<KvEventsInfo> kv = backend_->TakeKvEvents(snapshot, clock_->NowMicros());
   if (!kv.has_value()) return;
   kv->epoch = epoch_;
   SendToRouter(*kv);
