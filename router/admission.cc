@@ -185,15 +185,18 @@ std::optional<Refusal> AdmissionController::CheckSize(Priority priority, bool kv
                                 limit, ", so it could never run"),
                    0};
   };
-  if (max_inflight_tokens() > 0) {
-    const int64_t budget = ClassBudget(priority);
+  const int64_t total = options_.max_inflight_tokens > 0
+                            ? options_.max_inflight_tokens
+                            : std::max(capacity_tokens_, ceiling_tokens_);
+  if (total > 0) {
+    const int64_t budget =
+        priority == Priority::kInteractive ? total : total - options_.interactive_reserve_tokens;
     if (tokens > budget) {
-      if (budget == max_inflight_tokens()) {
+      if (budget == total) {
         return refuse(absl::StrCat("the cluster's in-flight token budget is ", budget));
       }
       return refuse(absl::StrCat("the ", PriorityName(priority), " class may use ",
-                                 std::max<int64_t>(0, budget), " of the cluster's ",
-                                 max_inflight_tokens(),
+                                 std::max<int64_t>(0, budget), " of the cluster's ", total,
                                  " in-flight tokens (the rest is the interactive reserve)"));
     }
   }

@@ -12,8 +12,9 @@
 // not embed), at most the largest registered worker's KV capacity. Larger ones are refused
 // RESOURCE_EXHAUSTED too_large at admission. While a limit is unknown (no worker registered and
 // no max_inflight_tokens) nothing is refused for it; Oversized() lists the queued requests that
-// no longer fit once the limits are known (or after they shrank: a worker left or stalled), and
-// Next() never returns them.
+// no longer fit once the limits are known (or after they shrank: a worker left), and Next()
+// never returns them. A stalled worker shrinks the budget requests wait for, not these limits
+// (SetCeilingTokens): what fits once it recovers is not ended.
 //
 // Order. Three FIFO queues, one per class. A queued request's level is its class's base
 // (interactive 0, default 1, batch 2) minus one per `priority_aging_ms` it has waited, never
@@ -148,6 +149,11 @@ class AdmissionController {
   // The cluster's KV capacity in tokens; the in-flight budget when max_inflight_tokens is 0.
   void SetCapacityTokens(int64_t tokens) { capacity_tokens_ = tokens; }
   int64_t max_inflight_tokens() const;
+  // What the cluster could run once every registered worker serves again (stalled ones
+  // included), in tokens: too_large is judged against this, not against what serves right now,
+  // so a worker stalled for a moment ends nothing that would fit when it recovers. 0: the same
+  // as the capacity.
+  void SetCeilingTokens(int64_t tokens) { ceiling_tokens_ = tokens; }
   // The largest KV capacity of one registered worker, in tokens; 0: unknown (no limit).
   void SetLargestWorkerTokens(int64_t tokens) { largest_worker_tokens_ = tokens; }
   // Queued requests that can never be dispatched under the present limits (see Size), with the
@@ -212,6 +218,7 @@ class AdmissionController {
   std::array<std::deque<uint64_t>, kNumPriorities> queues_;
   AdmissionCounters counters_;
   int64_t capacity_tokens_ = 0;
+  int64_t ceiling_tokens_ = 0;
   int64_t largest_worker_tokens_ = 0;
   // Since when no worker can serve requests; -1 while one can.
   int64_t no_workers_since_ = -1;

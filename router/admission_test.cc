@@ -222,6 +222,28 @@ TEST_F(AdmissionTest, WithUnknownCapacityNothingIsRefusedButOversizedOnesNeverGo
   EXPECT_EQ(a.Next(), std::nullopt);
 }
 
+TEST_F(AdmissionTest, AStalledWorkersCapacityStillCountsForTooLarge) {
+  AdmissionController a = Make(AdmissionOptions());
+  a.SetCapacityTokens(1000);
+  a.SetCeilingTokens(1000);
+  a.SetLargestWorkerTokens(600);
+  const AdmissionRequest r = Req(Priority::kDefault, 500, 100);
+  ASSERT_FALSE(a.Admit(r).has_value());
+  // One of two 500-token workers stalls: 600 tokens no longer fit the budget, so the request
+  // waits; it is not too large, since it fits once the worker recovers.
+  a.SetCapacityTokens(500);
+  EXPECT_TRUE(a.Oversized().empty());
+  EXPECT_EQ(a.Next(), std::nullopt);
+  a.SetCapacityTokens(1000);
+  EXPECT_EQ(a.Next(), r.id);
+  // A worker gone for good takes its part of the ceiling with it.
+  a.SetCapacityTokens(500);
+  a.SetCeilingTokens(500);
+  ASSERT_EQ(a.Oversized().size(), 1u);
+  EXPECT_TRUE(a.Release(r.id, 0, false));
+  EXPECT_TRUE(a.CheckInvariants().ok());
+}
+
 // The old rule (no smaller request overtakes a larger one) let one large request stall the
 // queue. Now: requests that fit go ahead of one that does not for skip_ahead_ms; then the budget
 // is held for it, so it is not starved.

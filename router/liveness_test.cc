@@ -25,6 +25,7 @@ class LivenessTest : public ScriptedRouterTest {
  protected:
   void StartRouter() {
     RouterOptions o;
+    o.max_migrations = max_migrations_;
     o.heartbeat_timeout_ms = heartbeat_timeout_ms_;
     o.stall_timeout_ms = 10'000;
     o.admission.no_worker_timeout_ms = 30'000;
@@ -54,6 +55,7 @@ class LivenessTest : public ScriptedRouterTest {
   void Advance(int64_t ms) { clock_.AdvanceMicros(ms * 1000); }
 
   int64_t heartbeat_timeout_ms_ = 60'000;
+  int max_migrations_ = 3;
   FakeClock clock_{1'000'000'000};
 };
 
@@ -182,6 +184,34 @@ TEST_F(LivenessTest, SlowStepsAndAdvancingPrefillAreNotStalls) {
   w2.Heartbeat();
   const DispatchInfo d2 = w2.RecvAs<DispatchInfo>();
   EXPECT_EQ(d2.output_tokens, (std::vector<int32_t>{20, 21, 22, 23}));
+}
+
+TEST_F(LivenessTest, AStallWhoseRequestsLeftWithTheirClientEndsThemAllCleanly) {
+  // Failing the first request over finds its client gone, which ends its other request too,
+  // before the watchdog's loop reaches it (this crashed the router once).
+  max_migrations_ = 0;
+  StartRouter();
+  FakeWorker w1 = StartWorker("w1");
+  {
+    auto client = Dealer(router_->frontend_endpoint(), "gone");
+    SendClient(client.get(), Request("a", 8, /*stream=*/true));
+    SendClient(client.get(), Request("b", 8, /*stream=*/true));
+    w1.RecvAs<DispatchInfo>();
+    w1.RecvAs<DispatchInfo>();
+  }  // the client leaves with both requests on w1
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the router sees it go
+  Advance(10'100);
+  w1.Heartbeat();
+  auto other = Dealer(router_->frontend_endpoint(), "other");
+  StatsOut stats;
+  for (int tries = 0; tries < 200; ++tries) {
+    stats = Stats(other.get());
+    if (stats.inflight == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(stats.inflight, 0);
+  ASSERT_EQ(stats.workers.size(), 1u);
+  EXPECT_EQ(stats.workers[0].outstanding_tokens, 0);
 }
 
 }  // namespace

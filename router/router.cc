@@ -532,7 +532,8 @@ void Router::Impl::End(uint64_t id, bool completed) {
   if (it == requests_.end()) return;
   Request& r = it->second;
   if (!r.worker.empty()) {
-    if (WorkerState* w = registry_.Find(r.worker)) {
+    WorkerState* w = registry_.Find(r.worker);
+    if (w != nullptr && (w->requests.contains(id) || w->embeds.contains(id))) {
       DetachFromWorker(&r, w);
       SendToWorker(r.worker, WorkerCancelInfo{r.dispatch_id});
     }

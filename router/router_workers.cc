@@ -171,9 +171,13 @@ void Router::Impl::DispatchEmbed(Request* r, WorkerState* w) {
 }
 
 void Router::Impl::DetachFromWorker(Request* r, WorkerState* w) {
-  w->requests.erase(r->id);
+  // Only from a registration that holds it: a request orphaned by a re-registration still names
+  // the identity, whose fresh state never counted it.
+  const bool held = w->requests.erase(r->id) > 0;
   if (w->embeds.erase(r->id) > 0) {
     w->embed_inputs -= static_cast<int>(r->embed_tokens.size());
+  } else if (!held) {
+    return;
   }
   w->outstanding_tokens -= r->outstanding;
 }
@@ -433,7 +437,10 @@ void Router::Impl::CheckStalls(int64_t now) {
     held.insert(held.end(), w->embeds.begin(), w->embeds.end());
     std::sort(held.begin(), held.end());
     for (uint64_t id : held) {
-      Request& r = requests_.at(id);
+      // An earlier failover may have ended it (its client was gone: DropClient ends them all).
+      auto it = requests_.find(id);
+      if (it == requests_.end()) continue;
+      Request& r = it->second;
       // Should it wake up, it frees their blocks and its late tokens are stale.
       SendToWorker(w->identity, WorkerCancelInfo{r.dispatch_id});
       DetachFromWorker(&r, w);
@@ -480,16 +487,21 @@ void Router::Impl::UpdateMetrics() {
 void Router::Impl::UpdateCapacity() {
   // A stalled worker runs nothing: its KV is no part of what the cluster can admit. A draining
   // one still finishes what it holds (and serves embeds), so its capacity counts.
+  // What could ever run counts the stalled ones too: too_large must not end a request that
+  // fits once a stalled worker recovers.
   int64_t tokens = 0;
+  int64_t ceiling = 0;
   int64_t largest = 0;
   bool any = false;
   for (const WorkerState* w : registry_.All()) {
+    ceiling += CapacityTokens(*w);
+    largest = std::max(largest, CapacityTokens(*w));
     if (w->stalled) continue;
     tokens += CapacityTokens(*w);
-    largest = std::max(largest, CapacityTokens(*w));
     any = any || !w->draining;
   }
   admission_->SetCapacityTokens(tokens);
+  admission_->SetCeilingTokens(ceiling);
   admission_->SetLargestWorkerTokens(largest);
   admission_->SetWorkersAvailable(any);
 }
