@@ -144,12 +144,6 @@ int KvCacheManager::BlocksToTake(int64_t seq_id, int num_tokens, const PrefixMat
   return take;
 }
 
-bool KvCacheManager::CanAllocate(int64_t seq_id, int num_tokens, const TokenSpan& tokens,
-                                 uint64_t salt) const {
-  const PrefixMatch match = Holds(seq_id) ? PrefixMatch{} : MatchPrefix(tokens, salt);
-  return BlocksToTake(seq_id, num_tokens, match) <= num_free_blocks();
-}
-
 bool KvCacheManager::Allocate(int64_t seq_id, int num_tokens, const TokenSpan& tokens,
                               uint64_t salt) {
   const bool is_new = !Holds(seq_id);

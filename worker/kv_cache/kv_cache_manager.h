@@ -13,9 +13,9 @@
 // so equal hashes mean equal token prefixes under the same salt (tenant). A new sequence whose
 // leading full blocks are registered reuses them (ref_count++) instead of computing them again.
 //
-// Plan, then commit: CanAllocate and LookupPrefix have no side effects; Allocate is the one method
-// that takes blocks, and it either succeeds completely or changes nothing. "Full" is a normal
-// answer (false), not an error.
+// Plan, then commit: LookupPrefix has no side effects; Allocate is the one method that takes
+// blocks, and it either succeeds completely or changes nothing, so trying it is the plan.
+// "Full" is a normal answer (false), not an error.
 //
 // Thread-compatible: owned and driven by the engine loop alone.
 #ifndef CARPOOL_WORKER_KV_CACHE_KV_CACHE_MANAGER_H_
@@ -85,9 +85,6 @@ class KvCacheManager {
   // multiple of block_size, at most tokens.size() - 1 (the last token is always computed, so
   // the runner produces logits for it). 0 when prefix caching is off. No side effects.
   int LookupPrefix(const TokenSpan& tokens, uint64_t salt) const;
-
-  // True when Allocate(seq_id, num_tokens, tokens, salt) would succeed now. No side effects.
-  bool CanAllocate(int64_t seq_id, int num_tokens, const TokenSpan& tokens, uint64_t salt) const;
 
   // Makes seq_id's block table cover at least `num_tokens` tokens (it never shrinks). For a
   // seq_id not held yet, first adopts the cached prefix of `tokens` under `salt`: exactly

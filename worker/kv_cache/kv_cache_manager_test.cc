@@ -130,7 +130,6 @@ TEST_F(KvCacheManagerTest, FullPoolReturnsFalseWithoutStateChange) {
   EXPECT_EQ(kv_->num_evictable_blocks(), 2);
 
   // Seq 2 wants 12 more tokens (3 blocks); only 2 can be had.
-  EXPECT_FALSE(kv_->CanAllocate(2, 20, TokenSpan(tokens), 0));
   EXPECT_FALSE(kv_->Allocate(2, 20, TokenSpan(tokens), 0));
   EXPECT_EQ(Table(2).size(), 2u);
   EXPECT_EQ(kv_->num_free_blocks(), 2);
@@ -142,7 +141,6 @@ TEST_F(KvCacheManagerTest, FullPoolReturnsFalseWithoutStateChange) {
   // The cached prefix survived.
   EXPECT_EQ(kv_->LookupPrefix(TokenSpan(Tokens(9, 500)), 0), 8);
 
-  EXPECT_TRUE(kv_->CanAllocate(2, 16, TokenSpan(tokens), 0));
   EXPECT_TRUE(kv_->Allocate(2, 16, TokenSpan(tokens), 0));
   EXPECT_EQ(kv_->num_free_blocks(), 0);
   EXPECT_EQ(kv_->LookupPrefix(TokenSpan(Tokens(9, 500)), 0), 0);  // evicted
@@ -296,15 +294,13 @@ TEST_F(KvCacheManagerTest, FreeingPutsTheSequenceTailFirstInTheLru) {
   EXPECT_EQ(kv_->LookupPrefix(TokenSpan(Tokens(13)), 0), 8);
 }
 
-TEST_F(KvCacheManagerTest, CanAllocateCountsAdoptedEvictableBlocks) {
+TEST_F(KvCacheManagerTest, AllocateCountsAdoptedEvictableBlocks) {
   Init(3);
   const auto prompt = Tokens(9);
   ASSERT_TRUE(Prefill(1, prompt));  // 2 cached blocks + 1 partial
   kv_->Free(1);
   EXPECT_EQ(kv_->num_free_blocks(), 3);
   // Adopting 2 evictable blocks leaves 1 block for the rest: 12 tokens fit, 13 do not.
-  EXPECT_TRUE(kv_->CanAllocate(2, 12, TokenSpan(prompt), 0));
-  EXPECT_FALSE(kv_->CanAllocate(2, 13, TokenSpan(prompt), 0));
   EXPECT_FALSE(kv_->Allocate(2, 13, TokenSpan(prompt), 0));
   EXPECT_EQ(kv_->num_evictable_blocks(), 2);
   ASSERT_TRUE(kv_->Allocate(2, 12, TokenSpan(prompt), 0));
