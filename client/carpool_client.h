@@ -66,8 +66,8 @@ struct ClientOptions {
   std::string curve_public_key;
   std::string curve_secret_key;
   // ZMTP heartbeats on the connection: a PING every interval, and a router that sends nothing for
-  // two intervals after one is dropped (its calls end with router_lost) and redialled, so a
-  // silent router is noticed within three intervals. A router that dies with its host alive
+  // 1.5 intervals after one is dropped (its calls end with router_lost) and redialled, so a
+  // silent router is noticed within 2.5 intervals. A router that dies with its host alive
   // closes TCP and is noticed at once, heartbeats or not. 0 disables. Default: 1000.
   int zmtp_heartbeat_ms = 1000;
   // Largest message accepted from the router. Default: 16 MiB.

@@ -71,11 +71,11 @@ def configure_socket(sock: "zmq.Socket", url: str,
         sock.setsockopt(zmq.LINGER, 200)  # on close, cancels get ~200 ms to leave
         sock.setsockopt(zmq.MAXMSGSIZE, options.max_message_bytes)
         if options.heartbeat_ms > 0 and hasattr(zmq, "HEARTBEAT_IVL"):
-            # A router that sends nothing for 2 intervals after a PING is dropped: a silent
-            # router is noticed within 3 intervals. PINGs are answered by the router's ZeroMQ
+            # A router that sends nothing for 1.5 intervals after a PING is dropped: a silent
+            # router is noticed within 2.5 intervals. PINGs are answered by the router's ZeroMQ
             # I/O thread, so a busy router is not.
             sock.setsockopt(zmq.HEARTBEAT_IVL, options.heartbeat_ms)
-            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 2 * options.heartbeat_ms)
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, options.heartbeat_ms * 3 // 2)
         if options.curve_server_key:
             if not zmq.has("curve"):
                 raise errors.InvalidArgument("this libzmq has no CURVE support")
@@ -503,7 +503,7 @@ class Client:
       timeout: seconds a call may take, unless the call names its own. Default: 60.
       api_key: sent with every request that names none. Default: none.
       max_message_bytes: largest message accepted from the router. Default: 16 MiB.
-      heartbeat_ms: ZMTP heartbeat interval: a router silent for 2 intervals after a PING is
+      heartbeat_ms: ZMTP heartbeat interval: a router silent for 1.5 intervals after a PING is
         dropped; 0: off. Default: 1000.
       curve_server_key: the router's CURVE public key (Z85, 40 characters): encrypts the
         connection. Default: off.

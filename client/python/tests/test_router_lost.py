@@ -336,7 +336,7 @@ def test_real_router_lost_under_open_streams(cluster, how):
             router.send_signal(signal.SIGKILL if how == "kill" else signal.SIGSTOP)
             expect_all_lost(sync_streams, async_streams, loop)
             took = time.monotonic() - start
-            assert took < (3 if how == "kill" else 3.25), took
+            assert took < 3, took
             if how == "stop":  # the router resumes: the same clients redial it by themselves
                 router.send_signal(signal.SIGCONT)
                 assert client.stats(timeout=10) is not None
