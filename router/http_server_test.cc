@@ -236,6 +236,24 @@ class HttpServerTest : public ::testing::Test {
 
   int port() const { return server_->port(); }
 
+  // A server with one handler, held by a GET /slow on the returned connection.
+  std::unique_ptr<Conn> HoldTheOnlyHandler() {
+    HttpServerOptions o;
+    o.max_concurrent_requests = 1;
+    Start(o);
+    auto busy = std::make_unique<Conn>(port());
+    EXPECT_TRUE(busy->Send("GET /slow HTTP/1.1\r\nHost: t\r\n\r\n"));
+    WaitUntil([&] { return server_->Stats().active_requests >= 1; }, 1000);
+    return busy;
+  }
+
+  // Lets the /slow handler answer `busy` and waits until its slot is free.
+  void ReleaseTheHandler(Conn* busy) {
+    release_.store(true);
+    EXPECT_EQ(busy->Next().body, "slow");
+    WaitUntil([&] { return server_->Stats().active_requests == 0; }, 1000);
+  }
+
   std::unique_ptr<HttpServer> server_;
   std::atomic<int> calls_{0};
   std::atomic<bool> release_{false};
@@ -452,20 +470,13 @@ TEST_F(HttpServerTest, ConnectionsOverTheLimitGet503AtOnce) {
 }
 
 TEST_F(HttpServerTest, RequestsOverTheHandlerLimitGet503AndTheConnectionStaysUsable) {
-  HttpServerOptions o;
-  o.max_concurrent_requests = 1;
-  Start(o);
-  Conn busy(port());
-  ASSERT_TRUE(busy.Send("GET /slow HTTP/1.1\r\nHost: t\r\n\r\n"));
-  WaitUntil([&] { return server_->Stats().active_requests >= 1; }, 1000);
+  std::unique_ptr<Conn> busy = HoldTheOnlyHandler();
   Conn c(port());
   ASSERT_TRUE(c.Send(Post("/echo", "x")));
   Conn::Response r = c.Next();
   EXPECT_EQ(r.status, 503);
   EXPECT_THAT(r.head, HasSubstr("Retry-After: 1"));
-  release_.store(true);
-  EXPECT_EQ(busy.Next().body, "slow");
-  WaitUntil([&] { return server_->Stats().active_requests == 0; }, 1000);
+  ReleaseTheHandler(busy.get());
   ASSERT_TRUE(c.Send(Post("/echo", "again")));
   EXPECT_EQ(c.Next().body, "POST /echo again");
 }
@@ -533,19 +544,12 @@ TEST_F(HttpServerTest, PercentDecodesThePathAndSplitsTheQuery) {
 }
 
 TEST_F(HttpServerTest, PipelinedRequestsRefusedWhileHandlersAreBusyGetOneAnswerEach) {
-  HttpServerOptions o;
-  o.max_concurrent_requests = 1;
-  Start(o);
-  Conn busy(port());
-  ASSERT_TRUE(busy.Send("GET /slow HTTP/1.1\r\nHost: t\r\n\r\n"));
-  WaitUntil([&] { return server_->Stats().active_requests >= 1; }, 1000);
+  std::unique_ptr<Conn> busy = HoldTheOnlyHandler();
   Conn c(port());
   ASSERT_TRUE(c.Send(Post("/echo", "1") + Post("/echo", "2") + Post("/echo", "3")));
   for (int i = 0; i < 3; ++i) EXPECT_EQ(c.Next().status, 503) << i;
   EXPECT_EQ(c.Next(200).status, 0);  // nothing more: each refusal written once
-  release_.store(true);
-  EXPECT_EQ(busy.Next().body, "slow");
-  WaitUntil([&] { return server_->Stats().active_requests == 0; }, 1000);
+  ReleaseTheHandler(busy.get());
   ASSERT_TRUE(c.Send(Post("/echo", "4")));
   EXPECT_EQ(c.Next().body, "POST /echo 4");
 }
