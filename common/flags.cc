@@ -42,46 +42,48 @@ absl::Status ParseBytes(const std::string& name, const std::string& text, int64_
 
 void FlagParser::AddCustom(const std::string& name,
                            std::function<absl::Status(const std::string&)> parse,
-                           const std::string& help, bool is_bool) {
-  flags_.push_back(Flag{name, help, is_bool, std::move(parse), false});
+                           const std::string& help, const std::string& default_text, bool is_bool) {
+  flags_.push_back(Flag{name, help, default_text, is_bool, std::move(parse), false});
 }
 
 void FlagParser::AddString(const std::string& name, std::string* dst, const std::string& help) {
-  AddCustom(name, [dst](const std::string& v) { *dst = v; return absl::OkStatus(); }, help);
+  AddCustom(name, [dst](const std::string& v) { *dst = v; return absl::OkStatus(); }, help,
+            dst->empty() ? "none" : absl::StrCat("\"", *dst, "\""));
 }
 
 void FlagParser::AddInt(const std::string& name, int* dst, const std::string& help) {
   AddCustom(name, [name, dst](const std::string& v) {
     return absl::SimpleAtoi(v, dst) ? absl::OkStatus() : BadValue(name, v, "an integer");
-  }, help);
+  }, help, absl::StrCat(*dst));
 }
 
 void FlagParser::AddInt64(const std::string& name, int64_t* dst, const std::string& help) {
   AddCustom(name, [name, dst](const std::string& v) {
     return absl::SimpleAtoi(v, dst) ? absl::OkStatus() : BadValue(name, v, "an integer");
-  }, help);
+  }, help, absl::StrCat(*dst));
 }
 
 void FlagParser::AddFloat(const std::string& name, float* dst, const std::string& help) {
   AddCustom(name, [name, dst](const std::string& v) {
     return absl::SimpleAtof(v, dst) ? absl::OkStatus() : BadValue(name, v, "a number");
-  }, help);
+  }, help, absl::StrCat(*dst));
 }
 
 void FlagParser::AddDouble(const std::string& name, double* dst, const std::string& help) {
   AddCustom(name, [name, dst](const std::string& v) {
     return absl::SimpleAtod(v, dst) ? absl::OkStatus() : BadValue(name, v, "a number");
-  }, help);
+  }, help, absl::StrCat(*dst));
 }
 
 void FlagParser::AddBool(const std::string& name, bool* dst, const std::string& help) {
   AddCustom(name, [name, dst](const std::string& v) {
     return absl::SimpleAtob(v, dst) ? absl::OkStatus() : BadValue(name, v, "true or false");
-  }, help, /*is_bool=*/true);
+  }, help, *dst ? "true" : "false", /*is_bool=*/true);
 }
 
 void FlagParser::AddBytes(const std::string& name, int64_t* dst, const std::string& help) {
-  AddCustom(name, [name, dst](const std::string& v) { return ParseBytes(name, v, dst); }, help);
+  AddCustom(name, [name, dst](const std::string& v) { return ParseBytes(name, v, dst); }, help,
+            FormatBytes(*dst));
 }
 
 FlagParser::Flag* FlagParser::Find(const std::string& name) {
@@ -141,8 +143,23 @@ absl::Status FlagParser::Parse(int argc, char** argv, int first) {
 
 std::string FlagParser::Help() const {
   std::string out;
-  for (const Flag& f : flags_) absl::StrAppend(&out, "  --", f.name, "  ", f.help, "\n");
+  for (const Flag& f : flags_) {
+    absl::StrAppend(&out, "  --", f.name, "  ", f.help);
+    if (!f.default_text.empty()) {
+      absl::StrAppend(&out, f.help.empty() ? "" : " ", "(default: ", f.default_text, ")");
+    }
+    absl::StrAppend(&out, "\n");
+  }
   return out;
+}
+
+std::string FormatBytes(int64_t bytes) {
+  static const std::pair<const char*, int64_t> kUnits[] = {
+      {"GiB", 1LL << 30}, {"MiB", 1LL << 20}, {"KiB", 1LL << 10}};
+  for (const auto& [suffix, scale] : kUnits) {
+    if (bytes != 0 && bytes % scale == 0) return absl::StrCat(bytes / scale, suffix);
+  }
+  return absl::StrCat(bytes);
 }
 
 absl::Status ParseIntList(const std::string& text, const std::string& what,
