@@ -110,7 +110,7 @@ DecodeResult MeasureDecode(Engine* engine, int batch, int prompt_len, int decode
   // Prefill until every sequence has its first token; from then on every step is a decode.
   std::set<int64_t> first;
   while (static_cast<int>(first.size()) < batch) {
-    for (const auto& e : engine->Step()) first.insert(e.request_id);
+    for (const auto& e : engine->Step()) first.insert(e.seq_id);
   }
   int64_t tokens = 0;
   int steps = 0;
@@ -165,7 +165,7 @@ OverheadResult TimeSteps(Engine* engine, bool prefill_first, int expected) {
   if (prefill_first) {
     std::set<int64_t> first;
     while (static_cast<int>(first.size()) < expected) {
-      for (const auto& e : engine->Step()) first.insert(e.request_id);
+      for (const auto& e : engine->Step()) first.insert(e.seq_id);
     }
   }
   OverheadResult r;

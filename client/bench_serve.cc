@@ -180,7 +180,7 @@ absl::StatusOr<std::vector<BenchRequest>> ParseJsonlDataset(std::istream& in,
                                                            const DatasetOptions& o) {
   RETURN_IF_ERROR(o.Validate());
   std::mt19937_64 rng(o.seed);
-  worker::SamplingParams defaults;
+  SamplingParams defaults;
   defaults.max_tokens = 0;  // "not on the line": drawn from o.output
   std::vector<BenchRequest> lines;
   std::string line;

@@ -112,14 +112,12 @@ absl::StatusOr<EmbedInput> BuildRequest(const EmbedFlags& f) {
     return absl::InvalidArgumentError(
         absl::StrCat("--pooling: expected mean or last, got '", f.pooling, "'"));
   }
-  if (f.priority == "interactive") {
-    in.priority = Priority::kInteractive;
-  } else if (f.priority == "batch") {
-    in.priority = Priority::kBatch;
-  } else if (f.priority != "default") {
+  std::optional<Priority> priority = PriorityFromName(f.priority);
+  if (!priority) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--priority: expected interactive, default or batch, got '", f.priority, "'"));
   }
+  in.priority = *priority;
   if (f.deadline_ms < 0) return absl::InvalidArgumentError("--deadline-ms must be >= 0");
   if (f.timeout_ms <= 0) return absl::InvalidArgumentError("--timeout-ms must be > 0");
   if (f.retries < 0) return absl::InvalidArgumentError("--retries must be >= 0");

@@ -17,7 +17,6 @@ namespace {
 
 using nlohmann::json;
 using worker::EngineRequest;
-using worker::SamplingParams;
 
 // Reads an optional numeric field; errors name it.
 template <typename T>
@@ -81,13 +80,13 @@ absl::Status ReadSampling(const json& obj, SamplingParams* p) {
 }
 
 // "logprobs" and, when top_logprobs > 0, "top_logprobs" of `out`.
-void AddLogprobs(const std::vector<worker::SampleResult>& samples, int top_logprobs, json* out) {
+void AddLogprobs(const std::vector<SampleResult>& samples, int top_logprobs, json* out) {
   json logprobs = json::array();
   json tops = json::array();
-  for (const worker::SampleResult& s : samples) {
+  for (const SampleResult& s : samples) {
     logprobs.push_back(s.logprob);
     json top = json::array();
-    for (const worker::TokenLogprob& t : s.top_logprobs) {
+    for (const TokenLogprob& t : s.top_logprobs) {
       top.push_back({{"token", t.token}, {"logprob", t.logprob}});
     }
     tops.push_back(std::move(top));
@@ -125,7 +124,7 @@ absl::StatusOr<PromptSpec> ParsePromptSpec(const std::string& line,
 
 absl::StatusOr<EngineRequest> ParsePromptLine(const std::string& line,
                                               const SamplingParams& defaults,
-                                              const worker::Tokenizer* tokenizer, bool add_bos) {
+                                              const Tokenizer* tokenizer, bool add_bos) {
   ASSIGN_OR_RETURN(PromptSpec spec, ParsePromptSpec(line, defaults));
   EngineRequest request;
   request.sampling = std::move(spec.sampling);
@@ -141,13 +140,13 @@ absl::StatusOr<EngineRequest> ParsePromptLine(const std::string& line,
   return request;
 }
 
-json CompletionToJson(const worker::Completion& c, const worker::Tokenizer* tokenizer,
+json CompletionToJson(const worker::Completion& c, const Tokenizer* tokenizer,
                       int top_logprobs) {
   json out;
   out["tokens"] = c.tokens;
   out["text"] = tokenizer != nullptr ? json(tokenizer->Decode(c.tokens)) : json(nullptr);
   AddLogprobs(c.logprobs, top_logprobs, &out);
-  out["finish_reason"] = worker::FinishReasonName(c.finish_reason);
+  out["finish_reason"] = FinishReasonName(c.finish_reason);
   out["usage"] = {{"prompt_tokens", c.prompt_tokens},
                   {"completion_tokens", static_cast<int>(c.tokens.size())},
                   {"cached_prompt_tokens", c.cached_prompt_tokens}};
@@ -196,7 +195,7 @@ namespace {
 
 struct GenerateFlags {
   worker::EngineOptions engine;
-  worker::SamplingParams sampling;
+  SamplingParams sampling;
   std::string prompt;
   std::string prompt_ids;
   std::string prompts_file;
@@ -209,7 +208,7 @@ struct GenerateFlags {
   std::string router;
   int64_t timeout_ms = 0;
   bool stream = false;
-  worker::Priority priority = worker::Priority::kDefault;
+  Priority priority = Priority::kDefault;
   int64_t deadline_ms = 0;
   std::string api_key;
   int concurrency = 8;
@@ -239,17 +238,13 @@ constexpr const char* kEngineFlags[] = {"model",
 constexpr const char* kRouterFlags[] = {"timeout-ms", "stream",      "priority", "deadline-ms",
                                         "api-key",    "concurrency", "retries"};
 
-absl::Status ParsePriority(const std::string& text, worker::Priority* out) {
-  if (text == "interactive") {
-    *out = worker::Priority::kInteractive;
-  } else if (text == "default") {
-    *out = worker::Priority::kDefault;
-  } else if (text == "batch") {
-    *out = worker::Priority::kBatch;
-  } else {
+absl::Status ParsePriority(const std::string& text, Priority* out) {
+  std::optional<Priority> p = PriorityFromName(text);
+  if (!p) {
     return absl::InvalidArgumentError(
         absl::StrCat("--priority: expected interactive, default or batch, got '", text, "'"));
   }
+  *out = *p;
   return absl::OkStatus();
 }
 
@@ -299,7 +294,7 @@ int Fail(const absl::Status& status) {
 
 // The requests to run, one per prompt; a prompt that failed to parse keeps its error.
 absl::StatusOr<std::vector<absl::StatusOr<worker::EngineRequest>>> BuildRequests(
-    const GenerateFlags& f, const worker::Tokenizer* tokenizer) {
+    const GenerateFlags& f, const Tokenizer* tokenizer) {
   const int sources = !f.prompt.empty() + !f.prompt_ids.empty() + !f.prompts_file.empty();
   if (sources != 1) {
     return absl::InvalidArgumentError(
@@ -436,9 +431,9 @@ int RunGenerate(int argc, char** argv, int first) {
     }
   }
   if (absl::Status s = f.engine.Validate(); !s.ok()) return Fail(s);
-  absl::StatusOr<std::unique_ptr<worker::Tokenizer>> tokenizer =
-      worker::CreateTokenizer(f.engine.model);
-  const worker::Tokenizer* tok = tokenizer.ok() ? tokenizer->get() : nullptr;
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer =
+      CreateTokenizer(f.engine.model);
+  const Tokenizer* tok = tokenizer.ok() ? tokenizer->get() : nullptr;
   auto requests = BuildRequests(f, tok);
   if (!requests.ok()) return Fail(requests.status());
   const bool batch_mode = !f.prompts_file.empty();

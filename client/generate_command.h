@@ -11,7 +11,7 @@
 #include "client/carpool_client.h"
 #include "nlohmann/json.hpp"
 #include "worker/engine.h"
-#include "worker/tokenizer.h"
+#include "common/tokenizer.h"
 
 namespace carpool::client {
 
@@ -20,24 +20,24 @@ struct PromptSpec {
   bool has_text = false;
   std::string text;                // when has_text
   std::vector<int32_t> token_ids;  // otherwise
-  worker::SamplingParams sampling;
+  SamplingParams sampling;
 };
 
 // Parses one line of a prompts file (format below) without tokenizing it.
 absl::StatusOr<PromptSpec> ParsePromptSpec(const std::string& line,
-                                           const worker::SamplingParams& defaults);
+                                           const SamplingParams& defaults);
 
 // Parses one line of a prompts file: {"prompt": "..."} or {"prompt_ids": [...]}, with optional
 // max_tokens, temperature, top_p, top_k, min_p, seed, stop_token_ids, ignore_eos, logprobs.
 // Fields not on the line come from `defaults`. `tokenizer` may be null (ids only).
 absl::StatusOr<worker::EngineRequest> ParsePromptLine(const std::string& line,
-                                                      const worker::SamplingParams& defaults,
-                                                      const worker::Tokenizer* tokenizer,
+                                                      const SamplingParams& defaults,
+                                                      const Tokenizer* tokenizer,
                                                       bool add_bos);
 
 // The JSON object printed for one finished prompt. `tokenizer` may be null (text is null).
 nlohmann::json CompletionToJson(const worker::Completion& completion,
-                                const worker::Tokenizer* tokenizer, int top_logprobs);
+                                const Tokenizer* tokenizer, int top_logprobs);
 
 // The same JSON object for a result that came through a router (text as the router decoded it).
 nlohmann::json ResultToJson(const GenerateResult& result, int top_logprobs);

@@ -32,16 +32,7 @@ pb::Priority ToProto(Priority p) {
   }
 }
 
-Priority FromProto(pb::Priority p) {
-  switch (p) {
-    case pb::PRIORITY_INTERACTIVE:
-      return Priority::kInteractive;
-    case pb::PRIORITY_BATCH:
-      return Priority::kBatch;
-    default:
-      return Priority::kDefault;
-  }
-}
+Priority FromProto(pb::Priority p) { return PriorityFromWire(p); }
 
 void ToProto(const SamplingParams& s, pb::SamplingParams* p) {
   p->set_temperature(s.temperature);
@@ -81,7 +72,7 @@ SamplingParams FromProto(const pb::SamplingParams& p) {
 void ToProto(const SampleResult& t, pb::Token* p) {
   p->set_id(t.token);
   p->set_logprob(t.logprob);
-  for (const worker::TokenLogprob& top : t.top_logprobs) {
+  for (const TokenLogprob& top : t.top_logprobs) {
     pb::TokenLogprob* e = p->add_top_logprobs();
     e->set_token(top.token);
     e->set_logprob(top.logprob);
@@ -342,7 +333,7 @@ struct WorkerEncoder {
     p->set_block_size(r.block_size);
     p->set_max_model_len(r.max_model_len);
     p->set_vocab_size(r.vocab_size);
-    p->set_tokenizer(r.tokenizer);
+    p->set_tokenizer(TokenizerKindName(r.tokenizer));
     p->set_bos_token_id(r.bos_token_id);
     p->set_max_num_batched_tokens(r.max_num_batched_tokens);
     p->set_embed_queue_size(r.embed_queue_size);
@@ -361,7 +352,7 @@ struct WorkerEncoder {
     ToProto(s.load, p->mutable_load());
     for (const TokenEvent& e : s.events) {
       pb::TokenEvent* q = p->add_events();
-      q->set_request_id(e.request_id);
+      q->set_dispatch_id(e.dispatch_id);
       if (e.has_token) ToProto(e.token, q->mutable_token());
       q->set_finished(e.finished);
       q->set_finish_reason(e.finish_reason);
@@ -370,7 +361,7 @@ struct WorkerEncoder {
   }
   void operator()(const RequestFailedInfo& f) const {
     m->mutable_failed()->set_epoch(f.epoch);
-    m->mutable_failed()->set_request_id(f.request_id);
+    m->mutable_failed()->set_dispatch_id(f.dispatch_id);
     ToProto(f.error, m->mutable_failed()->mutable_error());
   }
   void operator()(const DeregisterInfo& d) const { m->mutable_deregister()->set_epoch(d.epoch); }
@@ -384,7 +375,7 @@ struct WorkerEncoder {
   void operator()(const EmbedDoneInfo& e) const {
     pb::EmbedDone* p = m->mutable_embedded();
     p->set_epoch(e.epoch);
-    p->set_request_id(e.request_id);
+    p->set_dispatch_id(e.dispatch_id);
     ToProto(e.embeddings, p->mutable_embeddings());
   }
 };
@@ -394,7 +385,7 @@ struct RouterEncoder {
   void operator()(const RegisterAckInfo& a) const { m->mutable_registered()->set_epoch(a.epoch); }
   void operator()(const DispatchInfo& d) const {
     pb::Dispatch* p = m->mutable_dispatch();
-    p->set_request_id(d.request_id);
+    p->set_dispatch_id(d.dispatch_id);
     for (int32_t t : d.prompt_tokens) p->add_prompt_tokens(t);
     for (int32_t t : d.output_tokens) p->add_output_tokens(t);
     ToProto(d.sampling, p->mutable_sampling());
@@ -402,12 +393,12 @@ struct RouterEncoder {
     p->set_cache_salt(d.cache_salt);
   }
   void operator()(const WorkerCancelInfo& c) const {
-    m->mutable_cancel()->set_request_id(c.request_id);
+    m->mutable_cancel()->set_dispatch_id(c.dispatch_id);
   }
   void operator()(const DrainInfo&) const { m->mutable_drain(); }
   void operator()(const EmbedDispatchInfo& e) const {
     pb::EmbedDispatch* p = m->mutable_embed();
-    p->set_request_id(e.request_id);
+    p->set_dispatch_id(e.dispatch_id);
     for (const std::vector<int32_t>& input : e.inputs) {
       p->add_inputs()->mutable_ids()->Add(input.begin(), input.end());
     }
@@ -619,7 +610,10 @@ absl::StatusOr<WorkerMessage> DecodeWorkerMessage(std::string_view frame) {
       const pb::Register& p = m.register_();
       return WorkerMessage(RegisterInfo{p.worker_id(), p.model(), p.max_num_seqs(),
                                         p.num_kv_blocks(), p.block_size(), p.max_model_len(),
-                                        p.vocab_size(), p.tokenizer(), p.bos_token_id(),
+                                        p.vocab_size(),
+                                        TokenizerKindFromName(p.tokenizer())
+                                            .value_or(TokenizerKind::kNone),
+                                        p.bos_token_id(),
                                         p.max_num_batched_tokens(), p.embed_queue_size(),
                                         p.hidden_size()});
     }
@@ -636,7 +630,7 @@ absl::StatusOr<WorkerMessage> DecodeWorkerMessage(std::string_view frame) {
       s.load = FromProto(m.step().load());
       for (const pb::TokenEvent& e : m.step().events()) {
         TokenEvent t;
-        t.request_id = e.request_id();
+        t.dispatch_id = e.dispatch_id();
         t.has_token = e.has_token();
         if (e.has_token()) t.token = FromProto(e.token());
         t.finished = e.finished();
@@ -647,7 +641,7 @@ absl::StatusOr<WorkerMessage> DecodeWorkerMessage(std::string_view frame) {
       return WorkerMessage(std::move(s));
     }
     case pb::WorkerMessage::kFailed:
-      return WorkerMessage(RequestFailedInfo{m.failed().epoch(), m.failed().request_id(),
+      return WorkerMessage(RequestFailedInfo{m.failed().epoch(), m.failed().dispatch_id(),
                                              FromProto(m.failed().error())});
     case pb::WorkerMessage::kDeregister:
       return WorkerMessage(DeregisterInfo{m.deregister().epoch()});
@@ -662,7 +656,7 @@ absl::StatusOr<WorkerMessage> DecodeWorkerMessage(std::string_view frame) {
     }
     case pb::WorkerMessage::kEmbedded: {
       const pb::EmbedDone& p = m.embedded();
-      return WorkerMessage(EmbedDoneInfo{p.epoch(), p.request_id(), FromProto(p.embeddings())});
+      return WorkerMessage(EmbedDoneInfo{p.epoch(), p.dispatch_id(), FromProto(p.embeddings())});
     }
     default:
       return UnknownType("worker");
@@ -678,7 +672,7 @@ absl::StatusOr<RouterMessage> DecodeRouterMessage(std::string_view frame) {
     case pb::RouterMessage::kDispatch: {
       const pb::Dispatch& p = m.dispatch();
       DispatchInfo d;
-      d.request_id = p.request_id();
+      d.dispatch_id = p.dispatch_id();
       d.prompt_tokens.assign(p.prompt_tokens().begin(), p.prompt_tokens().end());
       d.output_tokens.assign(p.output_tokens().begin(), p.output_tokens().end());
       d.sampling = FromProto(p.sampling());
@@ -687,13 +681,13 @@ absl::StatusOr<RouterMessage> DecodeRouterMessage(std::string_view frame) {
       return RouterMessage(std::move(d));
     }
     case pb::RouterMessage::kCancel:
-      return RouterMessage(WorkerCancelInfo{m.cancel().request_id()});
+      return RouterMessage(WorkerCancelInfo{m.cancel().dispatch_id()});
     case pb::RouterMessage::kDrain:
       return RouterMessage(DrainInfo{});
     case pb::RouterMessage::kEmbed: {
       const pb::EmbedDispatch& p = m.embed();
       EmbedDispatchInfo e;
-      e.request_id = p.request_id();
+      e.dispatch_id = p.dispatch_id();
       for (const pb::TokenIds& ids : p.inputs()) e.inputs.emplace_back(ids.ids().begin(), ids.ids().end());
       e.normalize = p.normalize();
       e.pooling = FromProto(p.pooling());
@@ -702,6 +696,17 @@ absl::StatusOr<RouterMessage> DecodeRouterMessage(std::string_view frame) {
     }
     default:
       return UnknownType("router");
+  }
+}
+
+Priority PriorityFromWire(int value) {
+  switch (value) {
+    case pb::PRIORITY_INTERACTIVE:
+      return Priority::kInteractive;
+    case pb::PRIORITY_BATCH:
+      return Priority::kBatch;
+    default:
+      return Priority::kDefault;
   }
 }
 

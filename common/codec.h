@@ -34,6 +34,10 @@ absl::StatusOr<ServerMessage> DecodeServerMessage(std::string_view frame);
 absl::StatusOr<WorkerMessage> DecodeWorkerMessage(std::string_view frame);
 absl::StatusOr<RouterMessage> DecodeRouterMessage(std::string_view frame);
 
+// The Priority a proto Priority value names (also in config files: router/tenants.h); kDefault
+// for PRIORITY_DEFAULT and any value that names none.
+Priority PriorityFromWire(int value);
+
 // The absl::StatusCode whose name is `name` ("RESOURCE_EXHAUSTED"); kUnknown if none.
 absl::StatusCode StatusCodeFromName(std::string_view name);
 

@@ -71,7 +71,7 @@ TEST(CodecEmbedTest, EmbedResultRoundTrips) {
 
 TEST(CodecEmbedTest, EmbedDispatchRoundTrips) {
   EmbedDispatchInfo d;
-  d.request_id = 42;
+  d.dispatch_id = 42;
   d.inputs = {{256, 1, 2}, {7}};
   d.normalize = false;
   d.pooling = Pooling::kLast;
@@ -80,7 +80,7 @@ TEST(CodecEmbedTest, EmbedDispatchRoundTrips) {
   ASSERT_TRUE(m.ok()) << m.status();
   ASSERT_TRUE(std::holds_alternative<EmbedDispatchInfo>(*m));
   const EmbedDispatchInfo& out = std::get<EmbedDispatchInfo>(*m);
-  EXPECT_EQ(out.request_id, 42u);
+  EXPECT_EQ(out.dispatch_id, 42u);
   EXPECT_EQ(out.inputs, d.inputs);
   EXPECT_FALSE(out.normalize);
   EXPECT_EQ(out.pooling, Pooling::kLast);
@@ -90,14 +90,14 @@ TEST(CodecEmbedTest, EmbedDispatchRoundTrips) {
 TEST(CodecEmbedTest, EmbedDoneRoundTrips) {
   EmbedDoneInfo e;
   e.epoch = 7;
-  e.request_id = 42;
+  e.dispatch_id = 42;
   e.embeddings = {{1, 2}, {3, 4}};
   absl::StatusOr<WorkerMessage> m = DecodeWorkerMessage(Encode(WorkerMessage(e)));
   ASSERT_TRUE(m.ok()) << m.status();
   ASSERT_TRUE(std::holds_alternative<EmbedDoneInfo>(*m));
   const EmbedDoneInfo& out = std::get<EmbedDoneInfo>(*m);
   EXPECT_EQ(out.epoch, 7u);
-  EXPECT_EQ(out.request_id, 42u);
+  EXPECT_EQ(out.dispatch_id, 42u);
   EXPECT_EQ(out.embeddings, e.embeddings);
 }
 

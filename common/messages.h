@@ -12,17 +12,16 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "worker/sampler/sampler.h"
-#include "worker/sampler/sampling_params.h"
-#include "worker/scheduler/sequence.h"
+#include "common/pooling.h"
+#include "common/priority.h"
+#include "common/sample_result.h"
+#include "common/sampling_params.h"
+#include "common/tokenizer.h"
+#include "common/usage.h"
 
 namespace carpool {
 
 inline constexpr uint32_t kProtocolVersion = 1;
-
-using worker::Priority;
-using worker::SampleResult;
-using worker::SamplingParams;
 
 // Machine-readable error reasons (DESIGN.md, error model).
 namespace reason {
@@ -61,18 +60,6 @@ struct ErrorInfo {
   int64_t retry_after_ms = 0;
 };
 
-struct Usage {
-  int prompt_tokens = 0;
-  int completion_tokens = 0;
-  int cached_prompt_tokens = 0;
-};
-
-struct Timings {
-  double queue_ms = 0;
-  double ttft_ms = 0;
-  double total_ms = 0;
-};
-
 // ---- client -> router
 
 struct GenerateInput {
@@ -87,8 +74,6 @@ struct GenerateInput {
   bool stream = false;
   bool add_bos = true;
 };
-
-enum class Pooling { kMean = 0, kLast = 1 };
 
 // One input of an embed request: text (tokenized by the router) or token ids.
 struct EmbedItem {
@@ -213,7 +198,7 @@ struct RegisterInfo {
   int block_size = 0;
   int max_model_len = 0;
   int vocab_size = 0;
-  std::string tokenizer;             // "byte" or ""
+  TokenizerKind tokenizer = TokenizerKind::kNone;
   int bos_token_id = -1;
   int max_num_batched_tokens = 0;
   int embed_queue_size = 0;          // 0: cannot embed
@@ -259,7 +244,7 @@ struct HeartbeatInfo {
 };
 
 struct TokenEvent {
-  uint64_t request_id = 0;
+  uint64_t dispatch_id = 0;
   bool has_token = false;
   SampleResult token;
   bool finished = false;
@@ -275,7 +260,7 @@ struct StepTokensInfo {
 
 struct RequestFailedInfo {
   uint64_t epoch = 0;
-  uint64_t request_id = 0;
+  uint64_t dispatch_id = 0;
   ErrorInfo error;
 };
 
@@ -294,7 +279,7 @@ struct KvEventsInfo {
 
 struct EmbedDoneInfo {
   uint64_t epoch = 0;
-  uint64_t request_id = 0;
+  uint64_t dispatch_id = 0;
   std::vector<std::vector<float>> embeddings;
 };
 
@@ -308,7 +293,7 @@ struct RegisterAckInfo {
 };
 
 struct DispatchInfo {
-  uint64_t request_id = 0;
+  uint64_t dispatch_id = 0;
   std::vector<int32_t> prompt_tokens;
   std::vector<int32_t> output_tokens;  // already generated elsewhere; continue after them
   SamplingParams sampling;
@@ -317,7 +302,7 @@ struct DispatchInfo {
 };
 
 struct EmbedDispatchInfo {
-  uint64_t request_id = 0;
+  uint64_t dispatch_id = 0;
   std::vector<std::vector<int32_t>> inputs;
   bool normalize = true;
   Pooling pooling = Pooling::kMean;
@@ -325,7 +310,7 @@ struct EmbedDispatchInfo {
 };
 
 struct WorkerCancelInfo {
-  uint64_t request_id = 0;
+  uint64_t dispatch_id = 0;
 };
 
 struct DrainInfo {};

@@ -69,7 +69,7 @@ class EmbeddingSimWorker {
     reg.block_size = 16;
     reg.max_model_len = 1024;
     reg.vocab_size = 300;
-    reg.tokenizer = "byte";
+    reg.tokenizer = TokenizerKind::kByte;
     reg.bos_token_id = 256;
     reg.embed_queue_size = 64;
     reg.hidden_size = 4;
@@ -86,10 +86,10 @@ class EmbeddingSimWorker {
             epoch = ack->epoch;
           } else if (auto* d = std::get_if<DispatchInfo>(&*m)) {
             Record(Tag(d->prompt_tokens));
-            work.push_back({d->request_id, d->sampling.max_tokens, 0, 0});
+            work.push_back({d->dispatch_id, d->sampling.max_tokens, 0, 0});
           } else if (auto* e = std::get_if<EmbedDispatchInfo>(&*m)) {
             Record(e->inputs.empty() ? -1 : Tag(e->inputs[0]));
-            work.push_back({e->request_id, 0, NowMicros() + embed_ms_ * 1000, e->inputs.size()});
+            work.push_back({e->dispatch_id, 0, NowMicros() + embed_ms_ * 1000, e->inputs.size()});
           }
         }
       }
@@ -111,7 +111,7 @@ class EmbeddingSimWorker {
         for (Pending& p : work) {
           if (p.due != 0 || p.left <= 0) continue;
           TokenEvent e;
-          e.request_id = p.id;
+          e.dispatch_id = p.id;
           e.has_token = true;
           e.token.token = 1;
           e.finished = --p.left == 0;

@@ -105,8 +105,8 @@ TEST_F(LivenessTest, AWorkerThatHeartbeatsButNeverStepsIsStalledAndTheStreamResu
   auto client = Dealer(router_->frontend_endpoint(), "c1");
   SendClient(client.get(), Request("r1", 5, /*stream=*/true));
   const DispatchInfo d1 = w1.RecvAs<DispatchInfo>();
-  w1.Send(Step(w1, d1.request_id, 10));
-  w1.Send(Step(w1, d1.request_id, 11));
+  w1.Send(Step(w1, d1.dispatch_id, 10));
+  w1.Send(Step(w1, d1.dispatch_id, 11));
   for (int i = 0; i < 2; ++i) EXPECT_EQ(RecvClientAs<GenerateChunkOut>(client.get()).index, i);
   FakeWorker w2 = StartWorker("w2");
   // w1 keeps heartbeating but never steps again.
@@ -120,17 +120,17 @@ TEST_F(LivenessTest, AWorkerThatHeartbeatsButNeverStepsIsStalledAndTheStreamResu
   EXPECT_EQ(d2.prompt_tokens, (std::vector<int32_t>{1, 2}));
   EXPECT_EQ(d2.output_tokens, (std::vector<int32_t>{10, 11}));
   EXPECT_EQ(d2.sampling.seed, d1.sampling.seed);
-  EXPECT_EQ(w1.RecvAs<WorkerCancelInfo>().request_id, d1.request_id);
+  EXPECT_EQ(w1.RecvAs<WorkerCancelInfo>().dispatch_id, d1.dispatch_id);
   StatsOut s = Stats(client.get());
   ASSERT_EQ(s.workers.size(), 2u);
   EXPECT_FALSE(s.workers[0].healthy);  // w1: registered, heartbeating, stalled
   EXPECT_TRUE(s.workers[1].healthy);
   EXPECT_EQ(s.migrations, 1);
   // A late token of w1 is stale; the stream goes on from w2 without a gap.
-  w1.Send(Step(w1, d1.request_id, 99));
-  w2.Send(Step(w2, d2.request_id, 12));
-  w2.Send(Step(w2, d2.request_id, 13));
-  w2.Send(Step(w2, d2.request_id, 14, /*finished=*/true));
+  w1.Send(Step(w1, d1.dispatch_id, 99));
+  w2.Send(Step(w2, d2.dispatch_id, 12));
+  w2.Send(Step(w2, d2.dispatch_id, 13));
+  w2.Send(Step(w2, d2.dispatch_id, 14, /*finished=*/true));
   std::vector<int32_t> tokens;
   for (int i = 0; i < 3; ++i) {
     const GenerateChunkOut c = RecvClientAs<GenerateChunkOut>(client.get());
@@ -171,7 +171,7 @@ TEST_F(LivenessTest, SlowStepsAndAdvancingPrefillAreNotStalls) {
   // Then steps of 1.5 s each: the watchdog's limit becomes 20 steps = 30 s.
   for (int i = 0; i < 4; ++i) {
     Advance(1'500);
-    w1.Send(Step(w1, d1.request_id, 20 + i));
+    w1.Send(Step(w1, d1.dispatch_id, 20 + i));
     EXPECT_EQ(RecvClientAs<GenerateChunkOut>(client.get()).index, i);
   }
   // Its steps reported no KV use (load {}); heartbeats saying the same are no progress.

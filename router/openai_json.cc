@@ -11,7 +11,6 @@
 #include "common/status.h"
 #include "nlohmann/json.hpp"
 #include "router/text_stream.h"
-#include "worker/tokenizer.h"
 
 namespace carpool::router {
 namespace {
@@ -191,10 +190,10 @@ absl::Status ParseLogprobs(ApiKind kind, const json& body, GenerationRequest* r)
     if (l == nullptr) return absl::OkStatus();
     if (!l->is_number_integer()) return Bad("logprobs", "must be an integer (top-N) or null");
     r->logprobs = true;
-    return GetIntInRange(body, "logprobs", 0, worker::kMaxLogprobs, &r->top_logprobs);
+    return GetIntInRange(body, "logprobs", 0, kMaxLogprobs, &r->top_logprobs);
   }
   if (absl::Status s = GetBool(body, "logprobs", &r->logprobs); !s.ok()) return s;
-  if (absl::Status s = GetIntInRange(body, "top_logprobs", 0, worker::kMaxLogprobs,
+  if (absl::Status s = GetIntInRange(body, "top_logprobs", 0, kMaxLogprobs,
                                      &r->top_logprobs);
       !s.ok()) {
     return s;
@@ -206,15 +205,9 @@ absl::Status ParseLogprobs(ApiKind kind, const json& body, GenerationRequest* r)
 absl::Status ParsePriority(const json& body, Priority* out) {
   std::string p;
   if (absl::Status s = GetString(body, "priority", &p); !s.ok()) return s;
-  if (p.empty() || p == "default") {
-    *out = Priority::kDefault;
-  } else if (p == "interactive") {
-    *out = Priority::kInteractive;
-  } else if (p == "batch") {
-    *out = Priority::kBatch;
-  } else {
-    return Bad("priority", "must be \"interactive\", \"default\" or \"batch\"");
-  }
+  std::optional<Priority> priority = p.empty() ? Priority::kDefault : PriorityFromName(p);
+  if (!priority) return Bad("priority", "must be \"interactive\", \"default\" or \"batch\"");
+  *out = *priority;
   return absl::OkStatus();
 }
 
@@ -439,7 +432,7 @@ absl::StatusOr<GenerationRequest> ParseGenerationRequest(ApiKind kind, const std
 // ---- generation responses
 
 std::string TokenText(int32_t token, bool byte_tokens) {
-  if (byte_tokens) return worker::ByteTokenizer().Decode({token});
+  if (byte_tokens) return ByteTokenizer().Decode({token});
   return absl::StrCat("token_id:", token);
 }
 

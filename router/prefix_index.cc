@@ -1,7 +1,5 @@
 #include "router/prefix_index.h"
 
-#include "worker/kv_cache/kv_cache_manager.h"
-
 namespace carpool::router {
 
 void PrefixIndex::Apply(const std::string& worker, const KvEventsInfo& events,
@@ -28,19 +26,6 @@ int PrefixIndex::MatchedBlocks(const std::string& worker, absl::Span<const uint6
 int PrefixIndex::Size(const std::string& worker) const {
   auto it = by_worker_.find(worker);
   return it == by_worker_.end() ? 0 : static_cast<int>(it->second.size());
-}
-
-std::vector<uint64_t> PromptBlockHashes(absl::Span<const int32_t> prompt, int block_size,
-                                        uint64_t salt) {
-  std::vector<uint64_t> chain;
-  if (block_size <= 0 || prompt.empty()) return chain;
-  const size_t blocks = (prompt.size() - 1) / block_size;
-  uint64_t parent = worker::kRootBlockHash;
-  for (size_t b = 0; b < blocks; ++b) {
-    parent = worker::BlockHash(parent, prompt.subspan(b * block_size, block_size), salt);
-    chain.push_back(parent);
-  }
-  return chain;
 }
 
 }  // namespace carpool::router

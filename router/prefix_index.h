@@ -1,6 +1,7 @@
 // Which prefix-cache blocks each worker holds, from its KV events (proto KvEvents): the
-// router's input to prefix_affinity placement. Hashes are KvCacheManager::BlockHash chains, so
-// the router computes a prompt's chain itself and asks how much of it each worker holds.
+// router's input to prefix_affinity placement. Hashes are common/block_hash.h chains, so the
+// router computes a prompt's chain itself (PromptBlockHashes) and asks how much of it each
+// worker holds.
 //
 // Thread-compatible: owned by the router's event loop.
 #ifndef CARPOOL_ROUTER_PREFIX_INDEX_H_
@@ -13,6 +14,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/types/span.h"
+#include "common/block_hash.h"
 #include "common/messages.h"
 
 namespace carpool::router {
@@ -32,11 +34,6 @@ class PrefixIndex {
  private:
   absl::flat_hash_map<std::string, absl::flat_hash_set<uint64_t>> by_worker_;
 };
-
-// The hash chain of the full blocks of `prompt` that a worker's cache could supply: the blocks
-// wholly before the prompt's last token (that one is always computed), under `salt`.
-std::vector<uint64_t> PromptBlockHashes(absl::Span<const int32_t> prompt, int block_size,
-                                        uint64_t salt);
 
 }  // namespace carpool::router
 

@@ -4,7 +4,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "worker/tokenizer.h"
+#include "common/tokenizer.h"
 
 namespace carpool::router {
 namespace {
@@ -65,11 +65,11 @@ absl::StatusOr<ValidatedPrompt> ValidateGenerate(const GenerateInput& r, const M
   if (absl::Status s = ValidateShape(r, limits); !s.ok()) return s;
   ValidatedPrompt out;
   if (r.has_text) {
-    if (model.tokenizer != "byte") {
+    if (model.tokenizer == nullptr) {
       return absl::InvalidArgumentError(
           "the served model has no tokenizer in carpool yet: send token_ids instead of text");
     }
-    auto ids = worker::ByteTokenizer().Encode(r.text, r.add_bos);
+    auto ids = model.tokenizer->Encode(r.text, r.add_bos);
     if (!ids.ok()) return ids.status();
     out.tokens = std::move(*ids);
   } else {
@@ -141,13 +141,13 @@ absl::StatusOr<ValidatedEmbed> ValidateEmbed(const EmbedInput& r, const ModelLim
     const EmbedItem& item = r.inputs[i];
     std::vector<int32_t> tokens;
     if (item.has_text) {
-      if (model.tokenizer != "byte") {
+      if (model.tokenizer == nullptr) {
         return absl::InvalidArgumentError(absl::StrCat(
             "inputs[", i,
             "]: the served model has no tokenizer in carpool yet: send token_ids instead of "
             "text"));
       }
-      auto ids = worker::ByteTokenizer().Encode(item.text, r.add_bos);
+      auto ids = model.tokenizer->Encode(item.text, r.add_bos);
       if (!ids.ok()) return ids.status();
       tokens = std::move(*ids);
     } else {

@@ -4,10 +4,12 @@
 #define CARPOOL_ROUTER_REQUEST_VALIDATOR_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "common/messages.h"
+#include "common/tokenizer.h"
 
 namespace carpool::router {
 
@@ -16,7 +18,7 @@ struct ModelLimits {
   bool known = false;        // false until a worker has registered
   int vocab_size = 0;
   int max_model_len = 0;
-  std::string tokenizer;     // "byte" or ""
+  std::shared_ptr<const Tokenizer> tokenizer;  // null: the model takes token ids only
   int bos_token_id = -1;
 };
 

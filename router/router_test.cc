@@ -43,9 +43,9 @@ TEST_F(RouterTest, StreamsTokensInOrderThenFinal) {
   DispatchInfo d = w.RecvAs<DispatchInfo>();
   EXPECT_EQ(d.prompt_tokens, (std::vector<int32_t>{256, 65, 66}));
   EXPECT_TRUE(d.sampling.has_seed);  // resolved by the router
-  w.Send(StepTokensInfo{w.epoch, {Token(d.request_id, 'x')}, {}});
-  w.Send(StepTokensInfo{w.epoch, {Token(d.request_id, 'y')}, {}});
-  w.Send(StepTokensInfo{w.epoch, {Token(d.request_id, 'z', true)}, {}});
+  w.Send(StepTokensInfo{w.epoch, {Token(d.dispatch_id, 'x')}, {}});
+  w.Send(StepTokensInfo{w.epoch, {Token(d.dispatch_id, 'y')}, {}});
+  w.Send(StepTokensInfo{w.epoch, {Token(d.dispatch_id, 'z', true)}, {}});
   for (int i = 0; i < 3; ++i) {
     ServerMessage m = RecvClient(client.get());
     ASSERT_TRUE(std::holds_alternative<GenerateChunkOut>(m));
@@ -75,7 +75,7 @@ TEST_F(RouterTest, NonStreamingGetsEverythingInFinalAndTextIsTokenized) {
   SendClient(client.get(), g);
   DispatchInfo d = w.RecvAs<DispatchInfo>();
   EXPECT_EQ(d.prompt_tokens, (std::vector<int32_t>{256, 'h', 'i'}));
-  w.Send(StepTokensInfo{w.epoch, {Token(d.request_id, 'o'), Token(d.request_id, 'k', true)}, {}});
+  w.Send(StepTokensInfo{w.epoch, {Token(d.dispatch_id, 'o'), Token(d.dispatch_id, 'k', true)}, {}});
   ServerMessage m = RecvClient(client.get());
   ASSERT_TRUE(std::holds_alternative<GenerateFinalOut>(m));
   EXPECT_EQ(std::get<GenerateFinalOut>(m).text, "ok");
@@ -89,7 +89,7 @@ TEST_F(RouterTest, BadInputGetsTypedErrorsWhileAnotherClientIsServed) {
   auto good = Dealer(router_->frontend_endpoint(), "good");
   SendClient(good.get(), Request("g1", {256, 1}, 2, true));
   DispatchInfo d = w.RecvAs<DispatchInfo>();
-  w.Send(StepTokensInfo{w.epoch, {Token(d.request_id, 5)}, {}});
+  w.Send(StepTokensInfo{w.epoch, {Token(d.dispatch_id, 5)}, {}});
 
   ASSERT_TRUE(bad->Send({"definitely not protobuf \xff\xff"}).ok());
   EXPECT_THAT(RecvError(bad.get()).message, HasSubstr("not a carpool.v1.ClientMessage"));
@@ -148,7 +148,7 @@ TEST_F(RouterTest, BadInputGetsTypedErrorsWhileAnotherClientIsServed) {
   ErrorInfo dup = RecvError(good.get());
   EXPECT_THAT(dup.message, HasSubstr("already in flight"));
   EXPECT_EQ(dup.reason, reason::kDuplicateRequestId);
-  w.Send(StepTokensInfo{w.epoch, {Token(d.request_id, 6, true)}, {}});
+  w.Send(StepTokensInfo{w.epoch, {Token(d.dispatch_id, 6, true)}, {}});
   EXPECT_TRUE(std::holds_alternative<GenerateChunkOut>(RecvClient(good.get())));
   EXPECT_TRUE(std::holds_alternative<GenerateFinalOut>(RecvClient(good.get())));
 }
@@ -159,14 +159,14 @@ TEST_F(RouterTest, CancelMidStreamReachesTheWorkerAndDropsLateTokens) {
   auto client = Dealer(router_->frontend_endpoint(), "c1");
   SendClient(client.get(), Request("r1", {1, 2}, 10, true));
   DispatchInfo d = w.RecvAs<DispatchInfo>();
-  w.Send(StepTokensInfo{w.epoch, {Token(d.request_id, 7)}, {}});
+  w.Send(StepTokensInfo{w.epoch, {Token(d.dispatch_id, 7)}, {}});
   EXPECT_TRUE(std::holds_alternative<GenerateChunkOut>(RecvClient(client.get())));
   SendClient(client.get(), CancelInput{"r1"});
   ErrorInfo e = RecvError(client.get());
   EXPECT_EQ(e.reason, reason::kCancelled);
-  EXPECT_EQ(w.RecvAs<WorkerCancelInfo>().request_id, d.request_id);
+  EXPECT_EQ(w.RecvAs<WorkerCancelInfo>().dispatch_id, d.dispatch_id);
   // A token already in flight from the worker is not delivered.
-  w.Send(StepTokensInfo{w.epoch, {Token(d.request_id, 8)}, {}});
+  w.Send(StepTokensInfo{w.epoch, {Token(d.dispatch_id, 8)}, {}});
   SendClient(client.get(), StatsQuery{});
   ServerMessage m = RecvClient(client.get());
   ASSERT_TRUE(std::holds_alternative<StatsOut>(m));
@@ -180,7 +180,7 @@ TEST_F(RouterTest, DeadWorkersStreamResumesOnAnotherWorker) {
   auto client = Dealer(router_->frontend_endpoint(), "c1");
   SendClient(client.get(), Request("r1", {1, 2}, 5, true));
   DispatchInfo d1 = w1.RecvAs<DispatchInfo>();
-  w1.Send(StepTokensInfo{w1.epoch, {Token(d1.request_id, 10), Token(d1.request_id, 11)}, {}});
+  w1.Send(StepTokensInfo{w1.epoch, {Token(d1.dispatch_id, 10), Token(d1.dispatch_id, 11)}, {}});
   for (int i = 0; i < 2; ++i) {
     EXPECT_TRUE(std::holds_alternative<GenerateChunkOut>(RecvClient(client.get())));
   }
@@ -202,11 +202,11 @@ TEST_F(RouterTest, DeadWorkersStreamResumesOnAnotherWorker) {
   EXPECT_EQ(d2.output_tokens, (std::vector<int32_t>{10, 11}));
   EXPECT_EQ(d2.sampling.seed, d1.sampling.seed);
   // A stale step from w1's old epoch is ignored; w1 is told to register again.
-  w1.Send(StepTokensInfo{w1.epoch, {Token(d1.request_id, 99)}, {}});
+  w1.Send(StepTokensInfo{w1.epoch, {Token(d1.dispatch_id, 99)}, {}});
   EXPECT_EQ(w1.RecvAs<RegisterAckInfo>().epoch, 0u);
-  w2.Send(StepTokensInfo{w2.epoch, {Token(d2.request_id, 12)}, {}});
-  w2.Send(StepTokensInfo{w2.epoch, {Token(d2.request_id, 13)}, {}});
-  w2.Send(StepTokensInfo{w2.epoch, {Token(d2.request_id, 14, true)}, {}});
+  w2.Send(StepTokensInfo{w2.epoch, {Token(d2.dispatch_id, 12)}, {}});
+  w2.Send(StepTokensInfo{w2.epoch, {Token(d2.dispatch_id, 13)}, {}});
+  w2.Send(StepTokensInfo{w2.epoch, {Token(d2.dispatch_id, 14, true)}, {}});
   std::vector<int32_t> tokens;
   for (int i = 0; i < 3; ++i) {
     ServerMessage m = RecvClient(client.get());
@@ -230,7 +230,7 @@ TEST_F(RouterTest, QueuedRequestsWaitForAWorkerAndUnknownWorkersAreAskedToRegist
   EXPECT_EQ(stranger.RecvAs<RegisterAckInfo>().epoch, 0u);
   FakeWorker w = StartWorker("w1");
   DispatchInfo d = w.RecvAs<DispatchInfo>();
-  w.Send(StepTokensInfo{w.epoch, {Token(d.request_id, 3, true)}, {}});
+  w.Send(StepTokensInfo{w.epoch, {Token(d.dispatch_id, 3, true)}, {}});
   EXPECT_TRUE(std::holds_alternative<GenerateFinalOut>(RecvClient(client.get())));
 }
 
@@ -278,7 +278,7 @@ TEST_F(RouterTest, InprocPathTakesMessagesOverTheTcpLimitAndKeepsItsClientsApart
   // Each got its own answer only.
   SendClient(inproc.get(), Request("r3", {1}, 1, false));
   DispatchInfo d = w.RecvAs<DispatchInfo>();
-  w.Send(StepTokensInfo{w.epoch, {Token(d.request_id, 9, true)}, {}});
+  w.Send(StepTokensInfo{w.epoch, {Token(d.dispatch_id, 9, true)}, {}});
   ServerMessage m = RecvClient(inproc.get());
   ASSERT_TRUE(std::holds_alternative<GenerateFinalOut>(m));
   EXPECT_EQ(std::get<GenerateFinalOut>(m).request_id, "r3");
@@ -309,7 +309,7 @@ TEST_F(RouterTest, DuplicateRequestIdIsRefusedAndTheLiveRequestGoesOn) {
   auto client = Dealer(router_->frontend_endpoint(), "c1");
   SendClient(client.get(), Request("live", {1, 2}, 3, /*stream=*/true));
   DispatchInfo d = w.RecvAs<DispatchInfo>();
-  w.Send(StepTokensInfo{w.epoch, {Token(d.request_id, 7)}, {}});
+  w.Send(StepTokensInfo{w.epoch, {Token(d.dispatch_id, 7)}, {}});
   ASSERT_TRUE(std::holds_alternative<GenerateChunkOut>(RecvClient(client.get())));
   // A duplicate that is fine, one that is invalid, one too large, one that does not decode:
   // each refused as a duplicate, never as the live request's end.
@@ -326,8 +326,8 @@ TEST_F(RouterTest, DuplicateRequestIdIsRefusedAndTheLiveRequestGoesOn) {
     EXPECT_EQ(e.code, absl::StatusCode::kAlreadyExists) << i;
   }
   // The live one was not cancelled: its tokens still come, then its final.
-  w.Send(StepTokensInfo{w.epoch, {Token(d.request_id, 8)}, {}});
-  w.Send(StepTokensInfo{w.epoch, {Token(d.request_id, 9, true)}, {}});
+  w.Send(StepTokensInfo{w.epoch, {Token(d.dispatch_id, 8)}, {}});
+  w.Send(StepTokensInfo{w.epoch, {Token(d.dispatch_id, 9, true)}, {}});
   for (int i = 1; i < 3; ++i) {
     ServerMessage m = RecvClient(client.get());
     ASSERT_TRUE(std::holds_alternative<GenerateChunkOut>(m)) << m.index();
@@ -339,7 +339,7 @@ TEST_F(RouterTest, DuplicateRequestIdIsRefusedAndTheLiveRequestGoesOn) {
   // Another client may use the same id.
   auto other = Dealer(router_->frontend_endpoint(), "c2");
   SendClient(other.get(), Request("live", {1}, 1, false));
-  EXPECT_GT(w.RecvAs<DispatchInfo>().request_id, d.request_id);
+  EXPECT_GT(w.RecvAs<DispatchInfo>().dispatch_id, d.dispatch_id);
 }
 
 TenantTable TwoTenants() {

@@ -3,8 +3,8 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "common/tokenizer.h"
 #include "router/router_impl.h"
-#include "worker/tokenizer.h"
 
 namespace carpool::router {
 namespace {
@@ -95,7 +95,7 @@ void Router::Impl::Dispatch(Request* r, WorkerState* w, int64_t cached_tokens) {
   w->outstanding_tokens += r->outstanding;
   if (r->migrations > 0) ++w->migrations_in;
   DispatchInfo d;
-  d.request_id = r->dispatch_id;
+  d.dispatch_id = r->dispatch_id;
   d.prompt_tokens = r->prompt;
   for (const SampleResult& t : r->output) d.output_tokens.push_back(t.token);
   d.sampling = r->sampling;
@@ -162,7 +162,7 @@ void Router::Impl::DispatchEmbed(Request* r, WorkerState* w) {
   w->outstanding_tokens += r->outstanding;
   if (r->migrations > 0) ++w->migrations_in;
   EmbedDispatchInfo d;
-  d.request_id = r->dispatch_id;
+  d.dispatch_id = r->dispatch_id;
   d.inputs = r->embed_tokens;
   d.normalize = r->embed_input.normalize;
   d.pooling = r->embed_input.pooling;
@@ -238,7 +238,9 @@ void Router::Impl::OnRegister(const std::string& identity, const RegisterInfo& i
     limits_.known = true;
     limits_.vocab_size = info.vocab_size;
     limits_.max_model_len = info.max_model_len;
-    limits_.tokenizer = info.tokenizer;
+    absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer =
+        CreateTokenizer(info.tokenizer, info.model);
+    limits_.tokenizer = tokenizer.ok() ? std::move(*tokenizer) : nullptr;
     limits_.bos_token_id = info.bos_token_id;
   }
   std::cerr << "carpool-router: worker " << info.worker_id << " registered (epoch " << epoch
@@ -260,7 +262,7 @@ Request* Router::Impl::Lookup(const WorkerState* w, uint64_t dispatch_id) {
 }
 
 void Router::Impl::OnTokenEvent(WorkerState* w, TokenEvent e, int64_t now) {
-  Request* r = Lookup(w, e.request_id);
+  Request* r = Lookup(w, e.dispatch_id);
   if (r == nullptr) return;  // cancelled, migrated or stale
   if (e.has_token) {
     if (r->first_token == 0) r->first_token = now;
@@ -277,7 +279,7 @@ void Router::Impl::OnTokenEvent(WorkerState* w, TokenEvent e, int64_t now) {
       chunk.text = DecodeText({e.token.token});
       SendToClient(r->client, chunk);
       // The client may be gone (SendToClient ended its requests).
-      r = Lookup(w, e.request_id);
+      r = Lookup(w, e.dispatch_id);
       if (r == nullptr) return;
     }
   }
@@ -315,7 +317,7 @@ void Router::Impl::OnTokenEvent(WorkerState* w, TokenEvent e, int64_t now) {
 }
 
 void Router::Impl::OnEmbedDone(WorkerState* w, EmbedDoneInfo done, int64_t now) {
-  Request* r = Lookup(w, done.request_id);
+  Request* r = Lookup(w, done.dispatch_id);
   if (r == nullptr) return;  // cancelled, migrated or stale
   const uint64_t id = r->id;
   if (done.embeddings.size() != r->embed_tokens.size()) {
@@ -354,7 +356,7 @@ void Router::Impl::OnEmbedDone(WorkerState* w, EmbedDoneInfo done, int64_t now) 
 }
 
 void Router::Impl::OnFailed(WorkerState* w, const RequestFailedInfo& f) {
-  Request* r = Lookup(w, f.request_id);
+  Request* r = Lookup(w, f.dispatch_id);
   if (r == nullptr) return;
   const uint64_t id = r->id;
   DetachFromWorker(r, w);
@@ -507,7 +509,7 @@ void Router::Impl::UpdateCapacity() {
 }
 
 std::string Router::Impl::DecodeText(const std::vector<int32_t>& ids) const {
-  return limits_.tokenizer == "byte" ? worker::ByteTokenizer().Decode(ids) : std::string();
+  return limits_.tokenizer != nullptr ? limits_.tokenizer->Decode(ids) : std::string();
 }
 
 StatsOut Router::Impl::BuildStats() const {

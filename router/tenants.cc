@@ -6,6 +6,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/codec.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "proto/carpool.pb.h"
@@ -37,16 +38,6 @@ uint64_t StableHash(std::string_view s) {
   return h;
 }
 
-Priority FromProto(pb::Priority p) {
-  switch (p) {
-    case pb::PRIORITY_INTERACTIVE:
-      return Priority::kInteractive;
-    case pb::PRIORITY_BATCH:
-      return Priority::kBatch;
-    default:
-      return Priority::kDefault;
-  }
-}
 
 }  // namespace
 
@@ -82,7 +73,7 @@ absl::StatusOr<TenantTable> TenantTable::Parse(std::string_view textproto) {
     c.max_concurrent = t.max_concurrent();
     c.tokens_per_minute = t.tokens_per_minute();
     c.burst_tokens = t.burst_tokens() > 0 ? t.burst_tokens() : t.tokens_per_minute();
-    c.max_priority = FromProto(t.max_priority());
+    c.max_priority = PriorityFromWire(t.max_priority());
     c.cache_salt = StableHash(absl::StrCat("carpool-tenant:", t.name()));
     if (c.cache_salt == 0) c.cache_salt = 1;
     table.tenants_.push_back(std::move(c));
@@ -140,17 +131,6 @@ bool PriorityAllowed(Priority requested, Priority highest) {
 Priority ResolvePriority(Priority requested, Priority highest) {
   if (requested == Priority::kDefault && !PriorityAllowed(requested, highest)) return highest;
   return requested;
-}
-
-const char* PriorityName(Priority p) {
-  switch (p) {
-    case Priority::kInteractive:
-      return "interactive";
-    case Priority::kBatch:
-      return "batch";
-    default:
-      return "default";
-  }
 }
 
 }  // namespace carpool::router

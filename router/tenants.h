@@ -67,8 +67,6 @@ bool PriorityAllowed(Priority requested, Priority highest);
 // below default runs at that highest class instead of being refused.
 Priority ResolvePriority(Priority requested, Priority highest);
 
-const char* PriorityName(Priority p);
-
 }  // namespace carpool::router
 
 #endif  // CARPOOL_ROUTER_TENANTS_H_

@@ -142,7 +142,7 @@ ModelLimits Model() {
   m.known = true;
   m.vocab_size = 300;
   m.max_model_len = 4096;
-  m.tokenizer = "byte";
+  m.tokenizer = std::make_shared<ByteTokenizer>();
   m.bos_token_id = 256;
   return m;
 }

@@ -30,26 +30,20 @@ struct PrefixChain {
 // LookupPrefix over the followed chains finds the blocks evicted since.
 class PrefixTracker {
  public:
-  void OnAdd(uint64_t router_id, const DispatchInfo& d, int block_size) {
-    if (d.prompt_tokens.size() < 2 || block_size <= 0) return;
-    const size_t blocks = (d.prompt_tokens.size() - 1) / block_size;
-    if (blocks == 0) return;
+  void OnAdd(uint64_t dispatch_id, const DispatchInfo& d, int block_size) {
     PrefixChain c;
+    c.hashes = PromptBlockHashes(d.prompt_tokens, block_size, d.cache_salt);
+    if (c.hashes.empty()) return;
+    const size_t blocks = c.hashes.size();
     c.tokens.assign(d.prompt_tokens.begin(), d.prompt_tokens.begin() + blocks * block_size + 1);
     c.salt = d.cache_salt;
-    uint64_t parent = kRootBlockHash;
-    for (size_t b = 0; b < blocks; ++b) {
-      parent = BlockHash(parent, absl::MakeConstSpan(c.tokens).subspan(b * block_size, block_size),
-                         c.salt);
-      c.hashes.push_back(parent);
-    }
-    pending_[router_id] = std::move(c);
+    pending_[dispatch_id] = std::move(c);
   }
 
-  void Forget(uint64_t router_id) { pending_.erase(router_id); }
+  void Forget(uint64_t dispatch_id) { pending_.erase(dispatch_id); }
 
-  void OnFirstToken(uint64_t router_id, const KvCacheManager& kv) {
-    auto it = pending_.find(router_id);
+  void OnFirstToken(uint64_t dispatch_id, const KvCacheManager& kv) {
+    auto it = pending_.find(dispatch_id);
     if (it == pending_.end()) return;
     PrefixChain c = std::move(it->second);
     pending_.erase(it);
@@ -114,7 +108,7 @@ class PrefixTracker {
     chains_ = std::move(kept);
   }
 
-  absl::flat_hash_map<uint64_t, PrefixChain> pending_;  // router id -> its prompt chain
+  absl::flat_hash_map<uint64_t, PrefixChain> pending_;  // dispatch id -> its prompt chain
   std::deque<PrefixChain> chains_;                       // confirmed, oldest first
   absl::flat_hash_set<uint64_t> chain_ends_;             // last hash of each chain (dedup)
   absl::flat_hash_set<uint64_t> held_;
@@ -136,7 +130,7 @@ class EngineBackend : public Backend {
     r.block_size = o.block_size;
     r.max_model_len = o.scheduler.max_model_len;
     r.vocab_size = c.vocab_size;
-    r.tokenizer = absl::StartsWith(o.model, "synthetic:") ? "byte" : "";
+    r.tokenizer = TokenizerKindForModel(o.model);
     r.bos_token_id = c.bos_token_id;
     r.max_num_batched_tokens = o.scheduler.max_num_batched_tokens;
     r.hidden_size = c.hidden_size;
@@ -144,9 +138,9 @@ class EngineBackend : public Backend {
   }
 
   absl::Status Add(const DispatchInfo& d) override {
-    if (engine_of_.contains(d.request_id)) {
+    if (seq_of_.contains(d.dispatch_id)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("request ", d.request_id, " is already running on this worker"));
+          absl::StrCat("request ", d.dispatch_id, " is already running on this worker"));
     }
     EngineRequest r;
     r.prompt_tokens = d.prompt_tokens;
@@ -155,30 +149,30 @@ class EngineBackend : public Backend {
     r.priority = d.priority;
     r.cache_salt = d.cache_salt;
     ASSIGN_OR_RETURN(const int64_t id, engine_->Add(std::move(r)));
-    engine_of_[d.request_id] = id;
-    router_of_[id] = d.request_id;
+    seq_of_[d.dispatch_id] = id;
+    dispatch_of_[id] = d.dispatch_id;
     if (engine_->kv_cache().prefix_caching_enabled()) {
-      prefixes_.OnAdd(d.request_id, d, engine_->kv_cache().block_size());
+      prefixes_.OnAdd(d.dispatch_id, d, engine_->kv_cache().block_size());
     }
     return absl::OkStatus();
   }
 
-  void Cancel(uint64_t request_id) override {
-    auto it = engine_of_.find(request_id);
-    if (it == engine_of_.end()) return;
+  void Cancel(uint64_t dispatch_id) override {
+    auto it = seq_of_.find(dispatch_id);
+    if (it == seq_of_.end()) return;
     engine_->Abort(it->second);
-    router_of_.erase(it->second);
-    prefixes_.Forget(request_id);
-    engine_of_.erase(it);
+    dispatch_of_.erase(it->second);
+    prefixes_.Forget(dispatch_id);
+    seq_of_.erase(it);
   }
 
   void CancelAll() override {
-    for (const auto& [engine_id, router_id] : router_of_) {
+    for (const auto& [engine_id, dispatch_id] : dispatch_of_) {
       engine_->Abort(engine_id);
-      prefixes_.Forget(router_id);
+      prefixes_.Forget(dispatch_id);
     }
-    router_of_.clear();
-    engine_of_.clear();
+    dispatch_of_.clear();
+    seq_of_.clear();
   }
 
   bool has_unfinished() const override { return engine_->has_unfinished(); }
@@ -186,10 +180,10 @@ class EngineBackend : public Backend {
   std::vector<TokenEvent> Step() override {
     std::vector<TokenEvent> out;
     for (EngineEvent& e : engine_->Step()) {
-      auto it = router_of_.find(e.request_id);
-      if (it == router_of_.end()) continue;
+      auto it = dispatch_of_.find(e.seq_id);
+      if (it == dispatch_of_.end()) continue;
       TokenEvent t;
-      t.request_id = it->second;
+      t.dispatch_id = it->second;
       t.has_token = e.has_token;
       if (e.has_token) {
         t.token = std::move(e.sample);
@@ -200,8 +194,8 @@ class EngineBackend : public Backend {
         t.finish_reason = FinishReasonName(e.completion->finish_reason);
         t.cached_prompt_tokens = e.completion->cached_prompt_tokens;
         prefixes_.Forget(it->second);
-        engine_of_.erase(it->second);
-        router_of_.erase(it);
+        seq_of_.erase(it->second);
+        dispatch_of_.erase(it);
       }
       out.push_back(std::move(t));
     }
@@ -236,8 +230,8 @@ class EngineBackend : public Backend {
 
  private:
   std::unique_ptr<Engine> engine_;
-  absl::flat_hash_map<uint64_t, int64_t> engine_of_;  // router id -> engine id
-  absl::flat_hash_map<int64_t, uint64_t> router_of_;  // engine id -> router id
+  absl::flat_hash_map<uint64_t, int64_t> seq_of_;  // dispatch id -> engine seq id
+  absl::flat_hash_map<int64_t, uint64_t> dispatch_of_;  // engine seq id -> dispatch id
   PrefixTracker prefixes_;
 };
 

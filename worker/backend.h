@@ -27,11 +27,11 @@ class Backend {
   virtual RegisterInfo Describe() const = 0;
 
   // Queues a dispatched request. INVALID_ARGUMENT (naming the problem) when it cannot run here,
-  // including a request_id already in flight; nothing is queued then.
+  // including a dispatch_id already in flight; nothing is queued then.
   virtual absl::Status Add(const DispatchInfo& request) = 0;
   // Drops a request and frees what it holds; nothing more is reported for it. Unknown ids
   // (finished, never seen) are ignored.
-  virtual void Cancel(uint64_t request_id) = 0;
+  virtual void Cancel(uint64_t dispatch_id) = 0;
   // Cancel() for every request in flight.
   virtual void CancelAll() = 0;
 

@@ -36,7 +36,7 @@ class EchoBackend : public Backend {
     }
     for (int64_t i = begin; i < end; ++i) {
       TokenEvent e;
-      e.request_id = d.request_id;
+      e.dispatch_id = d.dispatch_id;
       e.has_token = true;
       e.token.token = d.prompt_tokens[i];
       e.token.logprob = 0.0f;
@@ -49,8 +49,8 @@ class EchoBackend : public Backend {
     return absl::OkStatus();
   }
 
-  void Cancel(uint64_t request_id) override {
-    std::erase_if(pending_, [&](const TokenEvent& e) { return e.request_id == request_id; });
+  void Cancel(uint64_t dispatch_id) override {
+    std::erase_if(pending_, [&](const TokenEvent& e) { return e.dispatch_id == dispatch_id; });
   }
   void CancelAll() override { pending_.clear(); }
 
@@ -125,7 +125,7 @@ std::unique_ptr<Backend> CreateEchoBackend(const EngineOptions& o) {
   r.block_size = o.block_size;
   r.max_model_len = o.scheduler.max_model_len > 0 ? o.scheduler.max_model_len : kDefaultMaxModelLen;
   r.vocab_size = kEchoVocabSize;
-  r.tokenizer = "byte";
+  r.tokenizer = TokenizerKind::kByte;
   r.max_num_batched_tokens = o.scheduler.max_num_batched_tokens;
   r.hidden_size = kEchoEmbedDim;
   int64_t blocks = o.num_kv_blocks;

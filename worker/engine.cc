@@ -308,7 +308,7 @@ std::vector<EngineEvent> Engine::Step() {
     if (it == inflight_.end()) continue;
     Completion& c = *it->second;
     EngineEvent event;
-    event.request_id = u.seq_id;
+    event.seq_id = u.seq_id;
     if (u.has_token) {
       if (c.tokens.empty()) c.timings.first_token = done;
       c.tokens.push_back(u.sample.token);
@@ -358,7 +358,7 @@ std::vector<absl::StatusOr<Completion>> Engine::Generate(std::vector<EngineReque
   }
   while (scheduler_->has_unfinished()) {
     for (EngineEvent& e : Step()) {
-      if (e.finished) results[index_of[e.request_id]] = std::move(*e.completion);
+      if (e.finished) results[index_of[e.seq_id]] = std::move(*e.completion);
     }
   }
   return results;

@@ -91,7 +91,7 @@ struct Completion {
 
 // What one Step() produced for one request.
 struct EngineEvent {
-  int64_t request_id = 0;
+  int64_t seq_id = 0;  // the engine's id of the request (Engine::Add)
   bool has_token = false;
   SampleResult sample;
   bool finished = false;

@@ -116,8 +116,8 @@ void EngineLoop::HandleRouterFrame(const std::string& frame) {
   } else if (auto* e = std::get_if<EmbedDispatchInfo>(&*m)) {
     OnEmbedDispatch(std::move(*e));
   } else if (const auto* c = std::get_if<WorkerCancelInfo>(&*m)) {
-    backend_->Cancel(c->request_id);
-    CancelEmbed(c->request_id);
+    backend_->Cancel(c->dispatch_id);
+    CancelEmbed(c->dispatch_id);
   }
 }
 
@@ -152,9 +152,9 @@ void EngineLoop::OnDispatch(const DispatchInfo& d) {
   const absl::Status s = backend_->Add(d);
   if (s.ok()) return;
   if (s.code() == absl::StatusCode::kInvalidArgument) {
-    Fail(d.request_id, s.code(), reason::kInvalidArgument, std::string(s.message()));
+    Fail(d.dispatch_id, s.code(), reason::kInvalidArgument, std::string(s.message()));
   } else {
-    Fail(d.request_id, absl::StatusCode::kInternal, reason::kInternal, s.ToString());
+    Fail(d.dispatch_id, absl::StatusCode::kInternal, reason::kInternal, s.ToString());
   }
 }
 
@@ -163,9 +163,9 @@ absl::Status EngineLoop::CheckEmbedDispatch(const EmbedDispatchInfo& d) const {
     return absl::InvalidArgumentError(
         "this worker cannot compute embeddings (it registered embed_queue_size 0)");
   }
-  if (embeds_.contains(d.request_id)) {
+  if (embeds_.contains(d.dispatch_id)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("request ", d.request_id, " is already running on this worker"));
+        absl::StrCat("request ", d.dispatch_id, " is already running on this worker"));
   }
   if (d.inputs.empty()) return absl::InvalidArgumentError("embed request has no inputs");
   if (static_cast<int64_t>(d.inputs.size()) > embed_options_.max_queue_size) {
@@ -195,19 +195,19 @@ absl::Status EngineLoop::CheckEmbedDispatch(const EmbedDispatchInfo& d) const {
 
 void EngineLoop::OnEmbedDispatch(EmbedDispatchInfo d) {
   if (absl::Status s = CheckEmbedDispatch(d); !s.ok()) {
-    Fail(d.request_id, s.code(), reason::kInvalidArgument, std::string(s.message()));
+    Fail(d.dispatch_id, s.code(), reason::kInvalidArgument, std::string(s.message()));
     return;
   }
   const int64_t queued = embedder_->Stats().queued;
   const int64_t n = static_cast<int64_t>(d.inputs.size());
   if (queued + n > embed_options_.max_queue_size) {
     embed_refused_inputs_ += n;
-    Fail(d.request_id, absl::StatusCode::kResourceExhausted, reason::kQueueFull,
+    Fail(d.dispatch_id, absl::StatusCode::kResourceExhausted, reason::kQueueFull,
          absl::StrCat("embed queue is full: ", queued, " of ", embed_options_.max_queue_size,
                       " inputs queued, the request has ", n));
     return;
   }
-  EmbedJob& job = embeds_[d.request_id];
+  EmbedJob& job = embeds_[d.dispatch_id];
   job.results.resize(d.inputs.size());
   job.remaining = d.inputs.size();
   for (size_t i = 0; i < d.inputs.size(); ++i) {
@@ -215,7 +215,7 @@ void EngineLoop::OnEmbedDispatch(EmbedDispatchInfo d) {
     input.tokens = std::move(d.inputs[i]);
     input.pooling = d.pooling;
     input.normalize = d.normalize;
-    const uint64_t id = d.request_id;
+    const uint64_t id = d.dispatch_id;
     absl::StatusOr<EmbedBatcher::Ticket> ticket =
         embedder_->Submit(std::move(input), [this, id, i](absl::StatusOr<std::vector<float>> r) {
           OnEmbedResult(id, i, std::move(r));
@@ -230,15 +230,15 @@ void EngineLoop::OnEmbedDispatch(EmbedDispatchInfo d) {
   }
 }
 
-void EngineLoop::OnEmbedResult(uint64_t request_id, size_t index,
+void EngineLoop::OnEmbedResult(uint64_t dispatch_id, size_t index,
                                absl::StatusOr<std::vector<float>> r) {
-  auto it = embeds_.find(request_id);
+  auto it = embeds_.find(dispatch_id);
   if (it == embeds_.end()) return;  // cancelled, or failed by another input
   if (!r.ok()) {
     // Report once, and drop the other inputs still queued.
-    CancelEmbed(request_id);
+    CancelEmbed(dispatch_id);
     const bool invalid = r.status().code() == absl::StatusCode::kInvalidArgument;
-    Fail(request_id, invalid ? absl::StatusCode::kInvalidArgument : absl::StatusCode::kInternal,
+    Fail(dispatch_id, invalid ? absl::StatusCode::kInvalidArgument : absl::StatusCode::kInternal,
          invalid ? reason::kInvalidArgument : reason::kInternal,
          absl::StrCat("embedding input ", index, " of the request failed: ",
                       invalid ? std::string(r.status().message()) : r.status().ToString()));
@@ -249,14 +249,14 @@ void EngineLoop::OnEmbedResult(uint64_t request_id, size_t index,
   if (--job.remaining > 0) return;
   EmbedDoneInfo done;
   done.epoch = epoch_;
-  done.request_id = request_id;
+  done.dispatch_id = dispatch_id;
   done.embeddings = std::move(job.results);
   embeds_.erase(it);
   SendToRouter(done);
 }
 
-void EngineLoop::CancelEmbed(uint64_t request_id) {
-  auto it = embeds_.find(request_id);
+void EngineLoop::CancelEmbed(uint64_t dispatch_id) {
+  auto it = embeds_.find(dispatch_id);
   if (it == embeds_.end()) return;
   const std::vector<EmbedBatcher::Ticket> tickets = std::move(it->second.tickets);
   embeds_.erase(it);  // first: Cancel runs the CANCELLED callbacks right here
@@ -312,11 +312,11 @@ bool EngineLoop::StepOnce() {
   return true;
 }
 
-void EngineLoop::Fail(uint64_t request_id, absl::StatusCode code, const char* reason,
+void EngineLoop::Fail(uint64_t dispatch_id, absl::StatusCode code, const char* reason,
                       std::string message) {
   RequestFailedInfo f;
   f.epoch = epoch_;
-  f.request_id = request_id;
+  f.dispatch_id = dispatch_id;
   f.error.code = code;
   f.error.reason = reason;
   f.error.message = std::move(message);

@@ -142,10 +142,10 @@ class EngineLoop {
   void OnEmbedDispatch(EmbedDispatchInfo d);
   // INVALID_ARGUMENT naming the problem when `d` cannot be embedded here.
   absl::Status CheckEmbedDispatch(const EmbedDispatchInfo& d) const;
-  // The batcher's callback for input `index` of request `request_id`.
-  void OnEmbedResult(uint64_t request_id, size_t index, absl::StatusOr<std::vector<float>> r);
+  // The batcher's callback for input `index` of request `dispatch_id`.
+  void OnEmbedResult(uint64_t dispatch_id, size_t index, absl::StatusOr<std::vector<float>> r);
   // Forgets an embed dispatch and cancels its inputs; nothing is sent. Unknown ids: no-op.
-  void CancelEmbed(uint64_t request_id);
+  void CancelEmbed(uint64_t dispatch_id);
   // Runs one embedding batch if one is due; false when none was.
   bool RunEmbedBatch();
   WorkerLoad CurrentLoad() const;
@@ -155,7 +155,7 @@ class EngineLoop {
   bool StepOnce();
   // Sends the backend's prefix-cache changes (all it holds, as a reset, with `snapshot`).
   void SendKvEvents(bool snapshot);
-  void Fail(uint64_t request_id, absl::StatusCode code, const char* reason, std::string message);
+  void Fail(uint64_t dispatch_id, absl::StatusCode code, const char* reason, std::string message);
   // Drops the message while no epoch is known.
   void SendToRouter(const WorkerMessage& message);
 
@@ -172,7 +172,7 @@ class EngineLoop {
   int64_t send_failures_ = 0;
   int64_t embed_refused_inputs_ = 0;  // inputs of embed dispatches refused: queue full
   std::optional<EmbedBatcherCounters> published_embed_;  // what load_ holds
-  absl::flat_hash_map<uint64_t, EmbedJob> embeds_;  // by router request id
+  absl::flat_hash_map<uint64_t, EmbedJob> embeds_;  // by dispatch id
   // Null when the backend cannot embed. Last: destroyed first, while its callbacks can still
   // reach embeds_.
   std::unique_ptr<EmbedBatcher> embedder_;

@@ -42,7 +42,7 @@ class RecordingBackend : public Backend {
     return r;
   }
   absl::Status Add(const DispatchInfo& d) override {
-    left_[d.request_id] = d.sampling.max_tokens;
+    left_[d.dispatch_id] = d.sampling.max_tokens;
     return absl::OkStatus();
   }
   void Cancel(uint64_t id) override { left_.erase(id); }
@@ -55,7 +55,7 @@ class RecordingBackend : public Backend {
     std::vector<TokenEvent> events;
     for (auto it = left_.begin(); it != left_.end();) {
       TokenEvent e;
-      e.request_id = it->first;
+      e.dispatch_id = it->first;
       e.has_token = true;
       e.finished = --it->second == 0;
       events.push_back(e);
@@ -219,7 +219,7 @@ EngineLoopOptions Options(int max_batch_size, int64_t max_wait_micros, int idle_
 
 DispatchInfo Generate(uint64_t id, int max_tokens) {
   DispatchInfo d;
-  d.request_id = id;
+  d.dispatch_id = id;
   d.prompt_tokens = {1, 2, 3};
   d.sampling.max_tokens = max_tokens;
   return d;
@@ -228,7 +228,7 @@ DispatchInfo Generate(uint64_t id, int max_tokens) {
 // Inputs {first}, {first + 1, first + 1}, ... (lengths 1, 2, 1, 2, ...).
 EmbedDispatchInfo Embed(uint64_t id, int n, int32_t first = 1) {
   EmbedDispatchInfo d;
-  d.request_id = id;
+  d.dispatch_id = id;
   d.pooling = Pooling::kLast;
   d.normalize = false;
   for (int i = 0; i < n; ++i) d.inputs.push_back(std::vector<int32_t>(1 + i % 2, first + i));
@@ -254,7 +254,7 @@ TEST(EngineLoopEmbedTest, AtMostOneEmbeddingBatchBetweenTwoSteps) {
   loop.Send(embed);
   auto done = loop.WaitFor<EmbedDoneInfo>();
   ASSERT_TRUE(done.has_value());
-  EXPECT_EQ(done->request_id, 2u);
+  EXPECT_EQ(done->dispatch_id, 2u);
   EXPECT_EQ(done->epoch, 1u);
   ExpectAnswers(*done, embed);
   loop.Drain();
@@ -332,11 +332,11 @@ TEST(EngineLoopEmbedTest, ReRegisteringUnderTheSameEpochNumberCancelsEmbeds) {
   loop.Send(fresh);
   auto done = loop.WaitFor<EmbedDoneInfo>();
   ASSERT_TRUE(done.has_value()) << "the new router's dispatch was not answered";
-  EXPECT_EQ(done->request_id, 6u);
+  EXPECT_EQ(done->dispatch_id, 6u);
   ExpectAnswers(*done, fresh);
   for (const WorkerMessage& m : loop.seen()) {
     if (const auto* f = std::get_if<RequestFailedInfo>(&m)) {
-      ADD_FAILURE() << "request " << f->request_id << " failed: " << f->error.message;
+      ADD_FAILURE() << "request " << f->dispatch_id << " failed: " << f->error.message;
     }
   }
   EXPECT_EQ(loop.backend().log(), "E");
@@ -351,7 +351,7 @@ TEST(EngineLoopEmbedTest, FailingInputFailsOnlyItsRequest) {
   loop.Send(good);
   auto failed = loop.WaitFor<RequestFailedInfo>();
   ASSERT_TRUE(failed.has_value());
-  EXPECT_EQ(failed->request_id, 7u);
+  EXPECT_EQ(failed->dispatch_id, 7u);
   EXPECT_EQ(failed->error.code, absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(failed->error.reason, reason::kInvalidArgument);
   EXPECT_THAT(failed->error.message, HasSubstr("input 1"));
@@ -362,13 +362,13 @@ TEST(EngineLoopEmbedTest, FailingInputFailsOnlyItsRequest) {
   }
   if (!done.has_value()) done = loop.WaitFor<EmbedDoneInfo>();
   ASSERT_TRUE(done.has_value());
-  EXPECT_EQ(done->request_id, 8u);
+  EXPECT_EQ(done->dispatch_id, 8u);
   ExpectAnswers(*done, good);
   loop.Drain();
   ASSERT_TRUE(loop.WaitDone());
   for (const WorkerMessage& m : loop.seen()) {
     if (const auto* f = std::get_if<RequestFailedInfo>(&m)) {
-      ADD_FAILURE() << "second failure for request " << f->request_id;
+      ADD_FAILURE() << "second failure for request " << f->dispatch_id;
     }
   }
 }
@@ -385,12 +385,12 @@ TEST(EngineLoopEmbedTest, InvalidInputsFailAtDispatch) {
   uint64_t id = 10;
   for (const auto& [inputs, message] : cases) {
     EmbedDispatchInfo d;
-    d.request_id = ++id;
+    d.dispatch_id = ++id;
     d.inputs = inputs;
     loop.Send(d);
     auto failed = loop.WaitFor<RequestFailedInfo>();
     ASSERT_TRUE(failed.has_value()) << message;
-    EXPECT_EQ(failed->request_id, id);
+    EXPECT_EQ(failed->dispatch_id, id);
     EXPECT_EQ(failed->error.code, absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(failed->error.reason, reason::kInvalidArgument);
     EXPECT_THAT(failed->error.message, HasSubstr(message));
@@ -405,13 +405,13 @@ TEST(EngineLoopEmbedTest, FullQueueRefusesTheWholeDispatch) {
   loop.Send(Embed(21, 4));
   auto failed = loop.WaitFor<RequestFailedInfo>();
   ASSERT_TRUE(failed.has_value());
-  EXPECT_EQ(failed->request_id, 21u);
+  EXPECT_EQ(failed->dispatch_id, 21u);
   EXPECT_EQ(failed->error.code, absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(failed->error.reason, reason::kQueueFull);
   EXPECT_TRUE(loop.WaitForLoad([](const WorkerLoad& l) { return l.embed_queued == 5; }));
   loop.Send(Embed(22, 3));  // fits exactly: a full batch of 8 leaves at once
   auto done =
-      loop.WaitFor<EmbedDoneInfo>([](const EmbedDoneInfo& d) { return d.request_id == 22; });
+      loop.WaitFor<EmbedDoneInfo>([](const EmbedDoneInfo& d) { return d.dispatch_id == 22; });
   ASSERT_TRUE(done.has_value());
   EXPECT_EQ(loop.backend().log(), "E");
 }

@@ -70,7 +70,7 @@ class IoLoop {
   // Once draining, dispatches are answered here: everything that reached the engine before the
   // drain finishes, nothing after it starts.
   void StartDrain(const char* why);
-  void RefuseDraining(uint64_t request_id);
+  void RefuseDraining(uint64_t dispatch_id);
   void SendRegister();
   void ToEngine(Frames frames);
   // False when the router cannot take it now (not connected, queue full); logged rarely.
@@ -169,11 +169,11 @@ void IoLoop::OnRouterFrame(const std::string& frame) {
     return;
   }
   if (const auto* d = std::get_if<DispatchInfo>(&*m); d != nullptr && draining_) {
-    RefuseDraining(d->request_id);
+    RefuseDraining(d->dispatch_id);
     return;
   }
   if (const auto* e = std::get_if<EmbedDispatchInfo>(&*m); e != nullptr && draining_) {
-    RefuseDraining(e->request_id);
+    RefuseDraining(e->dispatch_id);
     return;
   }
   ToEngine({kTagRouter, frame});
@@ -229,11 +229,11 @@ void IoLoop::StartDrain(const char* why) {
   ToEngine({kTagDrain});
 }
 
-void IoLoop::RefuseDraining(uint64_t request_id) {
+void IoLoop::RefuseDraining(uint64_t dispatch_id) {
   if (epoch_ == 0) return;
   RequestFailedInfo f;
   f.epoch = epoch_;
-  f.request_id = request_id;
+  f.dispatch_id = dispatch_id;
   f.error.code = absl::StatusCode::kUnavailable;
   f.error.reason = reason::kDraining;
   f.error.message = "worker is draining";

@@ -162,7 +162,7 @@ WorkerServerOptions Options(const std::string& endpoint, EngineOptions engine) {
 
 DispatchInfo Greedy(uint64_t id, std::vector<int32_t> prompt, int max_tokens) {
   DispatchInfo d;
-  d.request_id = id;
+  d.dispatch_id = id;
   d.prompt_tokens = std::move(prompt);
   d.sampling.temperature = 0;
   d.sampling.ignore_eos = true;
@@ -198,7 +198,7 @@ Stream Collect(FakeRouter& router, uint64_t id) {
   Stream s;
   router.WaitFor<StepTokensInfo>([&](const StepTokensInfo& step) {
     for (const TokenEvent& e : step.events) {
-      if (e.request_id != id) continue;
+      if (e.dispatch_id != id) continue;
       s.events.push_back(e);
       s.epochs.push_back(step.epoch);
     }
@@ -223,7 +223,7 @@ TEST_F(WorkerServerTest, RegistersWithEngineCapacityThenHeartbeatsCarryTheEpoch)
   EXPECT_EQ(r->block_size, 16);
   EXPECT_EQ(r->max_model_len, 2048);
   EXPECT_EQ(r->vocab_size, 258);
-  EXPECT_EQ(r->tokenizer, "byte");
+  EXPECT_EQ(r->tokenizer, TokenizerKind::kByte);
   EXPECT_EQ(r->bos_token_id, 256);
   EXPECT_EQ(r->max_num_batched_tokens, 2048);
   EXPECT_EQ(r->embed_queue_size, 1024);
@@ -263,7 +263,7 @@ TEST_F(WorkerServerTest, GreedyDispatchStreamsWhatGenerateProduces) {
 
   // The same request resumed after its first 5 tokens continues identically.
   DispatchInfo resumed = d;
-  resumed.request_id = 43;
+  resumed.dispatch_id = 43;
   resumed.output_tokens.assign(want[0]->tokens.begin(), want[0]->tokens.begin() + 5);
   router_.Send(resumed);
   const Stream rest = Collect(router_, 43);
@@ -318,7 +318,7 @@ TEST_F(WorkerServerTest, InvalidDispatchFailsWithInvalidArgument) {
   std::optional<RequestFailedInfo> f = router_.WaitFor<RequestFailedInfo>();
   ASSERT_TRUE(f.has_value());
   EXPECT_EQ(f->epoch, 7u);
-  EXPECT_EQ(f->request_id, 5u);
+  EXPECT_EQ(f->dispatch_id, 5u);
   EXPECT_EQ(f->error.code, absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(f->error.reason, reason::kInvalidArgument);
   EXPECT_THAT(f->error.message, ::testing::HasSubstr("vocabulary"));
@@ -360,14 +360,14 @@ TEST_F(WorkerServerTest, CancelStopsTheStreamAndFreesItsBlocks) {
   const int kv_blocks = r->num_kv_blocks;
   router_.Send(Greedy(9, {256, 1, 2, 3}, LongContextModel::kMaxLen - 4));
   ASSERT_TRUE(router_.WaitFor<StepTokensInfo>([](const StepTokensInfo& s) {
-    return !s.events.empty() && s.events[0].request_id == 9 && s.events[0].has_token;
+    return !s.events.empty() && s.events[0].dispatch_id == 9 && s.events[0].has_token;
   }));
   router_.Send(WorkerCancelInfo{9});
 
   bool finished = false;
   auto watch = [&](const WorkerMessage& m) {
     if (const auto* s = std::get_if<StepTokensInfo>(&m)) {
-      for (const TokenEvent& e : s->events) finished |= e.request_id == 9 && e.finished;
+      for (const TokenEvent& e : s->events) finished |= e.dispatch_id == 9 && e.finished;
     }
   };
   auto idle = [](const HeartbeatInfo& h) {
@@ -453,7 +453,7 @@ UntilDeregister CollectUntilDeregister(FakeRouter& router) {
   UntilDeregister out;
   out.deregister = router.WaitFor<DeregisterInfo>(nullptr, [&](const WorkerMessage& m) {
     if (const auto* step = std::get_if<StepTokensInfo>(&m)) {
-      for (const TokenEvent& e : step->events) out.streams[e.request_id].events.push_back(e);
+      for (const TokenEvent& e : step->events) out.streams[e.dispatch_id].events.push_back(e);
     } else if (const auto* f = std::get_if<RequestFailedInfo>(&m)) {
       out.failed.push_back(*f);
     }
@@ -493,7 +493,7 @@ TEST_F(WorkerServerTest, RouterDrainRefusesNewDispatchesWithDraining) {
   UntilDeregister rest = CollectUntilDeregister(router_);
   ASSERT_TRUE(rest.deregister.has_value());
   ASSERT_EQ(rest.failed.size(), 1u);
-  EXPECT_EQ(rest.failed[0].request_id, 2u);
+  EXPECT_EQ(rest.failed[0].dispatch_id, 2u);
   EXPECT_EQ(rest.failed[0].epoch, 7u);
   EXPECT_EQ(rest.failed[0].error.code, absl::StatusCode::kUnavailable);
   EXPECT_EQ(rest.failed[0].error.reason, reason::kDraining);
@@ -555,7 +555,7 @@ TEST_F(WorkerServerTest, EchoRegistersItsCapacity) {
   EXPECT_EQ(r->max_num_seqs, 32);
   EXPECT_EQ(r->max_model_len, 1 << 20);
   EXPECT_EQ(r->vocab_size, 1 << 30);
-  EXPECT_EQ(r->tokenizer, "byte");
+  EXPECT_EQ(r->tokenizer, TokenizerKind::kByte);
   EXPECT_GT(r->num_kv_blocks, 0);
   EXPECT_EQ(r->embed_queue_size, 1024);
   EXPECT_EQ(r->hidden_size, kEchoEmbedDim);
@@ -586,7 +586,7 @@ TEST_F(WorkerServerTest, EchoAnswersAnEmbedDispatch) {
   RunningWorker worker(Options(router_.endpoint(), Echo()));
   ASSERT_TRUE(router_.Register(3).has_value());
   EmbedDispatchInfo d;
-  d.request_id = 9;
+  d.dispatch_id = 9;
   d.inputs = {{1, 2, 3}, {70000}, {5, 5}};
   d.pooling = Pooling::kMean;
   d.normalize = true;
@@ -594,7 +594,7 @@ TEST_F(WorkerServerTest, EchoAnswersAnEmbedDispatch) {
   std::optional<EmbedDoneInfo> done = router_.WaitFor<EmbedDoneInfo>();
   ASSERT_TRUE(done.has_value());
   EXPECT_EQ(done->epoch, 3u);
-  EXPECT_EQ(done->request_id, 9u);
+  EXPECT_EQ(done->dispatch_id, 9u);
   ASSERT_EQ(done->embeddings.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_EQ(done->embeddings[i], EchoEmbedding(d.inputs[i], Pooling::kMean, true));
@@ -619,7 +619,7 @@ TEST_F(WorkerServerTest, HeartbeatsCarryTheEmbedBatchersCounts) {
   EXPECT_EQ(hb->embed_batcher->answered, 0);
   EXPECT_EQ(hb->embed_batcher->max_batch_size, 4);
   EmbedDispatchInfo d;
-  d.request_id = 9;
+  d.dispatch_id = 9;
   d.inputs = {{1}, {2}, {3}, {4}, {5, 6}};  // a full batch of 4, then one of 1
   router_.Send(d);
   ASSERT_TRUE(router_.WaitFor<EmbedDoneInfo>().has_value());
@@ -641,14 +641,14 @@ TEST_F(WorkerServerTest, EmbedDispatchMatchesTheEngine) {
   RunningWorker worker(Options(router_.endpoint(), TinyEngine()));
   ASSERT_TRUE(router_.Register(7).has_value());
   EmbedDispatchInfo d;
-  d.request_id = 5;
+  d.dispatch_id = 5;
   d.inputs = {{256, 10, 20, 30}, {256, 7}};
   d.pooling = Pooling::kLast;
   d.normalize = false;
   router_.Send(d);
   std::optional<EmbedDoneInfo> done = router_.WaitFor<EmbedDoneInfo>();
   ASSERT_TRUE(done.has_value());
-  EXPECT_EQ(done->request_id, 5u);
+  EXPECT_EQ(done->dispatch_id, 5u);
 
   auto engine = Engine::Create(TinyEngine());
   ASSERT_TRUE(engine.ok()) << engine.status();
@@ -671,12 +671,12 @@ TEST_F(WorkerServerTest, DrainingRefusesEmbedDispatches) {
   ASSERT_TRUE(router_.Register(3).has_value());
   router_.Send(DrainInfo{});
   EmbedDispatchInfo d;
-  d.request_id = 12;
+  d.dispatch_id = 12;
   d.inputs = {{1}};
   router_.Send(d);
   std::optional<RequestFailedInfo> failed = router_.WaitFor<RequestFailedInfo>();
   ASSERT_TRUE(failed.has_value());
-  EXPECT_EQ(failed->request_id, 12u);
+  EXPECT_EQ(failed->dispatch_id, 12u);
   EXPECT_EQ(failed->error.reason, reason::kDraining);
   ASSERT_TRUE(worker.WaitDone());
 }
@@ -693,7 +693,7 @@ TEST_F(WorkerServerTest, EchoAnswersEachDispatchWithOneStep) {
     ASSERT_EQ(step->events.size(), n);
     for (size_t i = 0; i < n; ++i) {
       const TokenEvent& e = step->events[i];
-      EXPECT_EQ(e.request_id, 11u);
+      EXPECT_EQ(e.dispatch_id, 11u);
       EXPECT_TRUE(e.has_token);
       EXPECT_EQ(e.token.token, static_cast<int32_t>(5 + i));
       EXPECT_EQ(e.token.logprob, 0.0f);

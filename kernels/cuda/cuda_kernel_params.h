@@ -35,10 +35,10 @@ struct PagedAttentionBatch {
   int max_context_len = 0;                // >= every context_len
 };
 
-// Largest number of top logprobs the device sampler returns (worker::kMaxLogprobs).
+// Largest number of top logprobs the device sampler returns (kMaxLogprobs).
 inline constexpr int kMaxTopLogprobs = 20;
 
-// One row's sampling parameters (worker::SamplingParams without the penalties, which the
+// One row's sampling parameters (SamplingParams without the penalties, which the
 // caller applies to the logits first). Field meanings and defaults as there.
 struct SamplingRow {
   uint64_t seed = 0;     // already resolved: a request without a seed uses 0, as on the CPU

@@ -668,7 +668,7 @@ void CheckSamplerEquality(int vocab, bool tie_heavy) {
   }
   if (tie_heavy) logits = Quantized<BFloat16>(logits);
   std::vector<SamplingRow> params(rows);
-  std::vector<worker::SamplingParams> cpu_params(rows);
+  std::vector<SamplingParams> cpu_params(rows);
   for (int r = 0; r < rows; ++r) {
     const SamplerCase& c = kSamplerCases[r / positions_per_case];
     SamplingRow& p = params[r];
@@ -679,7 +679,7 @@ void CheckSamplerEquality(int vocab, bool tie_heavy) {
     p.top_p = c.top_p;
     p.min_p = c.min_p;
     p.num_top_logprobs = c.logprobs;
-    worker::SamplingParams& q = cpu_params[r];
+    SamplingParams& q = cpu_params[r];
     q.temperature = c.temperature;
     q.top_k = c.top_k;
     q.top_p = c.top_p;
@@ -703,7 +703,7 @@ void CheckSamplerEquality(int vocab, bool tie_heavy) {
     input.logits = &logits[static_cast<size_t>(r) * vocab];
     input.params = &cpu_params[r];
     input.position = params[r].position;
-    const worker::SampleResult want = sampler.Sample(input);
+    const SampleResult want = sampler.Sample(input);
     EXPECT_EQ(out[r].token, want.token);
     EXPECT_NEAR(out[r].logprob, want.logprob, 1e-5);
     ASSERT_EQ(static_cast<int>(want.top_logprobs.size()), params[r].num_top_logprobs);
@@ -725,7 +725,7 @@ TEST_F(CudaTest, SamplerTreatsAllMaskedRowAsUniform) {
   SamplingRow p;
   p.seed = 3;
   p.position = 11;
-  worker::SamplingParams q;
+  SamplingParams q;
   q.has_seed = true;
   q.seed = 3;
   ASSERT_OK_AND_ASSIGN(DeviceBuffer d_logits, DeviceBuffer::FromHost(logits));

@@ -41,7 +41,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       model.known = true;
       model.vocab_size = 258;
       model.max_model_len = 2048;
-      model.tokenizer = "byte";
+      model.tokenizer = std::make_shared<ByteTokenizer>();
       model.bos_token_id = 256;
       if (router::ValidateShape(*g, limits).ok()) {
         absl::StatusOr<router::ValidatedPrompt> v = router::ValidateGenerate(*g, model, limits);

@@ -90,7 +90,7 @@ class ScriptedRouterTest : public ::testing::Test {
     r.block_size = 16;
     r.max_model_len = 64;
     r.vocab_size = 300;
-    r.tokenizer = "byte";
+    r.tokenizer = TokenizerKind::kByte;
     r.bos_token_id = 256;
     w.Send(r);
     w.epoch = w.RecvAs<RegisterAckInfo>().epoch;
@@ -100,7 +100,7 @@ class ScriptedRouterTest : public ::testing::Test {
 
   static TokenEvent Token(uint64_t dispatch_id, int32_t token, bool finished = false) {
     TokenEvent e;
-    e.request_id = dispatch_id;
+    e.dispatch_id = dispatch_id;
     e.has_token = true;
     e.token.token = token;
     e.token.logprob = -0.5f;

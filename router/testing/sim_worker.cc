@@ -54,7 +54,7 @@ void SimWorker::Run(std::string backend) {
   reg.block_size = options_.block_size;
   reg.max_model_len = options_.max_model_len;
   reg.vocab_size = 300;
-  reg.tokenizer = "byte";
+  reg.tokenizer = TokenizerKind::kByte;
   reg.bos_token_id = 256;
   (void)s.Send({Encode(WorkerMessage(reg))});
   uint64_t epoch = 0;
@@ -79,10 +79,10 @@ void SimWorker::Run(std::string backend) {
             ++dispatches_;
           }
           running.push_back(
-              {d->request_id,
+              {d->dispatch_id,
                d->sampling.max_tokens - static_cast<int>(d->output_tokens.size())});
         } else if (auto* c = std::get_if<WorkerCancelInfo>(&*m)) {
-          std::erase_if(running, [&](const Running& r) { return r.dispatch_id == c->request_id; });
+          std::erase_if(running, [&](const Running& r) { return r.dispatch_id == c->dispatch_id; });
         }
       }
     }
@@ -100,7 +100,7 @@ void SimWorker::Run(std::string backend) {
     step.epoch = epoch;
     for (Running& r : running) {
       TokenEvent e;
-      e.request_id = r.dispatch_id;
+      e.dispatch_id = r.dispatch_id;
       e.has_token = true;
       e.token.token = 1;
       e.finished = --r.left <= 0;

@@ -89,7 +89,7 @@ class EmbedRouterTest : public ::testing::Test {
     r.block_size = 16;
     r.max_model_len = 64;
     r.vocab_size = 300;
-    r.tokenizer = "byte";
+    r.tokenizer = TokenizerKind::kByte;
     r.bos_token_id = 256;
     r.embed_queue_size = embed_queue_size;
     r.hidden_size = 4;
@@ -158,7 +158,7 @@ TEST_F(EmbedRouterTest, TokenizesDispatchesAndAnswersInOrder) {
   EXPECT_FALSE(d.normalize);
   EXPECT_EQ(d.pooling, Pooling::kLast);
   EXPECT_EQ(d.priority, Priority::kInteractive);
-  w->Send(EmbedDoneInfo{w->epoch, d.request_id, Vectors(3)});
+  w->Send(EmbedDoneInfo{w->epoch, d.dispatch_id, Vectors(3)});
   absl::StatusOr<EmbedResult> r = result.get();
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->embeddings, Vectors(3));
@@ -205,7 +205,7 @@ TEST_F(EmbedRouterTest, InvalidInputsGetTypedErrorsNamingTheInput) {
   auto ok = EmbedAsync(Texts({std::string(63, 'y')}));
   EmbedDispatchInfo d = w->RecvAs<EmbedDispatchInfo>();
   EXPECT_EQ(d.inputs[0].size(), 64u);
-  w->Send(EmbedDoneInfo{w->epoch, d.request_id, Vectors(1)});
+  w->Send(EmbedDoneInfo{w->epoch, d.dispatch_id, Vectors(1)});
   EXPECT_TRUE(ok.get().ok());
   EXPECT_FALSE(w->Recv(100).has_value()) << "an invalid request reached the worker";
   ExpectCountersBackToZero();
@@ -245,10 +245,10 @@ TEST_F(EmbedRouterTest, EmbedCreditLimitsInputsInFlightPerWorker) {
   auto second = EmbedAsync(Texts({"d", "e"}));
   // 3 + 2 > 4: the second waits for the first.
   EXPECT_FALSE(w->Recv(300).has_value());
-  w->Send(EmbedDoneInfo{w->epoch, d1.request_id, Vectors(3)});
+  w->Send(EmbedDoneInfo{w->epoch, d1.dispatch_id, Vectors(3)});
   EmbedDispatchInfo d2 = w->RecvAs<EmbedDispatchInfo>();
   EXPECT_EQ(d2.inputs.size(), 2u);
-  w->Send(EmbedDoneInfo{w->epoch, d2.request_id, Vectors(2)});
+  w->Send(EmbedDoneInfo{w->epoch, d2.dispatch_id, Vectors(2)});
   EXPECT_TRUE(first.get().ok());
   EXPECT_TRUE(second.get().ok());
   // Larger than any worker's whole embed queue: refused, naming the limit.
@@ -271,14 +271,14 @@ TEST_F(EmbedRouterTest, EmbedsDoNotTakeSequenceSlotsAndGenerateStillFlows) {
   auto gen = std::async(std::launch::async, [&] { return client_->Generate(g); });
   DispatchInfo gd = w->RecvAs<DispatchInfo>();
   TokenEvent t;
-  t.request_id = gd.request_id;
+  t.dispatch_id = gd.dispatch_id;
   t.has_token = true;
   t.token.token = 'k';
   t.finished = true;
   t.finish_reason = "length";
   w->Send(StepTokensInfo{w->epoch, {t}, {}});
   EXPECT_TRUE(gen.get().ok());
-  w->Send(EmbedDoneInfo{w->epoch, d.request_id, Vectors(1)});
+  w->Send(EmbedDoneInfo{w->epoch, d.dispatch_id, Vectors(1)});
   EXPECT_TRUE(e.get().ok());
   ExpectCountersBackToZero();
 }
@@ -290,7 +290,7 @@ TEST_F(EmbedRouterTest, WorkerFailureReachesTheClient) {
   EmbedDispatchInfo d = w->RecvAs<EmbedDispatchInfo>();
   RequestFailedInfo f;
   f.epoch = w->epoch;
-  f.request_id = d.request_id;
+  f.dispatch_id = d.dispatch_id;
   f.error = ErrorInfo{"", absl::StatusCode::kResourceExhausted, "queue_full",
                       "the embed queue is full", 0};
   w->Send(f);
@@ -306,7 +306,7 @@ TEST_F(EmbedRouterTest, WrongNumberOfEmbeddingsIsInternal) {
   FakeWorker* w = StartWorker("w1", 64);
   auto r = EmbedAsync(Texts({"a", "b"}));
   EmbedDispatchInfo d = w->RecvAs<EmbedDispatchInfo>();
-  w->Send(EmbedDoneInfo{w->epoch, d.request_id, Vectors(1)});
+  w->Send(EmbedDoneInfo{w->epoch, d.dispatch_id, Vectors(1)});
   absl::StatusOr<EmbedResult> result = r.get();
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.status().code(), absl::StatusCode::kInternal);
@@ -332,7 +332,7 @@ TEST_F(EmbedRouterTest, EmptyOrWrongWidthEmbeddingIsInternal) {
   for (const auto& answer : answers) {
     auto r = EmbedAsync(Texts(std::vector<std::string>(answer.size(), "x")));
     EmbedDispatchInfo d = next_dispatch();
-    w->Send(EmbedDoneInfo{w->epoch, d.request_id, answer});
+    w->Send(EmbedDoneInfo{w->epoch, d.dispatch_id, answer});
     absl::StatusOr<EmbedResult> result = r.get();
     ASSERT_FALSE(result.ok()) << "a vector of the wrong width reached the client";
     EXPECT_EQ(result.status().code(), absl::StatusCode::kInternal) << result.status();
@@ -343,7 +343,7 @@ TEST_F(EmbedRouterTest, EmptyOrWrongWidthEmbeddingIsInternal) {
   auto big = EmbedAsync(Texts(std::vector<std::string>(16, "y")));
   EmbedDispatchInfo d = next_dispatch();
   ASSERT_EQ(d.inputs.size(), 16u);
-  w->Send(EmbedDoneInfo{w->epoch, d.request_id, Vectors(16)});
+  w->Send(EmbedDoneInfo{w->epoch, d.dispatch_id, Vectors(16)});
   EXPECT_TRUE(big.get().ok());
   ExpectCountersBackToZero();
 }
@@ -357,7 +357,7 @@ TEST_F(EmbedRouterTest, DrainingWorkersRefusalWaitsForAnotherWorker) {
   EmbedDispatchInfo d1 = w1->RecvAs<EmbedDispatchInfo>();
   RequestFailedInfo f;
   f.epoch = w1->epoch;
-  f.request_id = d1.request_id;
+  f.dispatch_id = d1.dispatch_id;
   f.error = ErrorInfo{"", absl::StatusCode::kUnavailable, "draining", "worker is draining", 0};
   w1->Send(f);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -367,7 +367,7 @@ TEST_F(EmbedRouterTest, DrainingWorkersRefusalWaitsForAnotherWorker) {
       << "the refused embed did not go to the new worker";
   EmbedDispatchInfo d2 = std::get<EmbedDispatchInfo>(*m);
   EXPECT_EQ(d2.inputs, d1.inputs);
-  w2->Send(EmbedDoneInfo{w2->epoch, d2.request_id, Vectors(2)});
+  w2->Send(EmbedDoneInfo{w2->epoch, d2.dispatch_id, Vectors(2)});
   absl::StatusOr<EmbedResult> result = r.get();
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->embeddings, Vectors(2));
@@ -386,9 +386,9 @@ TEST_F(EmbedRouterTest, CancelTellsTheWorkerAndReleasesAdmission) {
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled);
   WorkerCancelInfo c = w->RecvAs<WorkerCancelInfo>();
-  EXPECT_EQ(c.request_id, d.request_id);
+  EXPECT_EQ(c.dispatch_id, d.dispatch_id);
   // A late answer for the cancelled dispatch is dropped.
-  w->Send(EmbedDoneInfo{w->epoch, d.request_id, Vectors(2)});
+  w->Send(EmbedDoneInfo{w->epoch, d.dispatch_id, Vectors(2)});
   ExpectCountersBackToZero();
 }
 
@@ -407,10 +407,10 @@ TEST_F(EmbedRouterTest, DeadWorkersEmbedIsRedispatchedElsewhere) {
   }
   ASSERT_TRUE(d2.has_value()) << "the embed was not re-dispatched";
   EXPECT_EQ(d2->inputs, d1.inputs);
-  EXPECT_NE(d2->request_id, d1.request_id);
+  EXPECT_NE(d2->dispatch_id, d1.dispatch_id);
   // The dead worker's late answer is stale (old epoch or unknown worker) and ignored.
-  w1->Send(EmbedDoneInfo{w1->epoch, d1.request_id, {{9, 9, 9, 9}, {9, 9, 9, 9}}});
-  w2->Send(EmbedDoneInfo{w2->epoch, d2->request_id, Vectors(2)});
+  w1->Send(EmbedDoneInfo{w1->epoch, d1.dispatch_id, {{9, 9, 9, 9}, {9, 9, 9, 9}}});
+  w2->Send(EmbedDoneInfo{w2->epoch, d2->dispatch_id, Vectors(2)});
   absl::StatusOr<EmbedResult> result = r.get();
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->embeddings, Vectors(2));

@@ -15,7 +15,6 @@ using worker::Completion;
 using worker::Engine;
 using worker::EngineOptions;
 using worker::EngineRequest;
-using worker::FinishReason;
 
 constexpr int kTotal = 20;
 constexpr int kFirst = 8;
@@ -81,8 +80,8 @@ TEST_P(EngineResumeTest, ResumedStreamContinuesExactly) {
   EXPECT_EQ(rest.finish_reason, FinishReason::kLength);
   ASSERT_EQ(rest.logprobs.size(), static_cast<size_t>(kTotal - kFirst));
   for (int i = 0; i < kTotal - kFirst; ++i) {
-    const worker::SampleResult& want = full.logprobs[kFirst + i];
-    const worker::SampleResult& got = rest.logprobs[i];
+    const SampleResult& want = full.logprobs[kFirst + i];
+    const SampleResult& got = rest.logprobs[i];
     EXPECT_NEAR(got.logprob, want.logprob, 1e-4) << "token " << kFirst + i;
     ASSERT_EQ(got.top_logprobs.size(), want.top_logprobs.size());
     for (size_t k = 0; k < want.top_logprobs.size(); ++k) {

@@ -28,6 +28,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "common/block_hash.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 
@@ -63,16 +64,6 @@ class TokenSpan {
   absl::Span<const int32_t> second_;
 };
 
-// Hash of one full block: a pure function of its arguments, the same in every process (the
-// router may index blocks by it). 64-bit XXH64 over (parent_hash, salt, tokens); use
-// kRootBlockHash as the parent of a sequence's first block.
-inline constexpr uint64_t kRootBlockHash = 0;
-uint64_t BlockHash(uint64_t parent_hash, absl::Span<const int32_t> block_tokens, uint64_t salt);
-
-namespace internal {
-// XXH64 with seed 0 over `len` bytes; exposed for tests.
-uint64_t Xxh64(const void* data, size_t len);
-}  // namespace internal
 
 class KvCacheManager {
  public:

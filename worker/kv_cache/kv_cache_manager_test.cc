@@ -69,23 +69,6 @@ TEST(KvCacheOptionsTest, Validate) {
   EXPECT_FALSE(KvCacheManager::Create(options).ok());
 }
 
-TEST(BlockHashTest, Xxh64KnownVectors) {
-  EXPECT_EQ(internal::Xxh64("", 0), 0xEF46DB3751D8E999ULL);
-  EXPECT_EQ(internal::Xxh64("abc", 3), 0x44BC2CF5AD770999ULL);
-  const std::string long_input = "Nobody inspects the spammish repetition";
-  EXPECT_EQ(internal::Xxh64(long_input.data(), long_input.size()), 0xFBCEA83C8A378BF1ULL);
-}
-
-TEST(BlockHashTest, DependsOnParentTokensAndSalt) {
-  const std::vector<int32_t> a = {1, 2, 3, 4};
-  const std::vector<int32_t> b = {1, 2, 3, 5};
-  const uint64_t h = BlockHash(kRootBlockHash, a, 0);
-  EXPECT_EQ(h, BlockHash(kRootBlockHash, a, 0));
-  EXPECT_NE(h, BlockHash(kRootBlockHash, b, 0));
-  EXPECT_NE(h, BlockHash(kRootBlockHash, a, 1));
-  EXPECT_NE(h, BlockHash(h, a, 0));
-}
-
 TEST_F(KvCacheManagerTest, AllocateGrowAndFreeAccounting) {
   Init(8);
   EXPECT_EQ(kv_->num_free_blocks(), 8);

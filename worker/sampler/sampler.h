@@ -10,21 +10,11 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "common/sample_result.h"
+#include "common/sampling_params.h"
 #include "worker/sampler/philox.h"  // CounterUniform
-#include "worker/sampler/sampling_params.h"
 
 namespace carpool::worker {
-
-struct TokenLogprob {
-  int32_t token = 0;
-  float logprob = 0.0f;
-};
-
-struct SampleResult {
-  int32_t token = 0;
-  float logprob = 0.0f;                    // raw-distribution logprob of `token`
-  std::vector<TokenLogprob> top_logprobs;  // params.logprobs entries, most likely first
-};
 
 // A logit of -inf masks its token. Token ids in the histories outside [0, vocab_size) are
 // ignored by the penalties.

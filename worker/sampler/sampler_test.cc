@@ -12,7 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/sampler/philox.h"
-#include "worker/sampler/sampling_params.h"
+#include "common/sampling_params.h"
 
 namespace carpool::worker {
 namespace {

@@ -6,16 +6,12 @@
 #include <string>
 #include <vector>
 
-#include "worker/sampler/sampler.h"
-#include "worker/sampler/sampling_params.h"
+#include "common/finish_reason.h"
+#include "common/priority.h"
+#include "common/sample_result.h"
+#include "common/sampling_params.h"
 
 namespace carpool::worker {
-
-// Lower value = more urgent.
-enum class Priority : int { kInteractive = 0, kDefault = 1, kBatch = 2 };
-
-enum class FinishReason { kNone, kLength, kStop, kAborted };
-const char* FinishReasonName(FinishReason reason);  // "length", "stop", "abort", ""
 
 enum class SeqStatus { kWaiting, kRunning, kFinished };
 

@@ -1,13 +1,14 @@
-// Per-request sampling and stopping parameters.
-#ifndef CARPOOL_WORKER_SAMPLER_SAMPLING_PARAMS_H_
-#define CARPOOL_WORKER_SAMPLER_SAMPLING_PARAMS_H_
+// Per-request sampling and stopping parameters: what the SDKs send, the router validates and the
+// worker's sampler follows.
+#ifndef CARPOOL_COMMON_SAMPLING_PARAMS_H_
+#define CARPOOL_COMMON_SAMPLING_PARAMS_H_
 
 #include <cstdint>
 #include <vector>
 
 #include "absl/status/status.h"
 
-namespace carpool::worker {
+namespace carpool {
 
 inline constexpr int kMaxLogprobs = 20;
 
@@ -45,6 +46,6 @@ struct SamplingParams {
   absl::Status Validate(int vocab_size) const;
 };
 
-}  // namespace carpool::worker
+}  // namespace carpool
 
-#endif  // CARPOOL_WORKER_SAMPLER_SAMPLING_PARAMS_H_
+#endif  // CARPOOL_COMMON_SAMPLING_PARAMS_H_

@@ -1,10 +1,10 @@
-#include "worker/sampler/sampling_params.h"
+#include "common/sampling_params.h"
 
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 
-namespace carpool::worker {
+namespace carpool {
 namespace {
 
 // Each check is written so that NaN fails it.
@@ -55,4 +55,4 @@ absl::Status SamplingParams::Validate(int vocab_size) const {
   return absl::OkStatus();
 }
 
-}  // namespace carpool::worker
+}  // namespace carpool

@@ -1,6 +1,6 @@
-#include "worker/scheduler/sequence.h"
+#include "common/finish_reason.h"
 
-namespace carpool::worker {
+namespace carpool {
 
 const char* FinishReasonName(FinishReason reason) {
   switch (reason) {
@@ -16,4 +16,4 @@ const char* FinishReasonName(FinishReason reason) {
   return "";
 }
 
-}  // namespace carpool::worker
+}  // namespace carpool

@@ -1,0 +1,66 @@
+// Tokenizers turn prompt text into token ids and ids back into text. Every process that handles
+// text (the router for requests, the worker's engine, the CLI) gets its tokenizer here, so they
+// all apply the same rules.
+//
+// Synthetic models use ByteTokenizer: ids 0..255 are the bytes themselves, then BOS and EOS.
+// Hugging Face folders have no tokenizer yet: they take token ids only.
+#ifndef CARPOOL_COMMON_TOKENIZER_H_
+#define CARPOOL_COMMON_TOKENIZER_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+
+namespace carpool {
+
+// Which tokenizer a model uses. A worker announces it at registration (RegisterInfo) so the
+// router can tokenize text prompts and detokenize outputs the same way.
+enum class TokenizerKind {
+  kNone,  // token ids only: text is refused
+  kByte,  // ByteTokenizer
+};
+
+// The wire name: "" for kNone, "byte" for kByte.
+const char* TokenizerKindName(TokenizerKind kind);
+// The kind a wire name stands for; nullopt for a name this build does not know.
+std::optional<TokenizerKind> TokenizerKindFromName(absl::string_view name);
+// The kind a model spec ("synthetic:*", a folder) uses.
+TokenizerKind TokenizerKindForModel(absl::string_view model_spec);
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  // Ids for `text`, with the BOS token first when `add_bos`.
+  virtual absl::StatusOr<std::vector<int32_t>> Encode(const std::string& text,
+                                                      bool add_bos) const = 0;
+  // Text for `ids`; special tokens are dropped, ids outside the byte range render as "<|id|>".
+  virtual std::string Decode(absl::Span<const int32_t> ids) const = 0;
+};
+
+class ByteTokenizer : public Tokenizer {
+ public:
+  static constexpr int32_t kBos = 256;
+  static constexpr int32_t kEos = 257;
+  static constexpr int32_t kVocabSize = 258;
+
+  absl::StatusOr<std::vector<int32_t>> Encode(const std::string& text,
+                                              bool add_bos) const override;
+  std::string Decode(absl::Span<const int32_t> ids) const override;
+};
+
+// The tokenizer of `kind`; for kNone an UNIMPLEMENTED error, naming `model_spec`, that says to
+// pass token ids.
+absl::StatusOr<std::unique_ptr<Tokenizer>> CreateTokenizer(TokenizerKind kind,
+                                                           absl::string_view model_spec);
+// The tokenizer for a model spec: CreateTokenizer(TokenizerKindForModel(spec), spec).
+absl::StatusOr<std::unique_ptr<Tokenizer>> CreateTokenizer(absl::string_view model_spec);
+
+}  // namespace carpool
+
+#endif  // CARPOOL_COMMON_TOKENIZER_H_
