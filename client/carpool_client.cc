@@ -99,8 +99,6 @@ class Core {
   void ReceiveAll();
   void Route(ServerMessage message);
   void DeliverStats(absl::StatusOr<StatsOut> stats);
-  // Watches the socket's connection (tcp:// and ipc:// endpoints; nothing to watch in-process).
-  absl::Status StartMonitor(zmq::context_t* context);
   // Reads the monitor's events; on a disconnect after a handshake, RouterLost().
   void ReadMonitor();
   // Ends every open attempt and every stats query sent with UNAVAILABLE router_lost: the router
@@ -112,8 +110,9 @@ class Core {
   std::atomic<uint64_t> next_id_{0};
   zmq::context_t context_;          // unless options_.zmq_context; declared before socket_
   std::unique_ptr<Socket> socket_;  // used by the I/O thread only
-  // PAIR end of socket_'s monitor; I/O thread only. Declared after socket_: closed first.
-  std::optional<zmq::socket_t> monitor_;
+  // Watches socket_'s connection (tcp:// and ipc:// endpoints; nothing to watch in-process);
+  // I/O thread only. Declared after socket_: closed first.
+  std::unique_ptr<SocketMonitor> monitor_;
   bool handshaken_ = false;  // I/O thread only: the connection is up (ZMTP handshake done)
   int wake_fd_ = -1;
   std::thread io_thread_;
@@ -144,7 +143,14 @@ absl::StatusOr<std::shared_ptr<Core>> Core::Create(const ClientOptions& options)
 
   SocketOptions so;
   so.max_message_bytes = options.max_message_bytes;
+  // Cancels queued just before the Client closes still leave (best effort, bounded).
+  so.linger_ms = 200;
+  // A dead peer that does not close TCP (host down, network cut, process stopped) is dropped
+  // when a PING gets no traffic back within 1.5 intervals: within 2.5 intervals of its last word
+  // (2.5 s by default, inside the 3 s the SDK promises).
+  // PINGs are answered by the router's ZeroMQ I/O thread, never by its busy event loop.
   so.zmtp_heartbeat_ms = options.zmtp_heartbeat_ms;
+  so.zmtp_heartbeat_timeout_ms = options.zmtp_heartbeat_ms * 3 / 2;
   if (!options.curve_server_public_key.empty()) {
     so.curve_server_public_key = options.curve_server_public_key;
     so.curve_public_key = options.curve_public_key;
@@ -158,24 +164,9 @@ absl::StatusOr<std::shared_ptr<Core>> Core::Create(const ClientOptions& options)
   zmq::context_t* context =
       options.zmq_context != nullptr ? options.zmq_context : &core->context_;
   ASSIGN_OR_RETURN(core->socket_, Socket::Create(context, zmq::socket_type::dealer, so));
-  // Cancels queued just before the Client closes still leave (best effort, bounded).
-  try {
-    core->socket_->raw().set(zmq::sockopt::linger, 200);
-  } catch (const zmq::error_t&) {
-  }
-  // A dead peer that does not close TCP (host down, network cut, process stopped) is dropped
-  // when a PING gets no traffic back within 1.5 intervals: within 2.5 intervals of its last word
-  // (2.5 s by default, inside the 3 s the SDK promises).
-  // PINGs are answered by the router's ZeroMQ I/O thread, never by its busy event loop.
-  if (options.zmtp_heartbeat_ms > 0) {
-    try {
-      core->socket_->raw().set(zmq::sockopt::heartbeat_timeout, options.zmtp_heartbeat_ms * 3 / 2);
-    } catch (const zmq::error_t& e) {
-      return absl::InternalError(absl::StrCat("ZMQ_HEARTBEAT_TIMEOUT: ", e.what()));
-    }
-  }
   if (!absl::StartsWith(options.router_endpoint, "inproc://")) {
-    RETURN_IF_ERROR(core->StartMonitor(context));  // before Connect: no event is missed
+    // Before Connect: no event is missed.
+    ASSIGN_OR_RETURN(core->monitor_, SocketMonitor::Start(context, core->socket_.get()));
   }
   RETURN_IF_ERROR(core->socket_->Connect(options.router_endpoint));
   core->wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -325,61 +316,30 @@ void Core::Wake() {
 }
 
 void Core::IoLoop() {
-  zmq_pollitem_t items[3] = {
-      {socket_->raw().handle(), 0, ZMQ_POLLIN, 0},
-      {nullptr, wake_fd_, ZMQ_POLLIN, 0},
-      {monitor_.has_value() ? monitor_->handle() : nullptr, 0, ZMQ_POLLIN, 0}};
-  const int n = monitor_.has_value() ? 3 : 2;
+  const PollItem items[3] = {
+      {socket_.get()}, {nullptr, wake_fd_}, {monitor_ != nullptr ? monitor_->socket() : nullptr}};
+  const size_t n = monitor_ != nullptr ? 3 : 2;
   for (;;) {
-    if (zmq_poll(items, n, -1) < 0 && zmq_errno() != EINTR) break;
-    if (items[1].revents & ZMQ_POLLIN) {
+    absl::StatusOr<PollResult> readable = Poll(absl::MakeConstSpan(items, n), -1);
+    if (!readable.ok()) break;
+    if ((*readable)[1]) {
       uint64_t count;
       (void)!read(wake_fd_, &count, sizeof(count));
     }
     if (SendQueued()) break;
     // Answers that arrived before a disconnect are delivered before the calls are ended.
     ReceiveAll();
-    if (n == 3 && (items[2].revents & ZMQ_POLLIN)) ReadMonitor();
+    if (n == 3 && (*readable)[2]) ReadMonitor();
   }
-}
-
-absl::Status Core::StartMonitor(zmq::context_t* context) {
-  static std::atomic<uint64_t> next_monitor{0};
-  const std::string endpoint =
-      absl::StrCat("inproc://carpool-client-monitor-", id_prefix_, next_monitor.fetch_add(1));
-  if (zmq_socket_monitor(socket_->raw().handle(), endpoint.c_str(),
-                         ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED) != 0) {
-    return absl::InternalError(absl::StrCat("zmq_socket_monitor: ", zmq_strerror(zmq_errno())));
-  }
-  try {
-    monitor_.emplace(*context, zmq::socket_type::pair);
-    monitor_->set(zmq::sockopt::linger, 0);
-    monitor_->connect(endpoint);  // inproc: connected at once, so no event is dropped
-  } catch (const zmq::error_t& e) {
-    return absl::InternalError(absl::StrCat("socket monitor: ", e.what()));
-  }
-  return absl::OkStatus();
 }
 
 void Core::ReadMonitor() {
   for (;;) {
-    // Each event is two frames: 6 bytes (uint16 event, uint32 value), then the endpoint.
-    zmq::message_t head, address;
-    try {
-      if (!monitor_->recv(head, zmq::recv_flags::dontwait)) return;
-      // The parts of a message arrive together.
-      for (bool more = head.more(); more; more = address.more()) {
-        if (!monitor_->recv(address, zmq::recv_flags::dontwait)) break;
-      }
-    } catch (const zmq::error_t&) {
-      return;
-    }
-    if (head.size() < sizeof(uint16_t)) continue;
-    uint16_t event;
-    std::memcpy(&event, head.data(), sizeof(event));
-    if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+    absl::StatusOr<std::optional<SocketMonitor::Event>> event = monitor_->Next();
+    if (!event.ok() || !event->has_value()) return;
+    if (**event == SocketMonitor::Event::kHandshakeSucceeded) {
       handshaken_ = true;
-    } else if (event == ZMQ_EVENT_DISCONNECTED && handshaken_) {
+    } else if (**event == SocketMonitor::Event::kDisconnected && handshaken_) {
       // Only an established connection counts: a failed handshake (a wrong CURVE key, not a
       // carpool router) never carried a request, and those calls end at their deadline.
       handshaken_ = false;

@@ -15,8 +15,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "zmq.hpp"
 
 namespace carpool {
@@ -41,6 +43,15 @@ struct SocketOptions {
   // Heartbeats on the connection itself (ZMTP PING), so dead TCP peers are noticed.
   // 0 disables. Default: 0.
   int zmtp_heartbeat_ms = 0;
+  // With heartbeats on: how long after a PING with no traffic back the connection is dropped.
+  // 0: three heartbeat intervals. Default: 0.
+  int zmtp_heartbeat_timeout_ms = 0;
+  // How long closing the socket (or its context) waits to send what is still queued; 0: drop it.
+  // Default: 0.
+  int linger_ms = 0;
+  // Queue messages only on completed connections (ZMQ_IMMEDIATE): with no live peer a send
+  // fails with RESOURCE_EXHAUSTED instead of queueing for a later connection. Default: false.
+  bool immediate = false;
   // Server side of CURVE: set to require encryption and authentication. Default: off.
   std::optional<CurveServerKeys> curve_server;
   // Client side of CURVE: the server's public key and this client's key pair. Default: off.
@@ -50,6 +61,21 @@ struct SocketOptions {
 };
 
 using Frames = std::vector<std::string>;
+
+class Socket;
+
+// One thing Poll watches for readability: a socket, or a file descriptor (e.g. an eventfd) when
+// socket is null.
+struct PollItem {
+  Socket* socket = nullptr;  // not owned
+  int fd = -1;
+};
+// readable[i]: items[i] has something to read.
+using PollResult = absl::InlinedVector<bool, 4>;
+
+// Waits until one of `items` is readable or timeout_ms passes (0: don't wait, -1: forever).
+// An interrupted wait (EINTR) reports nothing readable; CANCELLED: the context was terminated.
+absl::StatusOr<PollResult> Poll(absl::Span<const PollItem> items, int timeout_ms);
 
 class Socket {
  public:
@@ -72,12 +98,40 @@ class Socket {
   // nullopt when nothing arrived in time.
   [[nodiscard]] absl::StatusOr<std::optional<Frames>> Recv(int timeout_ms);
 
-  // For zmq::poll.
-  zmq::socket_t& raw() { return socket_; }
+  // Changes SocketOptions::linger_ms of a live socket (e.g. to flush the last answers at exit).
+  [[nodiscard]] absl::Status SetLinger(int linger_ms);
+
+  // Closes the socket now (the destructor does otherwise). Every later call fails with
+  // FAILED_PRECONDITION; Poll must not be given it.
+  void Close();
 
  private:
+  friend class SocketMonitor;
+  friend absl::StatusOr<PollResult> Poll(absl::Span<const PollItem> items, int timeout_ms);
   explicit Socket(zmq::socket_t socket) : socket_(std::move(socket)) {}
   zmq::socket_t socket_;
+};
+
+// Watches the connections of one socket (ZeroMQ's socket monitor) for the two events a client
+// needs to notice a lost peer. Belongs to the thread of the socket it watches; start it before
+// that socket connects, so no event is missed. Destroy it before the watched socket.
+class SocketMonitor {
+ public:
+  enum class Event {
+    kHandshakeSucceeded,  // a connection is up (ZMTP handshake, CURVE included, done)
+    kDisconnected,        // a connection dropped (after a handshake or not)
+  };
+
+  static absl::StatusOr<std::unique_ptr<SocketMonitor>> Start(zmq::context_t* context,
+                                                              Socket* watched);
+  // The next event, without waiting; nullopt when none is queued.
+  [[nodiscard]] absl::StatusOr<std::optional<Event>> Next();
+  // The socket the events arrive on: for Poll only.
+  Socket* socket() { return socket_.get(); }
+
+ private:
+  explicit SocketMonitor(std::unique_ptr<Socket> socket) : socket_(std::move(socket)) {}
+  std::unique_ptr<Socket> socket_;  // PAIR, connected to the monitor's inproc endpoint
 };
 
 // A fresh CURVE key pair (Z85). INTERNAL when libzmq was built without CURVE.

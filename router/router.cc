@@ -114,22 +114,12 @@ absl::Status Router::Impl::Init() {
 absl::Status Router::Impl::Run(const std::atomic<bool>& stop, const std::atomic<bool>& drain) {
   int64_t next_check = 0;
   while (!stop.load(std::memory_order_relaxed)) {
-    zmq::pollitem_t items[] = {{frontend_->raw().handle(), 0, ZMQ_POLLIN, 0},
-                               {backend_->raw().handle(), 0, ZMQ_POLLIN, 0},
-                               {inproc_->raw().handle(), 0, ZMQ_POLLIN, 0}};
-    try {
-      zmq::poll(items, 3,
-                std::chrono::milliseconds(backlog_->empty() ? kPollMillis : kBacklogPollMillis));
-    } catch (const zmq::error_t& e) {
-      if (e.num() != EINTR) return absl::InternalError(absl::StrCat("poll: ", e.what()));
-    }
-    if (items[1].revents & ZMQ_POLLIN) RETURN_IF_ERROR(DrainBackend());
-    if (items[0].revents & ZMQ_POLLIN) {
-      RETURN_IF_ERROR(DrainFrontend(frontend_.get(), kTcpClient));
-    }
-    if (items[2].revents & ZMQ_POLLIN) {
-      RETURN_IF_ERROR(DrainFrontend(inproc_.get(), kInprocClient));
-    }
+    const PollItem items[] = {{frontend_.get()}, {backend_.get()}, {inproc_.get()}};
+    ASSIGN_OR_RETURN(const PollResult readable,
+                     Poll(items, backlog_->empty() ? kPollMillis : kBacklogPollMillis));
+    if (readable[1]) RETURN_IF_ERROR(DrainBackend());
+    if (readable[0]) RETURN_IF_ERROR(DrainFrontend(frontend_.get(), kTcpClient));
+    if (readable[2]) RETURN_IF_ERROR(DrainFrontend(inproc_.get(), kInprocClient));
     const int64_t now = clock_->NowMicros();
     if (!draining_ && drain.load(std::memory_order_relaxed)) StartDraining(now);
     if (now >= next_check) {
@@ -142,9 +132,11 @@ absl::Status Router::Impl::Run(const std::atomic<bool>& stop, const std::atomic<
     // After a drain, answers still queued for slow readers get until the grace period's end.
     if (draining_ && DrainDone(now) && WorkersDrained(now) &&
         (backlog_->empty() || now >= drain_deadline_)) {
-      frontend_->raw().set(zmq::sockopt::linger, kDrainLingerMillis);
-      inproc_->raw().set(zmq::sockopt::linger, kDrainLingerMillis);
-      backend_->raw().set(zmq::sockopt::linger, kDrainLingerMillis);
+      for (Socket* socket : {frontend_.get(), inproc_.get(), backend_.get()}) {
+        if (absl::Status s = socket->SetLinger(kDrainLingerMillis); !s.ok()) {
+          std::cerr << "carpool-router: " << s.message() << "\n";
+        }
+      }
       return absl::OkStatus();
     }
   }

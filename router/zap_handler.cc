@@ -81,17 +81,14 @@ absl::StatusOr<std::unique_ptr<ZapHandler>> ZapHandler::Start(
     }
     keys.insert(std::string(reinterpret_cast<const char*>(binary), 32));
   }
-  try {
-    zmq::socket_t socket(*context, zmq::socket_type::rep);
-    socket.set(zmq::sockopt::linger, 0);
-    socket.bind(kZapEndpoint);
-    return std::unique_ptr<ZapHandler>(new ZapHandler(std::move(socket), std::move(keys)));
-  } catch (const zmq::error_t& e) {
-    return absl::InternalError(absl::StrCat("ZAP handler: ", e.what()));
-  }
+  absl::StatusOr<std::unique_ptr<Socket>> socket =
+      Socket::Create(context, zmq::socket_type::rep, SocketOptions());
+  if (!socket.ok()) return socket.status();
+  if (absl::Status s = (*socket)->Bind(kZapEndpoint); !s.ok()) return s;
+  return std::unique_ptr<ZapHandler>(new ZapHandler(std::move(*socket), std::move(keys)));
 }
 
-ZapHandler::ZapHandler(zmq::socket_t socket, absl::flat_hash_set<std::string> keys)
+ZapHandler::ZapHandler(std::unique_ptr<Socket> socket, absl::flat_hash_set<std::string> keys)
     : socket_(std::move(socket)), keys_(std::move(keys)) {
   thread_ = std::thread([this] { Run(); });
 }
@@ -101,37 +98,44 @@ ZapHandler::~ZapHandler() {
   if (thread_.joinable()) thread_.join();
 }
 
+Frames ZapHandler::Answer(const Frames& frames) {
+  const bool well_formed = frames.size() >= 6 && frames[0] == "1.0";
+  const bool ok =
+      well_formed && frames[5] == "CURVE" && frames.size() >= 7 && keys_.contains(frames[6]);
+  (ok ? allowed_count_ : denied_count_).fetch_add(1, std::memory_order_relaxed);
+  if (!ok) std::cerr << "carpool-router: refused a client whose CURVE key is not allowed\n";
+  const std::string request_id = frames.size() >= 2 ? frames[1] : "";
+  return {"1.0", request_id, ok ? "200" : "400", ok ? "OK" : "key not allowed", "", ""};
+}
+
 void ZapHandler::Run() {
+  auto report = [](const absl::Status& s) {
+    std::cerr << "carpool-router: ZAP handler: " << s.message() << "\n";
+  };
+  // CANCELLED: the context is being terminated, so the socket must close now (below).
+  // ABORTED: interrupted (EINTR); nothing to report.
   while (!stop_.load(std::memory_order_relaxed)) {
-    try {
-      zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
-      if (zmq::poll(&item, 1, std::chrono::milliseconds(kPollMillis)) == 0) continue;
-      // Request: version, request id, domain, address, identity, mechanism, credentials...
-      std::vector<std::string> frames;
-      for (;;) {
-        zmq::message_t m;
-        if (!socket_.recv(m, zmq::recv_flags::none)) break;
-        frames.emplace_back(static_cast<const char*>(m.data()), m.size());
-        if (!m.more()) break;
-      }
-      const bool well_formed = frames.size() >= 6 && frames[0] == "1.0";
-      const bool ok = well_formed && frames[5] == "CURVE" && frames.size() >= 7 &&
-                      keys_.contains(frames[6]);
-      (ok ? allowed_count_ : denied_count_).fetch_add(1, std::memory_order_relaxed);
-      if (!ok) std::cerr << "carpool-router: refused a client whose CURVE key is not allowed\n";
-      const std::string request_id = frames.size() >= 2 ? frames[1] : "";
-      const std::vector<std::string> reply = {"1.0", request_id, ok ? "200" : "400",
-                                              ok ? "OK" : "key not allowed", "", ""};
-      for (size_t i = 0; i < reply.size(); ++i) {
-        socket_.send(zmq::buffer(reply[i]),
-                     i + 1 < reply.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
-      }
-    } catch (const zmq::error_t& e) {
-      if (e.num() == ETERM) break;
-      if (e.num() != EINTR) std::cerr << "carpool-router: ZAP handler: " << e.what() << "\n";
+    const PollItem items[] = {{socket_.get()}};
+    absl::StatusOr<PollResult> readable = Poll(items, kPollMillis);  // EINTR: nothing readable
+    if (!readable.ok()) {
+      if (absl::IsCancelled(readable.status())) break;
+      report(readable.status());
+      continue;
+    }
+    if (!(*readable)[0]) continue;
+    absl::StatusOr<std::optional<Frames>> request = socket_->Recv(0);
+    if (!request.ok()) {
+      if (absl::IsCancelled(request.status())) break;
+      if (!absl::IsAborted(request.status())) report(request.status());
+      continue;
+    }
+    if (!request->has_value()) continue;
+    if (absl::Status s = socket_->Send(Answer(**request)); !s.ok()) {
+      if (absl::IsCancelled(s)) break;
+      if (!absl::IsAborted(s)) report(s);
     }
   }
-  socket_.close();
+  socket_->Close();
 }
 
 }  // namespace carpool::router

@@ -19,7 +19,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
-#include "zmq.hpp"
+#include "common/transport.h"
 
 namespace carpool::router {
 
@@ -48,10 +48,13 @@ class ZapHandler {
   int64_t denied() const { return denied_count_.load(std::memory_order_relaxed); }
 
  private:
-  ZapHandler(zmq::socket_t socket, absl::flat_hash_set<std::string> keys);
+  ZapHandler(std::unique_ptr<Socket> socket, absl::flat_hash_set<std::string> keys);
   void Run();
+  // Answers one ZAP request (version, request id, domain, address, identity, mechanism,
+  // credentials...).
+  Frames Answer(const Frames& request);
 
-  zmq::socket_t socket_;  // used by thread_ only once it runs
+  std::unique_ptr<Socket> socket_;  // REP; used by thread_ only once it runs
   const absl::flat_hash_set<std::string> keys_;  // 32-byte binary public keys
   std::atomic<bool> stop_{false};
   std::atomic<int64_t> allowed_count_{0};

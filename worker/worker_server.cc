@@ -113,16 +113,14 @@ void IoLoop::Run() {
 }
 
 void IoLoop::PollOnce(int timeout_ms) {
-  zmq::pollitem_t items[] = {{dealer_->raw().handle(), 0, ZMQ_POLLIN, 0},
-                             {pair_->raw().handle(), 0, ZMQ_POLLIN, 0}};
-  try {
-    zmq::poll(items, 2, std::chrono::milliseconds(timeout_ms));
-  } catch (const zmq::error_t& e) {
-    if (e.num() != EINTR) Log("poll: ", e.what());
+  const PollItem items[] = {{dealer_}, {pair_}};
+  absl::StatusOr<PollResult> readable = Poll(items, timeout_ms);  // EINTR: nothing readable
+  if (!readable.ok()) {
+    Log(readable.status().message());
     return;
   }
-  if (items[0].revents & ZMQ_POLLIN) ReadRouter();
-  if (items[1].revents & ZMQ_POLLIN) ReadEngine();
+  if ((*readable)[0]) ReadRouter();
+  if ((*readable)[1]) ReadEngine();
 }
 
 void IoLoop::ReadRouter() {
@@ -263,18 +261,6 @@ bool IoLoop::ToRouter(const std::string& frame) {
   return false;
 }
 
-// Options the Socket wrapper does not carry: queue messages only on a live connection (so an
-// unreachable router does not collect stale heartbeats), and flush `deregister` at exit.
-absl::Status TuneDealer(Socket* dealer, int linger_ms) {
-  try {
-    dealer->raw().set(zmq::sockopt::immediate, 1);
-    dealer->raw().set(zmq::sockopt::linger, linger_ms);
-    return absl::OkStatus();
-  } catch (const zmq::error_t& e) {
-    return absl::InternalError(absl::StrCat("configuring the router socket: ", e.what()));
-  }
-}
-
 }  // namespace
 
 SocketOptions WorkerServerOptions::DefaultSocketOptions() {
@@ -359,9 +345,12 @@ absl::Status WorkerServer::Run() {
   zmq::context_t context;  // declared first: outlives the sockets, flushes at destruction
   SocketOptions dealer_options = options_.socket;
   dealer_options.routing_id = options_.worker_id;
+  // Queue messages only on a live connection (so an unreachable router does not collect stale
+  // heartbeats), and flush `deregister` at exit.
+  dealer_options.immediate = true;
+  dealer_options.linger_ms = options_.linger_ms;
   ASSIGN_OR_RETURN(std::unique_ptr<Socket> dealer,
                    Socket::Create(&context, zmq::socket_type::dealer, dealer_options));
-  RETURN_IF_ERROR(TuneDealer(dealer.get(), options_.linger_ms));
   RETURN_IF_ERROR(dealer->Connect(options_.router_endpoint));
   SocketOptions pair_options;
   pair_options.high_water_mark = kPairHighWaterMark;
