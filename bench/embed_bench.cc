@@ -191,16 +191,17 @@ void PrintCell(const Cell& c) {
 int Main(int argc, char** argv) {
   Options o;
   FlagParser flags;
-  flags.AddString("bin-dir", &o.bin_dir, "where carpool-router and carpool-worker are");
-  flags.AddString("model", &o.model, "the workers' --model (default synthetic:small)");
-  flags.AddInt("input-tokens", &o.input_tokens, "tokens per input (default 16)");
-  flags.AddDouble("seconds", &o.seconds, "load per cell (default 3)");
-  flags.AddString("concurrency", &o.concurrencies, "closed-loop clients per cell (1,8,32)");
-  flags.AddString("max-wait-ms", &o.waits_ms, "the sweep's --embed-max-wait-ms values (0,1,5,20)");
-  flags.AddInt("batch-size", &o.batched_max_batch_size, "batched --embed-max-batch-size (32)");
+  flags.AddString("bin-dir", &o.bin_dir,
+                  "where carpool-router and carpool-worker are; none: this binary's folder");
+  flags.AddString("model", &o.model, "the workers' --model");
+  flags.AddInt("input-tokens", &o.input_tokens, "tokens per input");
+  flags.AddDouble("seconds", &o.seconds, "load per cell");
+  flags.AddString("concurrency", &o.concurrencies, "closed-loop clients per cell");
+  flags.AddString("max-wait-ms", &o.waits_ms, "the sweep's --embed-max-wait-ms values");
+  flags.AddInt("batch-size", &o.batched_max_batch_size, "batched --embed-max-batch-size");
   flags.AddInt("batched-wait-ms", &o.batched_wait_ms,
-               "batched --embed-max-wait-ms in the concurrency table (5)");
-  flags.AddInt("sweep-concurrency", &o.sweep_concurrency, "concurrency of the sweep (8)");
+               "batched --embed-max-wait-ms in the concurrency table");
+  flags.AddInt("sweep-concurrency", &o.sweep_concurrency, "concurrency of the sweep");
   flags.AddBool("json", &o.json, "also print JSON");
   if (absl::Status s = flags.Parse(argc, argv, 1); !s.ok()) {
     std::cerr << "carpool-bench-embed: " << s.message() << "\n" << flags.Help();

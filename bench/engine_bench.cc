@@ -277,18 +277,17 @@ int main(int argc, char** argv) {
   std::string json_file;
   std::string only;
   FlagParser parser;
-  parser.AddString("model", &model, "model to measure (default synthetic:small)");
-  parser.AddInt("decode-steps", &decode_steps, "timed decode steps per batch size (default 32)");
-  parser.AddInt("batching-seqs", &batching_seqs, "max-num-seqs of the batching comparison (16)");
-  parser.AddInt("batching-requests", &batching_requests, "requests in the batching comparison (256)");
-  parser.AddString("paged-model", &paged_model, "model of the paged-KV count (synthetic:tiny)");
-  parser.AddInt("paged-kv-blocks", &paged_kv_blocks, "KV budget of the paged-KV count (512)");
-  parser.AddInt("paged-max-model-len", &paged_max_model_len, "max-model-len of it (2048)");
-  parser.AddInt("paged-requests", &paged_requests, "requests of the paged-KV count (200)");
+  parser.AddString("model", &model, "model to measure");
+  parser.AddInt("decode-steps", &decode_steps, "timed decode steps per batch size");
+  parser.AddInt("batching-seqs", &batching_seqs, "max-num-seqs of the batching comparison");
+  parser.AddInt("batching-requests", &batching_requests, "requests in the batching comparison");
+  parser.AddString("paged-model", &paged_model, "model of the paged-KV count");
+  parser.AddInt("paged-kv-blocks", &paged_kv_blocks, "KV budget of the paged-KV count");
+  parser.AddInt("paged-max-model-len", &paged_max_model_len, "max-model-len of it");
+  parser.AddInt("paged-requests", &paged_requests, "requests of the paged-KV count");
   parser.AddString("only", &only,
                    "comma-separated parts: bandwidth, decode, prefill, batching, overhead, paged, "
-                   "embed "
-                   "(default: all)");
+                   "embed; none: all");
   parser.AddBool("json", &json_out, "also print a JSON object");
   parser.AddString("json-file", &json_file, "also write the JSON object to this file");
   if (auto s = parser.Parse(argc, argv, 1); !s.ok()) {

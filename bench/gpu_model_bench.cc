@@ -425,13 +425,13 @@ int Run(const Args& args) {
 int main(int argc, char** argv) {
   carpool::worker::Args args;
   carpool::FlagParser p;
-  p.AddString("presets", &args.presets, "synthetic presets, comma-separated (default 1b,8b)");
+  p.AddString("presets", &args.presets, "synthetic presets, comma-separated");
   p.AddString("real-model", &args.real_model,
               "presets run through the real LlamaModel over host-generated weights; the others "
-              "run the kernel sequence over weights filled on the device (default 1b)");
-  p.AddInt("layers", &args.layers, "keep only this many layers (default: all)");
-  p.AddInt("steps", &args.steps, "timed steps per cell (default 10)");
-  p.AddInt("context", &args.context, "context of every decode sequence (default 512)");
+              "run the kernel sequence over weights filled on the device");
+  p.AddInt("layers", &args.layers, "keep only this many layers; 0: all");
+  p.AddInt("steps", &args.steps, "timed steps per cell");
+  p.AddInt("context", &args.context, "context of every decode sequence");
   p.AddCustom(
       "dtype",
       [&args](const std::string& v) -> absl::Status {
@@ -440,7 +440,7 @@ int main(int argc, char** argv) {
         args.dtype = *t;
         return absl::OkStatus();
       },
-      "bfloat16 (default), float16 or float32");
+      "bfloat16, float16 or float32", carpool::worker::StorageTypeFlagName(args.dtype));
   p.AddString("json", &args.json, "write the rows here");
   if (absl::Status s = p.Parse(argc, argv, 1); !s.ok()) {
     std::fprintf(stderr, "carpool-bench-gpu-model: %s\n%s", std::string(s.message()).c_str(),

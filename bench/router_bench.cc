@@ -110,10 +110,11 @@ int main(int argc, char** argv) {
   bool json = false;
   FlagParser flags;
   flags.AddString("serve-direct", &serve_direct, "internal: run the direct baseline server");
-  flags.AddString("bin-dir", &bin_dir, "where carpool-router and carpool-worker are");
-  flags.AddInt("requests", &n, "sequential round trips per path (default 5000)");
-  flags.AddInt("throughput-requests", &throughput_n, "requests for the throughput run (50000)");
-  flags.AddInt("window", &window, "requests in flight for the throughput run (default 64)");
+  flags.AddString("bin-dir", &bin_dir,
+                  "where carpool-router and carpool-worker are; none: this binary's folder");
+  flags.AddInt("requests", &n, "sequential round trips per path");
+  flags.AddInt("throughput-requests", &throughput_n, "requests for the throughput run");
+  flags.AddInt("window", &window, "requests in flight for the throughput run");
   flags.AddBool("json", &json, "also print JSON");
   if (auto s = flags.Parse(argc, argv, 1); !s.ok()) {
     std::cerr << s.message() << "\n" << flags.Help();

@@ -127,11 +127,11 @@ int main(int argc, char** argv) {
   int warmup = 3, steps = 20;
   bool help = false;
   carpool::FlagParser flags;
-  flags.AddString("model", &options.model, "synthetic:<preset> or a folder (default synthetic:small)");
-  flags.AddString("batch", &batches_text, "batch sizes to time (default 1,32)");
-  flags.AddInt("steps", &steps, "decode steps timed per batch size (default 20)");
-  flags.AddInt("warmup", &warmup, "decode steps before timing (default 3)");
-  flags.AddInt("threads", &options.num_threads, "kernel threads per rank (default: one per core)");
+  flags.AddString("model", &options.model, "synthetic:<preset> or a folder");
+  flags.AddString("batch", &batches_text, "batch sizes to time");
+  flags.AddInt("steps", &steps, "decode steps timed per batch size");
+  flags.AddInt("warmup", &warmup, "decode steps before timing");
+  flags.AddInt("threads", &options.num_threads, "kernel threads per rank; 0: one per core");
   flags.AddString("json", &json_path, "also write the rows to this file");
   flags.AddBool("help", &help, "show this help");
   if (absl::Status s = flags.Parse(argc, argv, 1); !s.ok() || help) {

@@ -60,30 +60,30 @@ absl::Status ParseLength(const std::string& v, LengthDist* out) {
 
 void RegisterServeFlags(FlagParser* p, ServeFlags* f) {
   p->AddString("backend", &f->backend,
-               "zmq (the router's ZeroMQ frontend; default) or http (the OpenAI gateway at --url)");
+               "zmq (the router's ZeroMQ frontend) or http (the OpenAI gateway at --url)");
   p->AddString("url", &f->http.url,
-               "http: the gateway's base URL (default http://127.0.0.1:8000); --router still "
-               "serves the stats when reachable");
-  p->AddString("model", &f->http.model, "http: the model name to send (default: none)");
-  p->AddString("router", &f->client.router_endpoint,
-               "the router's client endpoint (default tcp://127.0.0.1:5555)");
+               "http: the gateway's base URL; --router still serves the stats when reachable");
+  p->AddString("model", &f->http.model, "http: the model name to send; none: the served model");
+  p->AddString("router", &f->client.router_endpoint, "the router's client endpoint");
   p->AddInt("num-prompts", &f->dataset.num_prompts,
-            "requests to send (default 100; jsonl: 0 = every line once)");
-  p->AddString("dataset", &f->dataset_name, "random (default), jsonl or shared-prefix");
+            "requests to send; jsonl: 0 = every line once, the default with jsonl");
+  p->AddString("dataset", &f->dataset_name, "random, jsonl or shared-prefix");
   p->AddString("dataset-path", &f->dataset.path,
                "jsonl: prompts file, {\"prompt\": ...} or {\"prompt_ids\": [...]} per line, "
                "optional \"max_tokens\"");
   p->AddCustom(
       "input-len", [f](const std::string& v) { return ParseLength(v, &f->dataset.input); },
-      "prompt length: N, uniform:LO:HI, normal:MEAN:STD, exponential:MEAN[:MAX] (default 128; "
-      "shared-prefix: the part after the prefix)");
+      "prompt length: N, uniform:LO:HI, normal:MEAN:STD, exponential:MEAN[:MAX] "
+      "(shared-prefix: the part after the prefix)",
+      f->dataset.input.ToString());
   p->AddCustom(
       "output-len", [f](const std::string& v) { return ParseLength(v, &f->dataset.output); },
-      "output length, same forms (default 128; jsonl lines with max_tokens keep theirs)");
-  p->AddInt("num-prefixes", &f->dataset.num_prefixes, "shared-prefix: distinct prefixes (4)");
-  p->AddInt("prefix-len", &f->dataset.prefix_len, "shared-prefix: prefix tokens (512)");
+      "output length, same forms (jsonl lines with max_tokens keep theirs)",
+      f->dataset.output.ToString());
+  p->AddInt("num-prefixes", &f->dataset.num_prefixes, "shared-prefix: distinct prefixes");
+  p->AddInt("prefix-len", &f->dataset.prefix_len, "shared-prefix: prefix tokens");
   p->AddInt("vocab-size", &f->dataset.vocab_size,
-            "random token ids are drawn from [0, N) (default 256: the byte tokenizer's bytes)");
+            "random token ids are drawn from [0, N); 256: the byte tokenizer's bytes");
   p->AddCustom(
       "request-rate",
       [f](const std::string& v) {
@@ -98,29 +98,27 @@ void RegisterServeFlags(FlagParser* p, ServeFlags* f) {
         }
         return absl::OkStatus();
       },
-      "requests per second, Poisson (or gamma with --burstiness); inf = all at once (default)");
+      "requests per second, Poisson (or gamma with --burstiness); inf = all at once",
+      absl::StrCat(f->runner.request_rate));
   p->AddDouble("burstiness", &f->runner.burstiness,
-               "gamma shape of the gaps: 1 Poisson (default), < 1 burstier, > 1 more regular");
-  p->AddInt("max-concurrency", &f->runner.max_concurrency,
-            "most requests in flight (default 0: unlimited)");
+               "gamma shape of the gaps: 1 Poisson, < 1 burstier, > 1 more regular");
+  p->AddInt("max-concurrency", &f->runner.max_concurrency, "most requests in flight; 0: unlimited");
   p->AddString("goodput", &f->goodput,
                "SLOs for goodput, e.g. --goodput ttft:500 tpot:50 e2el:5000 (ms)");
-  p->AddInt64("seed", &f->seed,
-              "seed of the dataset and arrival times (default 0)");
+  p->AddInt64("seed", &f->seed, "seed of the dataset and arrival times");
   p->AddInt("num-warmups", &f->runner.num_warmups,
-            "requests sent one by one before the run, not measured (default 0)");
-  p->AddFloat("temperature", &f->sender.temperature, "sampling temperature (default 0: greedy)");
-  p->AddBool("ignore-eos", &f->sender.ignore_eos,
-             "generate exactly the dataset's output lengths (default true)");
-  p->AddInt64("timeout-ms", &f->sender.timeout_ms, "per request (default 600000)");
+            "requests sent one by one before the run, not measured");
+  p->AddFloat("temperature", &f->sender.temperature, "sampling temperature; 0: greedy");
+  p->AddBool("ignore-eos", &f->sender.ignore_eos, "generate exactly the dataset's output lengths");
+  p->AddInt64("timeout-ms", &f->sender.timeout_ms, "per request");
   p->AddBool("json", &f->json, "print the result as one JSON object instead of the report");
   p->AddString("result-file", &f->result_file, "also write the result JSON to this file");
   p->AddBool("save-detailed", &f->save_detailed,
              "add per-request input_lens, output_lens, ttfts, itls, e2els, errors to the JSON");
   p->AddInt("stats-interval-ms", &f->stats_interval_ms,
             "sample the router's stats this often for peak running sequences and KV blocks "
-            "(default 250; 0 = off)");
-  p->AddBool("progress", &f->progress, "progress bar on stderr when it is a terminal (default on)");
+            "(0 = off)");
+  p->AddBool("progress", &f->progress, "progress bar on stderr when it is a terminal");
   p->AddBool("help", &f->help, "show this help");
 }
 

@@ -49,17 +49,17 @@ void RegisterFlags(FlagParser* p, EmbedFlags* f) {
       },
       "an input as comma-separated token ids; repeat for more");
   p->AddString("inputs-file", &f->inputs_file, "a file of input texts, one per line");
-  p->AddString("pooling", &f->pooling, "mean | last (default mean)");
-  p->AddBool("normalize", &f->normalize, "unit-length embeddings (default true; --no-normalize)");
-  p->AddBool("add-bos", &f->add_bos, "prepend BOS to text inputs (default true)");
+  p->AddString("pooling", &f->pooling, "mean | last");
+  p->AddBool("normalize", &f->normalize, "unit-length embeddings (--no-normalize turns it off)");
+  p->AddBool("add-bos", &f->add_bos, "prepend BOS to text inputs");
   p->AddBool("json", &f->json, "print an OpenAI-style JSON document");
-  p->AddString("priority", &f->priority, "interactive | default | batch (default: default)");
+  p->AddString("priority", &f->priority, "interactive | default | batch");
   p->AddInt64("deadline-ms", &f->deadline_ms,
-              "give up this long after the request reaches the router (default: none)");
-  p->AddInt64("timeout-ms", &f->timeout_ms, "client-side timeout (default 60000)");
+              "give up this long after the request reaches the router; 0: never");
+  p->AddInt64("timeout-ms", &f->timeout_ms, "client-side timeout");
   p->AddString("api-key", &f->api_key, "API key sent with the request");
   p->AddInt("retries", &f->retries,
-            "resend a request refused with UNAVAILABLE up to this many times (default 0)");
+            "resend a request refused with UNAVAILABLE up to this many times");
   p->AddBool("help", &f->help, "show this help");
 }
 

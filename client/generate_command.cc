@@ -254,37 +254,40 @@ void RegisterGenerateFlags(FlagParser* p, GenerateFlags* f) {
   p->AddString("prompt-ids", &f->prompt_ids, "prompt as comma-separated token ids");
   p->AddString("prompts-file", &f->prompts_file,
                "JSONL file, one {\"prompt\": ...} or {\"prompt_ids\": [...]} per line");
-  p->AddInt("max-tokens", &f->sampling.max_tokens, "tokens to generate (default 16)");
-  p->AddFloat("temperature", &f->sampling.temperature, "0 = greedy (default 1)");
-  p->AddInt("top-k", &f->sampling.top_k, "keep the k most likely tokens (default off)");
-  p->AddFloat("top-p", &f->sampling.top_p, "nucleus mass in (0, 1] (default 1)");
-  p->AddFloat("min-p", &f->sampling.min_p, "drop tokens below min-p x top prob (default 0)");
-  p->AddFloat("repetition-penalty", &f->sampling.repetition_penalty, "(default 1)");
-  p->AddFloat("presence-penalty", &f->sampling.presence_penalty, "(default 0)");
-  p->AddFloat("frequency-penalty", &f->sampling.frequency_penalty, "(default 0)");
-  p->AddInt64("seed", &f->seed, "sampling seed (default: random)");
+  p->AddInt("max-tokens", &f->sampling.max_tokens, "tokens to generate");
+  p->AddFloat("temperature", &f->sampling.temperature, "0 = greedy");
+  p->AddInt("top-k", &f->sampling.top_k, "keep the k most likely tokens; 0: all");
+  p->AddFloat("top-p", &f->sampling.top_p, "nucleus mass in (0, 1]");
+  p->AddFloat("min-p", &f->sampling.min_p, "drop tokens below min-p x top prob");
+  p->AddFloat("repetition-penalty", &f->sampling.repetition_penalty,
+              ">1 discourages tokens already in the prompt or output");
+  p->AddFloat("presence-penalty", &f->sampling.presence_penalty,
+              "subtracted once from the logit of every token already in the output, [-2, 2]");
+  p->AddFloat("frequency-penalty", &f->sampling.frequency_penalty,
+              "subtracted per occurrence in the output, [-2, 2]");
+  p->AddInt64("seed", &f->seed, "sampling seed; -1: random");
   p->AddString("stop-token-ids", &f->stop_token_ids, "comma-separated ids that end generation");
   p->AddBool("ignore-eos", &f->sampling.ignore_eos, "keep generating past EOS");
-  p->AddInt("logprobs", &f->sampling.logprobs, "top alternatives per token, 0..20 (default 0)");
+  p->AddInt("logprobs", &f->sampling.logprobs, "top alternatives per token, 0..20");
   p->AddBool("json", &f->json, "print one JSON object per prompt");
-  p->AddBool("add-bos", &f->add_bos, "prepend BOS to text prompts (default true)");
+  p->AddBool("add-bos", &f->add_bos, "prepend BOS to text prompts");
   p->AddBool("help", &f->help, "show this help");
   p->AddString("router", &f->router,
                "send the prompts to a carpool router (tcp://host:port) instead of running an "
                "engine here");
-  p->AddInt64("timeout-ms", &f->timeout_ms, "router: per-request timeout (default 60000)");
+  p->AddInt64("timeout-ms", &f->timeout_ms,
+              absl::StrCat("router: per-request timeout; 0: the client's default, ",
+                           ClientOptions().default_timeout_ms));
   p->AddBool("stream", &f->stream, "router: stream tokens; without --json, print text as it comes");
   p->AddCustom(
       "priority", [f](const std::string& v) { return ParsePriority(v, &f->priority); },
-      "router: interactive | default | batch (default: default)");
+      "router: interactive | default | batch", "default");
   p->AddInt64("deadline-ms", &f->deadline_ms,
-              "router: give up on the request this long after it reaches the router (default: "
-              "none)");
+              "router: give up on the request this long after it reaches the router; 0: never");
   p->AddString("api-key", &f->api_key, "router: API key sent with every request");
-  p->AddInt("concurrency", &f->concurrency,
-            "router with --prompts-file: requests kept in flight (default 8)");
+  p->AddInt("concurrency", &f->concurrency, "router with --prompts-file: requests kept in flight");
   p->AddInt("retries", &f->retries,
-            "router: resend a request refused with UNAVAILABLE up to this many times (default 0)");
+            "router: resend a request refused with UNAVAILABLE up to this many times");
 }
 
 int Fail(const absl::Status& status) {

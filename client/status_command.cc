@@ -166,19 +166,20 @@ int RunStatus(int argc, char** argv, int first) {
   int64_t count = 0;
   bool help = false;
   FlagParser parser;
-  parser.AddString("router", &options.router_endpoint,
-                   "the router's client endpoint (default tcp://127.0.0.1:5555)");
-  parser.AddInt64("timeout-ms", &timeout_ms, "how long to wait for the answer (default 5000)");
+  parser.AddString("router", &options.router_endpoint, "the router's client endpoint");
+  parser.AddInt64("timeout-ms", &timeout_ms, "how long to wait for the answer");
   parser.AddString("api-key", &options.api_key,
                    "key for a router with --tenants: a tenant's key shows that tenant, an admin "
-                   "key every tenant (default: none)");
+                   "key every tenant");
   parser.AddBool("json", &json, "print the stats as one JSON object (implies --once)");
   parser.AddBool("once", &once,
-                 "print one table and exit (the default when stdout is not a terminal)");
+                 "print one table and exit (what runs without --once or --watch when stdout is "
+                 "not a terminal)");
   parser.AddBool("watch", &watch,
-                 "refresh the table every --interval-ms until Ctrl-C (the default on a terminal)");
-  parser.AddInt64("interval-ms", &interval_ms, "refresh interval of the live table (default 1000)");
-  parser.AddInt64("count", &count, "live table: stop after this many refreshes (default 0: never)");
+                 "refresh the table every --interval-ms until Ctrl-C (what runs without --once or "
+                 "--watch on a terminal)");
+  parser.AddInt64("interval-ms", &interval_ms, "refresh interval of the live table");
+  parser.AddInt64("count", &count, "live table: stop after this many refreshes; 0: never");
   parser.AddBool("help", &help, "show this help");
   const auto fail = [](const absl::Status& s, int code) {
     std::cerr << "carpool status: " << s.message() << "\n";

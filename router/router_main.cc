@@ -58,77 +58,72 @@ int main(int argc, char** argv) {
   std::string chat_template = "auto";
   bool help = false;
   carpool::FlagParser flags;
-  flags.AddString("frontend", &options.frontend, "client endpoint (default tcp://127.0.0.1:5555)");
-  flags.AddString("backend", &options.backend, "worker endpoint (default tcp://127.0.0.1:5556)");
+  flags.AddString("frontend", &options.frontend, "client endpoint");
+  flags.AddString("backend", &options.backend, "worker endpoint");
   flags.AddInt64("heartbeat-timeout-ms", &options.heartbeat_timeout_ms,
-                 "a worker silent this long is dead (default 1000)");
+                 "a worker silent this long is dead");
   flags.AddInt("max-queued-requests", &a.max_queued_requests,
-               "requests waiting for a worker before queue_full (default 10000)");
+               "requests waiting for a worker before queue_full");
   flags.AddInt64("max-queued-tokens", &a.max_queued_tokens,
-                 "prompt + max_tokens reserved by queued requests before token_budget "
-                 "(default 0: no limit)");
+                 "prompt + max_tokens reserved by queued requests before token_budget; "
+                 "0: no limit");
   flags.AddInt64("max-inflight-tokens", &a.max_inflight_tokens,
-                 "prompt + max_tokens reserved by dispatched requests (default 0: the workers' "
-                 "KV capacity)");
+                 "prompt + max_tokens reserved by dispatched requests; 0: the workers' "
+                 "KV capacity");
   flags.AddInt64("interactive-reserve", &a.interactive_reserve_tokens,
-                 "in-flight tokens only interactive requests may use (default 0)");
+                 "in-flight tokens only interactive requests may use");
   flags.AddInt64("priority-aging-ms", &a.priority_aging_ms,
-                 "waiting this long raises a queued request one class (default 5000)");
+                 "waiting this long raises a queued request one class");
   flags.AddInt64("skip-ahead-ms", &a.skip_ahead_ms,
                  "how long requests that fit may go ahead of a queued one that does not; then "
-                 "the budget is held for it (default 2000)");
+                 "the budget is held for it");
   flags.AddInt64("no-worker-timeout-ms", &a.no_worker_timeout_ms,
                  "a queued request with no worker able to serve it this long ends UNAVAILABLE "
-                 "no_workers; 0: waits without end (default 30000)");
+                 "no_workers; 0: waits without end");
   flags.AddInt64("stall-timeout-ms", &options.stall_timeout_ms,
                  "a worker holding requests with no progress this long (or 20 of its step "
-                 "times, if longer) is stalled and its requests move; 0: off (default 10000)");
+                 "times, if longer) is stalled and its requests move; 0: off");
   flags.AddString("placement", &placement,
-                  "round_robin | least_loaded | power_of_two | prefix_affinity "
-                  "(default least_loaded)");
+                  "round_robin | least_loaded | power_of_two | prefix_affinity");
   flags.AddDouble("affinity-load-weight", &options.affinity_load_weight,
-                  "prefix_affinity: load tokens one cached token is worth (default 1)");
-  flags.AddString("tenants", &tenants_file, "API keys and quotas, textproto (default: none)");
+                  "prefix_affinity: load tokens one cached token is worth");
+  flags.AddString("tenants", &tenants_file, "API keys and quotas, textproto");
   flags.AddString("admin-key-file", &admin_key_file,
                   "with --tenants: keys (one per line) whose stats see every tenant; a tenant's "
-                  "key sees itself only (default: none)");
+                  "key sees itself only");
   flags.AddBool("drain-workers", &options.drain_workers,
-                "on SIGTERM, drain the workers too once in-flight work is done (default true)");
+                "on SIGTERM, drain the workers too once in-flight work is done");
   flags.AddInt64("drain-grace-ms", &options.drain_grace_ms,
-                 "after SIGTERM, how long admitted requests may take to finish (default 30000)");
+                 "after SIGTERM, how long admitted requests may take to finish");
   flags.AddString("curve-secret-key-file", &curve_secret_file,
                   "CURVE secret key of the frontend (from `carpool-router keygen`)");
   flags.AddString("curve-allow", &curve_allow_file,
                   "client public keys allowed under CURVE, one per line");
-  flags.AddBytes("max-request-bytes", &options.max_request_bytes,
-                 "largest client message (default 1MiB)");
+  flags.AddBytes("max-request-bytes", &options.max_request_bytes, "largest client message");
   flags.AddInt("max-migrations", &options.max_migrations,
-               "times a request may move after its worker died (default 3)");
+               "times a request may move after its worker died");
   flags.AddString("http", &http.listen,
-                  "serve the OpenAI-compatible HTTP API on HOST:PORT, port 0 picks one "
-                  "(default: off; docs/http.md)");
+                  "serve the OpenAI-compatible HTTP API on HOST:PORT, port 0 picks one; "
+                  "none: off (docs/http.md)");
   flags.AddInt("http-max-connections", &http.server.max_connections,
-               "HTTP connections open at once, idle ones included; more get 503 (default 10000)");
+               "HTTP connections open at once, idle ones included; more get 503");
   flags.AddInt("http-max-concurrent-requests", &http.server.max_concurrent_requests,
-               "HTTP requests handled at once (a stream holds one until it ends); more get 503 "
-               "(default 1024)");
+               "HTTP requests handled at once (a stream holds one until it ends); more get 503");
   flags.AddBytes("http-max-body-bytes", &http.server.max_body_bytes,
-                 "largest HTTP request body; larger get 413 (default 1MiB)");
+                 "largest HTTP request body; larger get 413");
   flags.AddBytes("http-max-header-bytes", &http.server.max_header_bytes,
-                 "largest HTTP request header block; larger get 431 (default 16KiB)");
+                 "largest HTTP request header block; larger get 431");
   flags.AddInt64("http-body-timeout-ms", &http.server.body_timeout_ms,
-                 "an HTTP request body must arrive within this of its head, else 408 "
-                 "(default 30000)");
+                 "an HTTP request body must arrive within this of its head, else 408");
   flags.AddInt64("http-write-timeout-ms", &http.server.write_timeout_ms,
-                 "an HTTP answer the client does not read within this closes the connection "
-                 "(default 10000)");
+                 "an HTTP answer the client does not read within this closes the connection");
   flags.AddInt64("http-idle-timeout-ms", &http.server.idle_timeout_ms,
                  "an HTTP request head must arrive within this (else 408), and a connection "
-                 "silent this long is closed (default 5000)");
+                 "silent this long is closed");
   flags.AddInt64("http-request-timeout-ms", &http.request_timeout_ms,
-                 "longest an HTTP generation may take without deadline_ms (default 600000)");
+                 "longest an HTTP generation may take without deadline_ms");
   flags.AddString("chat-template", &chat_template,
-                  "llama3 | chatml | plain | auto: by the served model's name (default auto)");
+                  "llama3 | chatml | plain | auto: by the served model's name");
   flags.AddBool("help", &help, "show this help");
   if (absl::Status s = flags.Parse(argc, argv, 1); !s.ok()) {
     std::cerr << "carpool-router: " << s.message() << "\n";

@@ -103,18 +103,18 @@ int main(int argc, char** argv) {
   std::string model = "synthetic:tiny", json_path, log_dir;
   bool help = false;
   carpool::FlagParser flags;
-  flags.AddInt64("duration-s", &duration_s, "length of the loaded run (default 600)");
+  flags.AddInt64("duration-s", &duration_s, "length of the loaded run");
   flags.AddInt64("kill-every-s", &kill_every_s,
-                 "kill -9 and restart one worker this often; 0 never (default 60)");
-  flags.AddInt64("calibrate-s", &calibrate_s, "closed-loop run measuring capacity (default 10)");
-  flags.AddDouble("load", &load, "fraction of the measured capacity to offer (default 0.7)");
-  flags.AddInt("workers", &workers, "carpool-worker processes (default 2)");
-  flags.AddString("model", &model, "the workers' --model (default synthetic:tiny)");
-  flags.AddInt("prompt-len", &prompt_len, "prompt tokens per request (default 48)");
-  flags.AddInt("max-tokens", &max_tokens, "tokens generated per request (default 32)");
-  flags.AddInt("threads", &threads, "client threads (bounds concurrency; default 64)");
+                 "kill -9 and restart one worker this often; 0 never");
+  flags.AddInt64("calibrate-s", &calibrate_s, "closed-loop run measuring capacity");
+  flags.AddDouble("load", &load, "fraction of the measured capacity to offer");
+  flags.AddInt("workers", &workers, "carpool-worker processes");
+  flags.AddString("model", &model, "the workers' --model");
+  flags.AddInt("prompt-len", &prompt_len, "prompt tokens per request");
+  flags.AddInt("max-tokens", &max_tokens, "tokens generated per request");
+  flags.AddInt("threads", &threads, "client threads (bounds concurrency)");
   flags.AddString("json", &json_path, "also write the results here");
-  flags.AddString("log-dir", &log_dir, "router and worker logs (default: a temp folder)");
+  flags.AddString("log-dir", &log_dir, "router and worker logs; none: a temp folder");
   flags.AddBool("help", &help, "show this help");
   if (absl::Status s = flags.Parse(argc, argv, 1); !s.ok()) {
     std::cerr << "carpool-soak: " << s.message() << "\n";

@@ -8,16 +8,16 @@ namespace carpool::worker {
 void RegisterEngineFlags(FlagParser* p, EngineOptions* o) {
   o->scheduler.max_model_len = 0;  // the model's unless set
   p->AddString("model", &o->model, "synthetic:<tiny|small|1b|8b> or a Hugging Face folder");
-  p->AddInt("block-size", &o->block_size, "tokens per KV block (default 16)");
-  p->AddInt("num-kv-blocks", &o->num_kv_blocks, "KV pool size in blocks (default: from memory)");
+  p->AddInt("block-size", &o->block_size, "tokens per KV block");
+  p->AddInt("num-kv-blocks", &o->num_kv_blocks, "KV pool size in blocks; 0: from memory");
   p->AddBytes("kv-cache-memory", &o->kv_cache_memory_bytes,
-              "KV pool size in bytes, e.g. 512MiB (default: max-num-seqs full-length sequences, "
-              "at most 1GiB)");
+              "KV pool size in bytes, e.g. 512MiB; 0: on the CPU max-num-seqs full-length "
+              "sequences, at most 1GiB, on a GPU what --gpu-memory-utilization leaves");
   p->AddInt("max-num-batched-tokens", &o->scheduler.max_num_batched_tokens,
-            "token budget of one step (default 2048)");
-  p->AddInt("max-num-seqs", &o->scheduler.max_num_seqs, "sequences in one step (default 64)");
+            "token budget of one step");
+  p->AddInt("max-num-seqs", &o->scheduler.max_num_seqs, "sequences in one step");
   p->AddInt("max-model-len", &o->scheduler.max_model_len,
-            "longest prompt + output (default: the model's max_position_embeddings)");
+            "longest prompt + output; 0: the model's max_position_embeddings");
   p->AddCustom(
       "scheduler",
       [o](const std::string& v) {
@@ -31,11 +31,11 @@ void RegisterEngineFlags(FlagParser* p, EngineOptions* o) {
         }
         return absl::OkStatus();
       },
-      "continuous (default) or static (baseline: whole batches, nobody joins)");
+      "continuous or static (baseline: whole batches, nobody joins)",
+      o->scheduler.policy == SchedulerPolicy::kStatic ? "static" : "continuous");
   p->AddBool("enable-chunked-prefill", &o->scheduler.enable_chunked_prefill,
-             "split long prompts over steps (default true)");
-  p->AddBool("enable-prefix-caching", &o->enable_prefix_caching,
-             "reuse cached prompt blocks (default true)");
+             "split long prompts over steps");
+  p->AddBool("enable-prefix-caching", &o->enable_prefix_caching, "reuse cached prompt blocks");
   p->AddCustom(
       "static-batch-timeout-ms",
       [o](const std::string& v) {
@@ -47,8 +47,9 @@ void RegisterEngineFlags(FlagParser* p, EngineOptions* o) {
         o->scheduler.static_batch_timeout_micros = static_cast<int64_t>(ms * 1000);
         return absl::OkStatus();
       },
-      "static scheduler: how long to collect a batch (default 50)");
-  p->AddInt("threads", &o->num_threads, "kernel threads (default: one per core)");
+      "static scheduler: how long to collect a batch",
+      absl::StrCat(o->scheduler.static_batch_timeout_micros / 1000.0));
+  p->AddInt("threads", &o->num_threads, "kernel threads; 0: one per core");
   o->device.kind = DeviceKind::kAuto;  // binaries use the GPU when there is one
   RegisterDeviceFlags(p, &o->device);
 }
@@ -62,10 +63,11 @@ void RegisterDeviceFlags(FlagParser* p, DeviceOptions* o) {
         o->kind = *kind;
         return absl::OkStatus();
       },
-      "cpu, cuda or auto: cuda when this build has CUDA and a GPU is visible (default auto)");
+      "cpu, cuda or auto: cuda when this build has CUDA and a GPU is visible",
+      DeviceKindName(o->kind));
   p->AddInt("gpu", &o->gpu_index,
-            "CUDA device index (default: the local rank under mpirun/srun modulo the GPU count, "
-            "else 0)");
+            "CUDA device index; -1: the local rank under mpirun/srun modulo the GPU count, "
+            "else 0");
   p->AddCustom(
       "dtype",
       [o](const std::string& v) -> absl::Status {
@@ -74,14 +76,15 @@ void RegisterDeviceFlags(FlagParser* p, DeviceOptions* o) {
         o->dtype = *t;
         return absl::OkStatus();
       },
-      "GPU storage type of weights, activations and KV cache: bfloat16 (default), float16 or "
-      "float32 (the CPU is always float32)");
+      "GPU storage type of weights, activations and KV cache: bfloat16, float16 or float32 "
+      "(the CPU is always float32)",
+      StorageTypeFlagName(o->dtype));
   p->AddDouble("gpu-memory-utilization", &o->gpu_memory_utilization,
                "fraction of GPU memory the worker fills; the KV pool gets what the weights and "
-               "activations leave (default 0.9)");
+               "activations leave");
   p->AddBool("cuda-graphs", &o->cuda_graphs,
-             "replay decode steps as CUDA graphs at padded batch sizes (default true; "
-             "--no-cuda-graphs turns them off)");
+             "replay decode steps as CUDA graphs at padded batch sizes (--no-cuda-graphs "
+             "turns them off)");
 }
 
 }  // namespace carpool::worker

@@ -105,14 +105,14 @@ int main(int argc, char** argv) {
   int tp_heartbeat_ms = 100, tp_timeout_ms = 1000, tp_collective_timeout_ms = 60000;
   carpool::FlagParser parser;
   parser.AddString("router", &options.router_endpoint,
-                   "the router's worker endpoint, e.g. tcp://127.0.0.1:5556 (under mpirun: "
-                   "default the job's carpool-router rank)");
+                   "the router's worker endpoint, e.g. tcp://127.0.0.1:5556; none: under "
+                   "mpirun, the job's carpool-router rank");
   // With the device flags (--device, --gpu, --dtype, ...) into options.engine.device.
   carpool::worker::RegisterEngineFlags(&parser, &options.engine);
-  parser.AddString("worker-id", &options.worker_id, "routing id (default: hostname:pid)");
-  parser.AddInt("heartbeat-ms", &options.heartbeat_ms, "heartbeat interval (default 200)");
+  parser.AddString("worker-id", &options.worker_id, "routing id; none: hostname:pid");
+  parser.AddInt("heartbeat-ms", &options.heartbeat_ms, "heartbeat interval");
   parser.AddInt("embed-max-batch-size", &options.embed.max_batch_size,
-                "most embedding inputs in one batch (default 32)");
+                "most embedding inputs in one batch");
   parser.AddCustom(
       "embed-max-wait-ms",
       [&options](const std::string& v) {
@@ -124,22 +124,21 @@ int main(int argc, char** argv) {
         options.embed.max_wait_micros = static_cast<int64_t>(ms * 1000);
         return absl::OkStatus();
       },
-      "a batch that is not full runs this long after its first input arrived (default 2)");
+      "a batch that is not full runs this long after its first input arrived",
+      absl::StrCat(options.embed.max_wait_micros / 1000.0));
   parser.AddInt("embed-max-concurrent-batches", &options.embed.max_concurrent_batches,
                 "embedding batches running at once; must be 1: batches run on the engine thread, "
-                "one at a time, at most one between two generation steps (default 1)");
+                "one at a time, at most one between two generation steps");
   parser.AddInt("embed-queue-size", &options.embed.max_queue_size,
                 "most embedding inputs waiting for a batch, >= --embed-max-batch-size; more are "
-                "refused with queue_full (default 1024)");
-  parser.AddInt(
-      "tp", &tp,
-      "tensor-parallel ranks per worker, consecutive ranks of the mpirun job (default 1)");
+                "refused with queue_full");
+  parser.AddInt("tp", &tp, "tensor-parallel ranks per worker, consecutive ranks of the mpirun job");
   parser.AddInt("tp-heartbeat-ms", &tp_heartbeat_ms,
-                "heartbeat interval inside a tensor-parallel group (default 100)");
+                "heartbeat interval inside a tensor-parallel group");
   parser.AddInt("tp-timeout-ms", &tp_timeout_ms,
-                "a group peer silent this long is dead and the group exits (default 1000)");
+                "a group peer silent this long is dead and the group exits");
   parser.AddInt("tp-collective-timeout-ms", &tp_collective_timeout_ms,
-                "longest wait of one collective in a step (default 60000)");
+                "longest wait of one collective in a step");
   parser.AddBool("help", &help, "show this help");
   if (absl::Status s = parser.Parse(argc, argv, 1); !s.ok()) {
     std::cerr << "carpool-worker: " << s.message() << "\n" << kUsage;
