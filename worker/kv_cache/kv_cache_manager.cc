@@ -119,6 +119,7 @@ void KvCacheManager::MarkComputed(int64_t seq_id, int num_computed_tokens,
     if (!block.hashed && cached_.emplace(hash, seq.blocks[b]).second) {
       block.hashed = true;
       block.hash = hash;
+      RecordEvent(hash, /*stored=*/true);
     }
     seq.last_hash = hash;
     seq.num_hashed_blocks = b + 1;
@@ -148,6 +149,42 @@ absl::Span<const int32_t> KvCacheManager::BlockTable(int64_t seq_id) const {
   return it->second.blocks;
 }
 
+KvCacheEvents KvCacheManager::TakeEvents() {
+  std::vector<std::pair<uint64_t, uint64_t>> stored, removed;  // (order, hash)
+  for (const auto& [hash, event] : pending_events_) {
+    (event.stored ? stored : removed).emplace_back(event.order, hash);
+  }
+  pending_events_.clear();
+  auto in_order = [](std::vector<std::pair<uint64_t, uint64_t>>& changes) {
+    std::sort(changes.begin(), changes.end());
+    std::vector<uint64_t> hashes;
+    hashes.reserve(changes.size());
+    for (const auto& [order, hash] : changes) hashes.push_back(hash);
+    return hashes;
+  };
+  KvCacheEvents events;
+  events.stored = in_order(stored);
+  events.removed = in_order(removed);
+  return events;
+}
+
+std::vector<uint64_t> KvCacheManager::CachedHashes() const {
+  std::vector<uint64_t> hashes;
+  hashes.reserve(cached_.size());
+  for (const auto& [hash, block] : cached_) hashes.push_back(hash);
+  return hashes;
+}
+
+void KvCacheManager::RecordEvent(uint64_t hash, bool stored) {
+  auto [it, inserted] = pending_events_.try_emplace(hash, PendingEvent{stored, next_event_order_});
+  ++next_event_order_;
+  if (inserted) return;
+  // The pending change was the opposite one (a hash is registered at most once at a time):
+  // together they leave the hash as it was when last taken.
+  CARPOOL_CHECK(it->second.stored != stored);
+  pending_events_.erase(it);
+}
+
 int32_t KvCacheManager::TakeBlock() {
   if (!free_list_.empty()) {
     const int32_t id = free_list_.back();
@@ -159,7 +196,10 @@ int32_t KvCacheManager::TakeBlock() {
   LruRemove(id);
   Block& block = blocks_[id];
   auto it = cached_.find(block.hash);
-  if (it != cached_.end() && it->second == id) cached_.erase(it);
+  if (it != cached_.end() && it->second == id) {
+    cached_.erase(it);
+    RecordEvent(block.hash, /*stored=*/false);
+  }
   block.hashed = false;
   block.hash = 0;
   return id;

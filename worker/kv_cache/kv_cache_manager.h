@@ -13,6 +13,16 @@
 // so equal hashes mean equal token prefixes under the same salt (tenant). A new sequence whose
 // leading full blocks are registered reuses them (ref_count++) instead of computing them again.
 //
+// Events: the manager records each change to the set of registered hashes, for the router's
+// prefix index (KvEventsInfo): `stored` when a block is registered under a hash (MarkComputed),
+// `removed` when a registered hash leaves the cache (its block handed out again by Allocate:
+// TakeBlock is the one place a hash is dropped). TakeEvents returns them netted since the last
+// call, so applying `removed` and then `stored` to what the previous calls reported gives
+// exactly CachedHashes(). Every full computed block is registered, prompt or output, however
+// long the sequence: a consumer that keeps at most num_blocks hashes (the router does) holds
+// them all, since each hash names one block. Pending changes never exceed 2 * num_blocks, so
+// an owner that never takes them (offline Generate) pays bounded memory.
+//
 // Plan, then commit: LookupPrefix has no side effects; Allocate is the one method that takes
 // blocks, and it either succeeds completely or changes nothing, so trying it is the plan.
 // "Full" is a normal answer (false), not an error.
@@ -65,6 +75,15 @@ class TokenSpan {
 };
 
 
+// Changes to the registered hashes since the last KvCacheManager::TakeEvents, each list in the
+// order the changes happened. A hash is in at most one of them.
+struct KvCacheEvents {
+  std::vector<uint64_t> stored;   // registered now, not when last taken
+  std::vector<uint64_t> removed;  // registered when last taken, not now
+
+  bool empty() const { return stored.empty() && removed.empty(); }
+};
+
 class KvCacheManager {
  public:
   static absl::StatusOr<std::unique_ptr<KvCacheManager>> Create(const KvCacheOptions& options);
@@ -115,6 +134,12 @@ class KvCacheManager {
   int RefCount(int32_t block_id) const { return blocks_[block_id].ref_count; }
   bool IsCached(int32_t block_id) const { return blocks_[block_id].hashed; }
 
+  // The changes to the registered hashes since the last call (since creation for the first),
+  // and forgets them. Always empty when prefix caching is off.
+  KvCacheEvents TakeEvents();
+  // Every hash registered now, in no particular order; at most num_blocks of them.
+  std::vector<uint64_t> CachedHashes() const;
+
   // Cumulative prefix-cache statistics, in tokens: tokens looked up by first allocations, and
   // tokens those allocations found cached.
   int64_t prefix_cache_queries() const { return prefix_queries_; }
@@ -141,6 +166,11 @@ class KvCacheManager {
     std::vector<int32_t> blocks;
     uint64_t last_hash = kRootBlockHash;
   };
+  // A hash's change not taken yet: registered (or dropped) since the last TakeEvents.
+  struct PendingEvent {
+    bool stored = false;
+    uint64_t order = 0;  // when it happened, for TakeEvents' order
+  };
 
   explicit KvCacheManager(const KvCacheOptions& options);
 
@@ -152,6 +182,9 @@ class KvCacheManager {
   void AddRef(int32_t block_id);
   void LruPushBack(int32_t block_id);
   void LruRemove(int32_t block_id);
+  // Records that `hash` was registered (stored) or dropped. A hash alternates between the two,
+  // so a change that undoes a pending one cancels it.
+  void RecordEvent(uint64_t hash, bool stored);
 
   const int num_blocks_;
   const int block_size_;
@@ -164,6 +197,8 @@ class KvCacheManager {
   int num_evictable_ = 0;
   absl::flat_hash_map<uint64_t, int32_t> cached_;  // registered hash -> block
   absl::flat_hash_map<int64_t, SeqBlocks> seqs_;
+  absl::flat_hash_map<uint64_t, PendingEvent> pending_events_;  // hash -> its untaken change
+  uint64_t next_event_order_ = 0;
 
   int64_t prefix_queries_ = 0;
   int64_t prefix_hits_ = 0;

@@ -2,8 +2,11 @@
 
 #include <cstring>
 #include <numeric>
+#include <random>
 #include <string>
 #include <vector>
+
+#include "absl/container/flat_hash_set.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -12,7 +15,9 @@ namespace carpool::worker {
 namespace {
 
 using ::testing::ElementsAre;
+using ::testing::ElementsAreArray;
 using ::testing::IsEmpty;
+using ::testing::UnorderedElementsAreArray;
 
 constexpr int kBlockSize = 4;
 
@@ -58,6 +63,18 @@ class KvCacheManagerTest : public ::testing::Test {
 
   std::unique_ptr<KvCacheManager> kv_;
 };
+
+// The hash of every full block of `tokens`, in order: what MarkComputed registers.
+std::vector<uint64_t> FullBlockHashes(const std::vector<int32_t>& tokens, uint64_t salt = 0) {
+  std::vector<uint64_t> hashes;
+  uint64_t parent = kRootBlockHash;
+  for (size_t b = 0; (b + 1) * kBlockSize <= tokens.size(); ++b) {
+    parent = BlockHash(parent, absl::MakeConstSpan(tokens).subspan(b * kBlockSize, kBlockSize),
+                       salt);
+    hashes.push_back(parent);
+  }
+  return hashes;
+}
 
 TEST(KvCacheOptionsTest, Validate) {
   KvCacheOptions options;
@@ -305,6 +322,133 @@ TEST_F(KvCacheManagerTest, PrefixCachingDisabled) {
   kv_->Free(2);
   EXPECT_EQ(kv_->num_evictable_blocks(), 0);
   ExpectAllFree();
+}
+
+TEST_F(KvCacheManagerTest, EventsReportEachRegistrationOnceInOrder) {
+  Init(16);
+  EXPECT_TRUE(kv_->TakeEvents().empty());
+  const auto prompt = Tokens(6), output = Tokens(7, 700);
+  std::vector<int32_t> all = prompt;
+  all.insert(all.end(), output.begin(), output.end());
+  const std::vector<uint64_t> chain = FullBlockHashes(all, /*salt=*/5);  // 3 blocks
+  ASSERT_TRUE(kv_->Allocate(1, 13, TokenSpan(prompt, output), 5));
+  EXPECT_TRUE(kv_->TakeEvents().empty());  // nothing computed yet
+  kv_->MarkComputed(1, 7, TokenSpan(prompt, output));
+  KvCacheEvents events = kv_->TakeEvents();
+  EXPECT_THAT(events.stored, ElementsAre(chain[0]));
+  EXPECT_THAT(events.removed, IsEmpty());
+  EXPECT_TRUE(kv_->TakeEvents().empty());  // taking empties them
+
+  // Blocks of output tokens are registered like prompt blocks.
+  kv_->MarkComputed(1, 13, TokenSpan(prompt, output));
+  events = kv_->TakeEvents();
+  EXPECT_THAT(events.stored, ElementsAre(chain[1], chain[2]));
+  EXPECT_THAT(events.removed, IsEmpty());
+  kv_->MarkComputed(1, 13, TokenSpan(prompt, output));  // again: already registered
+  EXPECT_TRUE(kv_->TakeEvents().empty());
+  EXPECT_THAT(kv_->CachedHashes(), UnorderedElementsAreArray(chain));
+}
+
+TEST_F(KvCacheManagerTest, EventsSkipHashesAlreadyHeld) {
+  Init(16);
+  const auto prompt = Tokens(9);
+  // Two copies computed at once: only the first registers (the second stays private).
+  ASSERT_TRUE(kv_->Allocate(1, 9, TokenSpan(prompt), 0));
+  ASSERT_TRUE(kv_->Allocate(2, 9, TokenSpan(prompt), 0));
+  kv_->MarkComputed(1, 9, TokenSpan(prompt));
+  kv_->MarkComputed(2, 9, TokenSpan(prompt));
+  EXPECT_THAT(kv_->TakeEvents().stored, ElementsAreArray(FullBlockHashes(prompt)));
+  // Adopting the cached prefix, computing the rest, freeing: no hash changes.
+  ASSERT_TRUE(kv_->Allocate(3, 9, TokenSpan(prompt), 0));
+  kv_->MarkComputed(3, 9, TokenSpan(prompt));
+  kv_->Free(1);
+  kv_->Free(2);
+  kv_->Free(3);  // the blocks stay cached, evictable
+  EXPECT_TRUE(kv_->TakeEvents().empty());
+  EXPECT_THAT(kv_->CachedHashes(), UnorderedElementsAreArray(FullBlockHashes(prompt)));
+}
+
+TEST_F(KvCacheManagerTest, EvictionReportsTheHashesRemoved) {
+  Init(3);
+  const auto prompt = Tokens(9);  // 2 cached blocks + 1 partial
+  const std::vector<uint64_t> chain = FullBlockHashes(prompt);
+  ASSERT_TRUE(Prefill(1, prompt));
+  EXPECT_THAT(kv_->TakeEvents().stored, ElementsAreArray(chain));
+  kv_->Free(1);
+  // A failed Allocate evicts nothing, so reports nothing.
+  const auto other = Tokens(16, 900);
+  EXPECT_FALSE(kv_->Allocate(2, 16, TokenSpan(other), 0));
+  EXPECT_TRUE(kv_->TakeEvents().empty());
+  // One free block, then the two cached ones, the sequence's tail first.
+  ASSERT_TRUE(kv_->Allocate(2, 12, TokenSpan(other), 0));
+  KvCacheEvents events = kv_->TakeEvents();
+  EXPECT_THAT(events.stored, IsEmpty());
+  EXPECT_THAT(events.removed, ElementsAre(chain[1], chain[0]));
+  EXPECT_THAT(kv_->CachedHashes(), IsEmpty());
+  // The new owner's blocks are registered under their own hashes.
+  kv_->MarkComputed(2, 12, TokenSpan(other));
+  events = kv_->TakeEvents();
+  EXPECT_THAT(events.stored, ElementsAreArray(FullBlockHashes(other).data(), 3));
+  EXPECT_THAT(events.removed, IsEmpty());
+}
+
+TEST_F(KvCacheManagerTest, EventsNotTakenYetCancelOut) {
+  Init(3);
+  const auto prompt = Tokens(9);
+  const std::vector<uint64_t> chain = FullBlockHashes(prompt);
+  // Registered and evicted between two takes: the taker never knew it, so nothing.
+  ASSERT_TRUE(Prefill(1, prompt));
+  kv_->Free(1);
+  ASSERT_TRUE(kv_->Allocate(2, 12, TokenSpan(Tokens(12, 900)), 0));
+  EXPECT_TRUE(kv_->TakeEvents().empty());
+  kv_->Free(2);
+  // Taken, then evicted and registered again (in other blocks): held as before, so nothing.
+  ASSERT_TRUE(Prefill(3, prompt));
+  EXPECT_THAT(kv_->TakeEvents().stored, ElementsAreArray(chain));
+  kv_->Free(3);
+  ASSERT_TRUE(kv_->Allocate(4, 12, TokenSpan(Tokens(12, 900)), 0));
+  kv_->Free(4);
+  ASSERT_TRUE(Prefill(5, prompt));
+  EXPECT_TRUE(kv_->TakeEvents().empty());
+  EXPECT_THAT(kv_->CachedHashes(), UnorderedElementsAreArray(chain));
+}
+
+// Whatever the sequence of calls, applying each take's `removed` then `stored` (as the router's
+// PrefixIndex::Apply does) to what was reported before gives exactly the hashes held.
+TEST_F(KvCacheManagerTest, EventsAppliedInOrderTrackTheCachedHashes) {
+  Init(12);
+  std::mt19937 rng(12);
+  absl::flat_hash_set<uint64_t> reported;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int p = 0; p < 6; ++p) prompts.push_back(Tokens(4 + 3 * p, p % 3 == 0 ? 100 : 100 * p));
+  std::vector<int64_t> live;
+  for (int64_t step = 1; step <= 2000; ++step) {
+    if (!live.empty() && (live.size() >= 3 || rng() % 2 == 0)) {
+      const size_t i = rng() % live.size();
+      kv_->Free(live[i]);
+      live.erase(live.begin() + i);
+    } else {
+      const auto& prompt = prompts[rng() % prompts.size()];
+      if (Prefill(step, prompt, /*salt=*/rng() % 2)) live.push_back(step);
+    }
+    if (rng() % 3 != 0) continue;
+    const KvCacheEvents events = kv_->TakeEvents();
+    for (uint64_t h : events.removed) ASSERT_TRUE(reported.erase(h)) << "step " << step;
+    for (uint64_t h : events.stored) ASSERT_TRUE(reported.insert(h).second) << "step " << step;
+    const std::vector<uint64_t> held = kv_->CachedHashes();
+    ASSERT_EQ(absl::flat_hash_set<uint64_t>(held.begin(), held.end()), reported)
+        << "step " << step;
+    ASSERT_LE(static_cast<int>(held.size()), kv_->num_blocks());
+  }
+}
+
+TEST_F(KvCacheManagerTest, NoEventsWithoutPrefixCaching) {
+  Init(3, /*prefix_caching=*/false);
+  ASSERT_TRUE(Prefill(1, Tokens(9)));
+  kv_->Free(1);
+  ASSERT_TRUE(kv_->Allocate(2, 12, TokenSpan(Tokens(12, 900)), 0));
+  EXPECT_TRUE(kv_->TakeEvents().empty());
+  EXPECT_THAT(kv_->CachedHashes(), IsEmpty());
 }
 
 }  // namespace
