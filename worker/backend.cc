@@ -1,120 +1,13 @@
 #include "worker/backend.h"
 
-#include <deque>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 
 namespace carpool::worker {
 namespace {
-
-// How often the held prefix blocks are checked against the cache for evictions.
-constexpr int64_t kKvCheckMicros = 250'000;
-// Prompt prefixes followed at once; the oldest is forgotten beyond this.
-constexpr size_t kMaxTrackedPrefixes = 4096;
-
-// A prompt prefix whose full blocks may sit in the prefix cache.
-struct PrefixChain {
-  std::vector<int32_t> tokens;  // the chain's blocks plus one token (LookupPrefix keeps the last)
-  uint64_t salt = 0;
-  std::vector<uint64_t> hashes;
-};
-
-// Tracks which prompt-prefix blocks the engine's KV cache holds, for the router's
-// prefix_affinity placement (KvEventsInfo). A request's prompt chain is recorded at Add and
-// confirmed at its first token (its prefill is computed and registered by then); a periodic
-// LookupPrefix over the followed chains finds the blocks evicted since.
-class PrefixTracker {
- public:
-  void OnAdd(uint64_t dispatch_id, const DispatchInfo& d, int block_size) {
-    PrefixChain c;
-    c.hashes = PromptBlockHashes(d.prompt_tokens, block_size, d.cache_salt);
-    if (c.hashes.empty()) return;
-    const size_t blocks = c.hashes.size();
-    c.tokens.assign(d.prompt_tokens.begin(), d.prompt_tokens.begin() + blocks * block_size + 1);
-    c.salt = d.cache_salt;
-    pending_[dispatch_id] = std::move(c);
-  }
-
-  void Forget(uint64_t dispatch_id) { pending_.erase(dispatch_id); }
-
-  void OnFirstToken(uint64_t dispatch_id, const KvCacheManager& kv) {
-    auto it = pending_.find(dispatch_id);
-    if (it == pending_.end()) return;
-    PrefixChain c = std::move(it->second);
-    pending_.erase(it);
-    const int held = Held(c, kv);
-    for (int i = 0; i < held; ++i) {
-      if (held_.insert(c.hashes[i]).second) stored_.push_back(c.hashes[i]);
-    }
-    if (held == 0 || !chain_ends_.insert(c.hashes[held - 1]).second) return;
-    c.hashes.resize(held);
-    c.tokens.resize(held * kv.block_size() + 1);
-    chains_.push_back(std::move(c));
-    if (chains_.size() > kMaxTrackedPrefixes) {
-      chain_ends_.erase(chains_.front().hashes.back());
-      chains_.pop_front();
-    }
-  }
-
-  std::optional<KvEventsInfo> Take(bool snapshot, int64_t now, const KvCacheManager& kv) {
-    if (snapshot || now - last_check_ >= kKvCheckMicros) {
-      last_check_ = now;
-      Recheck(kv);
-    }
-    KvEventsInfo e;
-    e.reset = snapshot;
-    if (snapshot) {
-      e.stored.assign(held_.begin(), held_.end());
-    } else {
-      e.stored = std::move(stored_);
-      e.removed = std::move(removed_);
-    }
-    stored_.clear();
-    removed_.clear();
-    if (!snapshot && e.stored.empty() && e.removed.empty()) return std::nullopt;
-    return e;
-  }
-
- private:
-  static int Held(const PrefixChain& c, const KvCacheManager& kv) {
-    return kv.LookupPrefix(TokenSpan(c.tokens), c.salt) / kv.block_size();
-  }
-
-  // Recomputes the held set from the cache; differences become stored / removed.
-  void Recheck(const KvCacheManager& kv) {
-    absl::flat_hash_set<uint64_t> now_held;
-    std::deque<PrefixChain> kept;
-    chain_ends_.clear();
-    for (PrefixChain& c : chains_) {
-      const int held = Held(c, kv);
-      if (held == 0) continue;
-      for (int i = 0; i < held; ++i) now_held.insert(c.hashes[i]);
-      c.hashes.resize(held);
-      c.tokens.resize(held * kv.block_size() + 1);
-      if (chain_ends_.insert(c.hashes.back()).second) kept.push_back(std::move(c));
-    }
-    for (uint64_t h : held_) {
-      if (!now_held.contains(h)) removed_.push_back(h);
-    }
-    for (uint64_t h : now_held) {
-      if (!held_.contains(h)) stored_.push_back(h);
-    }
-    held_ = std::move(now_held);
-    chains_ = std::move(kept);
-  }
-
-  absl::flat_hash_map<uint64_t, PrefixChain> pending_;  // dispatch id -> its prompt chain
-  std::deque<PrefixChain> chains_;                       // confirmed, oldest first
-  absl::flat_hash_set<uint64_t> chain_ends_;             // last hash of each chain (dedup)
-  absl::flat_hash_set<uint64_t> held_;
-  std::vector<uint64_t> stored_, removed_;               // not reported yet
-  int64_t last_check_ = 0;
-};
 
 // Maps the router's request ids onto an Engine's.
 class EngineBackend : public Backend {
@@ -151,9 +44,6 @@ class EngineBackend : public Backend {
     ASSIGN_OR_RETURN(const int64_t id, engine_->Add(std::move(r)));
     seq_of_[d.dispatch_id] = id;
     dispatch_of_[id] = d.dispatch_id;
-    if (engine_->kv_cache().prefix_caching_enabled()) {
-      prefixes_.OnAdd(d.dispatch_id, d, engine_->kv_cache().block_size());
-    }
     return absl::OkStatus();
   }
 
@@ -162,15 +52,11 @@ class EngineBackend : public Backend {
     if (it == seq_of_.end()) return;
     engine_->Abort(it->second);
     dispatch_of_.erase(it->second);
-    prefixes_.Forget(dispatch_id);
     seq_of_.erase(it);
   }
 
   void CancelAll() override {
-    for (const auto& [engine_id, dispatch_id] : dispatch_of_) {
-      engine_->Abort(engine_id);
-      prefixes_.Forget(dispatch_id);
-    }
+    for (const auto& [engine_id, dispatch_id] : dispatch_of_) engine_->Abort(engine_id);
     dispatch_of_.clear();
     seq_of_.clear();
   }
@@ -185,15 +71,11 @@ class EngineBackend : public Backend {
       TokenEvent t;
       t.dispatch_id = it->second;
       t.has_token = e.has_token;
-      if (e.has_token) {
-        t.token = std::move(e.sample);
-        prefixes_.OnFirstToken(it->second, engine_->kv_cache());
-      }
+      if (e.has_token) t.token = std::move(e.sample);
       if (e.finished) {
         t.finished = true;
         t.finish_reason = FinishReasonName(e.completion->finish_reason);
         t.cached_prompt_tokens = e.completion->cached_prompt_tokens;
-        prefixes_.Forget(it->second);
         seq_of_.erase(it->second);
         dispatch_of_.erase(it);
       }
@@ -223,16 +105,30 @@ class EngineBackend : public Backend {
     return engine_->Embed(inputs);
   }
 
-  std::optional<KvEventsInfo> TakeKvEvents(bool snapshot, int64_t now_micros) override {
+  // The KV cache's own events, as they are. It registers every full computed block, of output
+  // tokens too and however long the prompt, where the router matches prompt chains
+  // (PromptBlockHashes); a later prompt that repeats them (a conversation's next turn) matches
+  // output blocks too. That is fine for the router: each hash names one block, so a worker never
+  // holds more than num_kv_blocks hashes, the cap PrefixIndex::Apply keeps per worker.
+  std::optional<KvEventsInfo> TakeKvEvents(bool snapshot) override {
     if (!engine_->kv_cache().prefix_caching_enabled()) return std::nullopt;
-    return prefixes_.Take(snapshot, now_micros, engine_->kv_cache());
+    KvCacheEvents changes = engine_->TakeKvCacheEvents();
+    KvEventsInfo e;
+    e.reset = snapshot;
+    if (snapshot) {
+      e.stored = engine_->kv_cache().CachedHashes();  // the changes are in there already
+      return e;
+    }
+    if (changes.empty()) return std::nullopt;
+    e.stored = std::move(changes.stored);
+    e.removed = std::move(changes.removed);
+    return e;
   }
 
  private:
   std::unique_ptr<Engine> engine_;
   absl::flat_hash_map<uint64_t, int64_t> seq_of_;  // dispatch id -> engine seq id
   absl::flat_hash_map<int64_t, uint64_t> dispatch_of_;  // engine seq id -> dispatch id
-  PrefixTracker prefixes_;
 };
 
 }  // namespace

@@ -57,11 +57,11 @@ class Backend {
     return absl::UnimplementedError("this worker's model cannot compute embeddings");
   }
 
-  // Prefix-cache blocks (KvCacheManager block hashes of prompt prefixes) that this backend came
-  // to hold or stopped holding since the last call; with `snapshot`, a reset followed by every
-  // block held now. nullopt when there is nothing to report. `now_micros` paces the periodic
-  // check for evictions. Default: never anything (no prefix cache).
-  virtual std::optional<KvEventsInfo> TakeKvEvents(bool snapshot, int64_t now_micros) {
+  // Prefix-cache blocks (KvCacheManager block hashes) that this backend came to hold or stopped
+  // holding since the last call, evictions included, as the KV cache recorded them; with
+  // `snapshot`, a reset followed by every block held now. nullopt when there is nothing to
+  // report. Default: never anything (no prefix cache).
+  virtual std::optional<KvEventsInfo> TakeKvEvents(bool snapshot) {
     return std::nullopt;
   }
 };

@@ -135,6 +135,8 @@ class Engine {
   const EngineOptions& options() const { return options_; }
   LlamaModel& model() { return *model_; }
   const KvCacheManager& kv_cache() const { return *kv_cache_; }
+  // The prefix-cache hash changes since the last call (KvCacheManager::TakeEvents).
+  KvCacheEvents TakeKvCacheEvents() { return kv_cache_->TakeEvents(); }
   const Scheduler& scheduler() const { return *scheduler_; }
   // Wall time spent inside the model's forward, cumulative (for overhead measurements).
   // Embed's passes are not included.

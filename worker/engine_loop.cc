@@ -141,7 +141,7 @@ void EngineLoop::OnEpoch(uint64_t epoch) {
 }
 
 void EngineLoop::SendKvEvents(bool snapshot) {
-  std::optional<KvEventsInfo> kv = backend_->TakeKvEvents(snapshot, clock_->NowMicros());
+  std::optional<KvEventsInfo> kv = backend_->TakeKvEvents(snapshot);
   if (!kv.has_value()) return;
   kv->epoch = epoch_;
   SendToRouter(*kv);
@@ -301,9 +301,11 @@ void EngineLoop::PublishEmbedBatcher() {
 
 bool EngineLoop::StepOnce() {
   std::vector<TokenEvent> events = backend_->Step();
-  if (events.empty()) return false;
-  // Before the step: a router that reads a request's final already knows its cached prefix.
+  // Before the step's message: a router that reads a request's final already knows its cached
+  // prefix. Also after a step that produced no tokens (a prefill chunk): what it evicted is
+  // told at once.
   SendKvEvents(/*snapshot=*/false);
+  if (events.empty()) return false;
   StepTokensInfo step;
   step.epoch = epoch_;
   step.events = std::move(events);

@@ -109,8 +109,9 @@ struct EngineLoopOptions {
 // batcher's next deadline (rounded up to a millisecond), so max_wait is kept. The batcher's
 // counts (plus the inputs of dispatches refused for a full queue) go to SharedLoad after every
 // iteration that changed them, for the heartbeats.
-// Prefix-cache changes go out as `kv_events` just before a step's message (at most one check
-// for evictions every 250 ms), and in full after every new registration.
+// Prefix-cache changes (blocks registered and evicted, as the KV cache records them) go out as
+// `kv_events` right after the step that made them, before its message, and in full after every
+// new registration.
 // Nothing is sent while the epoch is 0; epoch 0 (re-registering: the router does not know this
 // registration) and any other new epoch cancel the requests taken under the previous one (the
 // router has given them up; a restarted one reuses epoch numbers and dispatch ids).

@@ -311,6 +311,46 @@ TEST_F(WorkerServerTest, ReportsCachedPrefixBlocksAsKvEvents) {
   EXPECT_THAT(kv->stored, ::testing::UnorderedElementsAreArray(chain));
 }
 
+// Blocks evicted to make room for another request are reported `removed` with the very step
+// that evicted them, before that request's first token: no periodic check is waited for.
+TEST_F(WorkerServerTest, ReportsBlocksEvictedForRoomAsRemovedWithTheEvictingStep) {
+  EngineOptions engine = TinyEngine();
+  engine.num_kv_blocks = 4;  // 64 tokens: the second request needs every block
+  engine.scheduler.max_model_len = 64;
+  RunningWorker worker(Options(router_.endpoint(), engine));
+  ASSERT_TRUE(router_.Register(7).has_value());
+  std::vector<int32_t> first(40), second(60);
+  for (int i = 0; i < 40; ++i) first[i] = i + 1;
+  for (int i = 0; i < 60; ++i) second[i] = i + 100;
+  const std::vector<uint64_t> first_chain = PromptBlockHashes(first, 16, 99);   // 2 blocks
+  const std::vector<uint64_t> second_chain = PromptBlockHashes(second, 16, 99);  // 3 blocks
+  DispatchInfo d = Greedy(1, first, 2);
+  d.cache_salt = 99;
+  router_.Send(d);
+  auto not_reset = [](const KvEventsInfo& k) { return !k.reset; };  // not the registration's
+  std::optional<KvEventsInfo> kv = router_.WaitFor<KvEventsInfo>(not_reset);
+  ASSERT_TRUE(kv.has_value());
+  EXPECT_THAT(kv->stored, ElementsAreArray(first_chain));
+  ASSERT_TRUE(Collect(router_, 1).finished());
+
+  d = Greedy(2, second, 2);
+  d.cache_salt = 99;
+  router_.Send(d);
+  bool second_token_before_kv = false;
+  kv = router_.WaitFor<KvEventsInfo>(not_reset, [&](const WorkerMessage& m) {
+    if (const auto* s = std::get_if<StepTokensInfo>(&m)) {
+      for (const TokenEvent& e : s->events) second_token_before_kv |= e.dispatch_id == 2;
+    }
+  });
+  ASSERT_TRUE(kv.has_value());
+  EXPECT_FALSE(second_token_before_kv);
+  EXPECT_EQ(kv->epoch, 7u);
+  EXPECT_FALSE(kv->reset);
+  EXPECT_THAT(kv->removed, ::testing::UnorderedElementsAreArray(first_chain));
+  EXPECT_THAT(kv->stored, ElementsAreArray(second_chain));
+  EXPECT_TRUE(Collect(router_, 2).finished());
+}
+
 TEST_F(WorkerServerTest, InvalidDispatchFailsWithInvalidArgument) {
   RunningWorker worker(Options(router_.endpoint(), TinyEngine()));
   ASSERT_TRUE(router_.Register(7).has_value());
@@ -356,7 +396,7 @@ TEST_F(WorkerServerTest, CancelStopsTheStreamAndFreesItsBlocks) {
   RunningWorker worker(Options(router_.endpoint(), model.Engine()));
   std::optional<RegisterInfo> r = router_.Register(7);
   ASSERT_TRUE(r.has_value());
-  EXPECT_EQ(r->tokenizer, "");  // a folder, not a synthetic preset
+  EXPECT_EQ(r->tokenizer, TokenizerKind::kNone);  // a folder, not a synthetic preset
   const int kv_blocks = r->num_kv_blocks;
   router_.Send(Greedy(9, {256, 1, 2, 3}, LongContextModel::kMaxLen - 4));
   ASSERT_TRUE(router_.WaitFor<StepTokensInfo>([](const StepTokensInfo& s) {
