@@ -141,29 +141,30 @@ void RouterMetrics::OnReceived(const char* kind) { requests_.With({kind}).Inc();
 
 void RouterMetrics::OnError(const std::string& reason) { errors_.With({reason}).Inc(); }
 
-void RouterMetrics::OnGenerateFinished(const std::string& finish_reason, double queue_s,
-                                       double ttft_s, double tpot_s, double e2e_s,
-                                       int prompt_tokens, int completion_tokens,
-                                       int cached_prompt_tokens) {
+void RouterMetrics::OnGenerateFinished(const std::string& finish_reason, const Usage& usage,
+                                       const Timings& timings) {
   finished_.With({"generate", finish_reason}).Inc();
-  queue_.With({"generate"}).Observe(queue_s);
-  if (ttft_s >= 0) ttft_.With({}).Observe(ttft_s);
-  if (tpot_s >= 0) tpot_.With({}).Observe(tpot_s);
-  e2e_.With({"generate"}).Observe(e2e_s);
+  queue_.With({"generate"}).Observe(timings.queue_ms / 1e3);
+  if (usage.completion_tokens > 0) ttft_.With({}).Observe(timings.ttft_ms / 1e3);
+  if (usage.completion_tokens > 1) {
+    tpot_.With({}).Observe((timings.total_ms - timings.ttft_ms) / 1e3 /
+                           (usage.completion_tokens - 1));
+  }
+  e2e_.With({"generate"}).Observe(timings.total_ms / 1e3);
   metrics::Counter& prompt = prompt_tokens_.With({"generate"});
-  prompt.Inc(prompt_tokens);
-  generation_tokens_.With({}).Inc(completion_tokens);
+  prompt.Inc(usage.prompt_tokens);
+  generation_tokens_.With({}).Inc(usage.completion_tokens);
   metrics::Counter& hits = prefix_hit_tokens_.With({});
-  hits.Inc(cached_prompt_tokens);
+  hits.Inc(usage.cached_prompt_tokens);
   if (prompt.Value() > 0) prefix_hit_ratio_.With({}).Set(hits.Value() / prompt.Value());
 }
 
-void RouterMetrics::OnEmbedFinished(double queue_s, double e2e_s, int inputs, int prompt_tokens) {
+void RouterMetrics::OnEmbedFinished(const Usage& usage, const Timings& timings, int inputs) {
   finished_.With({"embed", "stop"}).Inc();
-  queue_.With({"embed"}).Observe(queue_s);
-  e2e_.With({"embed"}).Observe(e2e_s);
+  queue_.With({"embed"}).Observe(timings.queue_ms / 1e3);
+  e2e_.With({"embed"}).Observe(timings.total_ms / 1e3);
   embed_inputs_.With({}).Observe(inputs);
-  prompt_tokens_.With({"embed"}).Inc(prompt_tokens);
+  prompt_tokens_.With({"embed"}).Inc(usage.prompt_tokens);
 }
 
 void RouterMetrics::OnStep(int sequences, int max_num_seqs) {

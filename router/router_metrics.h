@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/messages.h"
 #include "common/metrics.h"
+#include "common/usage.h"
 
 namespace carpool::router {
 
@@ -35,11 +36,13 @@ class RouterMetrics {
   void OnReceived(const char* kind);
   // A request was refused or ended with an error, by reason (cancellations included).
   void OnError(const std::string& reason);
-  // A generate request finished on a worker. Times in seconds; ttft and tpot < 0: unknown.
-  void OnGenerateFinished(const std::string& finish_reason, double queue_s, double ttft_s,
-                          double tpot_s, double e2e_s, int prompt_tokens, int completion_tokens,
-                          int cached_prompt_tokens);
-  void OnEmbedFinished(double queue_s, double e2e_s, int inputs, int prompt_tokens);
+  // A generate request finished on a worker, with the usage and timings its client got. Time to
+  // first token is observed when it produced a token, time per output token (the mean after
+  // the first) when it produced two or more.
+  void OnGenerateFinished(const std::string& finish_reason, const Usage& usage,
+                          const Timings& timings);
+  // An embed request of `inputs` inputs was answered (usage: prompt_tokens only).
+  void OnEmbedFinished(const Usage& usage, const Timings& timings, int inputs);
   // One engine step's message from a worker: `sequences` got news, of `max_num_seqs`.
   void OnStep(int sequences, int max_num_seqs);
   void OnMigration();

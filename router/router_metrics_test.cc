@@ -33,8 +33,8 @@ TEST(RouterMetricsTest, EveryFamilyIsThereBeforeAnyTraffic) {
 TEST(RouterMetricsTest, FinishedRequestsFeedHistogramsTokensAndHitRatio) {
   RouterMetrics m;
   m.OnReceived("generate");
-  m.OnGenerateFinished("length", 0.002, 0.010, 0.001, 0.050, 30, 5, 10);
-  m.OnGenerateFinished("stop", 0.001, 0.020, -1, 0.020, 10, 1, 0);
+  m.OnGenerateFinished("length", Usage{30, 5, 10}, Timings{2, 10, 50});
+  m.OnGenerateFinished("stop", Usage{10, 1, 0}, Timings{1, 20, 20});
   m.OnError("queue_full");
   m.OnError("queue_full");
   const std::string page = m.Render();
@@ -48,6 +48,8 @@ TEST(RouterMetricsTest, FinishedRequestsFeedHistogramsTokensAndHitRatio) {
   EXPECT_THAT(page, HasSubstr("carpool_time_to_first_token_seconds_count 2\n"));
   // The second request had one token: no time per output token.
   EXPECT_THAT(page, HasSubstr("carpool_time_per_output_token_seconds_count 1\n"));
+  // The first: (50 ms - 10 ms) over the 4 tokens after its first.
+  EXPECT_THAT(page, HasSubstr("carpool_time_per_output_token_seconds_sum 0.01\n"));
   EXPECT_THAT(page, HasSubstr("carpool_time_to_first_token_seconds_bucket{le=\"0.016\"} 1\n"));
 }
 

@@ -298,14 +298,7 @@ void Router::Impl::OnTokenEvent(WorkerState* w, TokenEvent e, int64_t now) {
              r->cached_prompt_tokens};
   f.timings = {Millis(r->arrival, r->dispatched), Millis(r->arrival, r->first_token),
                Millis(r->arrival, now)};
-  const size_t n = r->output.size();
-  metrics_.OnGenerateFinished(
-      f.finish_reason, f.timings.queue_ms / 1e3,
-      r->first_token > 0 ? f.timings.ttft_ms / 1e3 : -1.0,
-      r->first_token > 0 && n > 1 ? (now - r->first_token) / 1e6 / static_cast<double>(n - 1)
-                                  : -1.0,
-      f.timings.total_ms / 1e3, f.usage.prompt_tokens, f.usage.completion_tokens,
-      f.usage.cached_prompt_tokens);
+  metrics_.OnGenerateFinished(f.finish_reason, f.usage, f.timings);
   ++w->requests_served;
   const uint64_t id = r->id;
   const std::string client = r->client;
@@ -345,8 +338,7 @@ void Router::Impl::OnEmbedDone(WorkerState* w, EmbedDoneInfo done, int64_t now) 
   // No tokens stream back: the "first token" is the answer.
   out.timings = {Millis(r->arrival, r->dispatched), Millis(r->arrival, now),
                  Millis(r->arrival, now)};
-  metrics_.OnEmbedFinished(out.timings.queue_ms / 1e3, out.timings.total_ms / 1e3,
-                           static_cast<int>(out.embeddings.size()), out.usage.prompt_tokens);
+  metrics_.OnEmbedFinished(out.usage, out.timings, static_cast<int>(out.embeddings.size()));
   ++w->requests_served;
   const std::string client = r->client;
   DetachFromWorker(r, w);
