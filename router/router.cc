@@ -6,6 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/codec.h"
 #include "common/status.h"
+#include "router/embed_kind.h"
+#include "router/generate_kind.h"
 #include "router/router_impl.h"
 
 namespace carpool::router {
@@ -72,11 +74,12 @@ absl::Status RouterOptions::Validate() const {
 }
 
 Router::Impl::Impl(const RouterOptions& o)
-    : options_(o), clock_(o.clock ? o.clock : Clock::Real()) {
+    : options_(o), clock_(o.clock ? o.clock : Clock::Real()), stats_(o) {
   options_.admission.clock = clock_;
   admission_ = std::make_unique<AdmissionController>(options_.admission, options_.tenants);
   admission_->SetWorkersAvailable(false);  // none has registered yet
-  tenant_rejections_.assign(options_.tenants.size(), 0);
+  kinds_.push_back(std::make_unique<GenerateKind>(this, options_));
+  kinds_.push_back(std::make_unique<EmbedKind>(this));
   backlog_ = std::make_unique<ClientBacklog>(options_.client_backlog);
   inproc_limits_ = options_.request_limits;
   inproc_limits_.max_prompt_bytes =
@@ -178,50 +181,53 @@ absl::Status Router::Impl::DrainBackend() {
   return absl::OkStatus();
 }
 
-void Router::Impl::SendToClient(const std::string& client, const ServerMessage& message) {
-  const std::string& rid = RequestIdOf(message);
-  if (std::holds_alternative<GenerateFinalOut>(message) && backlog_->LostChunks(client, rid)) {
+bool Router::Impl::SendToClient(const std::string& client, const ServerMessage& message) {
+  const std::string& request_id = RequestIdOf(message);
+  if (std::holds_alternative<GenerateFinalOut>(message) &&
+      backlog_->LostChunks(client, request_id)) {
     // Chunks of this stream were dropped for a slow reader: it cannot end as if whole.
-    SendError(client, rid, absl::StatusCode::kResourceExhausted, reason::kClientTooSlow,
-              "the client did not read its answers: chunks of this stream were dropped");
-    return;
+    return SendError(client, request_id, absl::StatusCode::kResourceExhausted,
+                     reason::kClientTooSlow,
+                     "the client did not read its answers: chunks of this stream were dropped");
   }
   std::string frame = Encode(message);
   if (!backlog_->Has(client)) {
     Socket* socket = IsInproc(client) ? inproc_.get() : frontend_.get();
     absl::Status s = socket->Send({client.substr(1), frame});
-    if (s.ok()) return;
+    if (s.ok()) return true;
     if (absl::IsUnavailable(s)) {  // the client is gone
       DropClient(client);
-      return;
+      return false;
     }
     if (!absl::IsResourceExhausted(s)) {
       std::cerr << "carpool-router: send to client failed: " << s.message() << "\n";
-      return;
+      return true;
     }
     // Its pipe is full: the message waits in the backlog.
   }
   const bool chunk = std::holds_alternative<GenerateChunkOut>(message);
-  if (backlog_->Add(client, rid, std::move(frame), chunk) == ClientBacklog::Added::kTooSlow) {
+  if (backlog_->Add(client, request_id, std::move(frame), chunk) ==
+      ClientBacklog::Added::kTooSlow) {
     too_slow_.push_back(client);
   }
+  return true;
 }
 
 void Router::Impl::ServeBacklog() {
   std::vector<std::string> too_slow;
   too_slow.swap(too_slow_);
   for (const std::string& client : too_slow) {
-    std::vector<uint64_t> ids;
-    for (const auto& [key, id] : by_client_) {
-      if (key.first == client) ids.push_back(id);
+    std::vector<uint64_t> router_ids;
+    for (const auto& [key, router_id] : by_client_) {
+      if (key.first == client) router_ids.push_back(router_id);
     }
-    std::sort(ids.begin(), ids.end());
+    std::sort(router_ids.begin(), router_ids.end());
     std::cerr << "carpool-router: a client is not reading its answers (backlog over "
               << options_.client_backlog.max_messages << " messages or "
-              << options_.client_backlog.max_bytes << " bytes): " << ids.size()
+              << options_.client_backlog.max_bytes << " bytes): " << router_ids.size()
               << " request(s) cancelled\n";
-    for (uint64_t id : ids) {
-      Fail(id, absl::StatusCode::kResourceExhausted, reason::kClientTooSlow,
+    for (uint64_t router_id : router_ids) {
+      Fail(router_id, absl::StatusCode::kResourceExhausted, reason::kClientTooSlow,
            absl::StrCat("the client did not read its answers: the router's backlog for it "
                         "passed ",
                         options_.client_backlog.max_messages, " messages or ",
@@ -245,14 +251,11 @@ void Router::Impl::SendToWorker(const std::string& identity, const RouterMessage
   if (!s.ok()) std::cerr << "carpool-router: send to worker failed: " << s.message() << "\n";
 }
 
-void Router::Impl::SendError(const std::string& client, const std::string& request_id,
+bool Router::Impl::SendError(const std::string& client, const std::string& request_id,
                              absl::StatusCode code, const char* why, std::string message,
                              int64_t retry_after_ms) {
-  if (std::string_view(why) != reason::kCancelled) {
-    ++rejections_[why];
-    metrics_.OnError(why);
-  }
-  SendToClient(client, ErrorInfo{request_id, code, why, std::move(message), retry_after_ms});
+  stats_.OnError(why);
+  return SendToClient(client, ErrorInfo{request_id, code, why, std::move(message), retry_after_ms});
 }
 
 // ---- clients
@@ -271,11 +274,13 @@ void Router::Impl::OnClientFrame(const std::string& client, const std::string& p
     RefuseFrame(client, payload, std::string(m.status().message()));
     return;
   }
-  if (auto* g = std::get_if<GenerateInput>(&*m)) {
-    OnGenerate(client, std::move(*g));
-  } else if (auto* e = std::get_if<EmbedInput>(&*m)) {
-    OnEmbed(client, std::move(*e));
-  } else if (auto* c = std::get_if<CancelInput>(&*m)) {
+  for (const std::unique_ptr<RequestKind>& kind : kinds_) {
+    if (std::optional<Arrival> arrival = kind->Receive(*m, LimitsFor(client))) {
+      OnRequest(client, std::move(*arrival));
+      return;
+    }
+  }
+  if (auto* c = std::get_if<CancelInput>(&*m)) {
     OnCancel(client, c->request_id);
   } else {
     OnStats(client, std::get<StatsQuery>(*m));
@@ -283,7 +288,7 @@ void Router::Impl::OnClientFrame(const std::string& client, const std::string& p
 }
 
 void Router::Impl::OnStats(const std::string& client, const StatsQuery& query) {
-  StatsOut stats = BuildStats();
+  StatsOut stats = stats_.Build(Sources());
   // The in-process client (the HTTP gateway) is trusted. Over the network, with tenants, a key
   // is needed, and a tenant sees the cluster and itself, not the other tenants.
   if (options_.tenants.enabled() && !IsInproc(client)) {
@@ -311,17 +316,20 @@ void Router::Impl::OnStats(const std::string& client, const StatsQuery& query) {
 
 void Router::Impl::RefuseFrame(const std::string& client, std::string_view frame,
                               std::string message) {
-  std::string rid = ScanClientRequestId(frame);
+  std::string request_id = ScanClientRequestId(frame);
   // An id the router would refuse anyway is not echoed: it cannot be a request in flight.
-  if (static_cast<int>(rid.size()) > LimitsFor(client).max_request_id_bytes) rid.clear();
-  if (!rid.empty() && by_client_.contains({client, rid})) {
+  if (static_cast<int>(request_id.size()) > LimitsFor(client).max_request_id_bytes) {
+    request_id.clear();
+  }
+  if (!request_id.empty() && by_client_.contains({client, request_id})) {
     // The error names a live request: its reason must say it is not that request's end.
-    SendError(client, rid, absl::StatusCode::kAlreadyExists, reason::kDuplicateRequestId,
-              absl::StrCat("request_id '", rid, "' is already in flight; this message was "
-                           "refused (", message, "), the request in flight goes on"));
+    SendError(client, request_id, absl::StatusCode::kAlreadyExists, reason::kDuplicateRequestId,
+              absl::StrCat("request_id '", request_id,
+                           "' is already in flight; this message was refused (", message,
+                           "), the request in flight goes on"));
     return;
   }
-  SendError(client, rid, absl::StatusCode::kInvalidArgument, reason::kInvalidArgument,
+  SendError(client, request_id, absl::StatusCode::kInvalidArgument, reason::kInvalidArgument,
             std::move(message));
 }
 
@@ -329,27 +337,28 @@ const RequestLimits& Router::Impl::LimitsFor(const std::string& client) const {
   return IsInproc(client) ? inproc_limits_ : options_.request_limits;
 }
 
-bool Router::Impl::Accept(const std::string& client, const std::string& rid,
+bool Router::Impl::Accept(const std::string& client, const std::string& request_id,
                           const absl::Status& shape, const std::string& api_key, int* tenant) {
   // First: every refusal below would name a live request.
-  if (by_client_.contains({client, rid})) {
-    SendError(client, rid, absl::StatusCode::kAlreadyExists, reason::kDuplicateRequestId,
-              absl::StrCat("request_id '", rid,
+  if (by_client_.contains({client, request_id})) {
+    SendError(client, request_id, absl::StatusCode::kAlreadyExists, reason::kDuplicateRequestId,
+              absl::StrCat("request_id '", request_id,
                            "' is already in flight; this request is refused, the one in flight "
                            "goes on"));
     return false;
   }
   if (draining_) {
-    SendError(client, rid, absl::StatusCode::kUnavailable, reason::kDraining,
+    SendError(client, request_id, absl::StatusCode::kUnavailable, reason::kDraining,
               "the router is shutting down and takes no new requests", 1000);
     return false;
   }
   if (!shape.ok()) {
-    SendError(client, rid, shape.code(), ValidationReason(shape), std::string(shape.message()));
+    SendError(client, request_id, shape.code(), ValidationReason(shape),
+              std::string(shape.message()));
     return false;
   }
   if (backlog_->TooSlow(client)) {
-    SendError(client, rid, absl::StatusCode::kResourceExhausted, reason::kClientTooSlow,
+    SendError(client, request_id, absl::StatusCode::kResourceExhausted, reason::kClientTooSlow,
               "this client has not read its earlier answers yet; read them, then send again");
     return false;
   }
@@ -357,7 +366,7 @@ bool Router::Impl::Accept(const std::string& client, const std::string& rid,
   if (options_.tenants.enabled()) {
     *tenant = options_.tenants.Authenticate(api_key);
     if (*tenant < 0) {
-      SendError(client, rid, absl::StatusCode::kUnauthenticated, reason::kUnauthenticated,
+      SendError(client, request_id, absl::StatusCode::kUnauthenticated, reason::kUnauthenticated,
                 api_key.empty() ? "an API key is required" : "unknown API key");
       return false;
     }
@@ -365,192 +374,112 @@ bool Router::Impl::Accept(const std::string& client, const std::string& rid,
   return true;
 }
 
-bool Router::Impl::Enqueue(Request r, AdmissionRequest a) {
+void Router::Impl::OnRequest(const std::string& client, Arrival arrival) {
+  Request& r = *arrival.request;
+  stats_.OnReceived(r.kind->name());
+  int tenant = -1;
+  if (!Accept(client, r.request_id, arrival.shape, arrival.api_key, &tenant)) return;
+  if (tenant >= 0) {
+    r.priority = ResolvePriority(r.priority, options_.tenants.at(tenant).max_priority);
+  }
+  r.client = client;
+  r.tenant = tenant;
+  AdmissionRequest a;
+  if (std::optional<Refusal> refusal = r.kind->Admit(r, &a)) {
+    SendError(client, r.request_id, refusal->code, refusal->reason, std::move(refusal->message),
+              refusal->retry_after_ms);
+    return;
+  }
+  r.router_id = next_router_id_++;
+  r.arrival = clock_->NowMicros();
+  a.id = r.router_id;
+  a.tenant = tenant;
+  a.priority = r.priority;
+  if (arrival.deadline_ms > 0) a.deadline_micros = r.arrival + arrival.deadline_ms * 1000;
+  // Before any worker has registered the model is unknown: PromptTokens is then a bound, and
+  // the request is validated before its first placement.
+  if (limits_.known && !Validate(r)) return;
+  a.prompt_tokens = r.kind->PromptTokens(r);
+  Enqueue(std::move(arrival.request), a);
+}
+
+bool Router::Impl::Enqueue(std::unique_ptr<Request> r, const AdmissionRequest& a) {
   if (std::optional<Refusal> refusal = admission_->Admit(a)) {
-    Refuse(r.client, r.client_request_id, r.tenant, *refusal);
+    Refuse(r->client, r->request_id, r->tenant, *refusal);
     return false;
   }
-  by_client_[{r.client, r.client_request_id}] = r.id;
-  requests_.emplace(r.id, std::move(r));
+  by_client_[{r->client, r->request_id}] = r->router_id;
+  const uint64_t router_id = r->router_id;
+  requests_.emplace(router_id, std::move(r));
   return true;
-}
-
-void Router::Impl::OnGenerate(const std::string& client, GenerateInput input) {
-  ++requests_total_;
-  metrics_.OnReceived("generate");
-  const std::string rid = input.request_id;
-  int tenant = -1;
-  if (!Accept(client, rid, ValidateShape(input, LimitsFor(client)), input.api_key,
-              &tenant)) {
-    return;
-  }
-  if (tenant >= 0) {
-    input.priority = ResolvePriority(input.priority, options_.tenants.at(tenant).max_priority);
-  }
-  Request r;
-  r.id = next_request_id_++;
-  r.client = client;
-  r.client_request_id = rid;
-  r.stream = input.stream;
-  r.priority = input.priority;
-  r.tenant = tenant;
-  r.cache_salt = tenant >= 0 ? options_.tenants.at(tenant).cache_salt : 0;
-  r.arrival = clock_->NowMicros();
-  r.sampling = input.sampling;
-  if (!r.sampling.has_seed) {
-    r.sampling.has_seed = true;
-    r.sampling.seed = rng_();
-  }
-  AdmissionRequest a;
-  a.id = r.id;
-  a.tenant = tenant;
-  a.priority = input.priority;
-  a.max_tokens = input.sampling.max_tokens;
-  if (input.deadline_ms > 0) a.deadline_micros = r.arrival + input.deadline_ms * 1000;
-  r.input = std::move(input);
-  if (limits_.known) {
-    if (!Validate(&r)) return;
-    a.prompt_tokens = static_cast<int64_t>(r.prompt.size());
-  } else {
-    // No model known yet: the byte tokenizer's count (one token per byte, plus BOS) bounds it.
-    a.prompt_tokens = r.input.has_text ? static_cast<int64_t>(r.input.text.size()) + 1
-                                       : static_cast<int64_t>(r.input.token_ids.size());
-  }
-  Enqueue(std::move(r), a);
-}
-
-void Router::Impl::OnEmbed(const std::string& client, EmbedInput input) {
-  ++requests_total_;
-  metrics_.OnReceived("embed");
-  const std::string rid = input.request_id;
-  int tenant = -1;
-  if (!Accept(client, rid, ValidateEmbedShape(input, LimitsFor(client)), input.api_key,
-              &tenant)) {
-    return;
-  }
-  if (tenant >= 0) {
-    input.priority = ResolvePriority(input.priority, options_.tenants.at(tenant).max_priority);
-  }
-  if (!registry_.empty() && !AnyWorkerCanEmbed()) {
-    SendError(client, rid, absl::StatusCode::kFailedPrecondition, kReasonUnsupported,
-              "no worker of this cluster serves embeddings (embed_queue_size 0)");
-    return;
-  }
-  Request r;
-  r.id = next_request_id_++;
-  r.client = client;
-  r.client_request_id = rid;
-  r.embed = true;
-  r.priority = input.priority;
-  r.tenant = tenant;
-  r.arrival = clock_->NowMicros();
-  // Admitted like a generate request of the inputs' tokens and max_tokens 0, but it keeps no KV.
-  AdmissionRequest a;
-  a.id = r.id;
-  a.kv_resident = false;
-  a.tenant = tenant;
-  a.priority = input.priority;
-  if (input.deadline_ms > 0) a.deadline_micros = r.arrival + input.deadline_ms * 1000;
-  r.embed_input = std::move(input);
-  if (limits_.known) {
-    if (!Validate(&r)) return;
-    a.prompt_tokens = r.embed_total_tokens;
-  } else {
-    for (const EmbedItem& item : r.embed_input.inputs) {
-      a.prompt_tokens += item.has_text ? static_cast<int64_t>(item.text.size()) + 1
-                                       : static_cast<int64_t>(item.token_ids.size());
-    }
-  }
-  Enqueue(std::move(r), a);
 }
 
 void Router::Impl::Refuse(const std::string& client, const std::string& request_id, int tenant,
                           const Refusal& refusal) {
-  if (tenant >= 0) ++tenant_rejections_[tenant];
+  stats_.OnTenantRefused(tenant);
   SendError(client, request_id, refusal.code, refusal.reason, refusal.message,
             refusal.retry_after_ms);
 }
 
-bool Router::Impl::Validate(Request* r) {
-  if (r->embed) return ValidateEmbedRequest(r);
-  absl::StatusOr<ValidatedPrompt> v =
-      ValidateGenerate(r->input, limits_, LimitsFor(r->client));
-  if (!v.ok()) {
-    SendError(r->client, r->client_request_id, v.status().code(), ValidationReason(v.status()),
-              std::string(v.status().message()));
+bool Router::Impl::Validate(Request& r) {
+  const absl::Status s = r.kind->Validate(r, limits_, LimitsFor(r.client));
+  if (!s.ok()) {
+    SendError(r.client, r.request_id, s.code(), ValidationReason(s), std::string(s.message()));
     return false;
   }
-  r->prompt = std::move(v->tokens);
-  r->validated = true;
-  r->input = GenerateInput();
-  return true;
-}
-
-bool Router::Impl::ValidateEmbedRequest(Request* r) {
-  absl::StatusOr<ValidatedEmbed> v =
-      ValidateEmbed(r->embed_input, limits_, LimitsFor(r->client));
-  if (!v.ok()) {
-    SendError(r->client, r->client_request_id, v.status().code(), ValidationReason(v.status()),
-              std::string(v.status().message()));
-    return false;
-  }
-  r->embed_tokens = std::move(v->inputs);
-  r->embed_total_tokens = v->total_tokens;
-  r->validated = true;
-  r->embed_input.inputs.clear();
+  r.validated = true;
   return true;
 }
 
 void Router::Impl::OnCancel(const std::string& client, const std::string& request_id) {
   auto it = by_client_.find({client, request_id});
   if (it == by_client_.end()) return;  // already ended: nothing to do
-  const uint64_t id = it->second;
+  const uint64_t router_id = it->second;
   SendError(client, request_id, absl::StatusCode::kCancelled, reason::kCancelled,
             "cancelled by the client");
-  End(id);
+  End(router_id);
 }
 
 void Router::Impl::DropClient(const std::string& client) {
   backlog_->Erase(client);
-  std::vector<uint64_t> ids;
-  for (const auto& [key, id] : by_client_) {
-    if (key.first == client) ids.push_back(id);
+  std::vector<uint64_t> router_ids;
+  for (const auto& [key, router_id] : by_client_) {
+    if (key.first == client) router_ids.push_back(router_id);
   }
-  for (uint64_t id : ids) End(id);
+  for (uint64_t router_id : router_ids) End(router_id);
 }
 
-void Router::Impl::End(uint64_t id, bool completed) {
-  auto it = requests_.find(id);
+void Router::Impl::End(uint64_t router_id, bool completed) {
+  auto it = requests_.find(router_id);
   if (it == requests_.end()) return;
-  Request& r = it->second;
+  Request& r = *it->second;
   if (!r.worker.empty()) {
     WorkerState* w = registry_.Find(r.worker);
-    if (w != nullptr && (w->requests.contains(id) || w->embeds.contains(id))) {
-      DetachFromWorker(&r, w);
+    if (w != nullptr && DetachFromWorker(r, w)) {
       SendToWorker(r.worker, WorkerCancelInfo{r.dispatch_id});
     }
   }
-  admission_->Release(id, static_cast<int64_t>(r.output.size()), completed);
-  dispatch_to_request_.erase(r.dispatch_id);
-  by_client_.erase({r.client, r.client_request_id});
+  admission_->Release(router_id, r.kind->GeneratedTokens(r), completed);
+  by_dispatch_.erase(r.dispatch_id);
+  by_client_.erase({r.client, r.request_id});
   requests_.erase(it);
 }
 
-void Router::Impl::Fail(uint64_t id, absl::StatusCode code, const char* why,
+void Router::Impl::Fail(uint64_t router_id, absl::StatusCode code, const char* why,
                         std::string message) {
-  auto it = requests_.find(id);
+  auto it = requests_.find(router_id);
   if (it == requests_.end()) return;
-  SendError(it->second.client, it->second.client_request_id, code, why, std::move(message));
-  End(id);
+  SendError(it->second->client, it->second->request_id, code, why, std::move(message));
+  End(router_id);
 }
 
 void Router::Impl::ExpireDeadlines() {
-  for (uint64_t id : admission_->Expired()) {
-    Fail(id, absl::StatusCode::kDeadlineExceeded, reason::kDeadlineExceeded,
+  for (uint64_t router_id : admission_->Expired()) {
+    Fail(router_id, absl::StatusCode::kDeadlineExceeded, reason::kDeadlineExceeded,
          "the deadline passed before a worker was free");
   }
-  for (uint64_t id : admission_->Overdue()) {
-    Fail(id, absl::StatusCode::kDeadlineExceeded, reason::kDeadlineExceeded,
+  for (uint64_t router_id : admission_->Overdue()) {
+    Fail(router_id, absl::StatusCode::kDeadlineExceeded, reason::kDeadlineExceeded,
          "the deadline passed while the request ran");
   }
 }
@@ -565,11 +494,11 @@ void Router::Impl::StartDraining(int64_t now) {
 bool Router::Impl::DrainDone(int64_t now) {
   if (requests_.empty()) return true;
   if (now < drain_deadline_) return false;
-  std::vector<uint64_t> ids;
-  for (const auto& [id, r] : requests_) ids.push_back(id);
-  std::sort(ids.begin(), ids.end());
-  for (uint64_t id : ids) {
-    Fail(id, absl::StatusCode::kUnavailable, reason::kDraining,
+  std::vector<uint64_t> router_ids;
+  for (const auto& [router_id, r] : requests_) router_ids.push_back(router_id);
+  std::sort(router_ids.begin(), router_ids.end());
+  for (uint64_t router_id : router_ids) {
+    Fail(router_id, absl::StatusCode::kUnavailable, reason::kDraining,
          "the router shut down before the request finished");
   }
   return true;
@@ -589,6 +518,10 @@ bool Router::Impl::WorkersDrained(int64_t now) {
     next_worker_drain_send_ = now + kWorkerDrainResendMicros;
   }
   return false;
+}
+
+StatsSources Router::Impl::Sources() const {
+  return {registry_, *admission_, prefix_index_, draining_, clock_->NowMicros()};
 }
 
 // ---- Router

@@ -174,6 +174,28 @@ TEST_F(RouterTest, CancelMidStreamReachesTheWorkerAndDropsLateTokens) {
   EXPECT_EQ(std::get<StatsOut>(m).workers.at(0).running, 0);
 }
 
+// A worker's answer of another request kind's shape (here: embeddings for a generate request)
+// is the worker's bug: the request ends INTERNAL, and the worker is told to drop it.
+TEST_F(RouterTest, AnAnswerOfTheWrongKindEndsTheRequestAsInternal) {
+  StartRouter();
+  FakeWorker w = StartWorker("w1");
+  auto client = Dealer(router_->frontend_endpoint(), "c1");
+  SendClient(client.get(), Request("r1", {1, 2}, 4, true));
+  DispatchInfo d = w.RecvAs<DispatchInfo>();
+  w.Send(EmbedDoneInfo{w.epoch, d.dispatch_id, {{0.5f, 0.5f}}});
+  ErrorInfo e = RecvError(client.get());
+  EXPECT_EQ(e.request_id, "r1");
+  EXPECT_EQ(e.code, absl::StatusCode::kInternal);
+  EXPECT_EQ(e.reason, reason::kInternal);
+  EXPECT_THAT(e.message, HasSubstr("embeddings"));
+  EXPECT_EQ(w.RecvAs<WorkerCancelInfo>().dispatch_id, d.dispatch_id);
+  SendClient(client.get(), StatsQuery{});
+  ServerMessage m = RecvClient(client.get());
+  ASSERT_TRUE(std::holds_alternative<StatsOut>(m));
+  EXPECT_EQ(std::get<StatsOut>(m).inflight, 0);
+  EXPECT_EQ(std::get<StatsOut>(m).workers.at(0).outstanding_tokens, 0);
+}
+
 TEST_F(RouterTest, DeadWorkersStreamResumesOnAnotherWorker) {
   StartRouter(/*heartbeat_timeout_ms=*/300);
   FakeWorker w1 = StartWorker("w1");

@@ -1,0 +1,170 @@
+#include "router/generate_kind.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "common/block_hash.h"
+
+namespace carpool::router {
+namespace {
+
+GenerateRequest& Of(Request& r) { return static_cast<GenerateRequest&>(r); }
+const GenerateRequest& Of(const Request& r) { return static_cast<const GenerateRequest&>(r); }
+
+}  // namespace
+
+GenerateKind::GenerateKind(RequestHost* host, const RouterOptions& options)
+    : host_(host), prefix_affinity_(options.placement == PlacementPolicy::kPrefixAffinity) {
+  for (int t = 0; t < options.tenants.size(); ++t) {
+    cache_salts_.push_back(options.tenants.at(t).cache_salt);
+  }
+}
+
+std::optional<Arrival> GenerateKind::Receive(ClientMessage& message, const RequestLimits& limits) {
+  auto* input = std::get_if<GenerateInput>(&message);
+  if (input == nullptr) return std::nullopt;
+  Arrival a;
+  a.shape = ValidateShape(*input, limits);
+  a.api_key = input->api_key;
+  a.deadline_ms = input->deadline_ms;
+  auto r = std::make_unique<GenerateRequest>();
+  r->kind = this;
+  r->request_id = input->request_id;
+  r->priority = input->priority;
+  r->stream = input->stream;
+  r->sampling = input->sampling;
+  r->input = std::move(*input);
+  a.request = std::move(r);
+  return a;
+}
+
+std::optional<Refusal> GenerateKind::Admit(Request& request, AdmissionRequest* a) {
+  GenerateRequest& r = Of(request);
+  if (r.tenant >= 0) r.cache_salt = cache_salts_[r.tenant];
+  if (!r.sampling.has_seed) {
+    r.sampling.has_seed = true;
+    r.sampling.seed = rng_();
+  }
+  a->max_tokens = r.sampling.max_tokens;
+  return std::nullopt;
+}
+
+absl::Status GenerateKind::Validate(Request& request, const ModelLimits& model,
+                                    const RequestLimits& limits) {
+  GenerateRequest& r = Of(request);
+  absl::StatusOr<ValidatedPrompt> v = ValidateGenerate(r.input, model, limits);
+  if (!v.ok()) return v.status();
+  r.prompt = std::move(v->tokens);
+  r.input = GenerateInput();
+  return absl::OkStatus();
+}
+
+int64_t GenerateKind::PromptTokens(const Request& request) const {
+  const GenerateRequest& r = Of(request);
+  if (r.validated) return static_cast<int64_t>(r.prompt.size());
+  return r.input.has_text ? static_cast<int64_t>(r.input.text.size()) + 1
+                          : static_cast<int64_t>(r.input.token_ids.size());
+}
+
+PlacementView GenerateKind::Place(const Request& request, const std::vector<WorkerState*>& workers,
+                                  const PrefixIndex& prefixes) {
+  const GenerateRequest& r = Of(request);
+  PlacementView view;
+  view.request_tokens = static_cast<int64_t>(r.prompt.size()) + r.sampling.max_tokens;
+  view.snapshots.resize(workers.size());
+  // The prompt's block-hash chain, once per block size among the workers.
+  std::vector<uint64_t> chain;
+  int chain_block_size = -1;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    const WorkerState& w = *workers[i];
+    view.snapshots[i] = {w.credit(), w.outstanding_tokens, CapacityTokens(w), 0};
+    if (prefix_affinity_ && w.credit() > 0) {
+      if (w.info.block_size != chain_block_size) {
+        chain_block_size = w.info.block_size;
+        chain = PromptBlockHashes(r.prompt, chain_block_size, r.cache_salt);
+      }
+      view.snapshots[i].cached_prefix_tokens =
+          int64_t{prefixes.MatchedBlocks(w.identity, chain)} * w.info.block_size;
+    }
+  }
+  return view;
+}
+
+RouterMessage GenerateKind::Dispatch(Request& request, WorkerState* w,
+                                     int64_t cached_prefix_tokens) {
+  GenerateRequest& r = Of(request);
+  // Work still to do: the prompt and the tokens already produced (recomputed on a resumed
+  // stream) less what the worker's cache holds, plus the tokens left to generate.
+  const auto produced = static_cast<int64_t>(r.output.size());
+  r.outstanding = std::max<int64_t>(
+                      1, static_cast<int64_t>(r.prompt.size()) + produced - cached_prefix_tokens) +
+                  (r.sampling.max_tokens - produced);
+  w->requests.insert(r.router_id);
+  DispatchInfo d;
+  d.dispatch_id = r.dispatch_id;
+  d.prompt_tokens = r.prompt;
+  for (const SampleResult& t : r.output) d.output_tokens.push_back(t.token);
+  d.sampling = r.sampling;
+  d.priority = r.priority;
+  d.cache_salt = r.cache_salt;
+  return d;
+}
+
+void GenerateKind::OnWorkerEvent(Request& request, WorkerState* w, WorkerEvent event, int64_t now) {
+  if (const auto* e = std::get_if<TokenEvent>(&event)) {
+    OnToken(Of(request), w, *e, now);
+    return;
+  }
+  host_->Fail(request.router_id, absl::StatusCode::kInternal, reason::kInternal,
+              "the worker answered a generate request with embeddings");
+}
+
+void GenerateKind::OnToken(GenerateRequest& r, WorkerState* w, const TokenEvent& e, int64_t now) {
+  if (e.has_token) {
+    if (r.first_token == 0) r.first_token = now;
+    r.output.push_back(e.token);
+    ++w->tokens_generated;
+    const int64_t left = r.sampling.max_tokens - static_cast<int64_t>(r.output.size());
+    w->outstanding_tokens += left - r.outstanding;
+    r.outstanding = left;
+    if (r.stream) {
+      GenerateChunkOut chunk;
+      chunk.request_id = r.request_id;
+      chunk.index = static_cast<int>(r.output.size()) - 1;
+      chunk.tokens.push_back(e.token);
+      chunk.text = Decode({e.token.token});
+      if (!host_->SendToClient(r.client, chunk)) return;  // the client is gone, and `r` with it
+    }
+  }
+  if (!e.finished) return;
+  GenerateFinalOut f;
+  f.request_id = r.request_id;
+  if (!r.stream) {
+    std::vector<int32_t> ids;
+    for (const SampleResult& t : r.output) ids.push_back(t.token);
+    f.tokens = r.output;
+    f.text = Decode(ids);
+  }
+  f.finish_reason = e.finish_reason;
+  f.usage = {static_cast<int>(r.prompt.size()), static_cast<int>(r.output.size()),
+             e.cached_prompt_tokens};
+  f.timings = {MillisBetween(r.arrival, r.dispatched), MillisBetween(r.arrival, r.first_token),
+               MillisBetween(r.arrival, now)};
+  host_->metrics().OnGenerateFinished(f.finish_reason, f.usage, f.timings);
+  host_->Finish(r, w, std::move(f));
+}
+
+bool GenerateKind::Detach(const Request& r, WorkerState* w) {
+  return w->requests.erase(r.router_id) > 0;
+}
+
+int64_t GenerateKind::GeneratedTokens(const Request& r) const {
+  return static_cast<int64_t>(Of(r).output.size());
+}
+
+std::string GenerateKind::Decode(const std::vector<int32_t>& ids) const {
+  const ModelLimits& model = host_->model();
+  return model.tokenizer != nullptr ? model.tokenizer->Decode(ids) : std::string();
+}
+
+}  // namespace carpool::router

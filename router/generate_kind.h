@@ -1,0 +1,58 @@
+// Generate requests (GenerateInput): a prompt and sampling parameters in, tokens back (streamed
+// as GenerateChunkOut, or all at once) and a GenerateFinalOut with usage and timings. A stream
+// whose worker is lost resumes on another from the tokens already sent.
+//
+// Thread-compatible: owned by the router's event loop.
+#ifndef CARPOOL_ROUTER_GENERATE_KIND_H_
+#define CARPOOL_ROUTER_GENERATE_KIND_H_
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "router/request_kind.h"
+#include "router/router.h"
+
+namespace carpool::router {
+
+struct GenerateRequest final : Request {
+  bool stream = false;
+  GenerateInput input;               // kept until validated
+  std::vector<int32_t> prompt;       // token ids, once validated
+  SamplingParams sampling;           // seed resolved at admission
+  uint64_t cache_salt = 0;           // its tenant's: prefix caches are not shared across tenants
+  int64_t first_token = 0;           // micros; 0: none yet
+  std::vector<SampleResult> output;  // every token so far, kept across failovers
+};
+
+class GenerateKind final : public RequestKind {
+ public:
+  // `host` is not owned and outlives this.
+  GenerateKind(RequestHost* host, const RouterOptions& options);
+
+  const char* name() const override { return "generate"; }
+  std::optional<Arrival> Receive(ClientMessage& message, const RequestLimits& limits) override;
+  std::optional<Refusal> Admit(Request& r, AdmissionRequest* a) override;
+  absl::Status Validate(Request& r, const ModelLimits& model, const RequestLimits& limits) override;
+  int64_t PromptTokens(const Request& r) const override;
+  PlacementView Place(const Request& r, const std::vector<WorkerState*>& workers,
+                      const PrefixIndex& prefixes) override;
+  RouterMessage Dispatch(Request& r, WorkerState* w, int64_t cached_prefix_tokens) override;
+  void OnWorkerEvent(Request& r, WorkerState* w, WorkerEvent event, int64_t now) override;
+  bool Detach(const Request& r, WorkerState* w) override;
+  int64_t GeneratedTokens(const Request& r) const override;
+
+ private:
+  // The worker's answer for a token (and its relay), and the end of the request when finished.
+  void OnToken(GenerateRequest& r, WorkerState* w, const TokenEvent& e, int64_t now);
+  std::string Decode(const std::vector<int32_t>& ids) const;
+
+  RequestHost* host_;
+  std::vector<uint64_t> cache_salts_;            // by tenant
+  bool prefix_affinity_;                         // placement counts each worker's cached prefix
+  std::mt19937_64 rng_{std::random_device{}()};  // seeds for requests that name none
+};
+
+}  // namespace carpool::router
+
+#endif  // CARPOOL_ROUTER_GENERATE_KIND_H_
