@@ -174,15 +174,16 @@ TEST_F(RouterTest, CancelMidStreamReachesTheWorkerAndDropsLateTokens) {
   EXPECT_EQ(std::get<StatsOut>(m).workers.at(0).running, 0);
 }
 
-// A worker's answer of another request kind's shape (here: embeddings for a generate request)
-// is the worker's bug: the request ends INTERNAL, and the worker is told to drop it.
+// A worker's answer of another request kind's shape (here: an embed answer, with no vectors,
+// for a generate request) is the worker's bug: the request ends INTERNAL, and the worker is
+// told to drop it.
 TEST_F(RouterTest, AnAnswerOfTheWrongKindEndsTheRequestAsInternal) {
   StartRouter();
   FakeWorker w = StartWorker("w1");
   auto client = Dealer(router_->frontend_endpoint(), "c1");
   SendClient(client.get(), Request("r1", {1, 2}, 4, true));
   DispatchInfo d = w.RecvAs<DispatchInfo>();
-  w.Send(EmbedDoneInfo{w.epoch, d.dispatch_id, {{0.5f, 0.5f}}});
+  w.Send(EmbedDoneInfo{w.epoch, d.dispatch_id, {}});
   ErrorInfo e = RecvError(client.get());
   EXPECT_EQ(e.request_id, "r1");
   EXPECT_EQ(e.code, absl::StatusCode::kInternal);
