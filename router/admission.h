@@ -91,7 +91,7 @@ struct AdmissionOptions {
 };
 
 struct AdmissionRequest {
-  uint64_t id = 0;                 // unique for the controller's lifetime
+  uint64_t id = 0;                 // the request's router_id: unique for the controller's life
   int tenant = -1;                 // index into the tenant table; -1: anonymous
   Priority priority = Priority::kDefault;
   int64_t prompt_tokens = 0;
