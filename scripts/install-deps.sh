@@ -16,8 +16,15 @@ packages=(
   libopenmpi-dev openmpi-bin
   slurmctld slurmd slurm-client munge
   libcpp-httplib-dev libboost-dev
+  libpcre2-dev libicu-dev
   python3 python3-zmq python3-protobuf python3-numpy python3-pytest python3-matplotlib python3-requests python3-prometheus-client
 )
+
+# The tokenizer tests check carpool against the Hugging Face library from npm: Debian's nodejs
+# and npm, unless this machine already has an npm of its own (another nodejs build).
+if ! command -v npm >/dev/null 2>&1; then
+  packages+=(nodejs npm)
+fi
 
 missing=()
 for p in "${packages[@]}"; do
