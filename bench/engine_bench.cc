@@ -34,11 +34,11 @@ using worker::EngineRequest;
 
 double NowSeconds() { return Clock::Real()->NowMicros() / 1e6; }
 
-// Streaming-read bandwidth in bytes/s over `bytes` of memory, split over the thread pool.
-double MeasureBandwidth(int64_t bytes, int repeats) {
+// Streaming-read bandwidth in bytes/s over `bytes` of memory, split over `pool` (the engine's,
+// so the limit is measured on the threads the kernels run on).
+double MeasureBandwidth(ThreadPool* pool, int64_t bytes, int repeats) {
   const int64_t n = bytes / sizeof(float);
   std::vector<float> buf(n, 1.0f);
-  ThreadPool* pool = ThreadPool::Default();
   double best = 0;
   for (int r = 0; r < repeats; ++r) {
     std::vector<double> partial(pool->num_threads(), 0.0);
@@ -63,10 +63,10 @@ double MeasureBandwidth(int64_t bytes, int repeats) {
   return best;
 }
 
-// OpenBLAS's own multi-threaded sgemm rate (FLOP/s) at an m x n x k shape.
-double MeasureGemm(int64_t m, int64_t n, int64_t k, int repeats) {
+// OpenBLAS's own multi-threaded sgemm rate (FLOP/s) at an m x n x k shape, on `threads`.
+double MeasureGemm(int threads, int64_t m, int64_t n, int64_t k, int repeats) {
   std::vector<float> a(m * k, 0.01f), b(n * k, 0.02f), c(m * n);
-  openblas_set_num_threads(ThreadPool::Default()->num_threads());
+  openblas_set_num_threads(threads);
   double best = 0;
   for (int r = 0; r < repeats; ++r) {
     const double t0 = NowSeconds();
@@ -310,7 +310,9 @@ int main(int argc, char** argv) {
   const auto run = [&](const char* part) { return parts.empty() || parts.count(part) > 0; };
   nlohmann::json out;
   out["model"] = model;
-  out["threads"] = ThreadPool::Default()->num_threads();
+  // Every engine here has options.num_threads 0: a pool of one thread per core.
+  const int threads = ThreadPool::CoreCount();
+  out["threads"] = threads;
 
   EngineOptions options;
   options.model = model;
@@ -324,7 +326,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     engine = std::move(*created);
-    const double bandwidth = MeasureBandwidth(int64_t{1} << 30, 5);
+    const double bandwidth = MeasureBandwidth(&engine->thread_pool(), int64_t{1} << 30, 5);
     const int64_t weight_bytes = engine->model().DecodeWeightBytes();
     const double floor_ms = weight_bytes / bandwidth * 1e3;
     out["bandwidth_gb_s"] = bandwidth / 1e9;
@@ -332,7 +334,7 @@ int main(int argc, char** argv) {
     out["batch1_floor_ms"] = floor_ms;
     std::printf(
         "model %s, %d threads, bandwidth %.1f GB/s, decode reads %.1f MB -> floor %.2f ms\n",
-        model.c_str(), ThreadPool::Default()->num_threads(), bandwidth / 1e9, weight_bytes / 1e6,
+        model.c_str(), engine->thread_pool().num_threads(), bandwidth / 1e9, weight_bytes / 1e6,
         floor_ms);
 
     if (run("decode")) {
@@ -350,7 +352,7 @@ int main(int argc, char** argv) {
       }
     }
     if (run("prefill")) {
-      const double gemm = MeasureGemm(512, 2048, 768, 5);
+      const double gemm = MeasureGemm(threads, 512, 2048, 768, 5);
       const double prefill = MeasurePrefill(engine.get(), 8, 256);
       const double flops_per_token = 2.0 * (weight_bytes / 4.0);
       std::printf(

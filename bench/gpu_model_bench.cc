@@ -12,7 +12,7 @@
 //
 // Presets in --real-model (default 1b) run through the real LlamaModel (ModelBench): synthetic
 // weights generated on the host (LoadWeights("synthetic:<preset>"), fp32), uploaded by the
-// CudaDevice (and then dropped from the host), steps through LlamaModel::ForwardStep, as the
+// CudaDevice (and then dropped from the host), steps through LlamaModel::Forward, as the
 // engine runs them. The others (default 8b) run LlamaModel's order of kernels written out here
 // over the ModelDevice interface (KernelBench: embedding, per layer norm, q/k/v, RoPE, KV write,
 // paged attention, o, add+norm, gate/up, SiLU·mul, down; final norm, sampled rows, head; logits
@@ -112,7 +112,7 @@ class ModelBench {
       plan.seqs.push_back(std::move(q));
     }
     for (int i = 0; i < n; ++i) plan.token_ids.push_back((i * 7919) % vocab_);
-    model_->ForwardStep(plan, &logits_);
+    model_->Forward(plan, &logits_);
   }
 
   double Time(int n, bool prefill, int steps) {

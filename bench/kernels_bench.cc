@@ -2,7 +2,7 @@
 //
 // For each weight shape (N, K) and batch M, prints GFLOP/s of kernels::cpu::Linear and of
 // multi-threaded OpenBLAS (cblas_sgemm RowMajor, NoTrans x Trans, the same y = x · w^T) using
-// the same number of threads as ThreadPool::Default(), and their ratio; at M = 1 also the
+// the same number of threads as our pool (one per core), and their ratio; at M = 1 also the
 // weight bytes Linear streams per second. Each figure is the best of repeated runs.
 // Usage: carpool-bench-kernels [min_seconds_per_figure, default 0.3]
 // Not a test: figures quoted in docs name this command.
@@ -65,7 +65,8 @@ std::vector<float> RandomFloats(int64_t n, uint32_t seed) {
 int main(int argc, char** argv) {
   using namespace carpool::bench;
   const double min_seconds = argc > 1 ? std::atof(argv[1]) : 0.3;
-  const int threads = carpool::ThreadPool::Default()->num_threads();
+  const int threads = carpool::ThreadPool::CoreCount();
+  carpool::ThreadPool pool(threads);
   openblas_set_num_threads(threads);
   std::printf("threads=%d  (GFLOP/s = 2*M*N*K / best time; ratio = ours / OpenBLAS)\n", threads);
   std::printf("%6s %6s %5s %12s %12s %7s %12s\n", "N", "K", "M", "ours GF/s", "oblas GF/s", "ratio",
@@ -78,7 +79,8 @@ int main(int argc, char** argv) {
       std::vector<float> y(m * s.n);
       const double ours = BestSeconds(
           [&] {
-            carpool::kernels::cpu::Linear(x.data(), w.data(), bias.data(), y.data(), m, s.n, s.k);
+            carpool::kernels::cpu::Linear(x.data(), w.data(), bias.data(), y.data(), m, s.n, s.k,
+                                          &pool);
           },
           min_seconds);
       const double blas = BestSeconds(

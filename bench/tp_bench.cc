@@ -179,7 +179,7 @@ int main(int argc, char** argv) {
   }
 
   const int tp = (*job)->tp_size();
-  const int threads = carpool::ThreadPool::Default()->num_threads();
+  const int threads = (*engine)->thread_pool().num_threads();
   std::printf("carpool-bench-tp: %s, TP=%d, %d kernel thread(s) per rank, %d timed steps\n",
               options.model.c_str(), tp, threads, steps);
   std::printf("%4s %7s %6s %8s %12s %8s %14s %11s %8s %8s %10s %16s\n", "tp", "threads",

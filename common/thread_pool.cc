@@ -13,8 +13,6 @@
 namespace carpool {
 namespace {
 
-std::atomic<int> g_default_threads{0};
-
 // How long an idle worker spins before it sleeps: long enough to bridge the gap between two
 // kernels of one engine step, short enough not to burn a core between steps.
 constexpr auto kSpinFor = std::chrono::microseconds(200);
@@ -112,15 +110,16 @@ void ThreadPool::WorkerLoop(int index) {
   }
 }
 
-ThreadPool* ThreadPool::Default() {
-  static ThreadPool* pool = [] {
-    int n = g_default_threads.load();
-    if (n <= 0) n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    return new ThreadPool(n);
-  }();
-  return pool;
+int ThreadPool::CoreCount() {
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
-void ThreadPool::SetDefaultThreads(int num_threads) { g_default_threads.store(num_threads); }
+void ParallelFor(ThreadPool* pool, int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+  if (pool != nullptr) {
+    pool->ParallelFor(n, fn);
+  } else if (n > 0) {
+    fn(0, n);
+  }
+}
 
 }  // namespace carpool

@@ -1,9 +1,11 @@
 // A fixed pool of worker threads for data-parallel kernels.
 //
-// The CPU kernels split their work over one process-wide pool sized to the machine's cores.
-// A step of the engine calls ParallelFor hundreds of times, so hand-offs must be cheap: idle
-// workers spin briefly on an atomic generation counter before they sleep on a condition
-// variable, and the caller spins for its helpers to finish.
+// There is no process-wide pool: whoever runs kernels owns one and hands it down (the engine
+// owns one of EngineOptions::num_threads threads and gives it to its CPU device and its weight
+// loading; tests and benchmarks make their own). A step of the engine calls ParallelFor
+// hundreds of times, so hand-offs must be cheap: idle workers spin briefly on an atomic
+// generation counter before they sleep on a condition variable, and the caller spins for its
+// helpers to finish.
 #ifndef CARPOOL_COMMON_THREAD_POOL_H_
 #define CARPOOL_COMMON_THREAD_POOL_H_
 
@@ -33,10 +35,8 @@ class ThreadPool {
   // Thread-safe: concurrent callers are serialized.
   void ParallelFor(int64_t n, const std::function<void(int64_t, int64_t)>& fn);
 
-  // The process-wide pool (one thread per hardware core unless SetDefaultThreads was called
-  // before first use).
-  static ThreadPool* Default();
-  static void SetDefaultThreads(int num_threads);
+  // One per hardware core (at least 1): the size of a pool asked for with 0 threads.
+  static int CoreCount();
 
  private:
   void WorkerLoop(int index);
@@ -59,6 +59,10 @@ class ThreadPool {
   std::mutex mu_;
   std::condition_variable work_cv_;
 };
+
+// pool->ParallelFor(n, fn), or fn(0, n) on the calling thread when `pool` is null (code that
+// takes an optional pool).
+void ParallelFor(ThreadPool* pool, int64_t n, const std::function<void(int64_t, int64_t)>& fn);
 
 }  // namespace carpool
 

@@ -1,7 +1,10 @@
 #include "common/thread_pool.h"
 
+#include <algorithm>
 #include <atomic>
 #include <numeric>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -48,6 +51,24 @@ TEST(ThreadPoolTest, ManyBackToBackJobsWithSmallSizes) {
     ASSERT_EQ(sum.load(), n * (n + 1) / 2);
   }
   EXPECT_GT(total, 0);
+}
+
+TEST(ThreadPoolTest, NullPoolRunsEverythingOnTheCallingThread) {
+  const std::thread::id caller = std::this_thread::get_id();
+  std::vector<std::pair<int64_t, int64_t>> calls;
+  ParallelFor(nullptr, 10, [&](int64_t b, int64_t e) {
+    EXPECT_EQ(std::this_thread::get_id(), caller);
+    calls.push_back({b, e});
+  });
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0], std::make_pair(int64_t{0}, int64_t{10}));
+  ParallelFor(nullptr, 0, [&](int64_t, int64_t) { ADD_FAILURE() << "nothing to run"; });
+
+  ThreadPool pool(3);
+  std::atomic<int64_t> covered{0};
+  ParallelFor(&pool, 10, [&](int64_t b, int64_t e) { covered.fetch_add(e - b); });
+  EXPECT_EQ(covered.load(), 10);
+  EXPECT_GE(ThreadPool::CoreCount(), 1);
 }
 
 }  // namespace

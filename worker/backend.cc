@@ -94,11 +94,8 @@ class EngineBackend : public Backend {
     return l;
   }
 
-  // Not under tensor parallelism: LlamaModel::Embed refuses there.
-  int embed_dim() const override {
-    const cluster::Communicator* group = engine_->options().tensor_parallel_group;
-    return group == nullptr || group->size() == 1 ? engine_->model_config().hidden_size : 0;
-  }
+  // Under tensor parallelism too: the leader's embed passes run on its followers with it.
+  int embed_dim() const override { return engine_->model_config().hidden_size; }
 
   absl::StatusOr<std::vector<std::vector<float>>> EmbedBatch(
       absl::Span<const EmbeddingInput* const> inputs) override {

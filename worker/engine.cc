@@ -50,14 +50,14 @@ struct ChosenDevice {
 // through host memory over the group's communicator (LlamaModel: ToHost -> collective ->
 // FromHost), so any device works under any group.
 absl::StatusOr<ChosenDevice> ChooseDevice(const EngineOptions& o, const LlamaWeights& weights,
-                                          int max_model_len) {
+                                          int max_model_len, ThreadPool* pool) {
   ChosenDevice chosen;
   DeviceOptions d = o.device;
   if (d.kind != DeviceKind::kCpu) {
     ASSIGN_OR_RETURN(d, ResolveDevice(d, /*local_rank=*/-1));
   }
   if (d.kind == DeviceKind::kCpu) {
-    chosen.device = CreateCpuDevice();
+    chosen.device = CreateCpuDevice(pool);
     return chosen;
   }
   RETURN_IF_ERROR(CheckCudaSupportsModel(weights.config));
@@ -118,6 +118,25 @@ absl::StatusOr<int64_t> GpuKvBlocks(const ChosenDevice& chosen, const ModelConfi
 
 }  // namespace
 
+void StepPlanFromBatch(const BatchPlan& plan, int block_size, StepPlan* step) {
+  step->kind = StepPlan::Kind::kGenerate;
+  step->seqs.resize(plan.seqs.size());
+  step->token_ids.clear();
+  step->token_ids.reserve(plan.num_batched_tokens);
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const ScheduledSeq& s = plan.seqs[i];
+    StepPlan::Seq& q = step->seqs[i];
+    q.seq_id = s.seq->seq_id;
+    q.start_position = s.start_position;
+    q.num_tokens = s.num_tokens;
+    q.sample = s.sample;
+    const int context = s.start_position + s.num_tokens;
+    const size_t blocks = static_cast<size_t>((context + block_size - 1) / block_size);
+    q.block_table.assign(s.block_table.begin(), s.block_table.begin() + blocks);
+    for (int p = s.start_position; p < context; ++p) step->token_ids.push_back(s.seq->TokenAt(p));
+  }
+}
+
 absl::Status EngineOptions::Validate() const {
   if (model.empty()) return absl::InvalidArgumentError("--model is required");
   if (block_size < 1 || block_size > 1024) {
@@ -142,14 +161,16 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
                                                        Clock* clock,
                                                        std::unique_ptr<ModelDevice> device) {
   RETURN_IF_ERROR(options.Validate());
-  if (options.num_threads > 0) ThreadPool::SetDefaultThreads(options.num_threads);
   std::unique_ptr<Engine> engine(new Engine());
   engine->options_ = options;
+  engine->pool_ = std::make_unique<ThreadPool>(options.num_threads > 0 ? options.num_threads
+                                                                       : ThreadPool::CoreCount());
   engine->clock_ = clock != nullptr ? clock : Clock::Real();
   cluster::Communicator* group = options.tensor_parallel_group;
   TensorParallelRank tp;
   if (group != nullptr) tp = {group->rank(), group->size()};
-  ASSIGN_OR_RETURN(std::unique_ptr<LlamaWeights> weights, LoadWeights(options.model, tp));
+  ASSIGN_OR_RETURN(std::unique_ptr<LlamaWeights> weights,
+                   LoadWeights(options.model, tp, engine->pool_.get()));
   const ModelConfig config = weights->config;
 
   SchedulerOptions& sched = engine->options_.scheduler;
@@ -163,7 +184,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
 
   int64_t blocks = 0;
   if (device == nullptr) {
-    ASSIGN_OR_RETURN(ChosenDevice chosen, ChooseDevice(options, *weights, sched.max_model_len));
+    ASSIGN_OR_RETURN(ChosenDevice chosen,
+                     ChooseDevice(options, *weights, sched.max_model_len, engine->pool_.get()));
     if (chosen.sized_by_memory) {
       ASSIGN_OR_RETURN(blocks, GpuKvBlocks(chosen, config, options, group));
     }
@@ -270,7 +292,8 @@ bool Engine::Abort(int64_t request_id) {
 
 StepOutput Engine::RunModel(const BatchPlan& plan) {
   const int64_t start = clock_->NowMicros();
-  model_->Forward(plan, &logits_);
+  StepPlanFromBatch(plan, options_.block_size, &step_);
+  model_->Forward(step_, &logits_);
   forward_micros_ += clock_->NowMicros() - start;
   StepOutput out;
   out.samples.resize(plan.seqs.size());

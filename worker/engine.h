@@ -17,9 +17,11 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "common/clock.h"
+#include "common/thread_pool.h"
 #include "worker/device_options.h"
 #include "worker/kv_cache/kv_cache_manager.h"
 #include "worker/model/llama_model.h"
+#include "worker/model/step_plan.h"
 #include "worker/sampler/sampler.h"
 #include "worker/scheduler/scheduler.h"
 
@@ -40,11 +42,14 @@ struct EngineOptions {
   int64_t kv_cache_memory_bytes = 0;
   // Share identical full prompt blocks between requests. Default: true.
   bool enable_prefix_caching = true;
-  // Kernel threads; 0 = one per core. Default: 0.
+  // Threads of the pool the engine owns: its CPU device's kernels and the weights' loading run
+  // on them (a device given to Engine::Create brings its own). 0 = one per core. Default: 0.
   int num_threads = 0;
   // Tensor parallelism: this process's group (not owned; outlives the engine). The engine loads
-  // its rank's slices and, on the group's leader, broadcasts every step to the followers (which
-  // run LlamaModel::ForwardStep). Null or a group of one: the whole model here. Default: null.
+  // its rank's slices; on the group's leader, the model broadcasts every step it computes
+  // (generation steps and embedding passes) to the followers, which run them
+  // (LlamaModel::Follow, RunFollower in worker/mpi_worker.h). Null or a group of one: the whole
+  // model here. Default: null.
   cluster::Communicator* tensor_parallel_group = nullptr;
   // The device the model runs on when Engine::Create is given none. kCuda (or kAuto resolving
   // to it): a CudaDevice on device.gpu_index in device.dtype, and, when neither num_kv_blocks
@@ -99,12 +104,19 @@ struct EngineEvent {
   std::shared_ptr<Completion> completion;
 };
 
+// The model's step for the scheduler's `plan`: per scheduled sequence its positions, whether it
+// samples, the blocks of its block table that cover them (block_size tokens each), and the
+// token ids computed. Reuses `step`'s memory. REQUIRES: every block table covers its sequence's
+// tokens.
+void StepPlanFromBatch(const BatchPlan& plan, int block_size, StepPlan* step);
+
 class Engine {
  public:
   // `device` runs the model (its storage type also sizes the KV pool); nullptr: the one
-  // options.device asks for. FAILED_PRECONDITION when options.device asks for CUDA and this
-  // build has none or no GPU is visible; RESOURCE_EXHAUSTED when --gpu-memory-utilization
-  // leaves no room for a KV block (on any rank of a tensor-parallel group).
+  // options.device asks for (on the CPU, one that computes on the engine's thread pool).
+  // FAILED_PRECONDITION when options.device asks for CUDA and this build has none or no GPU is
+  // visible; RESOURCE_EXHAUSTED when --gpu-memory-utilization leaves no room for a KV block (on
+  // any rank of a tensor-parallel group).
   static absl::StatusOr<std::unique_ptr<Engine>> Create(
       const EngineOptions& options, Clock* clock = nullptr,
       std::unique_ptr<ModelDevice> device = nullptr);
@@ -123,7 +135,8 @@ class Engine {
   // input, in order. Runs now, between steps; takes no KV blocks. Passes are bounded by
   // scheduler.max_num_batched_tokens, so they need no more activation memory than a step.
   // INVALID_ARGUMENT naming the input: empty, a token outside the vocabulary, or longer than
-  // max_model_len. UNIMPLEMENTED under tensor parallelism.
+  // max_model_len. Under tensor parallelism the leader's engine embeds (its followers run each
+  // pass with it); a follower's engine answers FAILED_PRECONDITION.
   absl::StatusOr<std::vector<std::vector<float>>> Embed(
       absl::Span<const EmbeddingInput* const> inputs);
 
@@ -138,6 +151,9 @@ class Engine {
   // The prefix-cache hash changes since the last call (KvCacheManager::TakeEvents).
   KvCacheEvents TakeKvCacheEvents() { return kv_cache_->TakeEvents(); }
   const Scheduler& scheduler() const { return *scheduler_; }
+  // The engine's pool (options.num_threads threads), for callers that want to run work of
+  // their own on the same threads between steps (benchmarks).
+  ThreadPool& thread_pool() const { return *pool_; }
   // Wall time spent inside the model's forward, cumulative (for overhead measurements).
   // Embed's passes are not included.
   int64_t forward_micros() const { return forward_micros_; }
@@ -148,6 +164,8 @@ class Engine {
 
   EngineOptions options_;
   Clock* clock_ = nullptr;
+  // Declared before the model: its CPU device computes on it, so it goes last.
+  std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<KvCacheManager> kv_cache_;
   std::unique_ptr<Scheduler> scheduler_;
@@ -156,6 +174,7 @@ class Engine {
   uint64_t next_seed_ = 0x5eed;
   // Requests between Add and their final event.
   absl::flat_hash_map<int64_t, std::shared_ptr<Completion>> inflight_;
+  StepPlan step_;  // the current step, reused across steps
   std::vector<float> logits_;
   int64_t forward_micros_ = 0;
 };

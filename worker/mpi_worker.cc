@@ -145,7 +145,6 @@ absl::Status RunGroupFollower(cluster::MpiJob* job, const MpiWorkerOptions& opti
 }  // namespace
 
 absl::Status RunFollower(LlamaModel* model, cluster::Communicator* group) {
-  std::vector<float> logits;
   for (;;) {
     absl::StatusOr<StepMessage> message = ReceiveStepMessage(group);
     if (!message.ok()) {
@@ -156,7 +155,7 @@ absl::Status RunFollower(LlamaModel* model, cluster::Communicator* group) {
     }
     if (message->kind == StepKind::kShutdown) return absl::OkStatus();
     ASSIGN_OR_RETURN(const StepPlan step, DecodeStepPlan(message->payload));
-    model->ForwardStep(step, &logits);
+    model->Follow(step);
   }
 }
 

@@ -55,8 +55,9 @@ absl::Status RunMpiWorker(cluster::MpiJob* job, MpiWorkerOptions options,
                           std::atomic<WorkerServer*>* server_slot,
                           const std::atomic<bool>* terminate);
 
-// A follower's loop: runs every step its leader broadcasts on `group` until the leader's
-// shutdown. Errors: a malformed message (a failed collective ends the process instead).
+// A follower's loop: runs every step its leader broadcasts on `group` (generation steps and
+// embedding passes, LlamaModel::Follow) until the leader's shutdown. Errors: a malformed
+// message (a failed collective ends the process instead).
 absl::Status RunFollower(LlamaModel* model, cluster::Communicator* group);
 // The leader's shutdown message to its followers.
 absl::Status StopFollowers(cluster::Communicator* group);

@@ -53,7 +53,7 @@ struct WorkerServerOptions {
   int linger_ms = 1000;
   // Embedding batches (--embed-*). max_concurrent_batches must be 1: batches run on the engine
   // thread, one at a time. max_queue_size is what `register` advertises as embed_queue_size
-  // (0 there when the model cannot embed, e.g. under tensor parallelism).
+  // (0 there when the backend cannot embed).
   // Default: 32 inputs a batch, 2 ms max wait, one batch at a time, 1024 inputs queued.
   DynamicBatcherOptions embed = DefaultEmbedOptions();
   // The DEALER's options (message size, queue, ...). routing_id is replaced by worker_id.

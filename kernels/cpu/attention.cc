@@ -151,10 +151,11 @@ std::vector<QueryRow> ListQueryRows(const AttentionParams& p) {
 }
 
 void RunItems(const float* q, const float* key_cache, const float* value_cache,
-              const AttentionParams& p, const std::vector<QueryRow>& rows, float* out) {
+              const AttentionParams& p, const std::vector<QueryRow>& rows, float* out,
+              ThreadPool* pool) {
   const int kv_heads = p.cache.num_kv_heads;
   const int64_t items = static_cast<int64_t>(rows.size()) * kv_heads;
-  ThreadPool::Default()->ParallelFor(items, [&](int64_t begin, int64_t end) {
+  ParallelFor(pool, items, [&](int64_t begin, int64_t end) {
     Scratch scratch(p.num_heads / kv_heads, p.cache.head_dim);
     for (int64_t item = begin; item < end; ++item) {
       AttendItem(q, key_cache, value_cache, p, rows[item / kv_heads],
@@ -166,18 +167,18 @@ void RunItems(const float* q, const float* key_cache, const float* value_cache,
 }  // namespace
 
 void PagedAttention(const float* q, const float* key_cache, const float* value_cache,
-                    const AttentionParams& params, float* out) {
-  RunItems(q, key_cache, value_cache, params, ListQueryRows(params), out);
+                    const AttentionParams& params, float* out, ThreadPool* pool) {
+  RunItems(q, key_cache, value_cache, params, ListQueryRows(params), out, pool);
 }
 
 void PagedAttentionDecode(const float* q, const float* key_cache, const float* value_cache,
-                          const AttentionParams& params, float* out) {
+                          const AttentionParams& params, float* out, ThreadPool* pool) {
   std::vector<QueryRow> rows(params.num_seqs);
   for (int s = 0; s < params.num_seqs; ++s) {
     const AttentionSeq& seq = params.seqs[s];
     rows[s] = QueryRow{seq.query_start, seq.context_len - 1, &seq};
   }
-  RunItems(q, key_cache, value_cache, params, rows, out);
+  RunItems(q, key_cache, value_cache, params, rows, out, pool);
 }
 
 }  // namespace carpool::kernels::cpu

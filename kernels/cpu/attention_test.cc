@@ -18,6 +18,7 @@ namespace {
 using test_util::AllNear;
 using test_util::BitEqual;
 using test_util::RandomFloats;
+using test_util::TestPool;
 
 constexpr double kAtol = 1e-5;
 constexpr double kRtol = 1e-4;
@@ -60,7 +61,7 @@ class AttentionBatch {
 
   std::vector<float> Run() const {
     std::vector<float> out(out_size(), -1.0f);
-    PagedAttention(q(), key_cache(), value_cache(), params_, out.data());
+    PagedAttention(q(), key_cache(), value_cache(), params_, out.data(), TestPool());
     return out;
   }
   std::vector<double> Reference() const {
@@ -76,7 +77,7 @@ class AttentionBatch {
     const float* q_alone = q() + seq.query_start * RowWidth(shape_.num_heads);
     seq.query_start = 0;
     std::vector<float> out(seq.query_len * RowWidth(shape_.num_heads));
-    PagedAttention(q_alone, key_cache(), value_cache(), alone, out.data());
+    PagedAttention(q_alone, key_cache(), value_cache(), alone, out.data(), TestPool());
     return out;
   }
 
@@ -159,7 +160,7 @@ TEST_P(PagedAttentionTest, DecodeMatchesReferenceAndTheGeneralKernel) {
   const AttentionBatch batch(Shape(), DecodeSpecs(), 200);
   std::vector<float> decode(batch.out_size(), -1.0f);
   PagedAttentionDecode(batch.q(), batch.key_cache(), batch.value_cache(), batch.params(),
-                       decode.data());
+                       decode.data(), TestPool());
   EXPECT_TRUE(AllNear(decode, batch.Reference(), kAtol, kRtol));
   // A sequence may be decoded by either entry point depending on its batch; bits must agree.
   const std::vector<float> general = batch.Run();
@@ -195,7 +196,8 @@ TEST(PagedAttentionChunkingTest, ChunkedPrefillEqualsWholePrefill) {
   chunk.seqs = &seq;
   const int64_t width = whole.RowWidth(shape.num_heads);
   std::vector<float> out(37 * width);
-  PagedAttention(whole.q() + 63 * width, whole.key_cache(), whole.value_cache(), chunk, out.data());
+  PagedAttention(whole.q() + 63 * width, whole.key_cache(), whole.value_cache(), chunk, out.data(),
+                 TestPool());
   EXPECT_TRUE(BitEqual(out.data(), all_rows.data() + 63 * width, out.size()));
 }
 
@@ -206,7 +208,7 @@ TEST(PagedAttentionChunkingTest, SharpSoftmaxMatchesReference) {
   AttentionParams sharp = batch.params();
   sharp.scale = 40.0f;
   std::vector<float> out(batch.out_size());
-  PagedAttention(batch.q(), batch.key_cache(), batch.value_cache(), sharp, out.data());
+  PagedAttention(batch.q(), batch.key_cache(), batch.value_cache(), sharp, out.data(), TestPool());
   EXPECT_TRUE(AllNear(
       out, reference::PagedAttention(batch.q(), batch.key_cache(), batch.value_cache(), sharp),
       kAtol, kRtol));

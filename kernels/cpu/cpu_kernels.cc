@@ -23,12 +23,13 @@ using simd::F8;
 constexpr int64_t kMinParallelElements = 1 << 15;
 
 // Calls fn(begin, end) over [0, rows), on the pool when rows * row_cost is large enough.
-void ForRows(int64_t rows, int64_t row_cost, const std::function<void(int64_t, int64_t)>& fn) {
+void ForRows(ThreadPool* pool, int64_t rows, int64_t row_cost,
+             const std::function<void(int64_t, int64_t)>& fn) {
   if (rows <= 0) return;
   if (rows == 1 || rows * row_cost < kMinParallelElements) {
     fn(0, rows);
   } else {
-    ThreadPool::Default()->ParallelFor(rows, fn);
+    ParallelFor(pool, rows, fn);
   }
 }
 
@@ -82,15 +83,16 @@ float RowMax(const float* x, int64_t n) {
 
 }  // namespace
 
-void RmsNorm(const float* x, const float* weight, float eps, float* out, int64_t t, int64_t h) {
-  ForRows(t, h, [&](int64_t begin, int64_t end) {
+void RmsNorm(const float* x, const float* weight, float eps, float* out, int64_t t, int64_t h,
+             ThreadPool* pool) {
+  ForRows(pool, t, h, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) RmsNormRow(x + r * h, weight, eps, out + r * h, h);
   });
 }
 
 void AddRmsNorm(const float* x, float* residual, const float* weight, float eps, float* out,
-                int64_t t, int64_t h) {
-  ForRows(t, h, [&](int64_t begin, int64_t end) {
+                int64_t t, int64_t h, ThreadPool* pool) {
+  ForRows(pool, t, h, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       float* res = residual + r * h;
       const float* xr = x + r * h;
@@ -101,9 +103,9 @@ void AddRmsNorm(const float* x, float* residual, const float* weight, float eps,
 }
 
 void RotaryEmbedding(float* x, const int32_t* positions, const float* inv_freq, int64_t t,
-                     int num_heads, int head_dim, int rotary_dim) {
+                     int num_heads, int head_dim, int rotary_dim, ThreadPool* pool) {
   const int half = rotary_dim / 2;
-  ForRows(t, static_cast<int64_t>(num_heads) * head_dim, [&](int64_t begin, int64_t end) {
+  ForRows(pool, t, static_cast<int64_t>(num_heads) * head_dim, [&](int64_t begin, int64_t end) {
     std::vector<float> cos(half);
     std::vector<float> sin(half);
     for (int64_t r = begin; r < end; ++r) {
@@ -118,10 +120,11 @@ void RotaryEmbedding(float* x, const int32_t* positions, const float* inv_freq, 
   });
 }
 
-void SiluMul(const float* gate, const float* up, float* out, int64_t t, int64_t inter) {
+void SiluMul(const float* gate, const float* up, float* out, int64_t t, int64_t inter,
+             ThreadPool* pool) {
   const int64_t n = t * inter;
   const int64_t vectors = (n + simd::kLanes - 1) / simd::kLanes;
-  ForRows(vectors, simd::kLanes, [&](int64_t begin, int64_t end) {
+  ForRows(pool, vectors, simd::kLanes, [&](int64_t begin, int64_t end) {
     const F8 one = simd::Set1(1.0f);
     for (int64_t v = begin; v < end; ++v) {
       const int64_t i = v * simd::kLanes;
@@ -151,8 +154,8 @@ void WriteKvCache(const float* k, const float* v, const int64_t* slots, int64_t 
   }
 }
 
-void LogSoftmax(float* x, int64_t rows, int64_t n) {
-  ForRows(rows, n, [&](int64_t begin, int64_t end) {
+void LogSoftmax(float* x, int64_t rows, int64_t n, ThreadPool* pool) {
+  ForRows(pool, rows, n, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       float* row = x + r * n;
       const float max = RowMax(row, n);

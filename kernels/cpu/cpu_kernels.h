@@ -1,15 +1,18 @@
-// fp32 CPU kernels. Each splits its work over carpool::ThreadPool::Default() where that pays,
-// and each has a float64 twin in kernels/reference/ that its test compares against.
+// fp32 CPU kernels. Each has a float64 twin in kernels/reference/ that its test compares
+// against. Those that take a `pool` (last, as a CUDA kernel takes its stream) split their work
+// over it where that pays; the caller owns the pool (the engine's, via its CpuDevice), and a
+// null pool runs everything on the calling thread. No result depends on the pool's size.
 //
 // Shapes use T = number of tokens (rows), H = hidden size, D = head_dim.
 // Unless stated, outputs may not alias inputs.
-// REQUIRES: not called from inside a ThreadPool::Default() task (ParallelFor is not reentrant).
-// Thread-safe otherwise: concurrent calls are serialized by the pool.
+// REQUIRES: not called from inside a task of `pool` (ParallelFor is not reentrant).
+// Thread-safe otherwise: concurrent calls on one pool are serialized by it.
 #ifndef CARPOOL_KERNELS_CPU_CPU_KERNELS_H_
 #define CARPOOL_KERNELS_CPU_CPU_KERNELS_H_
 
 #include <cstdint>
 
+#include "common/thread_pool.h"
 #include "kernels/kernel_params.h"
 
 namespace carpool::kernels::cpu {
@@ -21,15 +24,16 @@ namespace carpool::kernels::cpu {
 // 16-lane dot product with AVX-512, 8-lane otherwise; OpenBLAS sgemm is not invariant, see
 // linear.cc). x and w need no particular alignment.
 void Linear(const float* x, const float* w, const float* bias, float* y, int64_t m, int64_t n,
-            int64_t k);
+            int64_t k, ThreadPool* pool);
 
 // out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight, for t in [0, T), rows of width h.
 // out may alias x.
-void RmsNorm(const float* x, const float* weight, float eps, float* out, int64_t t, int64_t h);
+void RmsNorm(const float* x, const float* weight, float eps, float* out, int64_t t, int64_t h,
+             ThreadPool* pool);
 
 // In place: residual[t] += x[t]; then out[t] = RmsNorm(residual[t]). out may alias x.
 void AddRmsNorm(const float* x, float* residual, const float* weight, float eps, float* out,
-                int64_t t, int64_t h);
+                int64_t t, int64_t h, ThreadPool* pool);
 
 // Rotate-half rotary embedding, in place, on the first `rotary_dim` features of every head.
 // x: [T, num_heads, head_dim]; positions: [T]; inv_freq: [rotary_dim / 2].
@@ -37,10 +41,11 @@ void AddRmsNorm(const float* x, float* residual, const float* weight, float eps,
 // HF does (cos and sin of that fp32 angle may be taken in double);
 //   x'[i] = x[i] cos - x[i + half] sin;  x'[i + half] = x[i + half] cos + x[i] sin.
 void RotaryEmbedding(float* x, const int32_t* positions, const float* inv_freq, int64_t t,
-                     int num_heads, int head_dim, int rotary_dim);
+                     int num_heads, int head_dim, int rotary_dim, ThreadPool* pool);
 
 // out[t, i] = silu(gate[t, i]) * up[t, i]; all [T, inter]. out may alias gate or up.
-void SiluMul(const float* gate, const float* up, float* out, int64_t t, int64_t inter);
+void SiluMul(const float* gate, const float* up, float* out, int64_t t, int64_t inter,
+             ThreadPool* pool);
 
 // out[t] = table[ids[t]], rows of width h. REQUIRES: 0 <= ids[t] < table rows.
 void EmbeddingGather(const float* table, const int32_t* ids, float* out, int64_t t, int64_t h);
@@ -54,14 +59,14 @@ void WriteKvCache(const float* k, const float* v, const int64_t* slots, int64_t 
 // q, out: [total query tokens, num_heads, head_dim]. Query head h reads kv head
 // h / (num_heads / num_kv_heads). Softmax in fp32 with a running max (online).
 void PagedAttention(const float* q, const float* key_cache, const float* value_cache,
-                    const AttentionParams& params, float* out);
+                    const AttentionParams& params, float* out, ThreadPool* pool);
 
 // Decode-only fast path: every seq has query_len == 1. Same contract as PagedAttention.
 void PagedAttentionDecode(const float* q, const float* key_cache, const float* value_cache,
-                          const AttentionParams& params, float* out);
+                          const AttentionParams& params, float* out, ThreadPool* pool);
 
 // In place log-softmax of each row of x ([rows, n]).
-void LogSoftmax(float* x, int64_t rows, int64_t n);
+void LogSoftmax(float* x, int64_t rows, int64_t n, ThreadPool* pool);
 
 // Index of the largest element (the lowest index among equals).
 int64_t Argmax(const float* x, int64_t n);

@@ -15,6 +15,7 @@ namespace {
 using test_util::AllNear;
 using test_util::BitEqual;
 using test_util::RandomFloats;
+using test_util::TestPool;
 
 constexpr float kEps = 1e-6f;
 
@@ -25,7 +26,7 @@ TEST_P(RowShapeTest, RmsNormMatchesReference) {
   const std::vector<float> x = RandomFloats(t * h, 1, -3.0f, 3.0f);
   const std::vector<float> weight = RandomFloats(h, 2, 0.5f, 1.5f);
   std::vector<float> out(t * h);
-  RmsNorm(x.data(), weight.data(), kEps, out.data(), t, h);
+  RmsNorm(x.data(), weight.data(), kEps, out.data(), t, h, TestPool());
   EXPECT_TRUE(AllNear(out, reference::RmsNorm(x.data(), weight.data(), kEps, t, h), 1e-5, 1e-5));
 }
 
@@ -34,9 +35,9 @@ TEST_P(RowShapeTest, RmsNormInPlace) {
   const std::vector<float> x = RandomFloats(t * h, 3);
   const std::vector<float> weight = RandomFloats(h, 4);
   std::vector<float> expected(t * h);
-  RmsNorm(x.data(), weight.data(), kEps, expected.data(), t, h);
+  RmsNorm(x.data(), weight.data(), kEps, expected.data(), t, h, TestPool());
   std::vector<float> in_place = x;
-  RmsNorm(in_place.data(), weight.data(), kEps, in_place.data(), t, h);
+  RmsNorm(in_place.data(), weight.data(), kEps, in_place.data(), t, h, TestPool());
   EXPECT_TRUE(BitEqual(in_place.data(), expected.data(), expected.size()));
 }
 
@@ -49,14 +50,15 @@ TEST_P(RowShapeTest, AddRmsNormUpdatesResidualAndNormalizes) {
       reference::AddRmsNorm(x.data(), residual0.data(), weight.data(), kEps, t, h);
   std::vector<float> residual = residual0;
   std::vector<float> out(t * h);
-  AddRmsNorm(x.data(), residual.data(), weight.data(), kEps, out.data(), t, h);
+  AddRmsNorm(x.data(), residual.data(), weight.data(), kEps, out.data(), t, h, TestPool());
   EXPECT_TRUE(AllNear(residual, want_residual, 1e-6, 1e-6));
   EXPECT_TRUE(AllNear(out, want_out, 1e-5, 1e-5));
 
   // out may alias x.
   std::vector<float> aliased = x;
   residual = residual0;
-  AddRmsNorm(aliased.data(), residual.data(), weight.data(), kEps, aliased.data(), t, h);
+  AddRmsNorm(aliased.data(), residual.data(), weight.data(), kEps, aliased.data(), t, h,
+             TestPool());
   EXPECT_TRUE(BitEqual(aliased.data(), out.data(), out.size()));
 }
 
@@ -66,13 +68,13 @@ TEST_P(RowShapeTest, SiluMulMatchesReferenceAndMayAlias) {
   const std::vector<float> up = RandomFloats(t * inter, 9, -2.0f, 2.0f);
   const std::vector<double> want = reference::SiluMul(gate.data(), up.data(), t, inter);
   std::vector<float> out(t * inter);
-  SiluMul(gate.data(), up.data(), out.data(), t, inter);
+  SiluMul(gate.data(), up.data(), out.data(), t, inter, TestPool());
   EXPECT_TRUE(AllNear(out, want, 1e-6, 1e-5));
   std::vector<float> into_gate = gate;
-  SiluMul(into_gate.data(), up.data(), into_gate.data(), t, inter);
+  SiluMul(into_gate.data(), up.data(), into_gate.data(), t, inter, TestPool());
   EXPECT_TRUE(BitEqual(into_gate.data(), out.data(), out.size()));
   std::vector<float> into_up = up;
-  SiluMul(gate.data(), into_up.data(), into_up.data(), t, inter);
+  SiluMul(gate.data(), into_up.data(), into_up.data(), t, inter, TestPool());
   EXPECT_TRUE(BitEqual(into_up.data(), out.data(), out.size()));
 }
 
@@ -80,7 +82,7 @@ TEST_P(RowShapeTest, LogSoftmaxMatchesReference) {
   const auto [rows, n] = GetParam();
   const std::vector<float> x = RandomFloats(rows * n, 10, -30.0f, 30.0f);
   std::vector<float> out = x;
-  LogSoftmax(out.data(), rows, n);
+  LogSoftmax(out.data(), rows, n, TestPool());
   EXPECT_TRUE(AllNear(out, reference::LogSoftmax(x.data(), rows, n), 2e-5, 1e-5));
 }
 
@@ -98,7 +100,7 @@ TEST(RmsNormTest, EpsMattersForSmallInputs) {
   const std::vector<float> weight = RandomFloats(h, 17);
   const float eps = 1e-6f;  // about three times mean(x^2)
   std::vector<float> out(t * h);
-  RmsNorm(x.data(), weight.data(), eps, out.data(), t, h);
+  RmsNorm(x.data(), weight.data(), eps, out.data(), t, h, TestPool());
   EXPECT_TRUE(AllNear(out, reference::RmsNorm(x.data(), weight.data(), eps, t, h), 1e-6, 1e-5));
 }
 
@@ -107,7 +109,7 @@ TEST(LogSoftmaxTest, AllNegativeRowsOfOddWidth) {
     SCOPED_TRACE(::testing::Message() << "n=" << n);
     const std::vector<float> x = RandomFloats(3 * n, 18, -40.0f, -10.0f);
     std::vector<float> out = x;
-    LogSoftmax(out.data(), 3, n);
+    LogSoftmax(out.data(), 3, n, TestPool());
     EXPECT_TRUE(AllNear(out, reference::LogSoftmax(x.data(), 3, n), 2e-5, 1e-5));
   }
 }
@@ -116,7 +118,7 @@ TEST(LogSoftmaxTest, HandlesLargeLogitsAndNegativeInfinity) {
   // exp(1000) overflows fp32: only a max-shifted sum gets this right.
   const float inf = std::numeric_limits<float>::infinity();
   std::vector<float> x = {1000.0f, 1000.0f, -inf, 0.0f};
-  LogSoftmax(x.data(), 1, 4);
+  LogSoftmax(x.data(), 1, 4, TestPool());
   EXPECT_NEAR(x[0], -std::log(2.0), 1e-4);  // 1000's fp32 ulp is 6e-5
   EXPECT_NEAR(x[1], -std::log(2.0), 1e-4);
   EXPECT_EQ(x[2], -inf);
@@ -139,7 +141,8 @@ TEST_P(RotaryTest, MatchesReference) {
   }
   const std::vector<float> x0 = RandomFloats(t * num_heads * head_dim, 11);
   std::vector<float> x = x0;
-  RotaryEmbedding(x.data(), positions.data(), inv_freq.data(), t, num_heads, head_dim, rotary_dim);
+  RotaryEmbedding(x.data(), positions.data(), inv_freq.data(), t, num_heads, head_dim, rotary_dim,
+                  TestPool());
   EXPECT_TRUE(AllNear(x,
                       reference::RotaryEmbedding(x0.data(), positions.data(), inv_freq.data(), t,
                                                  num_heads, head_dim, rotary_dim),

@@ -1,5 +1,5 @@
-// Helpers shared by the CPU kernel tests: seeded random inputs and comparisons against the
-// float64 reference.
+// Helpers shared by the CPU kernel tests (and the CPU device's and model's tests): a thread pool,
+// seeded random inputs and comparisons against the float64 reference.
 #ifndef CARPOOL_KERNELS_CPU_KERNEL_TEST_UTIL_H_
 #define CARPOOL_KERNELS_CPU_KERNEL_TEST_UTIL_H_
 
@@ -10,9 +10,17 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "common/thread_pool.h"
 #include "gtest/gtest.h"
 
 namespace carpool::kernels::test_util {
+
+// The pool tests run kernels on: one thread per core, made on first use and kept for the test
+// binary's life (tests only; production code gets its pool from its owner).
+inline ThreadPool* TestPool() {
+  static ThreadPool* const pool = new ThreadPool(ThreadPool::CoreCount());
+  return pool;
+}
 
 // n floats uniform in [lo, hi), the same for the same seed.
 inline std::vector<float> RandomFloats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {

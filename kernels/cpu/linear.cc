@@ -498,7 +498,7 @@ void ColumnRange(const float* x, const float* w, const float* bias, float* y, in
 }  // namespace
 
 void Linear(const float* x, const float* w, const float* bias, float* y, int64_t m, int64_t n,
-            int64_t k) {
+            int64_t k, ThreadPool* pool) {
   if (m <= 0 || n <= 0) return;
   const int64_t units = (n + kColsPerUnit - 1) / kColsPerUnit;
   auto run = [&](int64_t unit_begin, int64_t unit_end) {
@@ -508,7 +508,7 @@ void Linear(const float* x, const float* w, const float* bias, float* y, int64_t
   if (m * n * k < kMinParallelMacs) {
     run(0, units);
   } else {
-    ThreadPool::Default()->ParallelFor(units, run);
+    ParallelFor(pool, units, run);
   }
 }
 

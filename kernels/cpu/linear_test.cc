@@ -15,6 +15,7 @@ namespace {
 using test_util::AllNear;
 using test_util::BitEqual;
 using test_util::RandomFloats;
+using test_util::TestPool;
 
 struct LinearShape {
   int64_t m, n, k;
@@ -32,7 +33,7 @@ TEST_P(LinearTest, MatchesReferenceWithAndWithoutBias) {
   for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
     SCOPED_TRACE(b ? "with bias" : "without bias");
     std::vector<float> y(m * n, -7.0f);
-    Linear(x.data(), w.data(), b, y.data(), m, n, k);
+    Linear(x.data(), w.data(), b, y.data(), m, n, k, TestPool());
     EXPECT_TRUE(AllNear(y, reference::Linear(x.data(), w.data(), b, m, n, k), atol, 1e-5));
   }
 }
@@ -47,7 +48,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, LinearTest,
 TEST(LinearEdgeTest, ZeroInnerDimensionGivesBias) {
   const std::vector<float> bias = {1.5f, -2.0f, 3.25f};
   std::vector<float> y(2 * 3, 9.0f);
-  Linear(nullptr, nullptr, bias.data(), y.data(), 2, 3, 0);
+  Linear(nullptr, nullptr, bias.data(), y.data(), 2, 3, 0, TestPool());
   EXPECT_EQ(y, (std::vector<float>{1.5f, -2.0f, 3.25f, 1.5f, -2.0f, 3.25f}));
 }
 
@@ -64,11 +65,11 @@ TEST(LinearBatchInvarianceTest, RowsAreBitIdenticalWhateverTheBatchSize) {
     // Row-by-row results: every M = 1 call.
     std::vector<float> alone(kMaxM * n);
     for (int64_t i = 0; i < kMaxM; ++i) {
-      Linear(x.data() + i * k, w.data(), bias.data(), alone.data() + i * n, 1, n, k);
+      Linear(x.data() + i * k, w.data(), bias.data(), alone.data() + i * n, 1, n, k, TestPool());
     }
     for (const int64_t m : std::vector<int64_t>{2, 3, 4, 5, 6, 7, 8, 12, 13, 31, 32, 100, kMaxM}) {
       std::vector<float> batch(m * n);
-      Linear(x.data(), w.data(), bias.data(), batch.data(), m, n, k);
+      Linear(x.data(), w.data(), bias.data(), batch.data(), m, n, k, TestPool());
       for (int64_t i = 0; i < m; ++i) {
         EXPECT_TRUE(BitEqual(alone.data() + i * n, batch.data() + i * n, n))
             << "row " << i << " of M=" << m;
@@ -115,7 +116,7 @@ TEST(LinearBatchInvarianceTest, EveryElementFollowsTheSpecifiedOperations) {
     const std::vector<float> bias = RandomFloats(n, 22);
     for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
       std::vector<float> y(m * n);
-      Linear(x.data(), w.data(), b, y.data(), m, n, k);
+      Linear(x.data(), w.data(), b, y.data(), m, n, k, TestPool());
       std::vector<float> want(m * n);
       for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < n; ++j) {
@@ -139,11 +140,12 @@ TEST(LinearBatchInvarianceTest, ColumnsAreBitIdenticalWhateverTheWindow) {
   for (const int64_t m : {1, 2, 5, 6, 9, 40, 300}) {
     SCOPED_TRACE(::testing::Message() << "m=" << m);
     std::vector<float> full(m * kN);
-    Linear(x.data(), w.data(), bias.data(), full.data(), m, kN, kK);
+    Linear(x.data(), w.data(), bias.data(), full.data(), m, kN, kK, TestPool());
     for (const auto& [begin, count] :
          {std::pair<int64_t, int64_t>{0, 1}, {1, 3}, {5, 17}, {333, 250}, {999, 1}, {7, 993}}) {
       std::vector<float> part(m * count);
-      Linear(x.data(), w.data() + begin * kK, bias.data() + begin, part.data(), m, count, kK);
+      Linear(x.data(), w.data() + begin * kK, bias.data() + begin, part.data(), m, count, kK,
+             TestPool());
       for (int64_t i = 0; i < m; ++i) {
         EXPECT_TRUE(BitEqual(full.data() + i * kN + begin, part.data() + i * count, count))
             << "row " << i << ", columns [" << begin << ", " << begin + count << ")";
@@ -154,8 +156,28 @@ TEST(LinearBatchInvarianceTest, ColumnsAreBitIdenticalWhateverTheWindow) {
     std::copy(x.begin(), x.end(), x_shift.begin() + 1);
     std::copy(w.begin(), w.end(), w_shift.begin() + 1);
     std::vector<float> shifted(m * kN);
-    Linear(x_shift.data() + 1, w_shift.data() + 1, bias.data(), shifted.data(), m, kN, kK);
+    Linear(x_shift.data() + 1, w_shift.data() + 1, bias.data(), shifted.data(), m, kN, kK,
+           TestPool());
     EXPECT_TRUE(BitEqual(full.data(), shifted.data(), m * kN)) << "misaligned inputs";
+  }
+}
+
+// The pool only decides which thread computes which columns: no pool (the calling thread), one
+// of 3 threads and the test pool give the same bits, at every batch size.
+TEST(LinearBatchInvarianceTest, BitIdenticalWhateverThePool) {
+  constexpr int64_t kK = 300;
+  constexpr int64_t kN = 700;
+  const std::vector<float> w = RandomFloats(kN * kK, 33);
+  const std::vector<float> bias = RandomFloats(kN, 34);
+  const std::vector<float> x = RandomFloats(64 * kK, 35);
+  ThreadPool three(3);
+  for (const int64_t m : {1, 5, 64}) {
+    std::vector<float> inline_y(m * kN), three_y(m * kN), test_y(m * kN);
+    Linear(x.data(), w.data(), bias.data(), inline_y.data(), m, kN, kK, nullptr);
+    Linear(x.data(), w.data(), bias.data(), three_y.data(), m, kN, kK, &three);
+    Linear(x.data(), w.data(), bias.data(), test_y.data(), m, kN, kK, TestPool());
+    EXPECT_TRUE(BitEqual(inline_y.data(), three_y.data(), m * kN)) << "m=" << m;
+    EXPECT_TRUE(BitEqual(inline_y.data(), test_y.data(), m * kN)) << "m=" << m;
   }
 }
 

@@ -1,7 +1,9 @@
 // Tensor parallelism over MPI gives the whole model's answers: run as 2 ranks of one mpirun job
 // (one TP-2 group). Rank 0 runs each workload twice, on the whole model alone (TP=1) and as the
 // group's leader (TP=2) while rank 1 follows; greedy tokens must be identical and every logprob
-// (the sampled token's and the top 5) within 1e-4.
+// (the sampled token's and the top 5) within 1e-4. The Embeddings* tests do the same for
+// Engine::Embed (every pooling, normalized or not, inputs of many lengths in one batch, split
+// into several passes), between generation steps: every element within kEmbeddingTolerance.
 //
 // The Staged* tests run the group's ranks on a device without host memory
 // (tests/testing/no_host_memory_device.h): every all-reduce and the logits gather go ToHost ->
@@ -13,10 +15,12 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "cluster/mpi_communicator.h"
 #include "cluster/testing/mpi_test_main.h"
 #include "gtest/gtest.h"
@@ -41,6 +45,15 @@ using worker::EngineRequest;
 using worker::ModelConfig;
 
 constexpr double kLogprobTolerance = 1e-4;
+// TP=2 computes the same sums as TP=1 in another order: each rank's half of the heads (o_proj)
+// and of the MLP's features (down_proj), added by the all-reduce; the vocabulary-parallel
+// embedding adds zeros, exactly. So the final-norm hidden states differ by fp32 rounding only
+// (a few ulps after 2 layers and the final RMSNorm), and pooling and normalization, in double on
+// the leader, add none. The tests print the worst difference and the largest magnitude:
+// 7e-7 and 9.5e-7 on values up to 2.8 and 3.3, i.e. 2-4 ulps there; 1e-5 leaves 10x for other
+// compilers and CPUs and is still far below any real fault (a wrong shard, a missed collective
+// or a mispooled row moves elements by 1e-2 or more).
+constexpr double kEmbeddingTolerance = 1e-5;
 
 ModelConfig Config(int heads, int kv_heads) {
   ModelConfig c = worker::SyntheticConfig("tiny").value();  // vocab 258, hidden 64, I 176
@@ -183,6 +196,111 @@ class TpEquivalenceTest : public ::testing::Test {
                 got.size(), worst);
   }
 
+  // Rank 0: the whole model's embeddings, then the group's (as leader, with generation steps
+  // before, between and after, so the followers see embed passes mixed with generation steps),
+  // compared. Rank 1: follows.
+  void ExpectSameEmbeddings(const std::string& model,
+                            Collectives collectives = Collectives::kInPlace) {
+    const std::vector<worker::EmbeddingInput> inputs = EmbeddingInputs();
+    std::vector<const worker::EmbeddingInput*> batch;
+    for (const worker::EmbeddingInput& in : inputs) batch.push_back(&in);
+    if (rank_ == 1) {
+      EngineOptions o = Options(model);
+      o.tensor_parallel_group = group_.get();
+      auto follower = Engine::Create(o, nullptr, RankDevice(collectives));
+      ASSERT_TRUE(follower.ok()) << follower.status();
+      ASSERT_TRUE(worker::RunFollower(&(*follower)->model(), group_.get()).ok());
+      return;
+    }
+    auto whole = Engine::Create(Options(model));
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    auto expected = (*whole)->Embed(batch);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    const std::vector<Completion> expected_tokens = Run(whole->get());
+    std::vector<absl::StatusOr<Completion>> expected_mixed = (*whole)->Generate(Requests(4, 3));
+
+    EngineOptions o = Options(model);
+    o.tensor_parallel_group = group_.get();
+    auto leader = Engine::Create(o, nullptr, RankDevice(collectives));
+    ASSERT_TRUE(leader.ok()) << leader.status();
+    // A failed assertion below returns early: release the follower all the same, so that the
+    // test fails instead of hanging.
+    absl::Cleanup release = [this] { worker::StopFollowers(group_.get()).IgnoreError(); };
+    auto first = (*leader)->Embed(batch);  // before any generation step
+    ASSERT_TRUE(first.ok()) << first.status();
+    // Embeddings between the steps of a generation.
+    std::vector<absl::StatusOr<std::vector<std::vector<float>>>> between;
+    std::vector<int64_t> ids;
+    for (auto& r : Requests(4, 3)) {
+      auto id = (*leader)->Add(std::move(r));
+      ASSERT_TRUE(id.ok()) << id.status();
+      ids.push_back(*id);
+    }
+    std::map<int64_t, Completion> mixed;
+    while ((*leader)->has_unfinished()) {
+      if (between.size() < 3) between.push_back((*leader)->Embed(batch));
+      for (worker::EngineEvent& e : (*leader)->Step()) {
+        if (e.finished) mixed[e.seq_id] = *e.completion;
+      }
+    }
+    const std::vector<Completion> after_tokens = Run(leader->get());
+    auto last = (*leader)->Embed(batch);  // after
+    ASSERT_TRUE(last.ok()) << last.status();
+    std::move(release).Cancel();
+    ASSERT_TRUE(worker::StopFollowers(group_.get()).ok());
+
+    double worst = 0, largest = 0;
+    const auto compare = [&](const std::vector<std::vector<float>>& got, const char* when) {
+      ASSERT_EQ(got.size(), expected->size()) << when;
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_EQ(got[i].size(), (*expected)[i].size()) << when << ", input " << i;
+        for (size_t j = 0; j < got[i].size(); ++j) {
+          const double d = std::abs(double{got[i][j]} - (*expected)[i][j]);
+          worst = std::max(worst, d);
+          largest = std::max(largest, std::abs(double{(*expected)[i][j]}));
+          ASSERT_LE(d, kEmbeddingTolerance) << when << ", input " << i << " element " << j;
+        }
+      }
+    };
+    compare(*first, "first");
+    ASSERT_EQ(between.size(), 3u);
+    for (const auto& b : between) {
+      ASSERT_TRUE(b.ok()) << b.status();
+      compare(*b, "between steps");
+    }
+    compare(*last, "last");
+    // The generation around the embed passes is the whole model's too (greedy tokens).
+    ASSERT_EQ(after_tokens.size(), expected_tokens.size());
+    for (size_t i = 0; i < after_tokens.size(); ++i) {
+      EXPECT_EQ(after_tokens[i].tokens, expected_tokens[i].tokens) << "request " << i;
+    }
+    ASSERT_EQ(mixed.size(), ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      ASSERT_TRUE(expected_mixed[i].ok());
+      EXPECT_EQ(mixed[ids[i]].tokens, expected_mixed[i]->tokens) << "mixed request " << i;
+    }
+    std::printf("%s%s: %zu embeddings x 5 batches, worst difference %.3g (largest value %.3g)\n",
+                model.c_str(), collectives == Collectives::kStaged ? " (staged)" : "",
+                expected->size(), worst, largest);
+  }
+
+  // 16 inputs of 1..150 tokens: every (pooling, normalize) pair on short and long inputs, and
+  // more tokens than one pass holds (Options: 64 a pass), some alone in a pass of their own.
+  static std::vector<worker::EmbeddingInput> EmbeddingInputs() {
+    std::mt19937 rng(21);
+    std::uniform_int_distribution<int> token(0, 255);
+    const int lengths[] = {1, 7, 33, 90, 2, 64, 150, 17, 5, 40, 1, 65, 12, 3, 28, 100};
+    std::vector<worker::EmbeddingInput> inputs;
+    for (size_t i = 0; i < std::size(lengths); ++i) {
+      worker::EmbeddingInput in;
+      for (int j = 0; j < lengths[i]; ++j) in.tokens.push_back(token(rng));
+      in.pooling = i % 2 == 0 ? Pooling::kMean : Pooling::kLast;
+      in.normalize = (i / 2) % 2 == 0;
+      inputs.push_back(std::move(in));
+    }
+    return inputs;
+  }
+
   int rank_ = 0;
   fs::path dir_;
   std::unique_ptr<cluster::MpiCommunicator> group_;
@@ -226,6 +344,24 @@ TEST_F(TpEquivalenceTest, StagedFewerKeyValueHeadsThanRanksAreReplicated) {
   spec.config = Config(8, 1);
   spec.seed = 12;
   ExpectSameAnswers(Write("mqa", spec), Collectives::kStaged);
+}
+
+TEST_F(TpEquivalenceTest, EmbeddingsGroupedQueryAttention) {
+  testing::CheckpointSpec spec;
+  spec.config = Config(8, 4);
+  spec.seed = 11;
+  ExpectSameEmbeddings(Write("gqa", spec));
+}
+
+TEST_F(TpEquivalenceTest, EmbeddingsStagedQwen2BiasesTiedHeadFewerKeyValueHeadsThanRanks) {
+  testing::CheckpointSpec spec;
+  spec.config = Config(4, 1);  // 1 kv head over 2 ranks: replicated
+  spec.config.architecture = "Qwen2ForCausalLM";
+  spec.config.attention_bias = true;
+  spec.config.tie_word_embeddings = true;
+  spec.dtype = worker::DType::kBF16;
+  spec.seed = 14;
+  ExpectSameEmbeddings(Write("qwen2_embed", spec), Collectives::kStaged);
 }
 
 TEST_F(TpEquivalenceTest, SyntheticWeightsAreTheSameWholeModelAtAnyTp) {

@@ -1,8 +1,9 @@
 // The cluster launched with mpirun, as users run it: real carpool-router / carpool-worker ranks,
 // driven through the C++ SDK.
 //   MPMD (must-show 2): `mpirun -np 1 carpool-router : -np 2 carpool-worker [--tp 2]` serves
-//     requests with no address flags, then shuts down cleanly: the router's SIGTERM ends the
-//     whole job with exit 0, Ctrl-C on mpirun ends it too, and no rank is left.
+//     requests (the TP-2 group embeddings too) with no address flags, then shuts down cleanly:
+//     the router's SIGTERM ends the whole job with exit 0, Ctrl-C on mpirun ends it too, and no
+//     rank is left.
 //   Rank failures (must-show 4): the router runs outside the workers' mpirun job; killing one
 //     rank of a TP-2 group makes the router drop that worker within 2 s and keep serving through
 //     another job's worker, and no rank of the broken group is left.
@@ -211,6 +212,61 @@ std::vector<std::vector<int32_t>> Expected(int n, int max_tokens) {
   return out;
 }
 
+// Inputs of 1..40 token ids for an embed request.
+std::vector<std::vector<int32_t>> EmbedTokens() {
+  std::vector<std::vector<int32_t>> inputs;
+  for (int len : {1, 9, 40, 3, 17}) inputs.push_back(Prompt(len));
+  return inputs;
+}
+
+// What the whole model alone embeds (TP=1, in process).
+std::vector<std::vector<float>> ExpectedEmbeddings(Pooling pooling, bool normalize) {
+  worker::EngineOptions o;
+  o.model = "synthetic:tiny";
+  o.scheduler.max_model_len = 2048;
+  o.num_threads = 1;
+  auto engine = worker::Engine::Create(o);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  std::vector<worker::EmbeddingInput> inputs;
+  for (auto& tokens : EmbedTokens()) {
+    worker::EmbeddingInput in;
+    in.tokens = std::move(tokens);
+    in.pooling = pooling;
+    in.normalize = normalize;
+    inputs.push_back(std::move(in));
+  }
+  std::vector<const worker::EmbeddingInput*> batch;
+  for (const auto& in : inputs) batch.push_back(&in);
+  auto out = (*engine)->Embed(batch);
+  EXPECT_TRUE(out.ok()) << out.status();
+  return out.ok() ? *out : std::vector<std::vector<float>>{};
+}
+
+// One embed request of EmbedTokens() through the router equals the whole model's, within the
+// float tolerance of tp_equivalence_test.cc (kEmbeddingTolerance: the group sums in another
+// order).
+void ExpectServedEmbeddings(Client* client, Pooling pooling, bool normalize) {
+  EmbedInput in;
+  in.request_id = absl::StrCat("embed-", static_cast<int>(pooling), normalize);
+  for (auto& tokens : EmbedTokens()) {
+    EmbedItem item;
+    item.token_ids = std::move(tokens);
+    in.inputs.push_back(std::move(item));
+  }
+  in.pooling = pooling;
+  in.normalize = normalize;
+  absl::StatusOr<EmbedResult> got = client->Embed(in);
+  ASSERT_TRUE(got.ok()) << got.status();
+  const std::vector<std::vector<float>> want = ExpectedEmbeddings(pooling, normalize);
+  ASSERT_EQ(got->embeddings.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(got->embeddings[i].size(), want[i].size()) << "input " << i;
+    for (size_t j = 0; j < want[i].size(); ++j) {
+      ASSERT_NEAR(got->embeddings[i][j], want[i][j], 1e-5) << "input " << i << " element " << j;
+    }
+  }
+}
+
 // n concurrent greedy requests through the router; their tokens.
 std::vector<std::vector<int32_t>> Serve(Client* client, int n, int max_tokens) {
   std::vector<std::future<absl::StatusOr<GenerateResult>>> calls;
@@ -271,6 +327,9 @@ TEST_F(TpMpirunTest, MpmdRouterAndOneTp2WorkerServeThenCtrlCEndsEveryRank) {
   ASSERT_TRUE(stats.ok());
   ASSERT_EQ(stats->workers.size(), 1u);
   EXPECT_EQ(stats->workers[0].requests_served, 12);
+  // So do its embeddings (the leader runs each pass with its follower).
+  ExpectServedEmbeddings(client_.get(), Pooling::kMean, true);
+  ExpectServedEmbeddings(client_.get(), Pooling::kLast, false);
 
   job->Signal(SIGINT);  // Ctrl-C on mpirun
   EXPECT_NE(job->Wait(15000), -1000) << "mpirun did not exit after Ctrl-C\n" << job->Log();

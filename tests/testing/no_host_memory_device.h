@@ -12,8 +12,16 @@ namespace carpool::testing {
 
 class NoHostMemoryDevice : public worker::CpuDevice {
  public:
-  NoHostMemoryDevice() : worker::CpuDevice(worker::CpuDeviceOptions{}) {}
+  // `pool`: CpuDeviceOptions::pool (null: the kernels on the calling thread).
+  explicit NoHostMemoryDevice(ThreadPool* pool = nullptr) : worker::CpuDevice(On(pool)) {}
   float* HostData(const worker::DeviceArray&) override { return nullptr; }
+
+ private:
+  static worker::CpuDeviceOptions On(ThreadPool* pool) {
+    worker::CpuDeviceOptions o;
+    o.pool = pool;
+    return o;
+  }
 };
 
 }  // namespace carpool::testing

@@ -40,7 +40,14 @@ std::unique_ptr<ModelDevice> CreateCpuDevice(const CpuDeviceOptions& options) {
   return std::make_unique<CpuDevice>(options);
 }
 
-CpuDevice::CpuDevice(const CpuDeviceOptions& options) : pad_sizes_(options.pad_decode_batch_sizes) {
+std::unique_ptr<ModelDevice> CreateCpuDevice(ThreadPool* pool) {
+  CpuDeviceOptions options;
+  options.pool = pool;
+  return CreateCpuDevice(options);
+}
+
+CpuDevice::CpuDevice(const CpuDeviceOptions& options)
+    : pool_(options.pool), pad_sizes_(options.pad_decode_batch_sizes) {
   std::sort(pad_sizes_.begin(), pad_sizes_.end());
 }
 
@@ -104,28 +111,28 @@ void CpuDevice::EmbeddingGather(const DeviceArray& table, int64_t h, DeviceArray
 
 void CpuDevice::RmsNorm(const DeviceArray& x, const DeviceArray& weight, float eps, int64_t rows,
                         int64_t h, DeviceArray* out) {
-  cpu::RmsNorm(F(x), F(weight), eps, F(out), rows, h);
+  cpu::RmsNorm(F(x), F(weight), eps, F(out), rows, h, pool_);
 }
 
 void CpuDevice::AddRmsNorm(const DeviceArray& x, DeviceArray* residual, const DeviceArray& weight,
                            float eps, int64_t rows, int64_t h, DeviceArray* out) {
-  cpu::AddRmsNorm(F(x), F(residual), F(weight), eps, F(out), rows, h);
+  cpu::AddRmsNorm(F(x), F(residual), F(weight), eps, F(out), rows, h, pool_);
 }
 
 void CpuDevice::Linear(const DeviceArray& x, const DeviceArray& w, const DeviceArray& bias,
                        int64_t m, int64_t n, int64_t k, DeviceArray* y) {
-  cpu::Linear(F(x), F(w), OrNull(bias), F(y), m, n, k);
+  cpu::Linear(F(x), F(w), OrNull(bias), F(y), m, n, k, pool_);
 }
 
 void CpuDevice::Rope(int num_heads, int head_dim, DeviceArray* x) {
   cpu::RotaryEmbedding(F(x), positions_.data(), inv_freq_.data(),
                        static_cast<int64_t>(positions_.size()), num_heads, head_dim,
-                       2 * static_cast<int>(inv_freq_.size()));
+                       2 * static_cast<int>(inv_freq_.size()), pool_);
 }
 
 void CpuDevice::SiluMul(const DeviceArray& gate, const DeviceArray& up, int64_t rows, int64_t inter,
                         DeviceArray* out) {
-  cpu::SiluMul(F(gate), F(up), F(out), rows, inter);
+  cpu::SiluMul(F(gate), F(up), F(out), rows, inter, pool_);
 }
 
 void CpuDevice::WriteKv(const DeviceArray& k, const DeviceArray& v,
@@ -145,9 +152,9 @@ void CpuDevice::Attention(const DeviceArray& q, const DeviceArray& key_cache,
   params.num_seqs = static_cast<int>(seqs_.size());
   params.seqs = seqs_.data();
   if (decode_only_) {
-    cpu::PagedAttentionDecode(F(q), F(key_cache), F(value_cache), params, F(out));
+    cpu::PagedAttentionDecode(F(q), F(key_cache), F(value_cache), params, F(out), pool_);
   } else {
-    cpu::PagedAttention(F(q), F(key_cache), F(value_cache), params, F(out));
+    cpu::PagedAttention(F(q), F(key_cache), F(value_cache), params, F(out), pool_);
   }
 }
 

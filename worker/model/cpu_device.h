@@ -4,8 +4,8 @@
 // array); Allocate() owns host float arrays; HostData() is every array's own pointer, so
 // collectives and pooling work in place and ToHost/FromHost are plain copies. SetStep() copies
 // the step into buffers reused across steps (no allocation once they have grown), block tables
-// included, so the caller's StepView may go away. Every kernel runs synchronously on
-// ThreadPool::Default().
+// included, so the caller's StepView may go away. Every kernel runs synchronously, split over
+// CpuDeviceOptions::pool (or on the calling thread without one).
 //
 // Thread-compatible: one engine thread drives it.
 #ifndef CARPOOL_WORKER_MODEL_CPU_DEVICE_H_
@@ -58,6 +58,7 @@ class CpuDevice : public ModelDevice {
   void FromHost(const float* host, int64_t offset, int64_t n, DeviceArray* x) override;
 
  private:
+  ThreadPool* const pool_;      // may be null
   std::vector<int> pad_sizes_;  // sorted ascending
   std::vector<float> inv_freq_;
   // The current step (SetStep's copy). seqs_[i].block_table points into block_tables_.

@@ -16,6 +16,7 @@ namespace {
 namespace cpu = ::carpool::kernels::cpu;
 using ::carpool::kernels::test_util::BitEqual;
 using ::carpool::kernels::test_util::RandomFloats;
+using ::carpool::kernels::test_util::TestPool;
 
 class CpuDeviceTest : public ::testing::Test {
  protected:
@@ -33,7 +34,13 @@ class CpuDeviceTest : public ::testing::Test {
     return v;
   }
 
-  CpuDevice device_{CpuDeviceOptions{}};
+  static CpuDeviceOptions OnTestPool() {
+    CpuDeviceOptions o;
+    o.pool = TestPool();
+    return o;
+  }
+
+  CpuDevice device_{OnTestPool()};
 };
 
 TEST(StorageTypeTest, NamesAndBytes) {
@@ -111,13 +118,13 @@ TEST_F(CpuDeviceTest, ElementwiseOpsEqualTheKernels) {
   DeviceArray dx = Array(x), dw = Array(w), dout = Zeros(kRows * kH);
   device_.RmsNorm(dx, dw, eps, kRows, kH, &dout);
   std::vector<float> want(kRows * kH);
-  cpu::RmsNorm(x.data(), w.data(), eps, want.data(), kRows, kH);
+  cpu::RmsNorm(x.data(), w.data(), eps, want.data(), kRows, kH, TestPool());
   EXPECT_TRUE(BitEqual(Host(dout).data(), want.data(), want.size()));
 
   DeviceArray dres = Array(res);
   device_.AddRmsNorm(dx, &dres, dw, eps, kRows, kH, &dout);
   std::vector<float> want_res = res;
-  cpu::AddRmsNorm(x.data(), want_res.data(), w.data(), eps, want.data(), kRows, kH);
+  cpu::AddRmsNorm(x.data(), want_res.data(), w.data(), eps, want.data(), kRows, kH, TestPool());
   EXPECT_TRUE(BitEqual(Host(dres).data(), want_res.data(), want_res.size()));
   EXPECT_TRUE(BitEqual(Host(dout).data(), want.data(), want.size()));
 
@@ -126,7 +133,7 @@ TEST_F(CpuDeviceTest, ElementwiseOpsEqualTheKernels) {
   DeviceArray dgate = Array(gate), dup = Array(up);
   device_.SiluMul(dgate, dup, kRows, kInter, &dgate);  // out may be gate
   std::vector<float> want_act(kRows * kInter);
-  cpu::SiluMul(gate.data(), up.data(), want_act.data(), kRows, kInter);
+  cpu::SiluMul(gate.data(), up.data(), want_act.data(), kRows, kInter, TestPool());
   EXPECT_TRUE(BitEqual(Host(dgate).data(), want_act.data(), want_act.size()));
 }
 
@@ -144,11 +151,11 @@ TEST_F(CpuDeviceTest, LinearEqualsTheKernelWithAndWithoutBias) {
   std::vector<float> want(kM * kN);
 
   device_.Linear(dx, *dw, DeviceArray(), kM, kN, kK, &dy);
-  cpu::Linear(x.data(), w.data(), nullptr, want.data(), kM, kN, kK);
+  cpu::Linear(x.data(), w.data(), nullptr, want.data(), kM, kN, kK, TestPool());
   EXPECT_TRUE(BitEqual(Host(dy).data(), want.data(), want.size()));
 
   device_.Linear(dx, *dw, *db, kM, kN, kK, &dy);
-  cpu::Linear(x.data(), w.data(), b.data(), want.data(), kM, kN, kK);
+  cpu::Linear(x.data(), w.data(), b.data(), want.data(), kM, kN, kK, TestPool());
   EXPECT_TRUE(BitEqual(Host(dy).data(), want.data(), want.size()));
 }
 
@@ -226,7 +233,8 @@ TEST_F(CpuDeviceStepTest, RopeEqualsTheKernel) {
   DeviceArray dx = Array(x);
   device_.Rope(kHeads, kD, &dx);
   std::vector<float> want = x;
-  cpu::RotaryEmbedding(want.data(), positions_.data(), inv_freq_.data(), T(), kHeads, kD, kD);
+  cpu::RotaryEmbedding(want.data(), positions_.data(), inv_freq_.data(), T(), kHeads, kD, kD,
+                       TestPool());
   EXPECT_TRUE(BitEqual(Host(dx).data(), want.data(), want.size()));
 }
 
@@ -255,9 +263,10 @@ TEST_F(CpuDeviceStepTest, WriteKvAndAttentionEqualTheKernels) {
                       want_values.data());
     if (decode_only) {
       cpu::PagedAttentionDecode(q.data(), want_keys.data(), want_values.data(), params,
-                                want_out.data());
+                                want_out.data(), TestPool());
     } else {
-      cpu::PagedAttention(q.data(), want_keys.data(), want_values.data(), params, want_out.data());
+      cpu::PagedAttention(q.data(), want_keys.data(), want_values.data(), params, want_out.data(),
+                          TestPool());
     }
 
     Set(decode_only);

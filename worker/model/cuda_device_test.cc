@@ -107,18 +107,18 @@ TEST_P(CudaDeviceTest, NormsAndActivation) {
   DeviceArray dx = Up(x), dres = Up(residual), dw = Up(w), dout = Empty(t * h);
 
   std::vector<float> want(t * h);
-  kernels::cpu::RmsNorm(x.data(), w.data(), 1e-5f, want.data(), t, h);
+  kernels::cpu::RmsNorm(x.data(), w.data(), 1e-5f, want.data(), t, h, nullptr);
   device_->RmsNorm(dx, dw, 1e-5f, t, h, &dout);
   ExpectNear(want, Down(dout, t * h));
 
   std::vector<float> res = residual;
-  kernels::cpu::AddRmsNorm(x.data(), res.data(), w.data(), 1e-5f, want.data(), t, h);
+  kernels::cpu::AddRmsNorm(x.data(), res.data(), w.data(), 1e-5f, want.data(), t, h, nullptr);
   device_->AddRmsNorm(dx, &dres, dw, 1e-5f, t, h, &dout);
   ExpectNear(want, Down(dout, t * h));
   ExpectNear(res, Down(dres, t * h));
 
   std::vector<float> gate = Random(t * h), up = Random(t * h);
-  kernels::cpu::SiluMul(gate.data(), up.data(), want.data(), t, h);
+  kernels::cpu::SiluMul(gate.data(), up.data(), want.data(), t, h, nullptr);
   DeviceArray dgate = Up(gate), dup = Up(up);
   device_->SiluMul(dgate, dup, t, h, &dout);
   ExpectNear(want, Down(dout, t * h));
@@ -129,10 +129,10 @@ TEST_P(CudaDeviceTest, LinearWithAndWithoutBias) {
   std::vector<float> x = Random(m * k), w = Random(n * k, 0.1f), bias = Random(n);
   DeviceArray dx = Up(x), dw = Up(w), db = Up(bias), dy = Empty(m * n);
   std::vector<float> want(m * n);
-  kernels::cpu::Linear(x.data(), w.data(), bias.data(), want.data(), m, n, k);
+  kernels::cpu::Linear(x.data(), w.data(), bias.data(), want.data(), m, n, k, nullptr);
   device_->Linear(dx, dw, db, m, n, k, &dy);
   ExpectNear(want, Down(dy, m * n), 2.0);
-  kernels::cpu::Linear(x.data(), w.data(), nullptr, want.data(), m, n, k);
+  kernels::cpu::Linear(x.data(), w.data(), nullptr, want.data(), m, n, k, nullptr);
   device_->Linear(dx, dw, DeviceArray(), m, n, k, &dy);
   ExpectNear(want, Down(dy, m * n), 2.0);
 }
@@ -194,7 +194,8 @@ TEST_P(CudaDeviceTest, GatherRopeKvAndAttention) {
   device_->SetRope(inv_freq);
   std::vector<float> q = Random(t * heads * d);
   DeviceArray dq = Up(q);
-  kernels::cpu::RotaryEmbedding(q.data(), step.positions.data(), inv_freq.data(), t, heads, d, d);
+  kernels::cpu::RotaryEmbedding(q.data(), step.positions.data(), inv_freq.data(), t, heads, d, d,
+                                nullptr);
   device_->Rope(heads, d, &dq);
   ExpectNear(q, Down(dq, t * heads * d), 2.0);
   q = Down(dq, t * heads * d);  // both sides attend with the device's rounded q
@@ -212,7 +213,8 @@ TEST_P(CudaDeviceTest, GatherRopeKvAndAttention) {
 
   kernels::AttentionParams params{layout, heads, 0.125f, 3, step.seqs.data()};
   std::vector<float> out(t * heads * d);
-  kernels::cpu::PagedAttention(q.data(), kc_host.data(), vc_host.data(), params, out.data());
+  kernels::cpu::PagedAttention(q.data(), kc_host.data(), vc_host.data(), params, out.data(),
+                               nullptr);
   DeviceArray dout = Empty(t * heads * d);
   device_->Attention(dq, dkc, dvc, layout, heads, 0.125f, &dout);
   ExpectNear(out, Down(dout, t * heads * d), 2.0);

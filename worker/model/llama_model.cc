@@ -158,65 +158,67 @@ bool LlamaModel::WeightsCopied() const {
 
 int64_t LlamaModel::DecodeWeightBytes() const { return decode_weight_bytes_; }
 
-void LlamaModel::PrepareInputs(const BatchPlan& plan, StepInputs* in) const {
-  const int bs = kv_shape_.block_size;
-  for (const ScheduledSeq& s : plan.seqs) {
-    kernels::AttentionSeq a;
-    a.query_start = static_cast<int>(in->token_ids.size());
-    a.query_len = s.num_tokens;
-    a.context_len = s.start_position + s.num_tokens;
-    a.block_table = s.block_table.data();
-    in->attention_seqs.push_back(a);
-    if (s.num_tokens != 1) in->decode_only = false;
-    for (int p = s.start_position; p < a.context_len; ++p) {
-      in->token_ids.push_back(s.seq->TokenAt(p));
-      in->positions.push_back(p);
-      in->slots.push_back(static_cast<int64_t>(s.block_table[p / bs]) * bs + p % bs);
-    }
-    if (s.sample) in->sample_rows.push_back(static_cast<int64_t>(in->token_ids.size()) - 1);
-  }
-}
-
-void LlamaModel::PrepareInputs(const StepPlan& step, StepInputs* in) const {
-  const int bs = kv_shape_.block_size;
+void LlamaModel::PrepareInputs(const StepPlan& step, StepInputs* in) {
   in->token_ids = step.token_ids;
+  in->scratch_kv = step.kind == StepPlan::Kind::kEmbed;
+  in->decode_only = !in->scratch_kv;
+  if (in->scratch_kv) {
+    // Token r's keys and values sit in scratch slot r: each sequence's block table (block_size
+    // 1) is the run of slot numbers from its first token.
+    const int64_t t = step.num_tokens();
+    const int64_t kv_dim = static_cast<int64_t>(num_kv_heads_) * weights_->config.head_dim;
+    if (static_cast<int64_t>(embed_table_.size()) < t) {
+      embed_table_.resize(t);
+      for (int64_t r = 0; r < t; ++r) embed_table_[r] = static_cast<int32_t>(r);
+    }
+    device_->Reserve(&embed_keys_, t * kv_dim);
+    device_->Reserve(&embed_values_, t * kv_dim);
+    embed_layout_ = layout_;
+    embed_layout_.num_blocks = static_cast<int>(t);
+    embed_layout_.block_size = 1;
+  }
+  const int bs = in->scratch_kv ? 1 : kv_shape_.block_size;
   for (const StepPlan::Seq& s : step.seqs) {
     kernels::AttentionSeq a;
     a.query_start = static_cast<int>(in->positions.size());
     a.query_len = s.num_tokens;
     a.context_len = s.start_position + s.num_tokens;
-    a.block_table = s.block_table.data();
+    a.block_table = in->scratch_kv ? embed_table_.data() + a.query_start : s.block_table.data();
     in->attention_seqs.push_back(a);
     if (s.num_tokens != 1) in->decode_only = false;
     for (int p = s.start_position; p < a.context_len; ++p) {
       in->positions.push_back(p);
-      in->slots.push_back(static_cast<int64_t>(s.block_table[p / bs]) * bs + p % bs);
+      in->slots.push_back(static_cast<int64_t>(a.block_table[p / bs]) * bs + p % bs);
     }
     if (s.sample) in->sample_rows.push_back(static_cast<int64_t>(in->positions.size()) - 1);
   }
 }
 
-void LlamaModel::Forward(const BatchPlan& plan, std::vector<float>* logits) {
-  StepInputs in;
-  if (group_ == nullptr) {
-    PrepareInputs(plan, &in);
-    Compute(&in, logits);
-    return;
-  }
-  const StepPlan step = StepPlanFromBatch(plan, kv_shape_.block_size);
+void LlamaModel::Publish(const StepPlan& step) {
+  if (group_ == nullptr || group_->rank() != 0) return;
   const int64_t start = Clock::Real()->NowMicros();
   if (absl::Status s = SendStepMessage(group_, {StepKind::kStep, EncodeStepPlan(step)}); !s.ok()) {
     cluster::FailGroup(s);
   }
   times_.broadcast_micros += Clock::Real()->NowMicros() - start;
+}
+
+void LlamaModel::Forward(const StepPlan& step, std::vector<float>* logits) {
+  CARPOOL_CHECK(step.kind == StepPlan::Kind::kGenerate);
+  Publish(step);
+  StepInputs in;
   PrepareInputs(step, &in);
   Compute(&in, logits);
 }
 
-void LlamaModel::ForwardStep(const StepPlan& step, std::vector<float>* logits) {
+void LlamaModel::Follow(const StepPlan& step) {
+  CARPOOL_CHECK(group_ != nullptr && group_->rank() != 0);
+  if (step.kind == StepPlan::Kind::kGenerate) {
+    Forward(step, &follower_logits_);
+    return;
+  }
   StepInputs in;
-  PrepareInputs(step, &in);
-  Compute(&in, logits);
+  RunEmbedStep(step, &in);
 }
 
 bool LlamaModel::PadDecode(StepInputs* in) const {
@@ -336,10 +338,9 @@ void LlamaModel::RunLayers(const StepInputs& in) {
 
 absl::Status LlamaModel::Embed(absl::Span<const EmbeddingInput* const> inputs,
                                std::vector<std::vector<float>>* out, int64_t max_tokens_per_pass) {
-  if (group_ != nullptr) {
-    return absl::UnimplementedError(
-        "embeddings are not supported under tensor parallelism (--tp > 1): the step plan that "
-        "leaders broadcast carries only generation steps");
+  if (group_ != nullptr && group_->rank() != 0) {
+    return absl::FailedPreconditionError(
+        "a tensor-parallel follower computes embeddings only as its leader's embed steps");
   }
   const ModelConfig& c = weights_->config;
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -375,45 +376,30 @@ absl::Status LlamaModel::Embed(absl::Span<const EmbeddingInput* const> inputs,
   return absl::OkStatus();
 }
 
+void LlamaModel::RunEmbedStep(const StepPlan& step, StepInputs* in) {
+  CARPOOL_CHECK(step.kind == StepPlan::Kind::kEmbed);
+  PrepareInputs(step, in);
+  Stage(*in, 0);
+  RunLayers(*in);  // final-norm hidden states -> hidden_
+}
+
 void LlamaModel::EmbedPass(absl::Span<const EmbeddingInput* const> inputs,
                            std::vector<float>* out) {
   const ModelConfig& c = weights_->config;
+  StepPlan step;
+  step.kind = StepPlan::Kind::kEmbed;
+  step.seqs.resize(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const std::vector<int32_t>& tokens = inputs[i]->tokens;
+    step.seqs[i].seq_id = static_cast<int64_t>(i);
+    step.seqs[i].num_tokens = static_cast<int32_t>(tokens.size());
+    step.token_ids.insert(step.token_ids.end(), tokens.begin(), tokens.end());
+  }
+  Publish(step);
   StepInputs in;
-  in.decode_only = false;
-  in.scratch_kv = true;
-  for (const EmbeddingInput* input : inputs) {
-    const int len = static_cast<int>(input->tokens.size());
-    kernels::AttentionSeq a;
-    a.query_start = static_cast<int>(in.token_ids.size());
-    a.query_len = len;
-    a.context_len = len;
-    in.attention_seqs.push_back(a);
-    for (int p = 0; p < len; ++p) {
-      in.slots.push_back(static_cast<int64_t>(in.token_ids.size()));
-      in.token_ids.push_back(input->tokens[p]);
-      in.positions.push_back(p);
-    }
-  }
-  // Token r's keys and values sit in scratch slot r: each sequence's block table (block_size 1)
-  // is the run of slot numbers from its first token.
-  const int64_t t = static_cast<int64_t>(in.token_ids.size());
-  const int64_t kv_dim = static_cast<int64_t>(num_kv_heads_) * c.head_dim;
-  if (static_cast<int64_t>(embed_table_.size()) < t) {
-    embed_table_.resize(t);
-    for (int64_t r = 0; r < t; ++r) embed_table_[r] = static_cast<int32_t>(r);
-  }
-  for (kernels::AttentionSeq& a : in.attention_seqs) {
-    a.block_table = embed_table_.data() + a.query_start;
-  }
-  device_->Reserve(&embed_keys_, t * kv_dim);
-  device_->Reserve(&embed_values_, t * kv_dim);
-  embed_layout_ = layout_;
-  embed_layout_.num_blocks = static_cast<int>(t);
-  embed_layout_.block_size = 1;
+  RunEmbedStep(step, &in);
 
-  Stage(in, 0);
-  RunLayers(in);  // final-norm hidden states -> hidden_
-
+  const int64_t t = step.num_tokens();
   const int64_t h = c.hidden_size;
   const float* hidden = HostView(hidden_, t * h);
   std::vector<double> pooled(h);

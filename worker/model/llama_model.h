@@ -3,18 +3,21 @@
 //
 // Semantics follow Hugging Face LlamaForCausalLM: RMSNorm, rotate-half RoPE (with rope_scaling),
 // grouped-query attention, SwiGLU MLP, optional q/k/v bias (Qwen2), tied or separate lm_head.
-// One Forward() runs one scheduler step: any mix of prefill chunks and decodes. Embed() runs
-// a prefill-only pass over one-shot inputs and pools their final hidden states (embeddings);
-// it keeps no KV blocks (its keys and values live in a scratch buffer for the pass).
+// The model sees plain steps only (worker/model/step_plan.h), never the scheduler's objects:
+// one Forward() computes one engine step, any mix of prefill chunks and decodes, as the engine
+// described it. Embed() runs prefill-only passes over one-shot inputs and pools their final
+// hidden states (embeddings); it keeps no KV blocks (its keys and values live in a scratch
+// buffer for the pass).
 //
 // Tensor parallelism (Megatron): with weights sliced for rank r of a group
 // (worker/weights/shard_layout.h) and the group's Communicator, each rank computes its query and
 // key/value heads and its share of the MLP's intermediate features; the partial outputs of
 // o_proj and down_proj are all-reduced, the vocabulary-parallel embedding is all-reduced, and the
-// head's logits are gathered on the leader (group rank 0). The leader's Forward broadcasts the
-// step (worker/model/step_plan.h) before computing it; followers receive it and call
-// ForwardStep. A collective that fails ends the process (cluster::FailGroup): the group cannot
-// finish the step.
+// head's logits are gathered on the leader (group rank 0). The leader broadcasts every step it
+// computes, generation steps (Forward) and embedding passes (Embed) alike, as its StepPlan
+// before computing it; followers receive each one and run it (Follow), so every rank makes the
+// same collectives in the same order. A collective that fails ends the process
+// (cluster::FailGroup): the group cannot finish the step.
 //
 // Decode-only steps are padded to the device's GraphBatchSize with dummy sequences (their
 // logits dropped) and run through ModelDevice::RunStep, so a GPU can replay them as graphs;
@@ -36,7 +39,6 @@
 #include "kernels/kernel_params.h"
 #include "worker/model/model_device.h"
 #include "worker/model/step_plan.h"
-#include "worker/scheduler/scheduler.h"
 #include "worker/weights/weights.h"
 
 namespace carpool::worker {
@@ -69,7 +71,8 @@ class LlamaModel {
   // this rank's key/value heads). `group` (not owned, outlives the model) is the
   // tensor-parallel group when weights->tp.size > 1, and must then match weights->tp; nullptr
   // otherwise. `device` computes everything (weights, KV pool and activations live there);
-  // nullptr means CreateCpuDevice(). RESOURCE_EXHAUSTED when the weights or the pool do not fit.
+  // nullptr means CreateCpuDevice() (its kernels on the calling thread; the engine passes a
+  // device on its own thread pool). RESOURCE_EXHAUSTED when the weights or the pool do not fit.
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(
       std::unique_ptr<LlamaWeights> weights, const KvCacheShape& kv_shape,
       cluster::Communicator* group = nullptr, std::unique_ptr<ModelDevice> device = nullptr);
@@ -78,15 +81,17 @@ class LlamaModel {
   static int64_t KvBytesPerBlock(const ModelConfig& config, int block_size,
                                  StorageType storage = StorageType::kF32);
 
-  // Computes the plan's tokens, stores their keys and values in the cache, and writes the
-  // logits of every scheduled sequence with `sample` set, in plan order, to `logits`
+  // Computes the step (kind kGenerate), stores its keys and values in the cache, and writes the
+  // logits of every sequence with `sample` set, in plan order, to `logits`
   // ([num sampled, vocab_size]). REQUIRES: every block table covers its sequence's tokens.
-  // Under tensor parallelism only the leader calls it, and it broadcasts the step first.
-  void Forward(const BatchPlan& plan, std::vector<float>* logits);
+  // Under tensor parallelism the leader broadcasts the step first; a follower gets it through
+  // Follow.
+  void Forward(const StepPlan& step, std::vector<float>* logits);
 
-  // A tensor-parallel follower's Forward: the step the leader broadcast. `logits` is left
-  // empty (only the leader gathers them).
-  void ForwardStep(const StepPlan& step, std::vector<float>* logits);
+  // A tensor-parallel follower (group rank > 0): runs a step its leader broadcast, of either
+  // kind, making the collectives the leader makes. Its results stay on the leader: a follower
+  // gathers no logits and pools no embeddings.
+  void Follow(const StepPlan& step);
 
   // Embeddings: runs the layers over every input (causal attention within each input, each
   // from position 0), applies the final RMSNorm and pools per input as it asks. Writes one
@@ -95,10 +100,11 @@ class LlamaModel {
   // the budget runs alone), which bounds the activation memory; a result depends only on its
   // own input, bit for bit, never on the rest of the batch, the passes or the thread count.
   // Keys and values go to a scratch buffer reused across layers and calls, never to the KV
-  // pool. Errors (nothing written then): INVALID_ARGUMENT for an empty input, a token outside
-  // the vocabulary or an input longer than max_position_embeddings, naming the input;
-  // UNIMPLEMENTED under tensor parallelism (the step-plan broadcast carries only generation
-  // steps, so the followers could not join the pass's collectives).
+  // pool. Under tensor parallelism only the leader calls it: each pass goes to the followers as
+  // an embed step (StepPlan::Kind::kEmbed) first. Errors (nothing written and nothing
+  // broadcast then): INVALID_ARGUMENT for an empty input, a token outside the vocabulary or an
+  // input longer than max_position_embeddings, naming the input; FAILED_PRECONDITION on a
+  // tensor-parallel follower.
   absl::Status Embed(absl::Span<const EmbeddingInput* const> inputs,
                      std::vector<std::vector<float>>* out, int64_t max_tokens_per_pass = 0);
 
@@ -127,7 +133,7 @@ class LlamaModel {
   // Every weight array holds its own copy (none borrows the host tensors).
   bool WeightsCopied() const;
 
-  // Per-step inputs derived from the plan.
+  // Per-step inputs derived from the step plan.
   struct StepInputs {
     std::vector<int32_t> token_ids;
     std::vector<int32_t> positions;
@@ -144,8 +150,11 @@ class LlamaModel {
     DeviceArray input_norm, q_proj, k_proj, v_proj, q_bias, k_bias, v_bias, o_proj,
         post_attention_norm, gate_proj, up_proj, down_proj;
   };
-  void PrepareInputs(const BatchPlan& plan, StepInputs* in) const;
-  void PrepareInputs(const StepPlan& step, StepInputs* in) const;
+  // The step's rows, slots and attention sequences. For an embed step, also sizes the scratch
+  // KV buffer (embed_keys_, embed_values_, embed_layout_, embed_table_) for its tokens.
+  void PrepareInputs(const StepPlan& step, StepInputs* in);
+  // Leader: sends the step to the followers (no-op without tensor parallelism or on a follower).
+  void Publish(const StepPlan& step);
   // Pads a decode-only step to the device's GraphBatchSize; false when it does not run as one.
   bool PadDecode(StepInputs* in) const;
   void Compute(StepInputs* in, std::vector<float>* logits);
@@ -153,7 +162,9 @@ class LlamaModel {
   void Stage(const StepInputs& in, int64_t s);
   // Embeddings through the final norm: leaves the final-norm hidden states in hidden_.
   void RunLayers(const StepInputs& in);
-  // One pass of Embed over inputs already checked.
+  // One embed step through the final norm (hidden_ holds its final-norm hidden states after).
+  void RunEmbedStep(const StepPlan& step, StepInputs* in);
+  // One pass of Embed over inputs already checked: published, computed and pooled into `out`.
   void EmbedPass(absl::Span<const EmbeddingInput* const> inputs, std::vector<float>* out);
   void EmbedTokens(const StepInputs& in, int64_t t);
   void Attention(int layer, const StepInputs& in, int64_t t);
@@ -200,7 +211,9 @@ class LlamaModel {
   // Host side: token ids as this rank's vocabulary rows (tensor parallelism), collectives'
   // and pooling's copies where the device's memory is not the host's, the gathered logits.
   std::vector<int32_t> local_ids_;
-  std::vector<float> host_scratch_, local_logits_, gathered_;
+  std::vector<float> host_scratch_, gathered_;
+  // A follower's (empty) logits of the generation steps it follows.
+  std::vector<float> follower_logits_;
 };
 
 }  // namespace carpool::worker

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/kernel_test_util.h"
 #include "tests/testing/checkpoint_writer.h"
 #include "tests/testing/no_host_memory_device.h"
 #include "worker/engine.h"
@@ -108,6 +109,8 @@ class ModelDeviceTest : public ::testing::Test {
 
 std::string* ModelDeviceTest::dir_ = nullptr;
 
+// The explicit device has no pool (every kernel on the calling thread); the engine's own runs on
+// the engine's pool: the same bits either way.
 TEST_F(ModelDeviceTest, ExplicitCpuDeviceEqualsTheDefault) {
   auto plain = Engine::Create(Options());
   ASSERT_TRUE(plain.ok()) << plain.status();
@@ -130,6 +133,7 @@ TEST_F(ModelDeviceTest, PaddedDecodeStepsGiveIdenticalTokensAndLogprobs) {
   const std::vector<absl::StatusOr<Completion>> want = (*plain)->Generate(Requests(10));
 
   CpuDeviceOptions pad;
+  pad.pool = kernels::test_util::TestPool();
   pad.pad_decode_batch_sizes = {4, 8};
   auto device = std::make_unique<CountingDevice>(pad);
   const CountingDevice* counting = device.get();
@@ -152,6 +156,7 @@ TEST_F(ModelDeviceTest, PaddingLeavesEmbeddingsAlone) {
   auto plain = Engine::Create(Options());
   ASSERT_TRUE(plain.ok()) << plain.status();
   CpuDeviceOptions pad;
+  pad.pool = kernels::test_util::TestPool();
   pad.pad_decode_batch_sizes = {4, 8};
   auto padded = Engine::Create(Options(), nullptr, CreateCpuDevice(pad));
   ASSERT_TRUE(padded.ok()) << padded.status();

@@ -1,5 +1,6 @@
-// LlamaModel::Embed: parity with the float64 reference, batch invariance, input errors, the
-// tensor-parallel refusal, and that embeddings leave the generation KV pool alone.
+// LlamaModel::Embed: parity with the float64 reference, batch invariance, input errors (refused
+// before any collective under tensor parallelism), and that embeddings leave the generation KV
+// pool alone. TP=2 against TP=1 is tests/integration/tp_equivalence_test.cc (under mpirun).
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/kernel_test_util.h"
 #include "tests/testing/checkpoint_writer.h"
 #include "tests/testing/reference_llama.h"
 #include "worker/engine.h"
@@ -71,7 +73,8 @@ class EmbedTest : public ::testing::Test {
     auto weights = LoadWeights(*dir_, TensorParallelRank{});
     EXPECT_TRUE(weights.ok()) << weights.status();
     if (!weights.ok()) return nullptr;
-    auto model = LlamaModel::Create(std::move(*weights), KvCacheShape{4, 16});
+    auto model = LlamaModel::Create(std::move(*weights), KvCacheShape{4, 16}, nullptr,
+                                    CreateCpuDevice(kernels::test_util::TestPool()));
     EXPECT_TRUE(model.ok()) << model.status();
     return model.ok() ? std::move(*model) : nullptr;
   }
@@ -188,10 +191,11 @@ TEST_F(EmbedTest, RejectsEmptyAndOutOfVocabularyInputs) {
   EXPECT_THAT(s.message(), HasSubstr("max_position_embeddings"));
 }
 
-// A group of two whose collectives never run: enough to construct rank 0's model.
+// A group of two whose collectives never run: enough to construct either rank's model.
 class IdleGroup : public cluster::Communicator {
  public:
-  int rank() const override { return 0; }
+  explicit IdleGroup(int rank) : rank_(rank) {}
+  int rank() const override { return rank_; }
   int size() const override { return 2; }
   absl::Status AllReduceSum(float*, int64_t) override { return Unexpected(); }
   absl::Status AllGather(const float*, int64_t, float*) override { return Unexpected(); }
@@ -205,20 +209,44 @@ class IdleGroup : public cluster::Communicator {
     ADD_FAILURE() << "Embed must refuse before any collective";
     return absl::InternalError("unexpected collective");
   }
+  const int rank_;
 };
 
-TEST_F(EmbedTest, RefusedUnderTensorParallelism) {
-  auto weights = LoadWeights(*dir_, TensorParallelRank{0, 2});
-  ASSERT_TRUE(weights.ok()) << weights.status();
-  IdleGroup group;
-  auto model = LlamaModel::Create(std::move(*weights), KvCacheShape{4, 16}, &group);
-  ASSERT_TRUE(model.ok()) << model.status();
+std::unique_ptr<LlamaModel> RankModel(const std::string& dir, IdleGroup* group) {
+  auto weights = LoadWeights(dir, TensorParallelRank{group->rank(), 2});
+  EXPECT_TRUE(weights.ok()) << weights.status();
+  if (!weights.ok()) return nullptr;
+  auto model = LlamaModel::Create(std::move(*weights), KvCacheShape{4, 16}, group);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? std::move(*model) : nullptr;
+}
+
+// A bad input is refused on the leader before its pass reaches the followers, so the group's
+// collectives stay in step.
+TEST_F(EmbedTest, LeaderRefusesBadInputsBeforeBroadcasting) {
+  IdleGroup group(0);
+  std::unique_ptr<LlamaModel> model = RankModel(*dir_, &group);
+  ASSERT_NE(model, nullptr);
+  const EmbeddingInput good = Input({5, 6, 7}, Pooling::kMean, true);
+  const EmbeddingInput empty = Input({}, Pooling::kMean, true);
+  const std::vector<const EmbeddingInput*> inputs = {&good, &empty};
+  std::vector<std::vector<float>> out;
+  const absl::Status s = model->Embed(inputs, &out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("input 1"));
+}
+
+// A follower embeds only as its leader's embed steps (LlamaModel::Follow).
+TEST_F(EmbedTest, FollowerDoesNotEmbedOnItsOwn) {
+  IdleGroup group(1);
+  std::unique_ptr<LlamaModel> model = RankModel(*dir_, &group);
+  ASSERT_NE(model, nullptr);
   const EmbeddingInput input = Input({5, 6, 7}, Pooling::kMean, true);
   const EmbeddingInput* one = &input;
   std::vector<std::vector<float>> out;
-  const absl::Status s = (*model)->Embed({&one, 1}, &out);
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(s.message(), HasSubstr("tensor parallelism"));
+  const absl::Status s = model->Embed({&one, 1}, &out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("follower"));
 }
 
 // Embeddings between generation steps change nothing in the generated tokens or logprobs:
@@ -259,7 +287,7 @@ TEST_F(EmbedTest, EmbeddingsBetweenStepsLeaveGenerationUnchanged) {
     ASSERT_TRUE(embeddings.ok()) << embeddings.status();
     EXPECT_EQ((*engine)->kv_cache().num_used_blocks(), used);
     for (EngineEvent& e : (*engine)->Step()) {
-      if (e.has_token) got[e.request_id].push_back(e.sample);
+      if (e.has_token) got[e.seq_id].push_back(e.sample);
     }
   }
   ASSERT_EQ(got.size(), 2u);

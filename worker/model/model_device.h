@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/thread_pool.h"
 #include "kernels/kernel_params.h"
 #include "worker/weights/weights.h"
 
@@ -165,6 +166,10 @@ class ModelDevice {
 };
 
 struct CpuDeviceOptions {
+  // The threads the kernels split their work over (not owned; outlives the device). The engine
+  // passes its own pool (EngineOptions::num_threads). Default: null, every kernel on the
+  // calling thread (the results are the same bits either way).
+  ThreadPool* pool = nullptr;
   // Testing only: decode-only steps of up to the largest of these sizes are padded to the next
   // one, as a GPU pads for CUDA graphs, so the model's padding is checked on the CPU. Default:
   // none (no padding).
@@ -173,6 +178,8 @@ struct CpuDeviceOptions {
 
 // The CPU device: fp32, kernels/cpu, weights in place.
 std::unique_ptr<ModelDevice> CreateCpuDevice(const CpuDeviceOptions& options = {});
+// The same on `pool` (CpuDeviceOptions::pool), no padding.
+std::unique_ptr<ModelDevice> CreateCpuDevice(ThreadPool* pool);
 
 }  // namespace carpool::worker
 

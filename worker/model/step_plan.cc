@@ -8,7 +8,7 @@
 namespace carpool::worker {
 namespace {
 
-constexpr uint32_t kMagic = 0xca49'5e01;  // "carpool step", version 1
+constexpr uint32_t kMagic = 0xca49'5e02;  // "carpool step", version 2 (plans have a kind)
 // Header: magic, kind, payload length (u64), then up to kInlineBytes of payload.
 constexpr size_t kHeaderBytes = 4096;
 constexpr size_t kFixedBytes = 16;
@@ -44,29 +44,12 @@ class Reader {
 
 }  // namespace
 
-StepPlan StepPlanFromBatch(const BatchPlan& plan, int block_size) {
-  StepPlan step;
-  step.seqs.reserve(plan.seqs.size());
-  step.token_ids.reserve(plan.num_batched_tokens);
-  for (const ScheduledSeq& s : plan.seqs) {
-    StepPlan::Seq q;
-    q.seq_id = s.seq->seq_id;
-    q.start_position = s.start_position;
-    q.num_tokens = s.num_tokens;
-    q.sample = s.sample;
-    const int context = s.start_position + s.num_tokens;
-    const size_t blocks = static_cast<size_t>((context + block_size - 1) / block_size);
-    q.block_table.assign(s.block_table.begin(), s.block_table.begin() + blocks);
-    for (int p = s.start_position; p < context; ++p) step.token_ids.push_back(s.seq->TokenAt(p));
-    step.seqs.push_back(std::move(q));
-  }
-  return step;
-}
-
-// Layout: u32 seqs, u32 tokens; per seq: i64 id, i32 start, i32 num, u8 sample, u32 blocks,
-// i32 x blocks; then i32 x tokens. Host byte order: the group shares one architecture.
+// Layout: u8 kind, u32 seqs, u32 tokens; per seq: i64 id, i32 start, i32 num, u8 sample,
+// u32 blocks, i32 x blocks; then i32 x tokens. Host byte order: the group shares one
+// architecture.
 std::string EncodeStepPlan(const StepPlan& plan) {
   std::string out;
+  Put(&out, static_cast<uint8_t>(plan.kind));
   Put(&out, static_cast<uint32_t>(plan.seqs.size()));
   Put(&out, static_cast<uint32_t>(plan.token_ids.size()));
   for (const StepPlan::Seq& s : plan.seqs) {
@@ -85,11 +68,18 @@ std::string EncodeStepPlan(const StepPlan& plan) {
 
 absl::StatusOr<StepPlan> DecodeStepPlan(absl::string_view bytes) {
   Reader in(bytes);
+  uint8_t kind = 0;
   uint32_t num_seqs = 0, num_tokens = 0;
-  if (!in.Get(&num_seqs) || !in.Get(&num_tokens)) {
+  if (!in.Get(&kind) || !in.Get(&num_seqs) || !in.Get(&num_tokens)) {
     return absl::InvalidArgumentError("step plan: truncated header");
   }
+  if (kind != static_cast<uint8_t>(StepPlan::Kind::kGenerate) &&
+      kind != static_cast<uint8_t>(StepPlan::Kind::kEmbed)) {
+    return absl::InvalidArgumentError(absl::StrCat("step plan: unknown kind ", kind));
+  }
   StepPlan plan;
+  plan.kind = static_cast<StepPlan::Kind>(kind);
+  const bool embed = plan.kind == StepPlan::Kind::kEmbed;
   int64_t tokens = 0;
   for (uint32_t i = 0; i < num_seqs; ++i) {
     StepPlan::Seq s;
@@ -102,6 +92,11 @@ absl::StatusOr<StepPlan> DecodeStepPlan(absl::string_view bytes) {
     if (s.start_position < 0 || s.num_tokens < 1) {
       return absl::InvalidArgumentError(absl::StrCat("step plan: sequence ", i,
                                                      " has an invalid position range"));
+    }
+    if (embed && (s.start_position != 0 || !s.block_table.empty() || sample != 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step plan: embed sequence ", i,
+                       " must start at position 0 with no block table and nothing sampled"));
     }
     s.sample = sample != 0;
     tokens += s.num_tokens;

@@ -278,7 +278,8 @@ const SafetensorsEntry* SafetensorsFile::Find(const std::string& name) const {
   return it == tensors_.end() ? nullptr : &it->second;
 }
 
-absl::StatusOr<Tensor> SafetensorsFile::Read(const SafetensorsEntry& entry) const {
+absl::StatusOr<Tensor> SafetensorsFile::Read(const SafetensorsEntry& entry,
+                                             ThreadPool* pool) const {
   if (!entry.supported) {
     return absl::UnimplementedError(absl::StrCat(path(), ": dtype ", entry.dtype_name,
                                                  " of tensor ", entry.name,
@@ -291,18 +292,18 @@ absl::StatusOr<Tensor> SafetensorsFile::Read(const SafetensorsEntry& entry) cons
   auto values = std::make_unique_for_overwrite<float[]>(count);
   float* out = values.get();
   constexpr int64_t kChunk = 1 << 16;
-  ThreadPool::Default()->ParallelFor(
-      (count + kChunk - 1) / kChunk, [&](int64_t begin, int64_t end) {
-        const int64_t first = begin * kChunk;
-        const int64_t last = std::min(count, end * kChunk);
-        ConvertToFloat(entry.dtype, entry.data + first * DTypeSize(entry.dtype), last - first,
-                       out + first);
-      });
+  ParallelFor(pool, (count + kChunk - 1) / kChunk, [&](int64_t begin, int64_t end) {
+    const int64_t first = begin * kChunk;
+    const int64_t last = std::min(count, end * kChunk);
+    ConvertToFloat(entry.dtype, entry.data + first * DTypeSize(entry.dtype), last - first,
+                   out + first);
+  });
   return Tensor::Owned(std::move(values), entry.shape);
 }
 
 absl::StatusOr<Tensor> SafetensorsFile::ReadSlice(const SafetensorsEntry& entry, int dim,
-                                                  int64_t begin, int64_t end) const {
+                                                  int64_t begin, int64_t end,
+                                                  ThreadPool* pool) const {
   if (!entry.supported) {
     return absl::UnimplementedError(absl::StrCat(path(), ": dtype ", entry.dtype_name,
                                                  " of tensor ", entry.name,
@@ -329,19 +330,18 @@ absl::StatusOr<Tensor> SafetensorsFile::ReadSlice(const SafetensorsEntry& entry,
     auto values = std::make_unique_for_overwrite<float[]>(count);
     float* out = values.get();
     constexpr int64_t kChunk = 1 << 16;
-    ThreadPool::Default()->ParallelFor(
-        (count + kChunk - 1) / kChunk, [&](int64_t chunk_begin, int64_t chunk_end) {
-          const int64_t from = chunk_begin * kChunk;
-          const int64_t to = std::min(count, chunk_end * kChunk);
-          ConvertToFloat(entry.dtype, first + from * element, to - from, out + from);
-        });
+    ParallelFor(pool, (count + kChunk - 1) / kChunk, [&](int64_t chunk_begin, int64_t chunk_end) {
+      const int64_t from = chunk_begin * kChunk;
+      const int64_t to = std::min(count, chunk_end * kChunk);
+      ConvertToFloat(entry.dtype, first + from * element, to - from, out + from);
+    });
     return Tensor::Owned(std::move(values), std::move(shape));
   }
   // Columns: one run per row.
   const int64_t width = end - begin;
   auto values = std::make_unique_for_overwrite<float[]>(rows * width);
   float* out = values.get();
-  ThreadPool::Default()->ParallelFor(rows, [&](int64_t first_row, int64_t last_row) {
+  ParallelFor(pool, rows, [&](int64_t first_row, int64_t last_row) {
     for (int64_t r = first_row; r < last_row; ++r) {
       ConvertToFloat(entry.dtype, entry.data + static_cast<size_t>(r * cols + begin) * element,
                      width, out + r * width);

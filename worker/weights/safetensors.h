@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/thread_pool.h"
 #include "worker/weights/weights.h"
 
 namespace carpool::worker {
@@ -88,13 +89,15 @@ class SafetensorsFile {
   const SafetensorsEntry* Find(const std::string& name) const;
 
   // The tensor as fp32: a View into the mapping for 4-byte-aligned F32 data (valid while
-  // file() lives), otherwise an owned converted copy. UNIMPLEMENTED for other dtypes.
-  absl::StatusOr<Tensor> Read(const SafetensorsEntry& entry) const;
+  // file() lives), otherwise an owned converted copy, converted on `pool`'s threads (null: on
+  // the calling thread). UNIMPLEMENTED for other dtypes.
+  absl::StatusOr<Tensor> Read(const SafetensorsEntry& entry, ThreadPool* pool = nullptr) const;
   // Indices [begin, end) of dimension `dim` (0: rows, 1: columns of a 2-D tensor) as fp32: a
   // View for a row slice of 4-byte-aligned F32 data, otherwise an owned copy of the slice alone.
   // INVALID_ARGUMENT for a dimension or range outside the tensor; UNIMPLEMENTED for other dtypes.
+  // Converts on `pool` as Read does.
   absl::StatusOr<Tensor> ReadSlice(const SafetensorsEntry& entry, int dim, int64_t begin,
-                                   int64_t end) const;
+                                   int64_t end, ThreadPool* pool = nullptr) const;
 
  private:
   SafetensorsFile() = default;

@@ -59,7 +59,7 @@ Distribution DistributionFor(const TensorSlot& slot, const ModelConfig& config) 
 
 // The slot's slice (or whole tensor): element i of the slice is element WholeIndex(i) of the
 // whole tensor, so every split of the model draws the same values.
-Tensor Generate(const TensorSlot& slot, const ModelConfig& config, uint64_t key) {
+Tensor Generate(const TensorSlot& slot, const ModelConfig& config, uint64_t key, ThreadPool* pool) {
   const std::vector<int64_t> shape = slot.LocalShape();
   int64_t count = 1;
   for (int64_t dim : shape) count *= dim;
@@ -75,14 +75,12 @@ Tensor Generate(const TensorSlot& slot, const ModelConfig& config, uint64_t key)
   float* out = values.get();
   const Distribution dist = DistributionFor(slot, config);
   constexpr int64_t kChunk = 1 << 16;
-  ThreadPool::Default()->ParallelFor(
-      (count + kChunk - 1) / kChunk, [&](int64_t begin, int64_t end) {
-        const int64_t last = std::min(count, end * kChunk);
-        for (int64_t i = begin * kChunk; i < last; ++i) {
-          out[i] = dist.center +
-                   dist.half_width * Uniform(key, static_cast<uint64_t>(whole_index(i)));
-        }
-      });
+  ParallelFor(pool, (count + kChunk - 1) / kChunk, [&](int64_t begin, int64_t end) {
+    const int64_t last = std::min(count, end * kChunk);
+    for (int64_t i = begin * kChunk; i < last; ++i) {
+      out[i] = dist.center + dist.half_width * Uniform(key, static_cast<uint64_t>(whole_index(i)));
+    }
+  });
   return Tensor::Owned(std::move(values), shape);
 }
 
@@ -150,7 +148,7 @@ absl::StatusOr<ModelConfig> SyntheticConfig(const std::string& preset) {
 }
 
 std::unique_ptr<LlamaWeights> SyntheticWeights(const ModelConfig& config, uint64_t seed,
-                                               const TensorParallelRank& tp) {
+                                               const TensorParallelRank& tp, ThreadPool* pool) {
   auto weights = std::make_unique<LlamaWeights>();
   weights->config = config;
   weights->tp = tp;
@@ -159,7 +157,7 @@ std::unique_ptr<LlamaWeights> SyntheticWeights(const ModelConfig& config, uint64
   weights->shard = *shard;
   const std::vector<TensorSlot> slots = TensorSlots(weights.get());
   for (size_t i = 0; i < slots.size(); ++i) {
-    *slots[i].tensor = Generate(slots[i], config, Mix(seed + (i + 1) * kGolden));
+    *slots[i].tensor = Generate(slots[i], config, Mix(seed + (i + 1) * kGolden), pool);
   }
   if (config.tie_word_embeddings) weights->lm_head = weights->embed_tokens;
   return weights;

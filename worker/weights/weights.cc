@@ -100,7 +100,7 @@ class Checkpoint {
   bool Has(const std::string& name) const { return located_.contains(name); }
   const std::string& description() const { return description_; }
 
-  absl::StatusOr<Tensor> Read(const TensorSlot& slot) const {
+  absl::StatusOr<Tensor> Read(const TensorSlot& slot, ThreadPool* pool) const {
     auto it = located_.find(slot.name);
     if (it == located_.end()) {
       return absl::InvalidArgumentError(
@@ -112,8 +112,9 @@ class Checkpoint {
           "shape mismatch for ", slot.name, ": expected ", ShapeString(slot.shape), ", got ",
           ShapeString(entry.shape), " in ", fs::path(it->second.file->path()).filename().string()));
     }
-    if (slot.split_dim < 0) return it->second.file->Read(entry);
-    return it->second.file->ReadSlice(entry, slot.split_dim, slot.split_begin, slot.split_end);
+    if (slot.split_dim < 0) return it->second.file->Read(entry, pool);
+    return it->second.file->ReadSlice(entry, slot.split_dim, slot.split_begin, slot.split_end,
+                                      pool);
   }
 
   std::vector<std::shared_ptr<MappedFile>> Files() const {
@@ -135,7 +136,8 @@ class Checkpoint {
 };
 
 absl::StatusOr<std::unique_ptr<LlamaWeights>> LoadFolder(const std::string& folder,
-                                                         const TensorParallelRank& tp) {
+                                                         const TensorParallelRank& tp,
+                                                         ThreadPool* pool) {
   const fs::path dir(folder);
   std::error_code error;
   if (!fs::is_directory(dir, error)) {
@@ -168,7 +170,7 @@ absl::StatusOr<std::unique_ptr<LlamaWeights>> LoadFolder(const std::string& fold
           absl::StrCat("missing tensor lm_head.weight (not in ", checkpoint.description(),
                        ") and config.json does not set tie_word_embeddings"));
     }
-    ASSIGN_OR_RETURN(*slot.tensor, checkpoint.Read(slot));
+    ASSIGN_OR_RETURN(*slot.tensor, checkpoint.Read(slot, pool));
   }
   if (weights->config.tie_word_embeddings) weights->lm_head = weights->embed_tokens;
   weights->files = checkpoint.Files();
@@ -287,7 +289,8 @@ std::vector<TensorSlot> TensorSlots(LlamaWeights* weights) {
 }
 
 absl::StatusOr<std::unique_ptr<LlamaWeights>> LoadWeights(const std::string& spec,
-                                                          const TensorParallelRank& tp) {
+                                                          const TensorParallelRank& tp,
+                                                          ThreadPool* pool) {
   if (absl::StartsWith(spec, kSyntheticPrefix)) {
     ASSIGN_OR_RETURN(ModelConfig config,
                      SyntheticConfig(spec.substr(sizeof(kSyntheticPrefix) - 1)));
@@ -296,9 +299,9 @@ absl::StatusOr<std::unique_ptr<LlamaWeights>> LoadWeights(const std::string& spe
       return absl::Status(shard.status().code(),
                           absl::StrCat(spec, ": ", shard.status().message()));
     }
-    return SyntheticWeights(config, kSyntheticSeed, tp);
+    return SyntheticWeights(config, kSyntheticSeed, tp, pool);
   }
-  return LoadFolder(spec, tp);
+  return LoadFolder(spec, tp, pool);
 }
 
 }  // namespace carpool::worker

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/thread_pool.h"
 #include "worker/weights/model_config.h"
 #include "worker/weights/shard_layout.h"
 
@@ -99,18 +100,22 @@ inline constexpr uint64_t kSyntheticSeed = 0x5eed'ca49'0017'2024ULL;
 // INVALID_ARGUMENT (bad config, missing tensor, shape mismatch, truncated or malformed file),
 // UNIMPLEMENTED (architecture or dtype not supported). Each message names the file and tensor.
 // With tp.size > 1, only rank tp.rank's slices are read; INVALID_ARGUMENT (PlanShard) when the
-// model does not divide by tp.size.
+// model does not divide by tp.size. Converting (or generating) values runs on `pool`'s threads
+// (not owned; null: on the calling thread); the values do not depend on it.
 absl::StatusOr<std::unique_ptr<LlamaWeights>> LoadWeights(const std::string& spec,
-                                                          const TensorParallelRank& tp = {});
+                                                          const TensorParallelRank& tp = {},
+                                                          ThreadPool* pool = nullptr);
 
 // Presets: "tiny" (a few MB, vocab 258 for the byte tokenizer), "small" (~100M parameters),
 // "1b" and "8b" (Llama 3 shapes; generated lazily, meant for GPUs).
 absl::StatusOr<ModelConfig> SyntheticConfig(const std::string& preset);
 // Deterministic random weights for `config` from `seed`; same config + seed, same values. Every
 // value is a pure function of (seed, tensor, index in the whole tensor), so rank r of a group
-// gets exactly its slices of the whole model. REQUIRES: PlanShard(config, tp) is OK.
+// gets exactly its slices of the whole model. Generated on `pool` as LoadWeights.
+// REQUIRES: PlanShard(config, tp) is OK.
 std::unique_ptr<LlamaWeights> SyntheticWeights(const ModelConfig& config, uint64_t seed,
-                                               const TensorParallelRank& tp = {});
+                                               const TensorParallelRank& tp = {},
+                                               ThreadPool* pool = nullptr);
 
 }  // namespace carpool::worker
 
