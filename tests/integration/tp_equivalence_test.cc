@@ -20,7 +20,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/cleanup/cleanup.h"
 #include "cluster/mpi_communicator.h"
 #include "cluster/testing/mpi_test_main.h"
 #include "gtest/gtest.h"
@@ -225,7 +224,12 @@ class TpEquivalenceTest : public ::testing::Test {
     ASSERT_TRUE(leader.ok()) << leader.status();
     // A failed assertion below returns early: release the follower all the same, so that the
     // test fails instead of hanging.
-    absl::Cleanup release = [this] { worker::StopFollowers(group_.get()).IgnoreError(); };
+    struct ReleaseFollowers {
+      ~ReleaseFollowers() {
+        if (group != nullptr) worker::StopFollowers(group).IgnoreError();
+      }
+      decltype(group_.get()) group;
+    } release{group_.get()};
     auto first = (*leader)->Embed(batch);  // before any generation step
     ASSERT_TRUE(first.ok()) << first.status();
     // Embeddings between the steps of a generation.
@@ -246,7 +250,7 @@ class TpEquivalenceTest : public ::testing::Test {
     const std::vector<Completion> after_tokens = Run(leader->get());
     auto last = (*leader)->Embed(batch);  // after
     ASSERT_TRUE(last.ok()) << last.status();
-    std::move(release).Cancel();
+    release.group = nullptr;
     ASSERT_TRUE(worker::StopFollowers(group_.get()).ok());
 
     double worst = 0, largest = 0;

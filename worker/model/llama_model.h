@@ -35,7 +35,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "cluster/communicator.h"
-#include "common/messages.h"
+#include "common/pooling.h"
 #include "kernels/kernel_params.h"
 #include "worker/model/model_device.h"
 #include "worker/model/step_plan.h"
