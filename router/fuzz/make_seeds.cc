@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
   StepTokensInfo step;
   step.epoch = 3;
   TokenEvent e;
-  e.request_id = 9;
+  e.dispatch_id = 9;
   e.has_token = true;
   e.token.token = 5;
   e.token.top_logprobs = {{5, -0.1f}, {6, -2.0f}};
@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
   write("step", Encode(WorkerMessage(step)));
   write("kv_events", Encode(WorkerMessage(KvEventsInfo{3, true, {1, 2, 3}, {4}})));
   DispatchInfo d;
-  d.request_id = 9;
+  d.dispatch_id = 9;
   d.prompt_tokens = {1, 2, 3};
   d.output_tokens = {4};
   d.cache_salt = 77;
