@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/wire_ranges.h"
@@ -21,15 +22,18 @@ uint32_t WireMillis(int64_t ms) {
       std::clamp<int64_t>(ms, 0, std::numeric_limits<uint32_t>::max()));
 }
 
+// Each Priority and its proto value; both directions read this one table.
+constexpr std::pair<Priority, pb::Priority> kPriorities[] = {
+    {Priority::kInteractive, pb::PRIORITY_INTERACTIVE},
+    {Priority::kDefault, pb::PRIORITY_DEFAULT},
+    {Priority::kBatch, pb::PRIORITY_BATCH},
+};
+
 pb::Priority ToProto(Priority p) {
-  switch (p) {
-    case Priority::kInteractive:
-      return pb::PRIORITY_INTERACTIVE;
-    case Priority::kBatch:
-      return pb::PRIORITY_BATCH;
-    default:
-      return pb::PRIORITY_DEFAULT;
+  for (const auto& [priority, wire] : kPriorities) {
+    if (priority == p) return wire;
   }
+  return pb::PRIORITY_DEFAULT;
 }
 
 Priority FromProto(pb::Priority p) { return PriorityFromWire(p); }
@@ -700,14 +704,10 @@ absl::StatusOr<RouterMessage> DecodeRouterMessage(std::string_view frame) {
 }
 
 Priority PriorityFromWire(int value) {
-  switch (value) {
-    case pb::PRIORITY_INTERACTIVE:
-      return Priority::kInteractive;
-    case pb::PRIORITY_BATCH:
-      return Priority::kBatch;
-    default:
-      return Priority::kDefault;
+  for (const auto& [priority, wire] : kPriorities) {
+    if (wire == value) return priority;
   }
+  return Priority::kDefault;
 }
 
 absl::StatusCode StatusCodeFromName(std::string_view name) {

@@ -27,14 +27,8 @@ bool AnyCanEmbed(const Workers& workers) {
 std::optional<Arrival> EmbedKind::Receive(ClientMessage& message, const RequestLimits& limits) {
   auto* input = std::get_if<EmbedInput>(&message);
   if (input == nullptr) return std::nullopt;
-  Arrival a;
-  a.shape = ValidateEmbedShape(*input, limits);
-  a.api_key = input->api_key;
-  a.deadline_ms = input->deadline_ms;
   auto r = std::make_unique<EmbedRequest>();
-  r->kind = this;
-  r->request_id = input->request_id;
-  r->priority = input->priority;
+  Arrival a = ArrivalOf(this, *input, r.get(), ValidateEmbedShape(*input, limits));
   r->input = std::move(*input);
   a.request = std::move(r);
   return a;

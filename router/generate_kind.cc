@@ -23,14 +23,8 @@ GenerateKind::GenerateKind(RequestHost* host, const RouterOptions& options)
 std::optional<Arrival> GenerateKind::Receive(ClientMessage& message, const RequestLimits& limits) {
   auto* input = std::get_if<GenerateInput>(&message);
   if (input == nullptr) return std::nullopt;
-  Arrival a;
-  a.shape = ValidateShape(*input, limits);
-  a.api_key = input->api_key;
-  a.deadline_ms = input->deadline_ms;
   auto r = std::make_unique<GenerateRequest>();
-  r->kind = this;
-  r->request_id = input->request_id;
-  r->priority = input->priority;
+  Arrival a = ArrivalOf(this, *input, r.get(), ValidateShape(*input, limits));
   r->stream = input->stream;
   r->sampling = input->sampling;
   r->input = std::move(*input);
@@ -164,7 +158,7 @@ int64_t GenerateKind::GeneratedTokens(const Request& r) const {
 
 std::string GenerateKind::Decode(const std::vector<int32_t>& ids) const {
   const ModelLimits& model = host_->model();
-  return model.tokenizer != nullptr ? model.tokenizer->Decode(ids) : std::string();
+  return model.tokenizer != nullptr ? model.tokenizer->Decode(ids, /*skip_special_tokens=*/true) : std::string();
 }
 
 }  // namespace carpool::router

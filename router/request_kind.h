@@ -148,6 +148,21 @@ class RequestKind {
   virtual int64_t GeneratedTokens(const Request& r) const = 0;
 };
 
+// The Arrival of a client's `input` (GenerateInput, EmbedInput, ...) as request `r` of `kind`:
+// what every kind's input carries (request_id, priority, api_key, deadline_ms) and `shape`.
+// The caller moves its own fields into `r`, then `r` into Arrival::request.
+template <typename Input>
+Arrival ArrivalOf(RequestKind* kind, const Input& input, Request* r, absl::Status shape) {
+  r->kind = kind;
+  r->request_id = input.request_id;
+  r->priority = input.priority;
+  Arrival a;
+  a.api_key = input.api_key;
+  a.deadline_ms = input.deadline_ms;
+  a.shape = std::move(shape);
+  return a;
+}
+
 // Milliseconds from `from` to `to` (micros); 0 while `to` is unknown (0).
 inline double MillisBetween(int64_t from, int64_t to) {
   return to > 0 ? (to - from) / 1000.0 : 0.0;
