@@ -6,6 +6,7 @@
 #include "client/embed_command.h"
 #include "client/generate_command.h"
 #include "client/status_command.h"
+#include "client/tokenize_command.h"
 
 namespace {
 
@@ -16,6 +17,9 @@ constexpr char kUsage[] =
     "             (--router tcp://host:port)            (carpool generate --help)\n"
     "  embed      embeddings of texts or token ids through a carpool router\n"
     "             (--router tcp://host:port)            (carpool embed --help)\n"
+    "  tokenize   text to token ids with a model's tokenizer (--tokenizer PATH)\n"
+    "             (carpool tokenize --help)\n"
+    "  detokenize token ids to text with a model's tokenizer (carpool detokenize --help)\n"
     "  status     show a router's workers, queue and totals (carpool status --help)\n"
     "  bench      serving benchmark against a router: carpool bench serve (--help)\n";
 
@@ -28,6 +32,10 @@ int main(int argc, char** argv) {
   }
   if (std::strcmp(argv[1], "generate") == 0) return carpool::client::RunGenerate(argc, argv, 2);
   if (std::strcmp(argv[1], "embed") == 0) return carpool::client::RunEmbed(argc, argv, 2);
+  if (std::strcmp(argv[1], "tokenize") == 0) return carpool::client::RunTokenize(argc, argv, 2);
+  if (std::strcmp(argv[1], "detokenize") == 0) {
+    return carpool::client::RunDetokenize(argc, argv, 2);
+  }
   if (std::strcmp(argv[1], "status") == 0) return carpool::client::RunStatus(argc, argv, 2);
   if (std::strcmp(argv[1], "bench") == 0) return carpool::client::RunBench(argc, argv, 2);
   std::cerr << "carpool: unknown command '" << argv[1] << "'\n" << kUsage;

@@ -144,7 +144,7 @@ json CompletionToJson(const worker::Completion& c, const Tokenizer* tokenizer,
                       int top_logprobs) {
   json out;
   out["tokens"] = c.tokens;
-  out["text"] = tokenizer != nullptr ? json(tokenizer->Decode(c.tokens)) : json(nullptr);
+  out["text"] = tokenizer != nullptr ? json(tokenizer->Decode(c.tokens, /*skip_special_tokens=*/true)) : json(nullptr);
   AddLogprobs(c.logprobs, top_logprobs, &out);
   out["finish_reason"] = FinishReasonName(c.finish_reason);
   out["usage"] = {{"prompt_tokens", c.prompt_tokens},
@@ -474,7 +474,7 @@ int RunGenerate(int argc, char** argv, int first) {
     if (f.json || batch_mode) {
       std::cout << DumpJson(CompletionToJson(*r, tok, top)) << "\n";
     } else if (tok != nullptr) {
-      std::cout << tok->Decode(r->tokens) << "\n";
+      std::cout << tok->Decode(r->tokens, /*skip_special_tokens=*/true) << "\n";
     } else {
       std::cout << CompletionToJson(*r, nullptr, 0)["tokens"] << "\n";
     }

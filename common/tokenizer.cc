@@ -27,20 +27,21 @@ TokenizerKind TokenizerKindForModel(absl::string_view model_spec) {
 }
 
 absl::StatusOr<std::vector<int32_t>> ByteTokenizer::Encode(const std::string& text,
-                                                           bool add_bos) const {
+                                                           bool add_special_tokens) const {
   std::vector<int32_t> ids;
   ids.reserve(text.size() + 1);
-  if (add_bos) ids.push_back(kBos);
+  if (add_special_tokens) ids.push_back(kBos);
   for (unsigned char c : text) ids.push_back(c);
   return ids;
 }
 
-std::string ByteTokenizer::Decode(absl::Span<const int32_t> ids) const {
+std::string ByteTokenizer::Decode(absl::Span<const int32_t> ids,
+                                  bool skip_special_tokens) const {
   std::string text;
   for (int32_t id : ids) {
     if (id >= 0 && id < 256) {
       text.push_back(static_cast<char>(id));
-    } else if (id != kBos && id != kEos) {
+    } else if (!skip_special_tokens || (id != kBos && id != kEos)) {
       absl::StrAppend(&text, "<|", id, "|>");
     }
   }

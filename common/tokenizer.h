@@ -3,7 +3,8 @@
 // all apply the same rules.
 //
 // Synthetic models use ByteTokenizer: ids 0..255 are the bytes themselves, then BOS and EOS.
-// Hugging Face folders have no tokenizer yet: they take token ids only.
+// Hugging Face folders have a tokenizer.json tokenizer (text/hf_tokenizer.h), which the router
+// and worker do not use yet: for them such a model takes token ids only.
 #ifndef CARPOOL_COMMON_TOKENIZER_H_
 #define CARPOOL_COMMON_TOKENIZER_H_
 
@@ -33,14 +34,18 @@ std::optional<TokenizerKind> TokenizerKindFromName(absl::string_view name);
 // The kind a model spec ("synthetic:*", a folder) uses.
 TokenizerKind TokenizerKindForModel(absl::string_view model_spec);
 
+// The Hugging Face tokenizer contract: Encode(text, add_special_tokens) and
+// Decode(ids, skip_special_tokens). Thread safety: implementations are safe to call from many
+// threads at once.
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
-  // Ids for `text`, with the BOS token first when `add_bos`.
+  // Ids for `text`; with `add_special_tokens`, the special tokens the tokenizer adds around a
+  // sequence (for ByteTokenizer: BOS first).
   virtual absl::StatusOr<std::vector<int32_t>> Encode(const std::string& text,
-                                                      bool add_bos) const = 0;
-  // Text for `ids`; special tokens are dropped, ids outside the byte range render as "<|id|>".
-  virtual std::string Decode(absl::Span<const int32_t> ids) const = 0;
+                                                      bool add_special_tokens) const = 0;
+  // Text for `ids`; with `skip_special_tokens`, special tokens are left out.
+  virtual std::string Decode(absl::Span<const int32_t> ids, bool skip_special_tokens) const = 0;
 };
 
 class ByteTokenizer : public Tokenizer {
@@ -49,9 +54,12 @@ class ByteTokenizer : public Tokenizer {
   static constexpr int32_t kEos = 257;
   static constexpr int32_t kVocabSize = 258;
 
+  // add_special_tokens: BOS first.
   absl::StatusOr<std::vector<int32_t>> Encode(const std::string& text,
-                                              bool add_bos) const override;
-  std::string Decode(absl::Span<const int32_t> ids) const override;
+                                              bool add_special_tokens) const override;
+  // Special tokens are BOS and EOS: dropped when skipping, "<|256|>" / "<|257|>" otherwise. Any
+  // other id outside the byte range renders as "<|id|>".
+  std::string Decode(absl::Span<const int32_t> ids, bool skip_special_tokens) const override;
 };
 
 // The tokenizer of `kind`; for kNone an UNIMPLEMENTED error, naming `model_spec`, that says to

@@ -432,7 +432,7 @@ absl::StatusOr<GenerationRequest> ParseGenerationRequest(ApiKind kind, const std
 // ---- generation responses
 
 std::string TokenText(int32_t token, bool byte_tokens) {
-  if (byte_tokens) return ByteTokenizer().Decode({token});
+  if (byte_tokens) return ByteTokenizer().Decode({token}, /*skip_special_tokens=*/true);
   return absl::StrCat("token_id:", token);
 }
 

@@ -1,0 +1,105 @@
+#include "text/hf_tokenizer.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "gtest/gtest.h"
+#include "text/test_tokenizer_json.h"
+#include "text/tokenizer_factory.h"
+
+namespace carpool::text {
+namespace {
+
+using V = std::vector<int32_t>;
+
+std::unique_ptr<HfTokenizer> Make(const Json& j, const std::string& config = "") {
+  auto t = HfTokenizer::FromJson(j.dump(), config);
+  EXPECT_TRUE(t.ok()) << t.status();
+  return t.ok() ? std::move(*t) : nullptr;
+}
+
+TEST(HfTokenizerTest, EncodesLikeTheLibrary) {
+  auto t = Make(TestTokenizerJson());
+  // " hi" merges to 257; "!" is byte 33; the special token is found before pre-tokenizing.
+  EXPECT_EQ(*t->Encode(" hi!<|eos|>", true), (V{300, 257, 33, 301}));
+  EXPECT_EQ(*t->Encode(" hi!<|eos|>", false), (V{257, 33, 301}));
+  EXPECT_EQ(*t->Encode("", true), (V{300}));
+  EXPECT_EQ(*t->Encode("a<tool>b", false), (V{'a', 302, 'b'}));
+}
+
+TEST(HfTokenizerTest, DecodesWithAndWithoutSpecialTokens) {
+  auto t = Make(TestTokenizerJson());
+  EXPECT_EQ(t->Decode({300, 257, 33, 301}, false), "<|bos|> hi!<|eos|>");
+  EXPECT_EQ(t->Decode({300, 257, 33, 301}, true), " hi!");
+  EXPECT_EQ(t->Decode({302, 99999}, true), "<tool>");  // not special; unknown ids left out
+  EXPECT_TRUE(t->IsSpecial(300));
+  EXPECT_FALSE(t->IsSpecial(302));
+  EXPECT_EQ(t->IdToToken(257), "Ġhi");
+  EXPECT_EQ(t->TokenToId("<|eos|>"), 301);
+  EXPECT_EQ(t->vocab_size(), 303);
+}
+
+TEST(HfTokenizerTest, InvalidUtf8NamesTheOffset) {
+  auto t = Make(TestTokenizerJson());
+  auto ids = t->Encode("ab\xFF", true);
+  ASSERT_FALSE(ids.ok());
+  EXPECT_EQ(ids.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(ids.status().message().find("byte offset 2"), std::string::npos);
+}
+
+TEST(HfTokenizerTest, ConfigGivesSpecialIdsAndOverridesForLlama) {
+  const std::string config = R"({"bos_token":"<|bos|>","eos_token":{"content":"<|eos|>"},
+      "add_bos_token":false,"add_eos_token":true,"model_max_length":4096,
+      "tokenizer_class":"LlamaTokenizer"})";
+  auto t = Make(TestTokenizerJson(), config);
+  EXPECT_EQ(t->bos_token_id(), 300);
+  EXPECT_EQ(t->eos_token_id(), 301);
+  EXPECT_EQ(t->model_max_length(), 4096);
+  EXPECT_EQ(*t->Encode(" hi", true), (V{257, 301}));
+  // Other classes keep the file's post-processor.
+  auto other = Make(TestTokenizerJson(), R"({"add_bos_token":false,"tokenizer_class":"X"})");
+  EXPECT_EQ(*other->Encode(" hi", true), (V{300, 257}));
+}
+
+TEST(HfTokenizerTest, CatastrophicRegexFailsAtLoad) {
+  Json j = TestTokenizerJson();
+  j["pre_tokenizer"] = {
+      {"type", "Split"}, {"pattern", {{"Regex", "(a+)+$"}}}, {"behavior", "Isolated"}};
+  auto t = HfTokenizer::FromJson(j.dump(), "");
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("(a+)+$"), std::string::npos) << t.status();
+}
+
+TEST(HfTokenizerTest, LoadsFoldersAndExplainsSentencepieceOnes) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(::testing::TempDir()) / "hf_tokenizer_test";
+  fs::remove_all(dir);
+  fs::create_directories(dir / "hf");
+  fs::create_directories(dir / "sp");
+  std::ofstream(dir / "hf" / "tokenizer.json") << TestTokenizerJson().dump();
+  std::ofstream(dir / "hf" / "tokenizer_config.json") << R"({"eos_token":"<|eos|>"})";
+  std::ofstream(dir / "sp" / "tokenizer.model") << "not read";
+
+  auto folder = HfTokenizer::Load((dir / "hf").string());
+  ASSERT_TRUE(folder.ok()) << folder.status();
+  EXPECT_EQ((*folder)->eos_token_id(), 301);
+  auto file = HfTokenizer::Load((dir / "hf" / "tokenizer.json").string());
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_FALSE((*file)->eos_token_id().has_value());  // a file alone has no config
+
+  auto sp = HfTokenizer::Load((dir / "sp").string());
+  ASSERT_FALSE(sp.ok());
+  EXPECT_NE(sp.status().message().find("no tokenizer.json"), std::string::npos);
+  EXPECT_NE(sp.status().message().find("sentencepiece"), std::string::npos);
+
+  auto byte = LoadTokenizer("synthetic:tiny");
+  ASSERT_TRUE(byte.ok());
+  EXPECT_EQ(*(*byte)->Encode("A", true), (V{ByteTokenizer::kBos, 'A'}));
+  auto hf = LoadTokenizer((dir / "hf").string());
+  ASSERT_TRUE(hf.ok()) << hf.status();
+  EXPECT_EQ(*(*hf)->Encode(" hi", false), (V{257}));
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace carpool::text

@@ -1,0 +1,154 @@
+#include "text/normalizers.h"
+
+#include <unicode/bytestream.h>
+#include <unicode/normalizer2.h>
+
+#include <vector>
+
+#include "common/status.h"
+#include "text/pattern.h"
+#include "text/unicode.h"
+
+namespace carpool::text {
+namespace {
+
+bool IsAscii(const std::string& s) {
+  for (unsigned char c : s) {
+    if (c >= 0x80) return false;
+  }
+  return true;
+}
+
+class UnicodeNormalizer : public Normalizer {
+ public:
+  explicit UnicodeNormalizer(const icu::Normalizer2* n) : n_(n) {}
+  absl::Status Normalize(std::string* text) const override {
+    if (IsAscii(*text)) return absl::OkStatus();
+    UErrorCode err = U_ZERO_ERROR;
+    if (n_->isNormalizedUTF8(*text, err) && U_SUCCESS(err)) return absl::OkStatus();
+    err = U_ZERO_ERROR;
+    std::string out;
+    icu::StringByteSink<std::string> sink(&out, static_cast<int32_t>(text->size()));
+    n_->normalizeUTF8(0, *text, sink, nullptr, err);
+    if (U_FAILURE(err)) {
+      return absl::InternalError(absl::StrCat("unicode normalization failed: ", u_errorName(err)));
+    }
+    *text = std::move(out);
+    return absl::OkStatus();
+  }
+
+ private:
+  const icu::Normalizer2* n_;  // owned by ICU
+};
+
+class PrependNormalizer : public Normalizer {
+ public:
+  explicit PrependNormalizer(std::string prepend) : prepend_(std::move(prepend)) {}
+  absl::Status Normalize(std::string* text) const override {
+    if (!text->empty()) text->insert(0, prepend_);
+    return absl::OkStatus();
+  }
+
+ private:
+  std::string prepend_;
+};
+
+class ReplaceNormalizer : public Normalizer {
+ public:
+  ReplaceNormalizer(Pattern pattern, std::string content)
+      : pattern_(std::move(pattern)), content_(std::move(content)) {}
+  absl::Status Normalize(std::string* text) const override {
+    ASSIGN_OR_RETURN(*text, pattern_.ReplaceAll(*text, content_));
+    return absl::OkStatus();
+  }
+
+ private:
+  Pattern pattern_;
+  std::string content_;
+};
+
+class LowercaseNormalizer : public Normalizer {
+ public:
+  absl::Status Normalize(std::string* text) const override {
+    *text = Lowercase(*text);
+    return absl::OkStatus();
+  }
+};
+
+class StripNormalizer : public Normalizer {
+ public:
+  StripNormalizer(bool left, bool right) : left_(left), right_(right) {}
+  absl::Status Normalize(std::string* text) const override {
+    std::string_view s = *text;
+    if (left_) s = TrimStartWhitespace(s);
+    if (right_) s = TrimEndWhitespace(s);
+    if (s.size() != text->size()) *text = std::string(s);
+    return absl::OkStatus();
+  }
+
+ private:
+  bool left_, right_;
+};
+
+class SequenceNormalizer : public Normalizer {
+ public:
+  explicit SequenceNormalizer(std::vector<std::unique_ptr<Normalizer>> parts)
+      : parts_(std::move(parts)) {}
+  absl::Status Normalize(std::string* text) const override {
+    for (const auto& part : parts_) RETURN_IF_ERROR(part->Normalize(text));
+    return absl::OkStatus();
+  }
+
+ private:
+  std::vector<std::unique_ptr<Normalizer>> parts_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Normalizer>> ParseNormalizer(const Json& j) {
+  if (j.is_null()) return nullptr;
+  std::string type;
+  RETURN_IF_ERROR(ComponentType(j, "normalizer", &type));
+  const std::string where = absl::StrCat("normalizer ", type);
+  if (type == "NFC" || type == "NFKC") {
+    UErrorCode err = U_ZERO_ERROR;
+    const icu::Normalizer2* n = type == "NFC" ? icu::Normalizer2::getNFCInstance(err)
+                                              : icu::Normalizer2::getNFKCInstance(err);
+    if (U_FAILURE(err) || n == nullptr) {
+      return absl::InternalError(absl::StrCat("ICU has no ", type, " data: ", u_errorName(err)));
+    }
+    return std::make_unique<UnicodeNormalizer>(n);
+  }
+  if (type == "Prepend") {
+    std::string prepend;
+    RETURN_IF_ERROR(ReadString(j, "prepend", where, &prepend));
+    return std::make_unique<PrependNormalizer>(std::move(prepend));
+  }
+  if (type == "Replace") {
+    if (!j.contains("pattern")) return JsonError(where, "has no \"pattern\"");
+    ASSIGN_OR_RETURN(Pattern pattern, Pattern::FromJson(j["pattern"], where));
+    std::string content;
+    RETURN_IF_ERROR(ReadString(j, "content", where, &content));
+    return std::make_unique<ReplaceNormalizer>(std::move(pattern), std::move(content));
+  }
+  if (type == "Lowercase") return std::make_unique<LowercaseNormalizer>();
+  if (type == "Strip") {
+    bool left = true, right = true;
+    RETURN_IF_ERROR(ReadBool(j, "strip_left", where, &left));
+    RETURN_IF_ERROR(ReadBool(j, "strip_right", where, &right));
+    return std::make_unique<StripNormalizer>(left, right);
+  }
+  if (type == "Sequence") {
+    auto it = j.find("normalizers");
+    if (it == j.end() || !it->is_array()) return JsonError(where, "has no \"normalizers\" list");
+    std::vector<std::unique_ptr<Normalizer>> parts;
+    for (const Json& part : *it) {
+      ASSIGN_OR_RETURN(std::unique_ptr<Normalizer> n, ParseNormalizer(part));
+      if (n != nullptr) parts.push_back(std::move(n));
+    }
+    return std::make_unique<SequenceNormalizer>(std::move(parts));
+  }
+  return Unsupported("normalizer", type);
+}
+
+}  // namespace carpool::text

@@ -1,0 +1,114 @@
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include "text/regex.h"
+
+#include <pcre2.h>
+
+#include "absl/strings/str_cat.h"
+#include "text/unicode.h"
+
+namespace carpool::text {
+namespace {
+
+// One JIT stack and one match block per thread, shared by every Regex.
+struct ThreadMatchState {
+  pcre2_jit_stack* stack = nullptr;
+  pcre2_match_data* data = nullptr;
+  ThreadMatchState() {
+    stack = pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, nullptr);
+    data = pcre2_match_data_create(1, nullptr);
+  }
+  ~ThreadMatchState() {
+    pcre2_match_data_free(data);
+    pcre2_jit_stack_free(stack);
+  }
+};
+
+ThreadMatchState& State() {
+  thread_local ThreadMatchState state;
+  return state;
+}
+
+pcre2_jit_stack* JitStack(void*) { return State().stack; }
+
+}  // namespace
+
+struct Regex::Impl {
+  pcre2_code* code = nullptr;
+  pcre2_match_context* context = nullptr;
+  bool jit = false;
+  ~Impl() {
+    pcre2_match_context_free(context);
+    pcre2_code_free(code);
+  }
+};
+
+Regex::Regex(std::unique_ptr<Impl> impl, std::string pattern)
+    : impl_(std::move(impl)), pattern_(std::move(pattern)) {}
+Regex::~Regex() = default;
+
+absl::StatusOr<std::unique_ptr<Regex>> Regex::Compile(std::string_view pattern,
+                                                      const RegexOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  int error = 0;
+  PCRE2_SIZE offset = 0;
+  impl->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                             PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr);
+  if (impl->code == nullptr) {
+    PCRE2_UCHAR message[256];
+    pcre2_get_error_message(error, message, sizeof(message));
+    return absl::InvalidArgumentError(absl::StrCat("regex \"", std::string(pattern), "\" does not compile at ",
+                                                   offset, ": ",
+                                                   reinterpret_cast<const char*>(message)));
+  }
+  impl->jit = pcre2_jit_compile(impl->code, PCRE2_JIT_COMPLETE) == 0;
+  impl->context = pcre2_match_context_create(nullptr);
+  pcre2_set_match_limit(impl->context, options.match_limit);
+  pcre2_set_depth_limit(impl->context, 100'000);
+  pcre2_set_heap_limit(impl->context, 64 * 1024);  // KiB
+  if (impl->jit) pcre2_jit_stack_assign(impl->context, JitStack, nullptr);
+  return std::unique_ptr<Regex>(new Regex(std::move(impl), std::string(pattern)));
+}
+
+std::string Regex::Escape(std::string_view literal) {
+  std::string out = "\\Q";
+  size_t start = 0;
+  // \Q...\E quotes everything but "\E" itself.
+  for (size_t pos; (pos = literal.find("\\E", start)) != std::string_view::npos; start = pos + 2) {
+    out.append(literal.substr(start, pos - start)).append("\\E\\\\E\\Q");
+  }
+  out.append(literal.substr(start)).append("\\E");
+  return out;
+}
+
+absl::Status Regex::ForEachMatch(std::string_view text,
+                                 absl::FunctionRef<void(size_t, size_t)> on_match) const {
+  ThreadMatchState& state = State();
+  const PCRE2_SPTR subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    const int rc = impl_->jit ? pcre2_jit_match(impl_->code, subject, text.size(), pos, 0,
+                                                state.data, impl_->context)
+                              : pcre2_match(impl_->code, subject, text.size(), pos,
+                                            PCRE2_NO_UTF_CHECK, state.data, impl_->context);
+    if (rc == PCRE2_ERROR_NOMATCH) break;
+    if (rc < 0) {
+      PCRE2_UCHAR message[256];
+      pcre2_get_error_message(rc, message, sizeof(message));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("tokenizer regex \"", pattern_, "\" failed at byte ", pos, ": ",
+                       reinterpret_cast<const char*>(message)));
+    }
+    const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(state.data);
+    const size_t begin = ovector[0], end = ovector[1];
+    on_match(begin, end);
+    if (end > begin) {
+      pos = end;
+    } else {
+      if (end >= text.size()) break;
+      pos = end + Utf8Length(static_cast<unsigned char>(text[end]));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace carpool::text

@@ -1,0 +1,57 @@
+#include "text/regex.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace carpool::text {
+namespace {
+
+std::vector<std::string> Matches(const Regex& re, const std::string& text) {
+  std::vector<std::string> out;
+  absl::Status s = re.ForEachMatch(
+      text, [&](size_t b, size_t e) { out.push_back(text.substr(b, e - b)); });
+  EXPECT_TRUE(s.ok()) << s;
+  return out;
+}
+
+TEST(RegexTest, UnicodePropertiesAndCaseInsensitiveGroups) {
+  auto re = Regex::Compile(R"((?i:'s|'t)|\p{L}+|\p{N}{1,3}|\s+)");
+  ASSERT_TRUE(re.ok()) << re.status();
+  EXPECT_EQ(Matches(**re, "IT'S 12345 héllo"),
+            (std::vector<std::string>{"IT", "'S", " ", "123", "45", " ", "héllo"}));
+}
+
+TEST(RegexTest, EmptyMatchesMoveOnByOneCharacter) {
+  auto re = Regex::Compile("x*");
+  ASSERT_TRUE(re.ok());
+  std::vector<std::pair<size_t, size_t>> spans;
+  ASSERT_TRUE((*re)->ForEachMatch("é", [&](size_t b, size_t e) { spans.push_back({b, e}); }).ok());
+  EXPECT_EQ(spans, (std::vector<std::pair<size_t, size_t>>{{0, 0}, {2, 2}}));
+}
+
+TEST(RegexTest, BadPatternIsAnError) {
+  auto re = Regex::Compile("(unclosed");
+  ASSERT_FALSE(re.ok());
+  EXPECT_NE(re.status().message().find("(unclosed"), std::string::npos);
+}
+
+TEST(RegexTest, CatastrophicBacktrackingFailsInsteadOfHanging) {
+  RegexOptions options;
+  options.match_limit = 100'000;
+  auto re = Regex::Compile("(a+)+$", options);
+  ASSERT_TRUE(re.ok());
+  absl::Status s = (*re)->ForEachMatch(std::string(40, 'a') + "!", [](size_t, size_t) {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+}
+
+TEST(RegexTest, EscapeMatchesTheLiteral) {
+  auto re = Regex::Compile(Regex::Escape("a.b\\E*"));
+  ASSERT_TRUE(re.ok()) << re.status();
+  EXPECT_EQ(Matches(**re, "a.b\\E* axb"), (std::vector<std::string>{"a.b\\E*"}));
+}
+
+}  // namespace
+}  // namespace carpool::text
