@@ -175,7 +175,10 @@ void BpeModel::MergeWord(std::string_view w, std::vector<int32_t>* ids) const {
     const int32_t pos = static_cast<int32_t>(symbols.size());
     symbols.push_back({id, pos - 1, pos + 1, len});
   };
-  std::optional<std::pair<int32_t, uint32_t>> unk;  // pending unknown run: (id, bytes)
+  // A pending unknown run: its id and bytes (unk_len 0: none). Plain fields, not an optional
+  // pair, which GCC 12 at -O3 flags -Wmaybe-uninitialized.
+  int32_t unk_tok = 0;
+  uint32_t unk_len = 0;
   std::string scratch;
   for (size_t i = 0; i < w.size();) {
     const size_t start = i;
@@ -191,9 +194,9 @@ void BpeModel::MergeWord(std::string_view w, std::vector<int32_t>* ids) const {
       s = scratch;
     }
     if (std::optional<int32_t> id = TokenToId(s)) {
-      if (unk) {
-        add(unk->first, unk->second);
-        unk.reset();
+      if (unk_len > 0) {
+        add(unk_tok, unk_len);
+        unk_len = 0;
       }
       add(*id, byte_len);
       continue;
@@ -208,15 +211,16 @@ void BpeModel::MergeWord(std::string_view w, std::vector<int32_t>* ids) const {
       }
     }
     if (unk_id_) {
-      if (unk && fuse_unk_) {
-        unk->second += byte_len;
+      if (unk_len > 0 && fuse_unk_) {
+        unk_len += byte_len;
       } else {
-        if (unk) add(unk->first, unk->second);
-        unk = std::make_pair(*unk_id_, byte_len);
+        if (unk_len > 0) add(unk_tok, unk_len);
+        unk_tok = *unk_id_;
+        unk_len = byte_len;
       }
     }
   }
-  if (unk) add(unk->first, unk->second);
+  if (unk_len > 0) add(unk_tok, unk_len);
   if (symbols.empty()) return;
   symbols.back().next = -1;
 

@@ -46,6 +46,8 @@ class BpeModel {
   const std::string* IdToToken(int32_t id) const;
   // One more than the largest id.
   int32_t vocab_size() const { return static_cast<int32_t>(id_to_token_.size()); }
+  // The number of vocabulary entries (the library's get_vocab_size).
+  size_t vocab_entries() const { return vocab_.size(); }
 
  private:
   struct Merge {

@@ -60,6 +60,7 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(
   std::unique_ptr<HfTokenizer> t(new HfTokenizer());
   ASSIGN_OR_RETURN(t->parts_, ParseTokenizerJson(tokenizer_json));
   ASSIGN_OR_RETURN(TokenizerConfig config, ParseTokenizerConfig(tokenizer_config_json));
+  t->AssignAddedTokenIds();
 
   // The library's trie order: special tokens first, then the others.
   std::vector<AddedToken> raw, normalized;
@@ -81,10 +82,7 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(
       }
     }
   }
-  for (size_t i = 0; i < t->parts_.added_tokens.size(); ++i) {
-    const AddedToken& a = t->parts_.added_tokens[i];
-    t->added_by_id_[a.id] = i;
-    t->added_by_content_[a.content] = a.id;
+  for (const AddedToken& a : t->parts_.added_tokens) {
     t->vocab_size_ = std::max(t->vocab_size_, a.id + 1);
   }
   t->raw_matcher_ = std::make_unique<AddedTokenMatcher>(raw, raw_patterns);
@@ -111,6 +109,28 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(
     }
   }
   return t;
+}
+
+void HfTokenizer::AssignAddedTokenIds() {
+  // As the library does when it loads a file: a token already in the vocabulary (or added
+  // before) keeps that id; a new one gets the next id past the vocabulary and the tokens so far.
+  // The "id" written in the file is not used.
+  const int64_t vocab_len = static_cast<int64_t>(parts_.model->vocab_entries());
+  std::optional<int64_t> max_added;
+  for (size_t i = 0; i < parts_.added_tokens.size(); ++i) {
+    AddedToken& a = parts_.added_tokens[i];
+    std::optional<int32_t> id = TokenToId(a.content);
+    if (!id) {
+      const int64_t next = !max_added ? vocab_len
+                           : (*max_added >= vocab_len || vocab_len == 0) ? *max_added + 1
+                                                                        : vocab_len;
+      id = static_cast<int32_t>(next);
+    }
+    a.id = *id;
+    max_added = std::max<int64_t>(max_added.value_or(*id), *id);
+    added_by_id_[a.id] = i;
+    added_by_content_[a.content] = a.id;
+  }
 }
 
 const AddedToken* HfTokenizer::FindAdded(int32_t id) const {

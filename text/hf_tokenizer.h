@@ -55,6 +55,7 @@ class HfTokenizer : public Tokenizer {
   absl::Status EncodeSegment(std::string_view raw, bool at_origin,
                              std::vector<int32_t>* ids) const;
   const AddedToken* FindAdded(int32_t id) const;
+  void AssignAddedTokenIds();
 
   TokenizerJson parts_;
   std::unique_ptr<AddedTokenMatcher> raw_matcher_;         // normalized=false tokens

@@ -21,22 +21,22 @@ std::unique_ptr<HfTokenizer> Make(const Json& j, const std::string& config = "")
 TEST(HfTokenizerTest, EncodesLikeTheLibrary) {
   auto t = Make(TestTokenizerJson());
   // " hi" merges to 257; "!" is byte 33; the special token is found before pre-tokenizing.
-  EXPECT_EQ(*t->Encode(" hi!<|eos|>", true), (V{300, 257, 33, 301}));
-  EXPECT_EQ(*t->Encode(" hi!<|eos|>", false), (V{257, 33, 301}));
-  EXPECT_EQ(*t->Encode("", true), (V{300}));
-  EXPECT_EQ(*t->Encode("a<tool>b", false), (V{'a', 302, 'b'}));
+  EXPECT_EQ(*t->Encode(" hi!<|eos|>", true), (V{258, 257, 33, 259}));
+  EXPECT_EQ(*t->Encode(" hi!<|eos|>", false), (V{257, 33, 259}));
+  EXPECT_EQ(*t->Encode("", true), (V{258}));
+  EXPECT_EQ(*t->Encode("a<tool>b", false), (V{'a', 260, 'b'}));
 }
 
 TEST(HfTokenizerTest, DecodesWithAndWithoutSpecialTokens) {
   auto t = Make(TestTokenizerJson());
-  EXPECT_EQ(t->Decode({300, 257, 33, 301}, false), "<|bos|> hi!<|eos|>");
-  EXPECT_EQ(t->Decode({300, 257, 33, 301}, true), " hi!");
-  EXPECT_EQ(t->Decode({302, 99999}, true), "<tool>");  // not special; unknown ids left out
-  EXPECT_TRUE(t->IsSpecial(300));
-  EXPECT_FALSE(t->IsSpecial(302));
+  EXPECT_EQ(t->Decode({258, 257, 33, 259}, false), "<|bos|> hi!<|eos|>");
+  EXPECT_EQ(t->Decode({258, 257, 33, 259}, true), " hi!");
+  EXPECT_EQ(t->Decode({260, 99999}, true), "<tool>");  // not special; unknown ids left out
+  EXPECT_TRUE(t->IsSpecial(258));
+  EXPECT_FALSE(t->IsSpecial(260));
   EXPECT_EQ(t->IdToToken(257), "Ġhi");
-  EXPECT_EQ(t->TokenToId("<|eos|>"), 301);
-  EXPECT_EQ(t->vocab_size(), 303);
+  EXPECT_EQ(t->TokenToId("<|eos|>"), 259);
+  EXPECT_EQ(t->vocab_size(), 261);
 }
 
 TEST(HfTokenizerTest, InvalidUtf8NamesTheOffset) {
@@ -52,13 +52,13 @@ TEST(HfTokenizerTest, ConfigGivesSpecialIdsAndOverridesForLlama) {
       "add_bos_token":false,"add_eos_token":true,"model_max_length":4096,
       "tokenizer_class":"LlamaTokenizer"})";
   auto t = Make(TestTokenizerJson(), config);
-  EXPECT_EQ(t->bos_token_id(), 300);
-  EXPECT_EQ(t->eos_token_id(), 301);
+  EXPECT_EQ(t->bos_token_id(), 258);
+  EXPECT_EQ(t->eos_token_id(), 259);
   EXPECT_EQ(t->model_max_length(), 4096);
-  EXPECT_EQ(*t->Encode(" hi", true), (V{257, 301}));
+  EXPECT_EQ(*t->Encode(" hi", true), (V{257, 259}));
   // Other classes keep the file's post-processor.
   auto other = Make(TestTokenizerJson(), R"({"add_bos_token":false,"tokenizer_class":"X"})");
-  EXPECT_EQ(*other->Encode(" hi", true), (V{300, 257}));
+  EXPECT_EQ(*other->Encode(" hi", true), (V{258, 257}));
 }
 
 TEST(HfTokenizerTest, CatastrophicRegexFailsAtLoad) {
@@ -82,7 +82,7 @@ TEST(HfTokenizerTest, LoadsFoldersAndExplainsSentencepieceOnes) {
 
   auto folder = HfTokenizer::Load((dir / "hf").string());
   ASSERT_TRUE(folder.ok()) << folder.status();
-  EXPECT_EQ((*folder)->eos_token_id(), 301);
+  EXPECT_EQ((*folder)->eos_token_id(), 259);
   auto file = HfTokenizer::Load((dir / "hf" / "tokenizer.json").string());
   ASSERT_TRUE(file.ok()) << file.status();
   EXPECT_FALSE((*file)->eos_token_id().has_value());  // a file alone has no config
@@ -99,6 +99,18 @@ TEST(HfTokenizerTest, LoadsFoldersAndExplainsSentencepieceOnes) {
   ASSERT_TRUE(hf.ok()) << hf.status();
   EXPECT_EQ(*(*hf)->Encode(" hi", false), (V{257}));
   fs::remove_all(dir);
+}
+
+
+TEST(HfTokenizerTest, AddedTokenIdsComeFromTheVocabLikeTheLibrary) {
+  Json j = TestTokenizerJson();
+  // The file's ids are not used: "a" is in the vocabulary (97); a new token follows the others.
+  j["added_tokens"].push_back({{"id", 5}, {"content", "a"}, {"special", false}});
+  j["added_tokens"].push_back({{"id", 7}, {"content", "<new>"}, {"special", true}});
+  auto t = Make(j);
+  EXPECT_EQ(t->TokenToId("a"), 97);
+  EXPECT_EQ(t->TokenToId("<new>"), 261);
+  EXPECT_EQ(*t->Encode("ba<new>", false), (V{'b', 97, 261}));
 }
 
 }  // namespace

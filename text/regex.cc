@@ -30,6 +30,66 @@ ThreadMatchState& State() {
 
 pcre2_jit_stack* JitStack(void*) { return State().stack; }
 
+// Oniguruma's (the library's engine) \w and \s in Unicode mode, which PCRE2's UCP classes do not
+// quite equal: \w also takes marks and the join controls, \s is exactly White_Space.
+constexpr char kWordClass[] = "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}";
+constexpr char kSpaceClass[] = "\\p{White_Space}";
+
+// `pattern` with \w \W \s \S spelled as Oniguruma means them (\W and \S inside a character
+// class stay as they are). \Q...\E stays literal.
+std::string OnigurumaClasses(std::string_view pattern) {
+  std::string out;
+  out.reserve(pattern.size());
+  bool in_class = false;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    if (c == '\\' && i + 1 < pattern.size()) {
+      const char e = pattern[i + 1];
+      if (e == 'Q') {
+        const size_t end = pattern.find("\\E", i + 2);
+        const size_t stop = end == std::string_view::npos ? pattern.size() : end + 2;
+        out.append(pattern.substr(i, stop - i));
+        i = stop - 1;
+        continue;
+      }
+      const char* cls = e == 'w' || e == 'W' ? kWordClass : e == 's' || e == 'S' ? kSpaceClass
+                                                                                : nullptr;
+      const bool negated = e == 'W' || e == 'S';
+      if (cls != nullptr && !(in_class && negated)) {
+        if (in_class) {
+          out.append(cls);
+        } else {
+          out.append(negated ? "[^" : "[").append(cls).append("]");
+        }
+      } else {
+        out.push_back(c);
+        out.push_back(e);
+      }
+      ++i;
+      continue;
+    }
+    if (!in_class && c == '[') {
+      in_class = true;
+      out.push_back(c);
+      // A ']' right after '[' or '[^' is a literal member.
+      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out.push_back(pattern[++i]);
+      if (i + 1 < pattern.size() && pattern[i + 1] == ']') out.push_back(pattern[++i]);
+      continue;
+    }
+    if (in_class && c == '[' && i + 1 < pattern.size() && pattern[i + 1] == ':') {
+      const size_t end = pattern.find(":]", i + 2);  // a POSIX class inside a class
+      if (end != std::string_view::npos) {
+        out.append(pattern.substr(i, end + 2 - i));
+        i = end + 1;
+        continue;
+      }
+    }
+    if (in_class && c == ']') in_class = false;
+    out.push_back(c);
+  }
+  return out;
+}
+
 }  // namespace
 
 struct Regex::Impl {
@@ -51,7 +111,8 @@ absl::StatusOr<std::unique_ptr<Regex>> Regex::Compile(std::string_view pattern,
   auto impl = std::make_unique<Impl>();
   int error = 0;
   PCRE2_SIZE offset = 0;
-  impl->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+  const std::string translated = OnigurumaClasses(pattern);
+  impl->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(),
                              PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr);
   if (impl->code == nullptr) {
     PCRE2_UCHAR message[256];

@@ -55,3 +55,19 @@ TEST(RegexTest, EscapeMatchesTheLiteral) {
 
 }  // namespace
 }  // namespace carpool::text
+
+namespace carpool::text {
+namespace {
+
+TEST(RegexTest, WordAndSpaceClassesAreOniguruma) {
+  // \w takes marks and the zero-width joiner (Oniguruma does; PCRE2's UCP \w does not).
+  auto re = Regex::Compile(R"(\w+|[^\w\s]+|\s+)");
+  ASSERT_TRUE(re.ok()) << re.status();
+  EXPECT_EQ(Matches(**re, "नमस्ते 👩\u200d👩"),
+            (std::vector<std::string>{"नमस्ते", " ", "👩", "\u200d", "👩"}));
+  // U+180E is not White_Space.
+  EXPECT_EQ(Matches(**re, "a\u180e"), (std::vector<std::string>{"a", "\u180e"}));
+}
+
+}  // namespace
+}  // namespace carpool::text

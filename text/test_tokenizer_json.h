@@ -1,6 +1,6 @@
 // A small byte-level BPE tokenizer.json for tests: the 256 byte characters (id = byte), merges
-// "Ġ h" (256) and "Ġh i" (257), special tokens <|bos|> (300) and <|eos|> (301), BOS added by a
-// TemplateProcessing post-processor, the GPT-2 split.
+// "Ġ h" (256) and "Ġh i" (257), special tokens <|bos|> (258) and <|eos|> (259), the added token
+// <tool> (260); BOS added by a TemplateProcessing post-processor; the GPT-2 split.
 #ifndef CARPOOL_TEXT_TEST_TOKENIZER_JSON_H_
 #define CARPOOL_TEXT_TEST_TOKENIZER_JSON_H_
 
@@ -21,9 +21,9 @@ inline Json TestTokenizerJson() {
       {"truncation", nullptr},
       {"padding", nullptr},
       {"added_tokens",
-       Json::array({{{"id", 300}, {"content", "<|bos|>"}, {"special", true}, {"normalized", false}},
-                    {{"id", 301}, {"content", "<|eos|>"}, {"special", true}, {"normalized", false}},
-                    {{"id", 302}, {"content", "<tool>"}, {"special", false}, {"normalized", true}}})},
+       Json::array({{{"id", 258}, {"content", "<|bos|>"}, {"special", true}, {"normalized", false}},
+                    {{"id", 259}, {"content", "<|eos|>"}, {"special", true}, {"normalized", false}},
+                    {{"id", 260}, {"content", "<tool>"}, {"special", false}, {"normalized", true}}})},
       {"normalizer", nullptr},
       {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
       {"post_processor",
@@ -31,7 +31,7 @@ inline Json TestTokenizerJson() {
         {"single", Json::array({{{"SpecialToken", {{"id", "<|bos|>"}, {"type_id", 0}}}},
                                 {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})},
         {"pair", Json::array()},
-        {"special_tokens", {{"<|bos|>", {{"id", "<|bos|>"}, {"ids", {300}}, {"tokens", {"<|bos|>"}}}}}}}},
+        {"special_tokens", {{"<|bos|>", {{"id", "<|bos|>"}, {"ids", {258}}, {"tokens", {"<|bos|>"}}}}}}}},
       {"decoder", {{"type", "ByteLevel"}}},
       {"model",
        {{"type", "BPE"}, {"vocab", vocab}, {"merges", Json::array({"Ġ h", "Ġh i"})}}}};
