@@ -200,7 +200,9 @@ def build_all():
     files = {}
 
     # --- Metaspace family (sentencepiece-style vocab with byte fallback) --------------------
-    mw = metaspace_words(TEXT)
+    # Trained on whole lines (spaces as the replacement), so that some tokens span words and
+    # Metaspace's split option changes the result.
+    mw = count_words(SP + line.replace(" ", SP) for line in TEXT.split("\n"))
     m_merges = train_bpe(mw, 500)
     m_alpha = alphabet_of(mw)
     specials = ["<unk>", "<s>", "</s>"]
