@@ -17,7 +17,8 @@ namespace {
 
 using nlohmann::json;
 
-std::string Dump(const json& j) {
+// Keys in the order written ({"line": N, "error": ...}).
+std::string Dump(const nlohmann::ordered_json& j) {
   return j.dump(-1, ' ', /*ensure_ascii=*/false, json::error_handler_t::replace);
 }
 
@@ -62,7 +63,7 @@ void RunOne(const Tokenizer& tokenizer, const TokenizeLinesOptions& o,
             const absl::StatusOr<Input>& in, int64_t line, std::ostream& out, std::ostream& err) {
   auto fail = [&](const absl::Status& s) {
     if (o.json) {
-      out << Dump(json{{"line", line}, {"error", std::string(s.message())}}) << "\n";
+      out << Dump({{"line", line}, {"error", std::string(s.message())}}) << "\n";
     } else {
       err << "line " << line << ": " << s.message() << "\n";
     }
@@ -71,7 +72,7 @@ void RunOne(const Tokenizer& tokenizer, const TokenizeLinesOptions& o,
   if (o.decode) {
     const std::string text = tokenizer.Decode(in->ids, o.skip_special_tokens);
     if (o.json) {
-      out << Dump(json{{"text", text}}) << "\n";
+      out << Dump({{"text", text}}) << "\n";
     } else {
       out << text << "\n";
     }
@@ -80,7 +81,7 @@ void RunOne(const Tokenizer& tokenizer, const TokenizeLinesOptions& o,
   absl::StatusOr<std::vector<int32_t>> ids = tokenizer.Encode(in->text, o.add_special_tokens);
   if (!ids.ok()) return fail(ids.status());
   if (o.json) {
-    out << Dump(json{{"ids", *ids}}) << "\n";
+    out << Dump({{"ids", *ids}}) << "\n";
     return;
   }
   std::string text;

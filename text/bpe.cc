@@ -97,6 +97,7 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const Json& j,
     m->byte_ids_[b] = m->TokenToId(absl::StrFormat("<0x%02X>", b)).value_or(-1);
   }
 
+  m->FindWordSeparator();
   auto merges = j.find("merges");
   if (merges != j.end() && !merges->is_null()) {
     if (!merges->is_array()) return JsonError(kWhere, "\"merges\" must be a list");
@@ -141,7 +142,36 @@ const std::string* BpeModel::IdToToken(int32_t id) const {
   return &t;
 }
 
+void BpeModel::FindWordSeparator() {
+  const std::string candidate = "\xE2\x96\x81";  // U+2581, sentencepiece's space
+  if (ignore_merges_ || !continuing_subword_prefix_.empty() || !end_of_word_suffix_.empty() ||
+      !TokenToId(candidate)) {
+    return;
+  }
+  const size_t len = candidate.size();
+  for (const auto& [token, id] : vocab_) {
+    for (size_t pos = token.find(candidate, 1); pos != std::string::npos;
+         pos = token.find(candidate, pos + len)) {
+      if (pos < len || token.compare(pos - len, len, candidate) != 0) return;
+    }
+  }
+  word_separator_ = candidate;
+}
+
 void BpeModel::Tokenize(std::string_view piece, std::vector<int32_t>* ids) const {
+  if (word_separator_.empty()) return TokenizeWord(piece, ids);
+  const std::string_view sep = word_separator_;
+  size_t start = 0;
+  for (size_t pos = piece.find(sep, 1); pos != std::string_view::npos;
+       pos = piece.find(sep, pos + sep.size())) {
+    if (pos >= sep.size() && piece.compare(pos - sep.size(), sep.size(), sep) == 0) continue;
+    TokenizeWord(piece.substr(start, pos - start), ids);
+    start = pos;
+  }
+  TokenizeWord(piece.substr(start), ids);
+}
+
+void BpeModel::TokenizeWord(std::string_view piece, std::vector<int32_t>* ids) const {
   if (piece.empty()) return;
   if (ignore_merges_) {
     if (std::optional<int32_t> id = TokenToId(piece)) {

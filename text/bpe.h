@@ -55,7 +55,9 @@ class BpeModel {
     int32_t new_id;
   };
   BpeModel() = default;
-  void MergeWord(std::string_view piece, std::vector<int32_t>* ids) const;
+  void TokenizeWord(std::string_view word, std::vector<int32_t>* ids) const;
+  void MergeWord(std::string_view word, std::vector<int32_t>* ids) const;
+  void FindWordSeparator();
 
   BpeOptions options_;
   absl::flat_hash_map<std::string, int32_t> vocab_;
@@ -68,6 +70,11 @@ class BpeModel {
   std::string continuing_subword_prefix_;
   std::string end_of_word_suffix_;
   int32_t byte_ids_[256];  // "<0xXX>" ids for byte_fallback; -1 when absent
+  // When no vocabulary token has this character right after another character (as "▁" in
+  // sentencepiece vocabularies), no merge can join across the point before it, so a long piece
+  // (a whole Metaspace-normalized text) is cut there into words that BPE runs on, and caches, one
+  // by one, with the same result. Empty: never cut.
+  std::string word_separator_;
 
   mutable absl::Mutex mu_;
   mutable absl::flat_hash_map<std::string, std::vector<int32_t>> cache_ ABSL_GUARDED_BY(mu_);

@@ -72,3 +72,19 @@ TEST(BpeTest, BadFilesAreRefused) {
 
 }  // namespace
 }  // namespace carpool::text
+
+namespace carpool::text {
+namespace {
+
+TEST(BpeTest, LongSentencepieceTextsAreCutBetweenWordsWithTheSameResult) {
+  // No token has "▁" after another character, so "▁ab▁ab" may be cut before the second "▁"; a
+  // vocabulary with "b▁" may not be cut (the merge "b ▁" joins across).
+  const std::string base = R"("▁":0,"a":1,"b":2,"▁a":3,"▁ab":4)";
+  auto cut = Model("{\"vocab\":{" + base + R"(},"merges":["▁ a","▁a b"]})");
+  EXPECT_EQ(Tokenize(*cut, "▁ab▁ab▁▁a"), (V{4, 4, 0, 3}));
+  auto joined = Model("{\"vocab\":{" + base + R"(,"b▁":5},"merges":["b ▁","▁ a"]})");
+  EXPECT_EQ(Tokenize(*joined, "▁ab▁a"), (V{3, 5, 1}));
+}
+
+}  // namespace
+}  // namespace carpool::text
