@@ -220,6 +220,10 @@ struct ClientEncoder {
     p->set_api_key(g.api_key);
     p->set_stream(g.stream);
     p->set_add_bos(g.add_bos);
+    p->set_model(g.model);
+    for (const std::string& stop : g.stop) p->add_stop(stop);
+    p->set_include_stop_str_in_output(g.include_stop_str_in_output);
+    p->set_skip_special_tokens(g.skip_special_tokens);
   }
   void operator()(const CancelInput& c) const { m->mutable_cancel()->set_request_id(c.request_id); }
   void operator()(const StatsQuery& q) const { m->mutable_stats()->set_api_key(q.api_key); }
@@ -241,6 +245,23 @@ struct ClientEncoder {
     p->set_deadline_ms(WireMillis(e.deadline_ms));
     p->set_api_key(e.api_key);
     p->set_add_bos(e.add_bos);
+    p->set_model(e.model);
+  }
+  void operator()(const TokenizeInput& t) const {
+    pb::TokenizeRequest* p = m->mutable_tokenize();
+    p->set_request_id(t.request_id);
+    p->set_model(t.model);
+    p->set_text(t.text);
+    p->set_add_special_tokens(t.add_special_tokens);
+    p->set_api_key(t.api_key);
+  }
+  void operator()(const DetokenizeInput& d) const {
+    pb::DetokenizeRequest* p = m->mutable_detokenize();
+    p->set_request_id(d.request_id);
+    p->set_model(d.model);
+    p->mutable_token_ids()->Add(d.token_ids.begin(), d.token_ids.end());
+    p->set_skip_special_tokens(d.skip_special_tokens);
+    p->set_api_key(d.api_key);
   }
 };
 
@@ -265,6 +286,7 @@ struct ServerEncoder {
     p->mutable_timings()->set_queue_ms(f.timings.queue_ms);
     p->mutable_timings()->set_ttft_ms(f.timings.ttft_ms);
     p->mutable_timings()->set_total_ms(f.timings.total_ms);
+    p->set_stop_string(f.stop_string);
   }
   void operator()(const ErrorInfo& e) const { ToProto(e, m->mutable_error()); }
   void operator()(const StatsOut& s) const {
@@ -322,6 +344,17 @@ struct ServerEncoder {
     p->mutable_timings()->set_ttft_ms(e.timings.ttft_ms);
     p->mutable_timings()->set_total_ms(e.timings.total_ms);
   }
+  void operator()(const TokenizeResultOut& t) const {
+    pb::TokenizeResult* p = m->mutable_tokenize_result();
+    p->set_request_id(t.request_id);
+    p->mutable_token_ids()->Add(t.token_ids.begin(), t.token_ids.end());
+    p->set_max_model_len(t.max_model_len);
+  }
+  void operator()(const DetokenizeResultOut& d) const {
+    pb::DetokenizeResult* p = m->mutable_detokenize_result();
+    p->set_request_id(d.request_id);
+    p->set_text(d.text);
+  }
 };
 
 // ---- worker <-> router
@@ -342,6 +375,9 @@ struct WorkerEncoder {
     p->set_max_num_batched_tokens(r.max_num_batched_tokens);
     p->set_embed_queue_size(r.embed_queue_size);
     p->set_hidden_size(r.hidden_size);
+    p->set_tokenizer_json(r.tokenizer_json);
+    p->set_tokenizer_config_json(r.tokenizer_config_json);
+    p->mutable_eos_token_ids()->Add(r.eos_token_ids.begin(), r.eos_token_ids.end());
   }
   void operator()(const HeartbeatInfo& h) const {
     m->mutable_heartbeat()->set_epoch(h.epoch);
@@ -459,6 +495,10 @@ absl::StatusOr<ClientMessage> DecodeClientMessage(std::string_view frame) {
       g.api_key = p.api_key();
       g.stream = p.stream();
       g.add_bos = p.add_bos();
+      g.model = p.model();
+      g.stop.assign(p.stop().begin(), p.stop().end());
+      g.include_stop_str_in_output = p.include_stop_str_in_output();
+      g.skip_special_tokens = !p.has_skip_special_tokens() || p.skip_special_tokens();
       return ClientMessage(std::move(g));
     }
     case pb::ClientMessage::kCancel:
@@ -482,7 +522,28 @@ absl::StatusOr<ClientMessage> DecodeClientMessage(std::string_view frame) {
       e.deadline_ms = p.deadline_ms();
       e.api_key = p.api_key();
       e.add_bos = p.add_bos();
+      e.model = p.model();
       return ClientMessage(std::move(e));
+    }
+    case pb::ClientMessage::kTokenize: {
+      const pb::TokenizeRequest& p = m.tokenize();
+      TokenizeInput t;
+      t.request_id = p.request_id();
+      t.model = p.model();
+      t.text = p.text();
+      t.add_special_tokens = !p.has_add_special_tokens() || p.add_special_tokens();
+      t.api_key = p.api_key();
+      return ClientMessage(std::move(t));
+    }
+    case pb::ClientMessage::kDetokenize: {
+      const pb::DetokenizeRequest& p = m.detokenize();
+      DetokenizeInput d;
+      d.request_id = p.request_id();
+      d.model = p.model();
+      d.token_ids.assign(p.token_ids().begin(), p.token_ids().end());
+      d.skip_special_tokens = p.skip_special_tokens();
+      d.api_key = p.api_key();
+      return ClientMessage(std::move(d));
     }
     default:
       return UnknownType("client");
@@ -494,10 +555,14 @@ std::string ScanClientRequestId(std::string_view frame) {
   static_assert(pb::GenerateRequest::kRequestIdFieldNumber == 1);
   static_assert(pb::Cancel::kRequestIdFieldNumber == 1);
   static_assert(pb::EmbedRequest::kRequestIdFieldNumber == 1);
+  static_assert(pb::TokenizeRequest::kRequestIdFieldNumber == 1);
+  static_assert(pb::DetokenizeRequest::kRequestIdFieldNumber == 1);
   const auto names_request = [](uint32_t number) {
     return number == pb::ClientMessage::kGenerateFieldNumber ||
            number == pb::ClientMessage::kCancelFieldNumber ||
-           number == pb::ClientMessage::kEmbedFieldNumber;
+           number == pb::ClientMessage::kEmbedFieldNumber ||
+           number == pb::ClientMessage::kTokenizeFieldNumber ||
+           number == pb::ClientMessage::kDetokenizeFieldNumber;
   };
   uint32_t body = 0;
   std::string_view id;
@@ -543,6 +608,7 @@ absl::StatusOr<ServerMessage> DecodeServerMessage(std::string_view frame) {
       f.usage = {p.usage().prompt_tokens(), p.usage().completion_tokens(),
                  p.usage().cached_prompt_tokens()};
       f.timings = {p.timings().queue_ms(), p.timings().ttft_ms(), p.timings().total_ms()};
+      f.stop_string = p.stop_string();
       return ServerMessage(std::move(f));
     }
     case pb::ServerMessage::kError:
@@ -601,6 +667,17 @@ absl::StatusOr<ServerMessage> DecodeServerMessage(std::string_view frame) {
       e.timings = {p.timings().queue_ms(), p.timings().ttft_ms(), p.timings().total_ms()};
       return ServerMessage(std::move(e));
     }
+    case pb::ServerMessage::kTokenizeResult: {
+      const pb::TokenizeResult& p = m.tokenize_result();
+      TokenizeResultOut t;
+      t.request_id = p.request_id();
+      t.token_ids.assign(p.token_ids().begin(), p.token_ids().end());
+      t.max_model_len = p.max_model_len();
+      return ServerMessage(std::move(t));
+    }
+    case pb::ServerMessage::kDetokenizeResult:
+      return ServerMessage(DetokenizeResultOut{m.detokenize_result().request_id(),
+                                               m.detokenize_result().text()});
     default:
       return UnknownType("server");
   }
@@ -612,14 +689,23 @@ absl::StatusOr<WorkerMessage> DecodeWorkerMessage(std::string_view frame) {
   switch (m.body_case()) {
     case pb::WorkerMessage::kRegister: {
       const pb::Register& p = m.register_();
-      return WorkerMessage(RegisterInfo{p.worker_id(), p.model(), p.max_num_seqs(),
-                                        p.num_kv_blocks(), p.block_size(), p.max_model_len(),
-                                        p.vocab_size(),
-                                        TokenizerKindFromName(p.tokenizer())
-                                            .value_or(TokenizerKind::kNone),
-                                        p.bos_token_id(),
-                                        p.max_num_batched_tokens(), p.embed_queue_size(),
-                                        p.hidden_size()});
+      RegisterInfo r;
+      r.worker_id = p.worker_id();
+      r.model = p.model();
+      r.max_num_seqs = p.max_num_seqs();
+      r.num_kv_blocks = p.num_kv_blocks();
+      r.block_size = p.block_size();
+      r.max_model_len = p.max_model_len();
+      r.vocab_size = p.vocab_size();
+      r.tokenizer = TokenizerKindFromName(p.tokenizer()).value_or(TokenizerKind::kNone);
+      r.bos_token_id = p.bos_token_id();
+      r.max_num_batched_tokens = p.max_num_batched_tokens();
+      r.embed_queue_size = p.embed_queue_size();
+      r.hidden_size = p.hidden_size();
+      r.tokenizer_json = p.tokenizer_json();
+      r.tokenizer_config_json = p.tokenizer_config_json();
+      r.eos_token_ids.assign(p.eos_token_ids().begin(), p.eos_token_ids().end());
+      return WorkerMessage(std::move(r));
     }
     case pb::WorkerMessage::kHeartbeat: {
       HeartbeatInfo h(m.heartbeat().epoch(), FromProto(m.heartbeat().load()));

@@ -27,8 +27,9 @@ absl::StatusOr<ClientMessage> DecodeClientMessage(std::string_view frame);
 // The request_id a ClientMessage frame names, read without decoding the rest (common/wire_scan.h),
 // so that a refusal of a frame that does not decode (too large, truncated, invalid past its
 // request_id, another protocol version) still names the request it refuses. Protobuf's rules
-// apply: the last generate/cancel/embed body wins, and in it the last request_id. "" when the
-// frame names none (a stats request, garbage) or the id is not valid UTF-8.
+// apply: the last generate/cancel/embed/tokenize/detokenize body wins, and in it the last
+// request_id. "" when the frame names none (a stats request, garbage) or the id is not valid
+// UTF-8.
 std::string ScanClientRequestId(std::string_view frame);
 absl::StatusOr<ServerMessage> DecodeServerMessage(std::string_view frame);
 absl::StatusOr<WorkerMessage> DecodeWorkerMessage(std::string_view frame);

@@ -1,7 +1,9 @@
-// Round trips of the embed messages through the protobuf codec, and what it refuses.
+// Round trips through the protobuf codec (the embed messages; the text fields and the
+// tokenize / detokenize messages of issue 13), and what it refuses.
 #include "common/codec.h"
 
 #include "gtest/gtest.h"
+#include "proto/carpool.pb.h"
 
 namespace carpool {
 namespace {
@@ -156,6 +158,219 @@ TEST(CodecEmbedTest, HeartbeatCarriesTheEmbedBatcherOnlyWhenPresent) {
 TEST(CodecEmbedTest, GarbageIsAnErrorNotACrash) {
   EXPECT_FALSE(DecodeClientMessage("\x2a\x05\x12\x03\xff").ok());
   EXPECT_FALSE(DecodeWorkerMessage("not protobuf \xff\xff").ok());
+}
+
+// ---- text: models by name, stop strings, tokenize / detokenize, the tokenizer handover
+
+TEST(CodecTextTest, GenerateInputCarriesModelStopAndTextOptions) {
+  GenerateInput in;
+  in.request_id = "g1";
+  in.has_text = true;
+  in.text = "hi";
+  in.model = "llama-3";
+  in.stop = {"\n\n", "END", "caf\xc3\xa9", ""};  // a proto string: UTF-8 only
+  in.include_stop_str_in_output = true;
+  in.skip_special_tokens = false;
+  in.add_bos = false;
+  absl::StatusOr<ClientMessage> m = DecodeClientMessage(Encode(ClientMessage(in)));
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_TRUE(std::holds_alternative<GenerateInput>(*m));
+  const GenerateInput& out = std::get<GenerateInput>(*m);
+  EXPECT_EQ(out.model, "llama-3");
+  EXPECT_EQ(out.stop, in.stop);
+  EXPECT_TRUE(out.include_stop_str_in_output);
+  EXPECT_FALSE(out.skip_special_tokens);
+  EXPECT_FALSE(out.add_bos);
+}
+
+TEST(CodecTextTest, GenerateInputDefaults) {
+  GenerateInput in;
+  in.request_id = "g2";
+  absl::StatusOr<ClientMessage> m = DecodeClientMessage(Encode(ClientMessage(in)));
+  ASSERT_TRUE(m.ok()) << m.status();
+  const GenerateInput& out = std::get<GenerateInput>(*m);
+  EXPECT_EQ(out.model, "");
+  EXPECT_TRUE(out.stop.empty());
+  EXPECT_FALSE(out.include_stop_str_in_output);
+  EXPECT_TRUE(out.skip_special_tokens);
+}
+
+TEST(CodecTextTest, UnsetSkipSpecialTokensMeansTrue) {
+  // A client that never heard of the field (proto3 optional: absent) gets vLLM's default.
+  v1::ClientMessage m;
+  m.set_protocol_version(kProtocolVersion);
+  m.mutable_generate()->set_request_id("old");
+  absl::StatusOr<ClientMessage> out = DecodeClientMessage(m.SerializeAsString());
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(std::get<GenerateInput>(*out).skip_special_tokens);
+  m.mutable_generate()->set_skip_special_tokens(false);
+  out = DecodeClientMessage(m.SerializeAsString());
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_FALSE(std::get<GenerateInput>(*out).skip_special_tokens);
+}
+
+TEST(CodecTextTest, GenerateFinalCarriesStopString) {
+  GenerateFinalOut f;
+  f.request_id = "g1";
+  f.text = "abc";
+  f.finish_reason = "stop";
+  f.stop_string = "END";
+  absl::StatusOr<ServerMessage> m = DecodeServerMessage(Encode(ServerMessage(f)));
+  ASSERT_TRUE(m.ok()) << m.status();
+  const GenerateFinalOut& out = std::get<GenerateFinalOut>(*m);
+  EXPECT_EQ(out.stop_string, "END");
+  EXPECT_EQ(out.finish_reason, "stop");
+  EXPECT_EQ(out.text, "abc");
+  f.stop_string.clear();
+  m = DecodeServerMessage(Encode(ServerMessage(f)));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(std::get<GenerateFinalOut>(*m).stop_string, "");
+}
+
+TEST(CodecTextTest, EmbedInputCarriesModel) {
+  EmbedInput in;
+  in.request_id = "e1";
+  in.inputs.push_back({true, "x", {}});
+  in.model = "bge";
+  absl::StatusOr<ClientMessage> m = DecodeClientMessage(Encode(ClientMessage(in)));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(std::get<EmbedInput>(*m).model, "bge");
+}
+
+TEST(CodecTextTest, TokenizeInputRoundTrips) {
+  TokenizeInput in;
+  in.request_id = "t1";
+  in.model = "m";
+  in.text = std::string("caf\xc3\xa9 \x00 \xff", 9);
+  in.add_special_tokens = false;
+  in.api_key = "key";
+  absl::StatusOr<ClientMessage> m = DecodeClientMessage(Encode(ClientMessage(in)));
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_TRUE(std::holds_alternative<TokenizeInput>(*m));
+  const TokenizeInput& out = std::get<TokenizeInput>(*m);
+  EXPECT_EQ(out.request_id, "t1");
+  EXPECT_EQ(out.model, "m");
+  EXPECT_EQ(out.text, in.text);
+  EXPECT_FALSE(out.add_special_tokens);
+  EXPECT_EQ(out.api_key, "key");
+  in.add_special_tokens = true;
+  m = DecodeClientMessage(Encode(ClientMessage(in)));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(std::get<TokenizeInput>(*m).add_special_tokens);
+}
+
+TEST(CodecTextTest, UnsetAddSpecialTokensMeansTrue) {
+  v1::ClientMessage m;
+  m.set_protocol_version(kProtocolVersion);
+  m.mutable_tokenize()->set_request_id("t");
+  absl::StatusOr<ClientMessage> out = DecodeClientMessage(m.SerializeAsString());
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(std::get<TokenizeInput>(*out).add_special_tokens);
+  EXPECT_TRUE(TokenizeInput{}.add_special_tokens);
+}
+
+TEST(CodecTextTest, DetokenizeInputRoundTrips) {
+  DetokenizeInput in;
+  in.request_id = "d1";
+  in.model = "m";
+  in.token_ids = {128000, 9906, 0, 2147483647};
+  in.skip_special_tokens = true;
+  in.api_key = "key";
+  absl::StatusOr<ClientMessage> m = DecodeClientMessage(Encode(ClientMessage(in)));
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_TRUE(std::holds_alternative<DetokenizeInput>(*m));
+  const DetokenizeInput& out = std::get<DetokenizeInput>(*m);
+  EXPECT_EQ(out.request_id, "d1");
+  EXPECT_EQ(out.model, "m");
+  EXPECT_EQ(out.token_ids, in.token_ids);
+  EXPECT_TRUE(out.skip_special_tokens);
+  EXPECT_EQ(out.api_key, "key");
+  // Hugging Face decode keeps special tokens unless told.
+  DetokenizeInput plain;
+  plain.request_id = "d2";
+  m = DecodeClientMessage(Encode(ClientMessage(plain)));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_FALSE(std::get<DetokenizeInput>(*m).skip_special_tokens);
+  EXPECT_TRUE(std::get<DetokenizeInput>(*m).token_ids.empty());
+}
+
+TEST(CodecTextTest, DetokenizeIdsOutsideInt32AreRefused) {
+  // detokenize (field 7) holding request_id "d" and token_ids (field 3) = 2^32 + 5, a varint
+  // the parser would silently cut to 5.
+  const std::string body = std::string("\x0a\x01" "d" "\x18\x85\x80\x80\x80\x10", 9);
+  v1::ClientMessage envelope;
+  envelope.set_protocol_version(kProtocolVersion);
+  const std::string frame =
+      envelope.SerializeAsString() + "\x3a" + static_cast<char>(body.size()) + body;
+  absl::StatusOr<ClientMessage> out = DecodeClientMessage(frame);
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("detokenize.token_ids[0]"), std::string::npos)
+      << out.status();
+  EXPECT_EQ(ScanClientRequestId(frame), "d");
+}
+
+TEST(CodecTextTest, TokenizeAndDetokenizeResultsRoundTrip) {
+  TokenizeResultOut t;
+  t.request_id = "t1";
+  t.token_ids = {128000, 9906, 1917};
+  t.max_model_len = 131072;
+  absl::StatusOr<ServerMessage> m = DecodeServerMessage(Encode(ServerMessage(t)));
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_TRUE(std::holds_alternative<TokenizeResultOut>(*m));
+  EXPECT_EQ(std::get<TokenizeResultOut>(*m).token_ids, t.token_ids);
+  EXPECT_EQ(std::get<TokenizeResultOut>(*m).max_model_len, 131072);
+  EXPECT_EQ(RequestIdOf(*m), "t1");
+
+  DetokenizeResultOut d;
+  d.request_id = "d1";
+  d.text = std::string("Hello \xf0\x9f\x98\x80\x00", 11);
+  m = DecodeServerMessage(Encode(ServerMessage(d)));
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_TRUE(std::holds_alternative<DetokenizeResultOut>(*m));
+  EXPECT_EQ(std::get<DetokenizeResultOut>(*m).text, d.text);
+  EXPECT_EQ(RequestIdOf(*m), "d1");
+}
+
+TEST(CodecTextTest, RegisterCarriesTheTokenizerHandover) {
+  RegisterInfo r;
+  r.worker_id = "w";
+  r.model = "/models/llama";
+  r.tokenizer = TokenizerKind::kHuggingFace;
+  r.tokenizer_json = std::string("{\"model\":{}}\x00\xff", 14);
+  r.tokenizer_config_json = "{\"eos_token\":\"</s>\"}";
+  r.eos_token_ids = {128001, 128008, 128009};
+  r.bos_token_id = 128000;
+  r.max_model_len = 8192;
+  absl::StatusOr<WorkerMessage> m = DecodeWorkerMessage(Encode(WorkerMessage(r)));
+  ASSERT_TRUE(m.ok()) << m.status();
+  const RegisterInfo& out = std::get<RegisterInfo>(*m);
+  EXPECT_EQ(out.tokenizer, TokenizerKind::kHuggingFace);
+  EXPECT_EQ(out.tokenizer_json, r.tokenizer_json);
+  EXPECT_EQ(out.tokenizer_config_json, r.tokenizer_config_json);
+  EXPECT_EQ(out.eos_token_ids, r.eos_token_ids);
+  EXPECT_EQ(out.bos_token_id, 128000);
+  EXPECT_EQ(out.max_model_len, 8192);
+  EXPECT_EQ(out.model, "/models/llama");
+
+  // The byte tokenizer hands nothing over.
+  RegisterInfo b;
+  b.tokenizer = TokenizerKind::kByte;
+  m = DecodeWorkerMessage(Encode(WorkerMessage(b)));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(std::get<RegisterInfo>(*m).tokenizer, TokenizerKind::kByte);
+  EXPECT_EQ(std::get<RegisterInfo>(*m).tokenizer_json, "");
+  EXPECT_TRUE(std::get<RegisterInfo>(*m).eos_token_ids.empty());
+}
+
+TEST(CodecTextTest, TokenizerKindWireNames) {
+  EXPECT_STREQ(TokenizerKindName(TokenizerKind::kHuggingFace), "hf");
+  EXPECT_EQ(TokenizerKindFromName("hf"), TokenizerKind::kHuggingFace);
+  EXPECT_EQ(TokenizerKindFromName("byte"), TokenizerKind::kByte);
+  EXPECT_EQ(TokenizerKindFromName(""), TokenizerKind::kNone);
+  EXPECT_EQ(TokenizerKindFromName("sentencepiece"), std::nullopt);
+  // A Hugging Face tokenizer is built by text/, not by common/.
+  EXPECT_EQ(CreateTokenizer(TokenizerKind::kHuggingFace, "/m").status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

@@ -72,7 +72,11 @@ struct GenerateInput {
   int64_t deadline_ms = 0;           // 0: none
   std::string api_key;
   bool stream = false;
-  bool add_bos = true;
+  bool add_bos = true;               // text: add the tokenizer's special tokens
+  std::string model;                 // "": the served model when the cluster has one
+  std::vector<std::string> stop;     // stop strings, matched on the output text
+  bool include_stop_str_in_output = false;
+  bool skip_special_tokens = true;   // in the output text
 };
 
 // One input of an embed request: text (tokenized by the router) or token ids.
@@ -91,6 +95,25 @@ struct EmbedInput {
   int64_t deadline_ms = 0;           // 0: none
   std::string api_key;
   bool add_bos = true;
+  std::string model;                 // "": the served model when the cluster has one
+};
+
+// Text to token ids with the model's tokenizer (Hugging Face encode).
+struct TokenizeInput {
+  std::string request_id;
+  std::string model;                 // "": the served model when the cluster has one
+  std::string text;
+  bool add_special_tokens = true;
+  std::string api_key;
+};
+
+// Token ids to text with the model's tokenizer (Hugging Face decode).
+struct DetokenizeInput {
+  std::string request_id;
+  std::string model;
+  std::vector<int32_t> token_ids;
+  bool skip_special_tokens = false;
+  std::string api_key;
 };
 
 struct CancelInput {
@@ -101,7 +124,8 @@ struct StatsQuery {
   std::string api_key;  // needed where the router has tenants
 };
 
-using ClientMessage = std::variant<GenerateInput, CancelInput, StatsQuery, EmbedInput>;
+using ClientMessage = std::variant<GenerateInput, CancelInput, StatsQuery, EmbedInput,
+                                   TokenizeInput, DetokenizeInput>;
 
 // ---- router -> client
 
@@ -119,6 +143,7 @@ struct GenerateFinalOut {
   std::string finish_reason;
   Usage usage;
   Timings timings;
+  std::string stop_string;           // the stop string that ended it ("" otherwise)
 };
 
 struct WorkerStatsOut {
@@ -175,8 +200,19 @@ struct EmbedResultOut {
   Timings timings;
 };
 
-using ServerMessage =
-    std::variant<GenerateChunkOut, GenerateFinalOut, ErrorInfo, StatsOut, EmbedResultOut>;
+struct TokenizeResultOut {
+  std::string request_id;
+  std::vector<int32_t> token_ids;
+  int max_model_len = 0;             // the model's context length
+};
+
+struct DetokenizeResultOut {
+  std::string request_id;
+  std::string text;
+};
+
+using ServerMessage = std::variant<GenerateChunkOut, GenerateFinalOut, ErrorInfo, StatsOut,
+                                   EmbedResultOut, TokenizeResultOut, DetokenizeResultOut>;
 
 // The client request a message answers; "" for stats.
 inline const std::string& RequestIdOf(const ServerMessage& m) {
@@ -185,6 +221,8 @@ inline const std::string& RequestIdOf(const ServerMessage& m) {
   if (auto* f = std::get_if<GenerateFinalOut>(&m)) return f->request_id;
   if (auto* e = std::get_if<ErrorInfo>(&m)) return e->request_id;
   if (auto* r = std::get_if<EmbedResultOut>(&m)) return r->request_id;
+  if (auto* t = std::get_if<TokenizeResultOut>(&m)) return t->request_id;
+  if (auto* d = std::get_if<DetokenizeResultOut>(&m)) return d->request_id;
   return kNone;
 }
 
@@ -203,6 +241,11 @@ struct RegisterInfo {
   int max_num_batched_tokens = 0;
   int embed_queue_size = 0;          // 0: cannot embed
   int hidden_size = 0;
+  // The tokenizer handover, when tokenizer is kHuggingFace: the folder's tokenizer.json and
+  // tokenizer_config.json ("" when it has none) as bytes.
+  std::string tokenizer_json;
+  std::string tokenizer_config_json;
+  std::vector<int32_t> eos_token_ids;  // what ends generation
 };
 
 struct WorkerLoad {

@@ -9,6 +9,8 @@ const char* TokenizerKindName(TokenizerKind kind) {
   switch (kind) {
     case TokenizerKind::kByte:
       return "byte";
+    case TokenizerKind::kHuggingFace:
+      return "hf";
     case TokenizerKind::kNone:
       break;
   }
@@ -16,7 +18,8 @@ const char* TokenizerKindName(TokenizerKind kind) {
 }
 
 std::optional<TokenizerKind> TokenizerKindFromName(absl::string_view name) {
-  for (TokenizerKind kind : {TokenizerKind::kNone, TokenizerKind::kByte}) {
+  for (TokenizerKind kind :
+       {TokenizerKind::kNone, TokenizerKind::kByte, TokenizerKind::kHuggingFace}) {
     if (name == TokenizerKindName(kind)) return kind;
   }
   return std::nullopt;
@@ -53,6 +56,11 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> CreateTokenizer(TokenizerKind kind,
   switch (kind) {
     case TokenizerKind::kByte:
       return std::make_unique<ByteTokenizer>();
+    case TokenizerKind::kHuggingFace:
+      return absl::FailedPreconditionError(absl::StrCat(
+          "model '", model_spec,
+          "' has a tokenizer.json tokenizer: build it with text::LoadTokenizer or from the "
+          "worker's registration (text::HfTokenizer::FromJson)"));
     case TokenizerKind::kNone:
       break;
   }

@@ -3,8 +3,9 @@
 // all apply the same rules.
 //
 // Synthetic models use ByteTokenizer: ids 0..255 are the bytes themselves, then BOS and EOS.
-// Hugging Face folders have a tokenizer.json tokenizer (text/hf_tokenizer.h), which the router
-// and worker do not use yet: for them such a model takes token ids only.
+// Hugging Face folders have a tokenizer.json tokenizer (text/hf_tokenizer.h, built with
+// text::LoadTokenizer); a worker hands its files to the router when it registers
+// (TokenizerKind::kHuggingFace), so the router needs no copy of the folder.
 #ifndef CARPOOL_COMMON_TOKENIZER_H_
 #define CARPOOL_COMMON_TOKENIZER_H_
 
@@ -23,11 +24,12 @@ namespace carpool {
 // Which tokenizer a model uses. A worker announces it at registration (RegisterInfo) so the
 // router can tokenize text prompts and detokenize outputs the same way.
 enum class TokenizerKind {
-  kNone,  // token ids only: text is refused
-  kByte,  // ByteTokenizer
+  kNone,         // token ids only: text is refused
+  kByte,         // ByteTokenizer
+  kHuggingFace,  // tokenizer.json (text/hf_tokenizer.h), its bytes in the registration
 };
 
-// The wire name: "" for kNone, "byte" for kByte.
+// The wire name: "" for kNone, "byte" for kByte, "hf" for kHuggingFace.
 const char* TokenizerKindName(TokenizerKind kind);
 // The kind a wire name stands for; nullopt for a name this build does not know.
 std::optional<TokenizerKind> TokenizerKindFromName(absl::string_view name);
@@ -63,7 +65,8 @@ class ByteTokenizer : public Tokenizer {
 };
 
 // The tokenizer of `kind`; for kNone an UNIMPLEMENTED error, naming `model_spec`, that says to
-// pass token ids.
+// pass token ids. kHuggingFace is built from its files by text/ (text::LoadTokenizer,
+// text::HfTokenizer::FromJson), not here: FAILED_PRECONDITION saying so.
 absl::StatusOr<std::unique_ptr<Tokenizer>> CreateTokenizer(TokenizerKind kind,
                                                            absl::string_view model_spec);
 // The tokenizer for a model spec: CreateTokenizer(TokenizerKindForModel(spec), spec).

@@ -87,6 +87,14 @@ TEST(ScanClientRequestIdTest, FindsTheIdOfEveryBodyThatHasOne) {
   e.request_id = "e-1";
   e.inputs.push_back({false, "", {1, 2}});
   EXPECT_EQ(ScanClientRequestId(Encode(ClientMessage(e))), "e-1");
+  TokenizeInput t;
+  t.request_id = "t-1";
+  t.text = "hello";
+  EXPECT_EQ(ScanClientRequestId(Encode(ClientMessage(t))), "t-1");
+  DetokenizeInput d;
+  d.request_id = "d-1";
+  d.token_ids = {1, 2};
+  EXPECT_EQ(ScanClientRequestId(Encode(ClientMessage(d))), "d-1");
   EXPECT_EQ(ScanClientRequestId(Encode(ClientMessage(StatsQuery{}))), "");
 }
 
