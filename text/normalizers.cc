@@ -2,6 +2,7 @@
 
 #include <unicode/bytestream.h>
 #include <unicode/normalizer2.h>
+#include <unicode/uchar.h>
 
 #include <vector>
 
@@ -19,25 +20,56 @@ bool IsAscii(const std::string& s) {
   return true;
 }
 
+// The library normalizes with Unicode 9.0 data: a character assigned later has no decomposition
+// and combining class 0 there, so it stays as it is and nothing reorders or composes across it.
+// Normalizing the runs between such characters apart gives that result exactly (normalization
+// data of assigned characters never changes).
+constexpr uint8_t kLibraryNormalizationUnicodeMajor = 9;
+
+bool NewerThanLibraryData(char32_t c) {
+  UVersionInfo age;
+  u_charAge(static_cast<UChar32>(c), age);
+  return age[0] > kLibraryNormalizationUnicodeMajor;
+}
+
 class UnicodeNormalizer : public Normalizer {
  public:
   explicit UnicodeNormalizer(const icu::Normalizer2* n) : n_(n) {}
   absl::Status Normalize(std::string* text) const override {
     if (IsAscii(*text)) return absl::OkStatus();
-    UErrorCode err = U_ZERO_ERROR;
-    if (n_->isNormalizedUTF8(*text, err) && U_SUCCESS(err)) return absl::OkStatus();
-    err = U_ZERO_ERROR;
     std::string out;
-    icu::StringByteSink<std::string> sink(&out, static_cast<int32_t>(text->size()));
-    n_->normalizeUTF8(0, *text, sink, nullptr, err);
-    if (U_FAILURE(err)) {
-      return absl::InternalError(absl::StrCat("unicode normalization failed: ", u_errorName(err)));
+    out.reserve(text->size());
+    size_t run = 0;
+    for (size_t i = 0; i < text->size();) {
+      const size_t start = i;
+      const char32_t c = NextCodePoint(*text, &i);
+      if (c < 0x300 || !NewerThanLibraryData(c)) continue;
+      RETURN_IF_ERROR(Append(std::string_view(*text).substr(run, start - run), &out));
+      out.append(*text, start, i - start);
+      run = i;
     }
+    if (run == 0) {
+      UErrorCode err = U_ZERO_ERROR;
+      if (n_->isNormalizedUTF8(*text, err) && U_SUCCESS(err)) return absl::OkStatus();
+    }
+    RETURN_IF_ERROR(Append(std::string_view(*text).substr(run), &out));
     *text = std::move(out);
     return absl::OkStatus();
   }
 
  private:
+  absl::Status Append(std::string_view run, std::string* out) const {
+    if (run.empty()) return absl::OkStatus();
+    UErrorCode err = U_ZERO_ERROR;
+    icu::StringByteSink<std::string> sink(out, static_cast<int32_t>(run.size()));
+    n_->normalizeUTF8(0, icu::StringPiece(run.data(), static_cast<int32_t>(run.size())), sink,
+                      nullptr, err);
+    if (U_FAILURE(err)) {
+      return absl::InternalError(absl::StrCat("unicode normalization failed: ", u_errorName(err)));
+    }
+    return absl::OkStatus();
+  }
+
   const icu::Normalizer2* n_;  // owned by ICU
 };
 
