@@ -66,7 +66,11 @@ class Backend {
   }
 };
 
-// A Backend over Engine::Create(options).
+// A Backend over Engine::Create(options). A Hugging Face folder with a tokenizer.json registers
+// TokenizerKind::kHuggingFace with the bytes of tokenizer.json and tokenizer_config.json and the
+// ids that end generation (generation_config.json's eos_token_id, config.json's); an error
+// names a tokenizer file that cannot be read, a malformed generation_config.json, or tokenizer
+// files too large for a registration (48 MiB together).
 absl::StatusOr<std::unique_ptr<Backend>> CreateEngineBackend(const EngineOptions& options);
 
 }  // namespace carpool::worker

@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/checkpoint_writer.h"
+#include "worker/backend.h"
 #include "worker/echo_backend.h"
 #include "worker/kv_cache/kv_cache_manager.h"
 #include "worker/weights/weights.h"
@@ -765,6 +766,109 @@ TEST_F(WorkerServerTest, DrainBeforeAnyRouterAnswersExits) {
   worker.server()->RequestDrain();
   ASSERT_TRUE(worker.WaitDone());
   EXPECT_TRUE(worker.status().ok()) << worker.status();
+}
+
+// A tiny Llama checkpoint folder (tests/testing/checkpoint_writer.h) with whatever tokenizer
+// files a test writes beside it. Removed at destruction.
+class TokenizerFolder {
+ public:
+  explicit TokenizerFolder(std::vector<int32_t> config_eos = {2}) {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("carpool_worker_tokenizer_test_" + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir_);
+    testing::CheckpointSpec spec;
+    spec.config = testing::TinyTestConfig();
+    spec.config.eos_token_ids = std::move(config_eos);
+    auto written = testing::WriteCheckpoint(dir_.string(), spec);
+    EXPECT_TRUE(written.ok()) << written.status();
+  }
+  ~TokenizerFolder() { std::filesystem::remove_all(dir_); }
+
+  void Write(const std::string& name, const std::string& contents) {
+    EXPECT_TRUE(testing::WriteFile((dir_ / name).string(), contents).ok());
+  }
+  EngineOptions Engine() const {
+    EngineOptions o = TinyEngine();
+    o.model = dir_.string();
+    return o;
+  }
+
+ private:
+  std::filesystem::path dir_;
+};
+
+// Not a real vocabulary: the worker hands the bytes over without parsing them, so any bytes do.
+const std::string kTokenizerJson =
+    std::string("{\"version\":\"1.0\",\"added_tokens\":[{\"id\":9,\"content\":\"</s>\"}],") +
+    "\"model\":{\"type\":\"BPE\"},\"x\":\"\xc3\xa9\"}";
+
+TEST_F(WorkerServerTest, FolderWithTokenizerJsonHandsItsTokenizerOver) {
+  TokenizerFolder folder;
+  folder.Write("tokenizer.json", kTokenizerJson);
+  folder.Write("tokenizer_config.json", "{\"add_bos_token\": true, \"eos_token\": \"</s>\"}");
+  folder.Write("generation_config.json", "{\"bos_token_id\": 1, \"eos_token_id\": [7, 2]}");
+  RunningWorker worker(Options(router_.endpoint(), folder.Engine()));
+  std::optional<RegisterInfo> r = router_.Register(7);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->tokenizer, TokenizerKind::kHuggingFace);
+  EXPECT_EQ(r->tokenizer_json, kTokenizerJson);
+  EXPECT_EQ(r->tokenizer_config_json, "{\"add_bos_token\": true, \"eos_token\": \"</s>\"}");
+  // generation_config.json's ids first; config.json's 2 is among them already.
+  EXPECT_THAT(r->eos_token_ids, ElementsAreArray({7, 2}));
+  EXPECT_EQ(r->bos_token_id, 1);
+}
+
+TEST_F(WorkerServerTest, EosIdsComeFromConfigThenFromTheTokenizerConfig) {
+  {
+    // No generation_config.json, no tokenizer_config.json: config.json's ids, an empty config.
+    TokenizerFolder folder({2, 5});
+    folder.Write("tokenizer.json", kTokenizerJson);
+    FakeRouter router;
+    RunningWorker worker(Options(router.endpoint(), folder.Engine()));
+    std::optional<RegisterInfo> r = router.Register(1);
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->tokenizer, TokenizerKind::kHuggingFace);
+    EXPECT_EQ(r->tokenizer_config_json, "");
+    EXPECT_THAT(r->eos_token_ids, ElementsAreArray({2, 5}));
+  }
+  {
+    // Neither names one: tokenizer_config.json's eos_token (an AddedToken object) by its id.
+    TokenizerFolder folder(std::vector<int32_t>{});
+    folder.Write("tokenizer.json", kTokenizerJson);
+    folder.Write("tokenizer_config.json", "{\"eos_token\": {\"content\": \"</s>\"}}");
+    folder.Write("generation_config.json", "{\"eos_token_id\": null}");
+    FakeRouter router;
+    RunningWorker worker(Options(router.endpoint(), folder.Engine()));
+    std::optional<RegisterInfo> r = router.Register(1);
+    ASSERT_TRUE(r.has_value());
+    EXPECT_THAT(r->eos_token_ids, ElementsAreArray({9}));
+  }
+}
+
+TEST_F(WorkerServerTest, FolderWithoutTokenizerJsonHandsNothingOver) {
+  TokenizerFolder folder;
+  folder.Write("tokenizer.model", "sentencepiece bytes");
+  folder.Write("tokenizer_config.json", "{}");
+  RunningWorker worker(Options(router_.endpoint(), folder.Engine()));
+  std::optional<RegisterInfo> r = router_.Register(7);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->tokenizer, TokenizerKind::kNone);
+  EXPECT_EQ(r->tokenizer_json, "");
+  EXPECT_EQ(r->tokenizer_config_json, "");
+  EXPECT_TRUE(r->eos_token_ids.empty());
+}
+
+TEST(EngineBackendTest, MalformedGenerationConfigIsAnErrorNamingTheFile) {
+  TokenizerFolder folder;
+  folder.Write("tokenizer.json", kTokenizerJson);
+  folder.Write("generation_config.json", "{\"eos_token_id\": [2,");
+  auto backend = CreateEngineBackend(folder.Engine());
+  ASSERT_FALSE(backend.ok());
+  EXPECT_THAT(backend.status().message(), ::testing::HasSubstr("generation_config.json"));
+  folder.Write("generation_config.json", "{\"eos_token_id\": \"</s>\"}");
+  backend = CreateEngineBackend(folder.Engine());
+  ASSERT_FALSE(backend.ok());
+  EXPECT_THAT(backend.status().message(), ::testing::HasSubstr("eos_token_id"));
 }
 
 }  // namespace
