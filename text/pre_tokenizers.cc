@@ -146,8 +146,10 @@ class ByteLevelPreTokenizer : public PreTokenizer {
     for (const Piece& piece : p->pieces) {
       std::string_view s = p->view(piece);
       if (add_prefix_space_ && (s.empty() || s[0] != ' ')) {
-        prefixed.assign(" ");
-        prefixed.append(s);
+        // Inserted through iterators: assign + append trips GCC 12's -Wrestrict.
+        prefixed.resize(1);
+        prefixed[0] = ' ';
+        prefixed.insert(prefixed.end(), s.begin(), s.end());
         s = prefixed;
       }
       if (regex_ != nullptr) {

@@ -14,7 +14,9 @@ std::vector<std::string> Pieces(const std::string& json, const std::string& text
   PreTokenized pre;
   pre.text = text;
   pre.pieces = {{0, static_cast<uint32_t>(text.size()), true}};
-  if (p.ok() && *p != nullptr) EXPECT_TRUE((*p)->PreTokenize(&pre).ok());
+  if (p.ok() && *p != nullptr) {
+    EXPECT_TRUE((*p)->PreTokenize(&pre).ok());
+  }
   std::vector<std::string> out;
   for (const Piece& piece : pre.pieces) out.emplace_back(pre.view(piece));
   return out;
