@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "gtest/gtest.h"
 #include "text/test_tokenizer_json.h"
@@ -37,6 +38,24 @@ TEST(HfTokenizerTest, DecodesWithAndWithoutSpecialTokens) {
   EXPECT_EQ(t->IdToToken(257), "Ġhi");
   EXPECT_EQ(t->TokenToId("<|eos|>"), 259);
   EXPECT_EQ(t->vocab_size(), 261);
+}
+
+TEST(HfTokenizerTest, EncodesFromManyThreadsAtOnce) {
+  auto t = Make(TestTokenizerJson());
+  const std::string text = " hi there, hi again!<|eos|> hi";
+  const V want = *t->Encode(text, true);
+  std::vector<std::thread> threads;
+  std::vector<int> wrong(4, 0);
+  for (int k = 0; k < 4; ++k) {
+    threads.emplace_back([&, k] {
+      for (int i = 0; i < 500; ++i) {
+        t->Encode(text + std::string(i % 7, ' '), true).IgnoreError();  // fills the cache
+        if (*t->Encode(text, true) != want) ++wrong[k];
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(wrong, std::vector<int>(4, 0));
 }
 
 TEST(HfTokenizerTest, InvalidUtf8NamesTheOffset) {
