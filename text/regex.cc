@@ -3,6 +3,8 @@
 
 #include <pcre2.h>
 
+#include <optional>
+
 #include "absl/strings/str_cat.h"
 #include "text/unicode.h"
 
@@ -145,7 +147,10 @@ absl::Status Regex::ForEachMatch(std::string_view text,
                                  absl::FunctionRef<void(size_t, size_t)> on_match) const {
   ThreadMatchState& state = State();
   const PCRE2_SPTR subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  // As the library's (Oniguruma) iterator: an empty match right where the previous match ended
+  // is not reported; the search moves on one character instead.
   size_t pos = 0;
+  std::optional<size_t> last_match_end;
   while (pos <= text.size()) {
     const int rc = impl_->jit ? pcre2_jit_match(impl_->code, subject, text.size(), pos, 0,
                                                 state.data, impl_->context)
@@ -161,13 +166,14 @@ absl::Status Regex::ForEachMatch(std::string_view text,
     }
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(state.data);
     const size_t begin = ovector[0], end = ovector[1];
-    on_match(begin, end);
-    if (end > begin) {
-      pos = end;
-    } else {
-      if (end >= text.size()) break;
-      pos = end + Utf8Length(static_cast<unsigned char>(text[end]));
+    if (begin == end && last_match_end == end) {
+      if (pos >= text.size()) break;
+      pos += Utf8Length(static_cast<unsigned char>(text[pos]));
+      continue;
     }
+    on_match(begin, end);
+    last_match_end = end;
+    pos = end;
   }
   return absl::OkStatus();
 }

@@ -30,6 +30,12 @@ TEST(RegexTest, EmptyMatchesMoveOnByOneCharacter) {
   std::vector<std::pair<size_t, size_t>> spans;
   ASSERT_TRUE((*re)->ForEachMatch("é", [&](size_t b, size_t e) { spans.push_back({b, e}); }).ok());
   EXPECT_EQ(spans, (std::vector<std::pair<size_t, size_t>>{{0, 0}, {2, 2}}));
+  // No empty match right after a match: "a*" on "baa" is (0,0), (1,3), not also (3,3).
+  auto a = Regex::Compile("a*");
+  ASSERT_TRUE(a.ok());
+  spans.clear();
+  ASSERT_TRUE((*a)->ForEachMatch("baa", [&](size_t b, size_t e) { spans.push_back({b, e}); }).ok());
+  EXPECT_EQ(spans, (std::vector<std::pair<size_t, size_t>>{{0, 0}, {1, 3}}));
 }
 
 TEST(RegexTest, BadPatternIsAnError) {
