@@ -610,6 +610,7 @@ absl::StatusOr<std::optional<GenerateChunkOut>> Stream::Next(int64_t wait_ms) {
                             std::make_move_iterator(last->tokens.end()));
       result_.text += last->text;
       result_.finish_reason = std::move(last->finish_reason);
+      result_.stop_string = std::move(last->stop_string);
       result_.usage = last->usage;
       result_.timings = last->timings;
       (void)Finish(absl::OkStatus());
@@ -679,40 +680,85 @@ absl::StatusOr<std::unique_ptr<Stream>> Client::StartStream(GenerateInput reques
   return Start(std::move(request), call);
 }
 
-absl::StatusOr<EmbedResult> Client::Embed(EmbedInput request, const CallOptions& options) {
-  if (request.request_id.empty()) request.request_id = core_->NextRequestId();
-  if (request.api_key.empty()) request.api_key = core_->options().api_key;
-  const int64_t timeout_ms =
-      options.timeout_ms > 0 ? options.timeout_ms : core_->options().default_timeout_ms;
+namespace {
+
+// A one-shot call (embed, tokenize, detokenize): sends `message`, which names `request_id`,
+// and waits for its answer of type Out or an error, retrying UNAVAILABLE as Generate does.
+template <typename Out>
+absl::StatusOr<Out> OneShot(Core& core, const std::string& request_id,
+                            const ClientMessage& message, int64_t timeout_ms) {
+  if (timeout_ms <= 0) timeout_ms = core.options().default_timeout_ms;
   const absl::Time deadline = absl::Now() + absl::Milliseconds(timeout_ms);
-  auto call = std::make_shared<Call>(request.request_id);
-  RETURN_IF_ERROR(core_->Register(call));
-  const auto finish = [&](absl::StatusOr<EmbedResult> result) {
-    core_->EndCall(*call, std::nullopt);  // tells the router to cancel if still open
-    core_->Unregister(call);
+  auto call = std::make_shared<Call>(request_id);
+  RETURN_IF_ERROR(core.Register(call));
+  const auto finish = [&](absl::StatusOr<Out> result) {
+    core.EndCall(*call, std::nullopt);  // tells the router to cancel if still open
+    core.Unregister(call);
     return result;
   };
-  const std::string frame = Encode(ClientMessage(std::move(request)));
-  if (absl::Status s = core_->SendAttempt(call, frame); !s.ok()) return finish(s);
+  const std::string frame = Encode(message);
+  if (absl::Status s = core.SendAttempt(call, frame); !s.ok()) return finish(s);
   int retries = 0;
   for (;;) {
-    std::optional<ServerMessage> event = core_->WaitEvent(*call, deadline);
-    if (!event.has_value()) return finish(CallTimedOut(*core_, call->request_id, timeout_ms));
-    if (auto* out = std::get_if<EmbedResultOut>(&*event)) {
-      EmbedResult result;
-      result.request_id = std::move(out->request_id);
-      result.embeddings = std::move(out->embeddings);
-      result.usage = out->usage;
-      result.timings = out->timings;
-      return finish(std::move(result));
-    }
+    std::optional<ServerMessage> event = core.WaitEvent(*call, deadline);
+    if (!event.has_value()) return finish(CallTimedOut(core, call->request_id, timeout_ms));
+    if (auto* out = std::get_if<Out>(&*event)) return finish(std::move(*out));
     if (auto* error = std::get_if<ErrorInfo>(&*event)) {
-      if (!RetryCall(*core_, call, frame, *error, deadline, &retries)) {
+      if (!RetryCall(core, call, frame, *error, deadline, &retries)) {
         return finish(StatusFromError(*error));
       }
     }
-    // Anything else (a generate answer under this id) cannot be ours: ignored.
+    // Anything else (another kind's answer under this id) cannot be ours: ignored.
   }
+}
+
+}  // namespace
+
+absl::StatusOr<EmbedResult> Client::Embed(EmbedInput request, const CallOptions& options) {
+  if (request.request_id.empty()) request.request_id = core_->NextRequestId();
+  if (request.api_key.empty()) request.api_key = core_->options().api_key;
+  const std::string id = request.request_id;
+  ASSIGN_OR_RETURN(EmbedResultOut out,
+                   OneShot<EmbedResultOut>(*core_, id, ClientMessage(std::move(request)),
+                                           options.timeout_ms));
+  EmbedResult result;
+  result.request_id = std::move(out.request_id);
+  result.embeddings = std::move(out.embeddings);
+  result.usage = out.usage;
+  result.timings = out.timings;
+  return result;
+}
+
+absl::StatusOr<TokenizeResult> Client::Tokenize(std::string text,
+                                                const TokenizeOptions& options) {
+  TokenizeInput request;
+  request.request_id =
+      options.request_id.empty() ? core_->NextRequestId() : options.request_id;
+  request.model = options.model;
+  request.text = std::move(text);
+  request.add_special_tokens = options.add_special_tokens;
+  request.api_key = options.api_key.empty() ? core_->options().api_key : options.api_key;
+  const std::string id = request.request_id;
+  ASSIGN_OR_RETURN(TokenizeResultOut out,
+                   OneShot<TokenizeResultOut>(*core_, id, ClientMessage(std::move(request)),
+                                              options.timeout_ms));
+  return TokenizeResult{std::move(out.request_id), std::move(out.token_ids), out.max_model_len};
+}
+
+absl::StatusOr<std::string> Client::Detokenize(std::vector<int32_t> token_ids,
+                                               const DetokenizeOptions& options) {
+  DetokenizeInput request;
+  request.request_id =
+      options.request_id.empty() ? core_->NextRequestId() : options.request_id;
+  request.model = options.model;
+  request.token_ids = std::move(token_ids);
+  request.skip_special_tokens = options.skip_special_tokens;
+  request.api_key = options.api_key.empty() ? core_->options().api_key : options.api_key;
+  const std::string id = request.request_id;
+  ASSIGN_OR_RETURN(DetokenizeResultOut out,
+                   OneShot<DetokenizeResultOut>(*core_, id, ClientMessage(std::move(request)),
+                                                options.timeout_ms));
+  return std::move(out.text);
 }
 
 absl::Status Client::Cancel(const std::string& request_id) {

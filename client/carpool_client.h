@@ -1,5 +1,5 @@
-// carpool's C++ SDK: generate (blocking or streaming), cancel and stats against a carpool router
-// over ZeroMQ (docs/protocol.md; usage in docs/client.md).
+// carpool's C++ SDK: generate (blocking or streaming), embed, tokenize / detokenize, cancel and
+// stats against a carpool router over ZeroMQ (docs/protocol.md; usage in docs/client.md).
 //
 //   auto client = carpool::Client::Connect({.router_endpoint = "tcp://10.0.0.1:5555"});
 //   carpool::GenerateInput request;
@@ -92,6 +92,7 @@ struct GenerateResult {
   std::vector<SampleResult> tokens;  // in order, with logprob and top alternatives
   std::string text;                  // decoded by the router; empty without a tokenizer
   std::string finish_reason;         // "length" | "stop"
+  std::string stop_string;           // the stop string that ended it (GenerateInput::stop)
   Usage usage;
   Timings timings;  // measured by the router, in ms
 
@@ -103,6 +104,39 @@ struct EmbedResult {
   std::vector<std::vector<float>> embeddings;  // one per input, in order
   Usage usage;                                 // prompt_tokens: every input's tokens
   Timings timings;                             // measured by the router, in ms
+};
+
+// A Tokenize call: the model's tokenizer, run by the router (Hugging Face encode).
+struct TokenizeOptions {
+  // The model whose tokenizer to use; "" picks the cluster's only model. Default: "".
+  std::string model;
+  // Add the special tokens the tokenizer puts around a sequence (BOS for Llama), as Hugging
+  // Face's encode does. Default: true.
+  bool add_special_tokens = true;
+  // Default: "" (a unique id; ClientOptions::api_key).
+  std::string request_id;
+  std::string api_key;
+  // Deadline of the call, retries included; 0: ClientOptions::default_timeout_ms. Default: 0.
+  int64_t timeout_ms = 0;
+};
+
+struct TokenizeResult {
+  std::string request_id;
+  std::vector<int32_t> token_ids;
+  int max_model_len = 0;  // the model's context length
+};
+
+// A Detokenize call (Hugging Face decode).
+struct DetokenizeOptions {
+  // Default: "" (the cluster's only model).
+  std::string model;
+  // Leave out special tokens (BOS, EOS, ...). Default: false, as Hugging Face's decode.
+  bool skip_special_tokens = false;
+  // Default: "" (a unique id; ClientOptions::api_key).
+  std::string request_id;
+  std::string api_key;
+  // Default: 0 (ClientOptions::default_timeout_ms).
+  int64_t timeout_ms = 0;
 };
 
 // Payload keys of a server error's details on an absl::Status.
@@ -191,6 +225,17 @@ class Client {
   // Embeddings of request.inputs (text or token ids), one per input, in order. Same ids,
   // api_key defaults, retries and deadline as Generate.
   absl::StatusOr<EmbedResult> Embed(EmbedInput request, const CallOptions& call = {});
+
+  // The token ids of `text` with the model's tokenizer, tokenized by the router; retries and
+  // deadline as Generate. INVALID_ARGUMENT for text that is not UTF-8, NOT_FOUND
+  // (unknown_model) for a model the cluster does not serve, UNIMPLEMENTED-style errors from a
+  // router whose model has no tokenizer (token ids only).
+  absl::StatusOr<TokenizeResult> Tokenize(std::string text, const TokenizeOptions& options = {});
+
+  // The text of `token_ids` with the model's tokenizer. INVALID_ARGUMENT for an id outside the
+  // vocabulary.
+  absl::StatusOr<std::string> Detokenize(std::vector<int32_t> token_ids,
+                                         const DetokenizeOptions& options = {});
 
   // Cancels a call of this Client in flight: it returns CANCELLED and the router frees its
   // resources. NOT_FOUND when no call with that id is in flight.

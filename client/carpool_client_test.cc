@@ -590,5 +590,117 @@ TEST(ClientTest, ConnectRejectsBadOptions) {
   EXPECT_FALSE(Client::Connect(options).ok());
 }
 
+// ---- text: tokenize / detokenize, models, stop strings
+
+TEST(ClientTextTest, TokenizeAndDetokenizeGoToTheRouter) {
+  FakeRouter router;
+  auto client = ConnectTo(router);
+  absl::StatusOr<TokenizeResult> t = client->Tokenize("hi");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_THAT(t->token_ids, ElementsAre(ByteTokenizer::kBos, 'h', 'i'));
+  EXPECT_EQ(t->max_model_len, 2048);
+  EXPECT_FALSE(t->request_id.empty());
+  TokenizeOptions plain;
+  plain.add_special_tokens = false;
+  plain.model = "llama";
+  plain.request_id = "tok-1";
+  t = client->Tokenize("hi", plain);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_THAT(t->token_ids, ElementsAre('h', 'i'));
+  EXPECT_EQ(t->request_id, "tok-1");
+
+  absl::StatusOr<std::string> text = client->Detokenize({ByteTokenizer::kBos, 'o', 'k'});
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(*text, "<|256|>ok");  // Hugging Face decode keeps special tokens by default
+  DetokenizeOptions skip;
+  skip.skip_special_tokens = true;
+  skip.model = "llama";
+  text = client->Detokenize({ByteTokenizer::kBos, 'o', 'k'}, skip);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(*text, "ok");
+
+  // What went on the wire.
+  std::vector<TokenizeInput> tokenizes;
+  std::vector<DetokenizeInput> detokenizes;
+  for (const ClientMessage& m : router.Received()) {
+    if (const auto* x = std::get_if<TokenizeInput>(&m)) tokenizes.push_back(*x);
+    if (const auto* x = std::get_if<DetokenizeInput>(&m)) detokenizes.push_back(*x);
+  }
+  ASSERT_EQ(tokenizes.size(), 2u);
+  EXPECT_TRUE(tokenizes[0].add_special_tokens);
+  EXPECT_EQ(tokenizes[0].model, "");
+  EXPECT_FALSE(tokenizes[1].add_special_tokens);
+  EXPECT_EQ(tokenizes[1].model, "llama");
+  ASSERT_EQ(detokenizes.size(), 2u);
+  EXPECT_FALSE(detokenizes[0].skip_special_tokens);
+  EXPECT_TRUE(detokenizes[1].skip_special_tokens);
+  EXPECT_EQ(detokenizes[1].model, "llama");
+}
+
+TEST(ClientTextTest, TokenizeErrorsAndTimeoutsAreStatuses) {
+  FakeRouter router([](FakeRouter& r, const std::string& peer, const ClientMessage& m) {
+    if (const auto* t = std::get_if<TokenizeInput>(&m); t != nullptr && t->model == "nope") {
+      r.Reply(peer, ErrorInfo{t->request_id, absl::StatusCode::kNotFound, reason::kUnknownModel,
+                              "model 'nope' is not served", 0});
+    }
+    // Detokenize: never answered.
+  });
+  ClientOptions options;
+  options.api_key = "k";
+  auto client = ConnectTo(router, options);
+  TokenizeOptions unknown;
+  unknown.model = "nope";
+  absl::StatusOr<TokenizeResult> t = client->Tokenize("x", unknown);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ErrorReason(t.status()), reason::kUnknownModel);
+
+  DetokenizeOptions quick;
+  quick.timeout_ms = 100;
+  quick.request_id = "slow";
+  absl::StatusOr<std::string> text = client->Detokenize({1}, quick);
+  ASSERT_FALSE(text.ok());
+  EXPECT_EQ(text.status().code(), absl::StatusCode::kDeadlineExceeded);
+  // The router is told to forget it, and the api_key default was applied.
+  EXPECT_TRUE(router.WaitFor(
+      [](const std::vector<ClientMessage>& ms) { return FakeRouter::HasCancel(ms, "slow"); }));
+  for (const ClientMessage& m : router.Received()) {
+    if (const auto* d = std::get_if<DetokenizeInput>(&m)) EXPECT_EQ(d->api_key, "k");
+  }
+}
+
+TEST(ClientTextTest, GenerateCarriesModelStopOptionsAndReturnsTheStopString) {
+  FakeRouter router([](FakeRouter& r, const std::string& peer, const ClientMessage& m) {
+    const auto* g = std::get_if<GenerateInput>(&m);
+    if (g == nullptr) return;
+    GenerateFinalOut f;
+    f.request_id = g->request_id;
+    f.text = "one two";
+    f.finish_reason = "stop";
+    f.stop_string = g->stop.empty() ? "" : g->stop.back();
+    r.Reply(peer, f);
+  });
+  auto client = ConnectTo(router);
+  GenerateInput request = TextRequest("count:");
+  request.model = "llama";
+  request.stop = {"\n", " three"};
+  request.include_stop_str_in_output = true;
+  request.skip_special_tokens = false;
+  absl::StatusOr<GenerateResult> r = client->Generate(request);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->finish_reason, "stop");
+  EXPECT_EQ(r->stop_string, " three");
+  EXPECT_EQ(r->text, "one two");
+  r = client->GenerateStream(request, nullptr);  // streams end with the same final
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->stop_string, " three");
+  std::vector<GenerateInput> sent = Generates(router);
+  ASSERT_EQ(sent.size(), 2u);
+  EXPECT_EQ(sent[0].model, "llama");
+  EXPECT_THAT(sent[0].stop, ElementsAre("\n", " three"));
+  EXPECT_TRUE(sent[0].include_stop_str_in_output);
+  EXPECT_FALSE(sent[0].skip_special_tokens);
+}
+
 }  // namespace
 }  // namespace carpool

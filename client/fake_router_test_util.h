@@ -144,10 +144,18 @@ class FakeRouter {
     return s;
   }
 
-  // The default handler: echo generates, canned stats, `cancelled` errors for cancels.
+  // The default handler: echo generates, canned stats, `cancelled` errors for cancels, and the
+  // byte tokenizer's answers to tokenize (max_model_len 2048) and detokenize.
   static void Echo(FakeRouter& r, const std::string& peer, const ClientMessage& m) {
     if (const auto* g = std::get_if<GenerateInput>(&m)) {
       AnswerEcho(r, peer, *g);
+    } else if (const auto* t = std::get_if<TokenizeInput>(&m)) {
+      absl::StatusOr<std::vector<int32_t>> ids =
+          ByteTokenizer().Encode(t->text, t->add_special_tokens);
+      r.Reply(peer, TokenizeResultOut{t->request_id, *ids, 2048});
+    } else if (const auto* d = std::get_if<DetokenizeInput>(&m)) {
+      r.Reply(peer, DetokenizeResultOut{
+                        d->request_id, ByteTokenizer().Decode(d->token_ids, d->skip_special_tokens)});
     } else if (std::holds_alternative<StatsQuery>(m)) {
       r.Reply(peer, CannedStats());
     } else if (const auto* c = std::get_if<CancelInput>(&m)) {
