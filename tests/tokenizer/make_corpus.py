@@ -116,7 +116,7 @@ SPECIAL_TOKENS = [
 ]
 # Added tokens of the synthetic tokenizers (tests/tokenizer/make_synthetic.py).
 SYNTHETIC_ADDED = ["[MASK]", "<sep>", "<cls>", "<pad>", "<eos>", "<bos>", "@@", "Hello",
-                   "<lst>", "<rst>", "<both>", "word", "<NORM>", "<br>"]
+                   "<lst>", "<rst>", "<both>", "word", "<NORM>", "<br>", "New York", "ice cream"]
 ALL_ADDED = SPECIAL_TOKENS + SYNTHETIC_ADDED
 
 CONTRACTIONS = ["'s", "'t", "'re", "'ve", "'m", "'ll", "'d"]

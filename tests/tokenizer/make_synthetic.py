@@ -334,6 +334,69 @@ def build_all():
             {"type": "Sequence", "pretokenizers": [split, BYTELEVEL_PRE(False, False)]},
             BYTELEVEL_POST, BYTELEVEL_DEC, bpe_model(bv, b_merges, merges_as_pairs=(name.endswith("string"))))
 
+    # Regex pre-tokenizers in the style of other published tokenizers (patterns written here):
+    # case-split words with an optional contraction, CJK and kana runs written with \u escapes
+    # and literal ranges, punctuation and symbol classes, escapes inside classes.
+    regex_styles = {
+        "regex_case_split_words": [
+            {"type": "Split", "pattern": {"Regex":
+                r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+                r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+                r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"},
+             "behavior": "Isolated", "invert": False}],
+        "regex_cjk_runs_punct_classes": [
+            {"type": "Split", "pattern": {"Regex": r"\p{N}{1,3}"}, "behavior": "Isolated", "invert": False},
+            {"type": "Split", "pattern": {"Regex": "[\u4e00-\u9fa5\\u3040-\u309f\u30a0-\u30ff]+"},
+             "behavior": "Isolated", "invert": False},
+            {"type": "Split", "pattern": {"Regex":
+                r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+                r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"},
+             "behavior": "Isolated", "invert": False}],
+        "regex_hex_escapes_and_classes": [
+            {"type": "Split", "pattern": {"Regex": r"[\x{3000}-\x{303F}\x{FF00}-\x{FFEF}]|[\t ]+|[[:punct:]]+|\d+|\w+"},
+             "behavior": "Isolated", "invert": False}],
+    }
+    for name, pres in regex_styles.items():
+        files[name] = tokenizer(
+            [added(bids["<eos>"], "<eos>")], {"type": "NFC"},
+            {"type": "Sequence", "pretokenizers": pres + [BYTELEVEL_PRE(False, False)]},
+            None, BYTELEVEL_DEC, bpe_model(bv, b_merges, merges_as_pairs=False))
+
+    # Only the fields the library requires: no version, truncation, padding, normalizer or
+    # post_processor, and a BPE model with vocab and merges only.
+    files["defaults_only"] = {
+        "added_tokens": [added(bids["<eos>"], "<eos>")],
+        "pre_tokenizer": BYTELEVEL_PRE(True, True), "decoder": BYTELEVEL_DEC,
+        "model": {"type": "BPE", "vocab": dict(bv.ids), "merges": [f"{a} {b}" for a, b in b_merges]}}
+
+    # Metaspace with another replacement character, and a regex Replace decoder.
+    hv = Vocab()
+    for tok in v.ids:
+        hv.add(tok.replace(SP, "#"))
+    h_merges = [(a.replace(SP, "#"), b.replace(SP, "#")) for a, b in m_merges]
+    files["metaspace_hash_replacement"] = tokenizer(
+        [added(0, "<unk>"), added(1, "<s>"), added(2, "</s>")], None,
+        {"type": "Metaspace", "replacement": "#", "prepend_scheme": "always", "split": True}, None,
+        {"type": "Sequence", "decoders": [{"type": "ByteFallback"}, {"type": "Fuse"},
+                                          {"type": "Metaspace", "replacement": "#", "prepend_scheme": "always",
+                                           "split": True}]},
+        bpe_model(hv, h_merges, merges_as_pairs=True, unk="<unk>", byte_fallback=True))
+
+    # Added tokens that hold spaces, normalized and not, behind a normalizer that rewrites spaces.
+    sids = append_added(v, ["New York", "ice cream", " <br>"])
+    files["added_tokens_with_spaces"] = tokenizer(
+        [added(0, "<unk>"), added(1, "<s>"), added(2, "</s>"),
+         added(sids["New York"], "New York", special=False, normalized=False),
+         added(sids["ice cream"], "ice cream", special=False, normalized=True),
+         added(sids[" <br>"], " <br>", special=True)],
+        {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": SP},
+                                             {"type": "Replace", "pattern": {"String": " "}, "content": SP}]},
+        None, None,
+        {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"Regex": SP + "+"}, "content": " "}, {"type": "ByteFallback"},
+            {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+        bpe_model(v, m_merges, merges_as_pairs=False, unk="<unk>", byte_fallback=True))
+
     # --- No normalizer, no pre-tokenizer: the whole text is one word; merges contain spaces ----
     raw_words = count_words(TEXT.split("\n"))
     r_merges = train_bpe(raw_words, 300)
