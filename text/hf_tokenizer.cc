@@ -44,11 +44,14 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::Load(const std::string
       return absl::NotFoundError(absl::StrCat(path, " has no tokenizer.json"));
     }
     ASSIGN_OR_RETURN(std::string json, ReadFile(dir / "tokenizer.json"));
-    std::string config;
+    std::string config, generation;
     if (fs::exists(dir / "tokenizer_config.json", ec)) {
       ASSIGN_OR_RETURN(config, ReadFile(dir / "tokenizer_config.json"));
     }
-    return FromJson(json, config);
+    if (fs::exists(dir / "generation_config.json", ec)) {
+      ASSIGN_OR_RETURN(generation, ReadFile(dir / "generation_config.json"));
+    }
+    return FromJson(json, config, generation);
   }
   if (!fs::exists(path, ec)) return absl::NotFoundError(absl::StrCat(path, " does not exist"));
   ASSIGN_OR_RETURN(std::string json, ReadFile(path));
@@ -56,7 +59,8 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::Load(const std::string
 }
 
 absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(
-    std::string_view tokenizer_json, std::string_view tokenizer_config_json) {
+    std::string_view tokenizer_json, std::string_view tokenizer_config_json,
+    std::string_view generation_config_json) {
   std::unique_ptr<HfTokenizer> t(new HfTokenizer());
   ASSIGN_OR_RETURN(t->parts_, ParseTokenizerJson(tokenizer_json));
   ASSIGN_OR_RETURN(TokenizerConfig config, ParseTokenizerConfig(tokenizer_config_json));
@@ -91,6 +95,8 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(
   if (config.bos_token) t->bos_id_ = t->TokenToId(*config.bos_token);
   if (config.eos_token) t->eos_id_ = t->TokenToId(*config.eos_token);
   t->model_max_length_ = config.model_max_length;
+  ASSIGN_OR_RETURN(t->stop_ids_, ParseGenerationEosIds(generation_config_json));
+  if (t->stop_ids_.empty() && t->eos_id_) t->stop_ids_.push_back(*t->eos_id_);
   if ((config.add_bos_token || config.add_eos_token) &&
       RebuildsPostProcessor(config.tokenizer_class)) {
     std::vector<int32_t> prefix, suffix;

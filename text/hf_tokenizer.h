@@ -24,13 +24,15 @@ namespace carpool::text {
 
 class HfTokenizer : public Tokenizer {
  public:
-  // `path`: a folder holding tokenizer.json (and optionally tokenizer_config.json), or a
-  // tokenizer.json file (read alone, as the library's Tokenizer.fromFile does). A folder with
-  // only tokenizer.model is NOT_FOUND saying tokenizer.json is missing.
+  // `path`: a folder holding tokenizer.json (and optionally tokenizer_config.json and
+  // generation_config.json), or a tokenizer.json file (read alone, as the library's
+  // Tokenizer.fromFile does). A folder with only tokenizer.model is NOT_FOUND saying
+  // tokenizer.json is missing.
   static absl::StatusOr<std::unique_ptr<HfTokenizer>> Load(const std::string& path);
-  // `tokenizer_config_json` may be empty.
+  // The config texts may be empty.
   static absl::StatusOr<std::unique_ptr<HfTokenizer>> FromJson(
-      std::string_view tokenizer_json, std::string_view tokenizer_config_json);
+      std::string_view tokenizer_json, std::string_view tokenizer_config_json,
+      std::string_view generation_config_json = "");
 
   // INVALID_ARGUMENT naming the byte offset when `text` is not valid UTF-8; RESOURCE_EXHAUSTED
   // when a regex of the file passes its work limit.
@@ -41,6 +43,9 @@ class HfTokenizer : public Tokenizer {
 
   std::optional<int32_t> bos_token_id() const { return bos_id_; }
   std::optional<int32_t> eos_token_id() const { return eos_id_; }
+  // The ids that end generation: generation_config.json's eos_token_id (one or a list), else
+  // eos_token_id(); empty when neither is known.
+  const std::vector<int32_t>& stop_token_ids() const { return stop_ids_; }
   std::optional<int64_t> model_max_length() const { return model_max_length_; }
   // An added token marked special.
   bool IsSpecial(int32_t id) const;
@@ -64,6 +69,7 @@ class HfTokenizer : public Tokenizer {
   absl::flat_hash_map<std::string, int32_t> added_by_content_;
   std::unique_ptr<PostProcessor> config_post_processor_;  // from add_bos/eos_token; overrides
   std::optional<int32_t> bos_id_, eos_id_;
+  std::vector<int32_t> stop_ids_;
   std::optional<int64_t> model_max_length_;
   int32_t vocab_size_ = 0;
 };

@@ -74,6 +74,7 @@ TEST(HfTokenizerTest, ConfigGivesSpecialIdsAndOverridesForLlama) {
   EXPECT_EQ(t->bos_token_id(), 258);
   EXPECT_EQ(t->eos_token_id(), 259);
   EXPECT_EQ(t->model_max_length(), 4096);
+  EXPECT_EQ(t->stop_token_ids(), (V{259}));  // no generation_config.json: the eos token
   EXPECT_EQ(*t->Encode(" hi", true), (V{257, 259}));
   // Other classes keep the file's post-processor.
   auto other = Make(TestTokenizerJson(), R"({"add_bos_token":false,"tokenizer_class":"X"})");
@@ -97,11 +98,13 @@ TEST(HfTokenizerTest, LoadsFoldersAndExplainsSentencepieceOnes) {
   fs::create_directories(dir / "sp");
   std::ofstream(dir / "hf" / "tokenizer.json") << TestTokenizerJson().dump();
   std::ofstream(dir / "hf" / "tokenizer_config.json") << R"({"eos_token":"<|eos|>"})";
+  std::ofstream(dir / "hf" / "generation_config.json") << R"({"eos_token_id":[259,258]})";
   std::ofstream(dir / "sp" / "tokenizer.model") << "not read";
 
   auto folder = HfTokenizer::Load((dir / "hf").string());
   ASSERT_TRUE(folder.ok()) << folder.status();
   EXPECT_EQ((*folder)->eos_token_id(), 259);
+  EXPECT_EQ((*folder)->stop_token_ids(), (V{259, 258}));
   auto file = HfTokenizer::Load((dir / "hf" / "tokenizer.json").string());
   ASSERT_TRUE(file.ok()) << file.status();
   EXPECT_FALSE((*file)->eos_token_id().has_value());  // a file alone has no config

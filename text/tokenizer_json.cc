@@ -97,4 +97,24 @@ absl::StatusOr<TokenizerConfig> ParseTokenizerConfig(std::string_view text) {
   return c;
 }
 
+absl::StatusOr<std::vector<int32_t>> ParseGenerationEosIds(std::string_view text) {
+  std::vector<int32_t> ids;
+  if (text.empty()) return ids;
+  Json j = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError("generation_config.json is not a JSON object");
+  }
+  auto it = j.find("eos_token_id");
+  if (it == j.end() || it->is_null()) return ids;
+  const Json list = it->is_array() ? *it : Json::array({*it});
+  for (const Json& id : list) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > (1 << 30)) {
+      return absl::InvalidArgumentError(
+          "generation_config.json: \"eos_token_id\" must be a token id or a list of them");
+    }
+    ids.push_back(id.get<int32_t>());
+  }
+  return ids;
+}
+
 }  // namespace carpool::text

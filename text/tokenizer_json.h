@@ -47,6 +47,10 @@ struct TokenizerConfig {
 // An empty text is an empty config. INVALID_ARGUMENT for malformed JSON or wrong field types.
 absl::StatusOr<TokenizerConfig> ParseTokenizerConfig(std::string_view text);
 
+// generation_config.json's "eos_token_id" (an id or a list of ids); empty when absent or when
+// `text` is empty. INVALID_ARGUMENT for malformed JSON or ids that are not non-negative integers.
+absl::StatusOr<std::vector<int32_t>> ParseGenerationEosIds(std::string_view text);
+
 }  // namespace carpool::text
 
 #endif  // CARPOOL_TEXT_TOKENIZER_JSON_H_

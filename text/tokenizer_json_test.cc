@@ -53,5 +53,13 @@ TEST(TokenizerJsonTest, ReadsTheConfig) {
   EXPECT_TRUE(ParseTokenizerConfig("").ok());
 }
 
+TEST(TokenizerJsonTest, ReadsGenerationEosIds) {
+  EXPECT_EQ(*ParseGenerationEosIds(R"({"eos_token_id": [128001, 128009]})"),
+            (std::vector<int32_t>{128001, 128009}));
+  EXPECT_EQ(*ParseGenerationEosIds(R"({"eos_token_id": 2})"), (std::vector<int32_t>{2}));
+  EXPECT_TRUE(ParseGenerationEosIds(R"({"bos_token_id": 1})")->empty());
+  EXPECT_FALSE(ParseGenerationEosIds(R"({"eos_token_id": "x"})").ok());
+}
+
 }  // namespace
 }  // namespace carpool::text
