@@ -1,5 +1,5 @@
-"""carpool's Python SDK: generate, stream, embed, cancel and stats against a carpool router over
-ZeroMQ.
+"""carpool's Python SDK: generate, stream, embed, tokenize, detokenize, cancel and stats against
+a carpool router over ZeroMQ.
 
   import carpool
   with carpool.Client("tcp://127.0.0.1:5555") as client:
@@ -24,8 +24,8 @@ from .errors import (  # noqa: E402
     Unsupported, WorkerLost)
 from .sampling import SamplingParams  # noqa: E402
 from .types import (  # noqa: E402
-    Chunk, EmbedResult, GenerateResult, Stats, TenantStats, Timings, Token, TokenLogprob, Usage,
-    WorkerStats)
+    Chunk, EmbedResult, GenerateResult, Stats, TenantStats, Timings, Token, TokenizeResult,
+    TokenLogprob, Usage, WorkerStats)
 
 __version__ = "0.1.0"
 
@@ -34,7 +34,8 @@ __all__ = [
     "ClientTooSlow", "DeadlineExceeded", "DeadlineUnmeetable", "Draining", "DuplicateRequestId",
     "EmbedResult", "GenerateResult", "InternalError", "InvalidArgument", "NoWorkers",
     "PromptTooLong", "QueueFull", "RouterLost", "SamplingParams", "Stats", "Stream",
-    "TenantQuota", "TenantStats", "Timeout", "Timings", "Token", "TokenBudget", "TokenLogprob",
+    "TenantQuota", "TenantStats", "Timeout", "Timings", "Token", "TokenBudget", "TokenizeResult",
+    "TokenLogprob",
     "TooLarge", "Unauthenticated", "UnknownModel", "Unsupported", "Usage", "WorkerLost",
     "WorkerStats",
 ]

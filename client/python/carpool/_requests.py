@@ -9,7 +9,7 @@ from typing import Any, NamedTuple, Optional, Sequence, Tuple, Union
 from . import _wire
 from . import errors
 from .sampling import SamplingParams
-from .types import Chunk, EmbedResult, GenerateResult
+from .types import Chunk, EmbedResult, GenerateResult, TokenizeResult
 
 
 _DEFAULT_SAMPLING = SamplingParams()  # every field unset: the worker's defaults
@@ -29,7 +29,7 @@ def generate_request(ids: _wire.RequestIds, client_api_key: str, client_timeout:
                      priority: Union[str, int] = "default", deadline_ms: int = 0,
                      add_bos: bool = False, request_id: Optional[str] = None,
                      api_key: Optional[str] = None, timeout: Optional[float] = None,
-                     stream: bool = False) -> Request:
+                     stream: bool = False, model: str = "") -> Request:
     """The Request of Client.generate / AsyncClient.generate (arguments and defaults as
     there; the client passes its RequestIds, api_key and timeout). Raises as
     _wire.generate_frame, or ValueError/TypeError for a bad timeout."""
@@ -38,7 +38,7 @@ def generate_request(ids: _wire.RequestIds, client_api_key: str, client_timeout:
         rid, prompt, token_ids, stream=stream,
         api_key=client_api_key if api_key is None else api_key, priority=priority,
         deadline_ms=deadline_ms, add_bos=add_bos,
-        sampling=_DEFAULT_SAMPLING if sampling is None else sampling)
+        sampling=_DEFAULT_SAMPLING if sampling is None else sampling, model=model)
     return Request(rid, frame, call_timeout)
 
 
@@ -46,14 +46,40 @@ def embed_request(ids: _wire.RequestIds, client_api_key: str, client_timeout: fl
                   inputs: _wire.EmbedInputs, *, normalize: bool = True, pooling: str = "mean",
                   priority: Union[str, int] = "default", deadline_ms: int = 0,
                   add_bos: bool = True, request_id: Optional[str] = None,
-                  api_key: Optional[str] = None, timeout: Optional[float] = None) -> Request:
+                  api_key: Optional[str] = None, timeout: Optional[float] = None,
+                  model: str = "") -> Request:
     """The Request of Client.embed / AsyncClient.embed (arguments as there). Raises as
     _wire.embed_frame, or ValueError/TypeError for a bad timeout."""
     rid, call_timeout = _id_and_timeout(ids, request_id, client_timeout, timeout)
     frame = _wire.embed_frame(
         rid, inputs, normalize=normalize, pooling=pooling,
         api_key=client_api_key if api_key is None else api_key, priority=priority,
-        deadline_ms=deadline_ms, add_bos=add_bos)
+        deadline_ms=deadline_ms, add_bos=add_bos, model=model)
+    return Request(rid, frame, call_timeout)
+
+
+def tokenize_request(ids: _wire.RequestIds, client_api_key: str, client_timeout: float,
+                     text: Union[str, bytes], *, model: str = "",
+                     add_special_tokens: bool = True, request_id: Optional[str] = None,
+                     api_key: Optional[str] = None,
+                     timeout: Optional[float] = None) -> Request:
+    """The Request of Client.tokenize / AsyncClient.tokenize (arguments as there)."""
+    rid, call_timeout = _id_and_timeout(ids, request_id, client_timeout, timeout)
+    frame = _wire.tokenize_frame(rid, text, model=model, add_special_tokens=add_special_tokens,
+                                 api_key=client_api_key if api_key is None else api_key)
+    return Request(rid, frame, call_timeout)
+
+
+def detokenize_request(ids: _wire.RequestIds, client_api_key: str, client_timeout: float,
+                       token_ids: Sequence[int], *, model: str = "",
+                       skip_special_tokens: bool = False, request_id: Optional[str] = None,
+                       api_key: Optional[str] = None,
+                       timeout: Optional[float] = None) -> Request:
+    """The Request of Client.detokenize / AsyncClient.detokenize (arguments as there)."""
+    rid, call_timeout = _id_and_timeout(ids, request_id, client_timeout, timeout)
+    frame = _wire.detokenize_frame(rid, token_ids, model=model,
+                                   skip_special_tokens=skip_special_tokens,
+                                   api_key=client_api_key if api_key is None else api_key)
     return Request(rid, frame, call_timeout)
 
 
@@ -112,11 +138,26 @@ class StreamReader:
 def embed_answer(event: Any) -> Optional[EmbedResult]:
     """The EmbedResult in an event of an embed call (as StreamReader.feed takes); raises the
     error it carries; None for anything else (the caller keeps waiting)."""
+    return _answer(event, "embed_result", _wire.embed_result_from)
+
+
+def tokenize_answer(event: Any) -> Optional[TokenizeResult]:
+    """As embed_answer, for a tokenize call."""
+    return _answer(event, "tokenize_result", _wire.tokenize_result_from)
+
+
+def detokenize_answer(event: Any) -> Optional[str]:
+    """As embed_answer, for a detokenize call: the text (invalid UTF-8 shows as U+FFFD)."""
+    return _answer(event, "detokenize_result",
+                   lambda r: bytes(r.text).decode("utf-8", "replace"))
+
+
+def _answer(event: Any, body: str, convert: Any) -> Any:
     if isinstance(event, errors.CarpoolError):
         raise event
     kind = event.WhichOneof("body")
-    if kind == "embed_result":
-        return _wire.embed_result_from(event.embed_result)
+    if kind == body:
+        return convert(getattr(event, body))
     if kind == "error":
         raise errors.from_error(event.error)
     return None

@@ -13,7 +13,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 from . import errors
 from .sampling import OPTIONAL_FIELDS, SamplingParams
 from .types import (Chunk, EmbedResult, GenerateResult, Stats, TenantStats, Timings, Token,
-                    TokenLogprob, Usage, WorkerStats)
+                    TokenizeResult, TokenLogprob, Usage, WorkerStats)
 
 try:
     from . import carpool_pb2 as pb
@@ -54,7 +54,7 @@ def _token_list(values: Any, what: str) -> List[int]:
 def generate_frame(request_id: str, prompt: Optional[Prompt],
                    token_ids: Optional[Sequence[int]], *, stream: bool, api_key: str,
                    priority: Union[str, int], deadline_ms: int, add_bos: bool,
-                   sampling: SamplingParams) -> bytes:
+                   sampling: SamplingParams, model: str = "") -> bytes:
     """The encoded ClientMessage for a generate call (sampling's unset fields stay unset).
 
     Raises TypeError for arguments of the wrong type and InvalidArgument for values the wire
@@ -81,6 +81,10 @@ def generate_frame(request_id: str, prompt: Optional[Prompt],
         g.api_key = api_key
         g.stream = stream
         g.add_bos = add_bos
+        g.model = _model(model)
+        g.stop.extend(sampling.stop)
+        g.include_stop_str_in_output = sampling.include_stop_str_in_output
+        g.skip_special_tokens = sampling.skip_special_tokens
         s = g.sampling
         for name in OPTIONAL_FIELDS:
             value = getattr(sampling, name)
@@ -99,7 +103,7 @@ EmbedInputs = Union[str, bytes, bytearray, Sequence[Union[str, bytes, bytearray,
 
 def embed_frame(request_id: str, inputs: EmbedInputs, *, normalize: bool, pooling: str,
                 api_key: str, priority: Union[str, int], deadline_ms: int,
-                add_bos: bool) -> bytes:
+                add_bos: bool, model: str = "") -> bytes:
     """The encoded ClientMessage for an embed call.
 
     inputs: one text (str or bytes), or a list whose items are each a text (str, bytes) or a
@@ -130,7 +134,47 @@ def embed_frame(request_id: str, inputs: EmbedInputs, *, normalize: bool, poolin
         e.deadline_ms = deadline_ms
         e.api_key = api_key
         e.add_bos = add_bos
+        e.model = _model(model)
     return msg.SerializeToString()
+
+
+def tokenize_frame(request_id: str, text: Union[str, bytes, bytearray], *, model: str,
+                   add_special_tokens: bool, api_key: str) -> bytes:
+    """The encoded ClientMessage for a tokenize call (text: str, sent as UTF-8, or bytes)."""
+    if not isinstance(text, (str, bytes, bytearray)):
+        raise TypeError("tokenize() needs a text (str or bytes), not %r" % type(text).__name__)
+    msg = pb.ClientMessage(protocol_version=PROTOCOL_VERSION)
+    t = msg.tokenize
+    with _out_of_range_is_invalid(request_id):
+        t.request_id = request_id
+        t.model = _model(model)
+        t.text = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        t.add_special_tokens = bool(add_special_tokens)
+        t.api_key = api_key
+    return msg.SerializeToString()
+
+
+def detokenize_frame(request_id: str, token_ids: Sequence[int], *, model: str,
+                     skip_special_tokens: bool, api_key: str) -> bytes:
+    """The encoded ClientMessage for a detokenize call."""
+    if isinstance(token_ids, (str, bytes, bytearray)):
+        raise TypeError("detokenize() needs a list of token ids, not %r" %
+                        type(token_ids).__name__)
+    msg = pb.ClientMessage(protocol_version=PROTOCOL_VERSION)
+    d = msg.detokenize
+    with _out_of_range_is_invalid(request_id):
+        d.request_id = request_id
+        d.model = _model(model)
+        d.token_ids.extend(_token_list(token_ids, "token_ids"))
+        d.skip_special_tokens = bool(skip_special_tokens)
+        d.api_key = api_key
+    return msg.SerializeToString()
+
+
+def _model(model: str) -> str:
+    if not isinstance(model, str):
+        raise TypeError("model must be a str, not %r" % type(model).__name__)
+    return model
 
 
 def _set_prompt(message: Any, prompt: Prompt, what: str) -> None:
@@ -176,6 +220,10 @@ def embed_result_from(r: Any) -> EmbedResult:
     return EmbedResult(r.request_id, [list(e.values) for e in r.embeddings],
                        Usage(prompt_tokens=r.usage.prompt_tokens),
                        Timings(r.timings.queue_ms, r.timings.ttft_ms, r.timings.total_ms))
+
+
+def tokenize_result_from(r: Any) -> TokenizeResult:
+    return TokenizeResult(r.request_id, list(r.token_ids), r.max_model_len)
 
 
 def cancel_frame(request_id: str) -> bytes:
@@ -257,6 +305,7 @@ class Accumulator:
         r.text_bytes = bytes(self._text)
         r.text = r.text_bytes.decode("utf-8", "replace")
         r.finish_reason = f.finish_reason
+        r.stop_string = getattr(f, "stop_string", "")
         r.usage = Usage(f.usage.prompt_tokens, f.usage.completion_tokens,
                         f.usage.cached_prompt_tokens)
         r.timings = Timings(f.timings.queue_ms, f.timings.ttft_ms, f.timings.total_ms)

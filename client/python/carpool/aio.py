@@ -19,7 +19,7 @@ from . import errors
 from .client import (DEFAULT_URL, ConnectionWatch, SocketOptions, close_monitor,
                      configure_socket, router_lost_error)
 from .sampling import SamplingParams
-from .types import Chunk, EmbedResult, GenerateResult, Stats
+from .types import Chunk, EmbedResult, GenerateResult, Stats, TokenizeResult
 
 
 class AsyncStream:
@@ -162,13 +162,14 @@ class AsyncClient:
                        priority: Union[str, int] = "default", deadline_ms: int = 0,
                        add_bos: bool = False, request_id: Optional[str] = None,
                        api_key: Optional[str] = None, timeout: Optional[float] = None,
-                       stream: bool = False) -> Union[GenerateResult, AsyncStream]:
+                       stream: bool = False,
+                       model: str = "") -> Union[GenerateResult, AsyncStream]:
         """As Client.generate. stream=False: the GenerateResult. stream=True: an AsyncStream
         whose request is already sent."""
         s = AsyncStream(self, _requests.generate_request(
             self._ids, self.api_key, self.timeout, prompt, token_ids=token_ids, sampling=sampling,
             priority=priority, deadline_ms=deadline_ms, add_bos=add_bos, request_id=request_id,
-            api_key=api_key, timeout=timeout, stream=stream))
+            api_key=api_key, timeout=timeout, stream=stream, model=model))
         if stream:
             await s.start()
             return s
@@ -218,12 +219,37 @@ class AsyncClient:
                     pooling: str = "mean", priority: Union[str, int] = "default",
                     deadline_ms: int = 0, add_bos: bool = True,
                     request_id: Optional[str] = None, api_key: Optional[str] = None,
-                    timeout: Optional[float] = None) -> EmbedResult:
+                    timeout: Optional[float] = None, model: str = "") -> EmbedResult:
         """As Client.embed: one embedding per input, in order."""
         req = _requests.embed_request(
             self._ids, self.api_key, self.timeout, inputs, normalize=normalize, pooling=pooling,
             priority=priority, deadline_ms=deadline_ms, add_bos=add_bos, request_id=request_id,
-            api_key=api_key, timeout=timeout)
+            api_key=api_key, timeout=timeout, model=model)
+        return await self._one_shot(req, _requests.embed_answer)
+
+    async def tokenize(self, text: Union[str, bytes], *, model: str = "",
+                       add_special_tokens: bool = True, request_id: Optional[str] = None,
+                       api_key: Optional[str] = None,
+                       timeout: Optional[float] = None) -> TokenizeResult:
+        """As Client.tokenize: the token ids of `text` with the model's tokenizer."""
+        req = _requests.tokenize_request(
+            self._ids, self.api_key, self.timeout, text, model=model,
+            add_special_tokens=add_special_tokens, request_id=request_id, api_key=api_key,
+            timeout=timeout)
+        return await self._one_shot(req, _requests.tokenize_answer)
+
+    async def detokenize(self, token_ids: Sequence[int], *, model: str = "",
+                         skip_special_tokens: bool = False, request_id: Optional[str] = None,
+                         api_key: Optional[str] = None, timeout: Optional[float] = None) -> str:
+        """As Client.detokenize: the text of `token_ids` with the model's tokenizer."""
+        req = _requests.detokenize_request(
+            self._ids, self.api_key, self.timeout, token_ids, model=model,
+            skip_special_tokens=skip_special_tokens, request_id=request_id, api_key=api_key,
+            timeout=timeout)
+        return await self._one_shot(req, _requests.detokenize_answer)
+
+    async def _one_shot(self, req: _requests.Request, answer: Any) -> Any:
+        """Sends a one-shot call and waits for the answer `answer` finds in its events."""
         deadline = time.monotonic() + req.timeout
         events = await self._start(req.request_id, req.frame, deadline, req.timeout)
         while True:
@@ -232,7 +258,7 @@ class AsyncClient:
             except asyncio.CancelledError:  # the awaiting task was cancelled: so is the request
                 self._cancel_nowait(req.request_id)
                 raise
-            result = _requests.embed_answer(event)
+            result = answer(event)
             if result is not None:
                 return result
 

@@ -1,5 +1,5 @@
-"""The blocking client: generate (whole or streamed), embed, cancel and stats against a carpool
-router.
+"""The blocking client: generate (whole or streamed), embed, tokenize, detokenize, cancel and
+stats against a carpool router.
 
 Thread safety: a Client may be shared by any number of threads. One background I/O thread per
 Client owns its ZeroMQ DEALER socket (ZeroMQ sockets are not thread-safe); calling threads hand it
@@ -22,7 +22,7 @@ from . import _requests
 from . import _wire
 from . import errors
 from .sampling import SamplingParams
-from .types import Chunk, EmbedResult, GenerateResult, Stats
+from .types import Chunk, EmbedResult, GenerateResult, Stats, TokenizeResult
 
 DEFAULT_URL = "tcp://127.0.0.1:5555"
 
@@ -535,16 +535,18 @@ class Client:
                  priority: Union[str, int] = "default", deadline_ms: int = 0,
                  add_bos: bool = False, request_id: Optional[str] = None,
                  api_key: Optional[str] = None, timeout: Optional[float] = None,
-                 stream: bool = False) -> Union[GenerateResult, Stream]:
+                 stream: bool = False, model: str = "") -> Union[GenerateResult, Stream]:
         """Generates from `prompt` (str or bytes: text; a list of ints: token ids).
 
-        sampling: a carpool.SamplingParams (max_tokens, temperature, top_k, ..., logprobs);
-        its unset fields, and all of them when None, take the worker's defaults (max_tokens 16,
-        temperature 1, ...). priority: "interactive", "default" or "batch". deadline_ms: the
-        router drops the request if it is not done this long after arrival (0: none). add_bos:
-        prepend the model's BOS to a text prompt. request_id: unique among this client's calls
-        in flight (default: generated). timeout: seconds for the whole call (default: the
-        client's); past it the router is told to cancel and Timeout is raised.
+        sampling: a carpool.SamplingParams (max_tokens, temperature, top_k, ..., logprobs, stop
+        strings, include_stop_str_in_output, skip_special_tokens); its unset fields, and all of
+        them when None, take the worker's defaults (max_tokens 16, temperature 1, ...).
+        priority: "interactive", "default" or "batch". deadline_ms: the router drops the request
+        if it is not done this long after arrival (0: none). add_bos: add the tokenizer's
+        special tokens (BOS) to a text prompt. request_id: unique among this client's calls in
+        flight (default: generated). timeout: seconds for the whole call (default: the
+        client's); past it the router is told to cancel and Timeout is raised. model: the model
+        to serve it (default "": the cluster's only model; UnknownModel for one not served).
 
         stream=False: waits and returns the GenerateResult. stream=True: returns a Stream at
         once (the request is sent); iterate it for Chunks.
@@ -553,7 +555,7 @@ class Client:
         req = _requests.generate_request(
             self._ids, self.api_key, self.timeout, prompt, token_ids=token_ids, sampling=sampling,
             priority=priority, deadline_ms=deadline_ms, add_bos=add_bos, request_id=request_id,
-            api_key=api_key, timeout=timeout, stream=stream)
+            api_key=api_key, timeout=timeout, stream=stream, model=model)
         deadline = time.monotonic() + req.timeout
         call = self._core.start(req.request_id, req.frame)
         s = Stream(self, self._core, call, deadline, req.timeout)
@@ -579,12 +581,12 @@ class Client:
               pooling: str = "mean", priority: Union[str, int] = "default",
               deadline_ms: int = 0, add_bos: bool = True,
               request_id: Optional[str] = None, api_key: Optional[str] = None,
-              timeout: Optional[float] = None) -> EmbedResult:
+              timeout: Optional[float] = None, model: str = "") -> EmbedResult:
         """Embeddings of `inputs`: one text (str or bytes), or a list of texts and token-id lists.
 
         normalize: scale each embedding to unit L2 norm. pooling: "mean" (over every token) or
         "last" (the last token's hidden state). add_bos: prepend the model's BOS to text inputs.
-        priority, deadline_ms, request_id, api_key and timeout as for generate. Returns an
+        priority, deadline_ms, request_id, api_key, timeout and model as for generate. Returns an
         EmbedResult with one vector per input, in order. Raises the CarpoolError subclass of the
         router's reason (InvalidArgument naming the bad input, FailedPrecondition when no worker
         serves embeddings), or Timeout.
@@ -592,11 +594,41 @@ class Client:
         req = _requests.embed_request(
             self._ids, self.api_key, self.timeout, inputs, normalize=normalize, pooling=pooling,
             priority=priority, deadline_ms=deadline_ms, add_bos=add_bos, request_id=request_id,
-            api_key=api_key, timeout=timeout)
+            api_key=api_key, timeout=timeout, model=model)
+        return self._one_shot(req, _requests.embed_answer)
+
+    def tokenize(self, text: Union[str, bytes], *, model: str = "",
+                 add_special_tokens: bool = True, request_id: Optional[str] = None,
+                 api_key: Optional[str] = None, timeout: Optional[float] = None) -> TokenizeResult:
+        """The token ids of `text` (str, or bytes of UTF-8) with the model's tokenizer, run by
+        the router, as Hugging Face's encode: add_special_tokens adds what the tokenizer puts
+        around a sequence (BOS). Returns a TokenizeResult (token_ids, max_model_len). model,
+        request_id, api_key and timeout as for generate. Raises InvalidArgument (text that is
+        not UTF-8), UnknownModel, Unsupported (a model without a tokenizer), or Timeout."""
+        req = _requests.tokenize_request(
+            self._ids, self.api_key, self.timeout, text, model=model,
+            add_special_tokens=add_special_tokens, request_id=request_id, api_key=api_key,
+            timeout=timeout)
+        return self._one_shot(req, _requests.tokenize_answer)
+
+    def detokenize(self, token_ids: Sequence[int], *, model: str = "",
+                   skip_special_tokens: bool = False, request_id: Optional[str] = None,
+                   api_key: Optional[str] = None, timeout: Optional[float] = None) -> str:
+        """The text of `token_ids` with the model's tokenizer, as Hugging Face's decode
+        (special tokens kept unless skip_special_tokens). Raises InvalidArgument for an id
+        outside the vocabulary; otherwise as tokenize."""
+        req = _requests.detokenize_request(
+            self._ids, self.api_key, self.timeout, token_ids, model=model,
+            skip_special_tokens=skip_special_tokens, request_id=request_id, api_key=api_key,
+            timeout=timeout)
+        return self._one_shot(req, _requests.detokenize_answer)
+
+    def _one_shot(self, req: _requests.Request, answer: Any) -> Any:
+        """Sends a one-shot call and waits for the answer `answer` finds in its events."""
         deadline = time.monotonic() + req.timeout
         call = self._core.start(req.request_id, req.frame)
         while True:
-            result = _requests.embed_answer(self._core.wait(call, deadline, req.timeout))
+            result = answer(self._core.wait(call, deadline, req.timeout))
             if result is not None:
                 return result
 

@@ -7,6 +7,8 @@
 Fields left at None are not sent: the worker's default (the one named below) applies. The
 ranges are the worker's (worker/sampler/sampling_params.h); the router still checks what only
 it knows (stop_token_ids below the vocabulary size, max_tokens within the model's length).
+stop, include_stop_str_in_output and skip_special_tokens act on the output text, which the
+router makes with the model's tokenizer (as vLLM's fields of the same names).
 """
 
 import dataclasses
@@ -57,6 +59,13 @@ class SamplingParams:
     ignore_eos: bool = False
     # Return each token's logprob plus this many top alternatives; [0, 20]. Default: 0.
     logprobs: int = 0
+    # Stop strings: the output ends (finish reason "stop", result.stop_string the match) where
+    # its text first contains one; a str is one stop string. Default: none.
+    stop: Sequence[str] = ()
+    # Keep the matched stop string at the end of the text. Default: False (removed).
+    include_stop_str_in_output: bool = False
+    # Leave special tokens (BOS, EOS, ...) out of the output text. Default: True.
+    skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         for name, lo, hi in (("max_tokens", 1, _INT32_MAX), ("top_k", -1, _INT32_MAX),
@@ -85,6 +94,19 @@ class SamplingParams:
             raise TypeError("ignore_eos must be a bool, not %r" % (self.ignore_eos,))
         self._set("logprobs", _optional_int("logprobs", _int(self.logprobs, "logprobs"), 0,
                                             MAX_LOGPROBS))
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        try:
+            stop = tuple(stop)
+        except TypeError:
+            raise TypeError("stop must be a str or a sequence of str") from None
+        for s in stop:
+            if not isinstance(s, str):
+                raise TypeError("stop must be a str or a sequence of str, not a sequence of %r"
+                                % type(s).__name__)
+        self._set("stop", stop)
+        for name in ("include_stop_str_in_output", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError("%s must be a bool, not %r" % (name, getattr(self, name)))
 
     def _set(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)  # the normalized value, in a frozen dataclass

@@ -61,12 +61,14 @@ class Chunk:
 class GenerateResult:
     """A finished request. text is decoded by the router (empty for a model without a
     tokenizer; invalid UTF-8 shows as U+FFFD) and text_bytes holds its raw bytes.
-    finish_reason: "length" or "stop"."""
+    finish_reason: "length" or "stop"; stop_string: the stop string that ended it (one of
+    SamplingParams.stop), "" otherwise."""
     request_id: str
     tokens: List[Token] = field(default_factory=list)
     text: str = ""
     text_bytes: bytes = b""
     finish_reason: str = ""
+    stop_string: str = ""
     usage: Usage = field(default_factory=Usage)
     timings: Timings = field(default_factory=Timings)
 
@@ -90,6 +92,17 @@ class EmbedResult:
 
     def __getitem__(self, index: int) -> List[float]:
         return self.embeddings[index]
+
+
+@dataclass
+class TokenizeResult:
+    """The token ids of a tokenize call, and the model's context length (max_model_len)."""
+    request_id: str
+    token_ids: List[int] = field(default_factory=list)
+    max_model_len: int = 0
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
 
 
 @dataclass

@@ -90,6 +90,24 @@ def echo_handler(router: "FakeRouter", client: bytes, msg: "pb.ClientMessage") -
                             float(e.normalize), float(e.pooling)])
         router.send(client, embed_result(e.request_id, vectors, tokens))
         return
+    if kind == "tokenize":
+        # The byte tokenizer: one id per byte, BOS (256) first with add_special_tokens.
+        t = msg.tokenize
+        m = pb.ServerMessage(protocol_version=1)
+        m.tokenize_result.request_id = t.request_id
+        m.tokenize_result.token_ids.extend(([256] if t.add_special_tokens else []) + list(t.text))
+        m.tokenize_result.max_model_len = 2048
+        router.send(client, m)
+        return
+    if kind == "detokenize":
+        d = msg.detokenize
+        m = pb.ServerMessage(protocol_version=1)
+        m.detokenize_result.request_id = d.request_id
+        m.detokenize_result.text = b"".join(
+            bytes([i]) if i < 256 else (b"" if d.skip_special_tokens else b"<|%d|>" % i)
+            for i in d.token_ids)
+        router.send(client, m)
+        return
     if kind != "generate":
         return
     g = msg.generate

@@ -244,3 +244,38 @@ def test_async_embed_timeout_cancels_at_the_router():
         assert [m.cancel.request_id for m in router.wait_for("cancel", 1)] == ["slow"]
     finally:
         router.stop()
+
+
+def test_async_tokenize_detokenize_and_text_options(fake_router):
+    async def main():
+        async with carpool.AsyncClient(fake_router.url, timeout=10) as client:
+            t, text = await asyncio.gather(
+                client.tokenize("ab", add_special_tokens=False, model="m"),
+                client.detokenize([256, 120], skip_special_tokens=True))
+            plain = await client.detokenize([256, 120])
+            result = await client.generate(
+                "hi", model="m",
+                sampling=carpool.SamplingParams(stop=["x"], include_stop_str_in_output=True))
+            return t, text, plain, result
+
+    t, text, plain, result = run(main())
+    assert t.token_ids == [97, 98] and t.max_model_len == 2048
+    assert text == "x"
+    assert plain == "<|256|>x"
+    assert result.stop_string == ""
+    assert fake_router.messages("tokenize")[0].tokenize.model == "m"
+    g = fake_router.messages("generate")[0].generate
+    assert g.model == "m" and list(g.stop) == ["x"] and g.include_stop_str_in_output
+
+
+def test_async_tokenize_timeout_cancels_at_the_router():
+    router = FakeRouter(silent)
+    try:
+        async def main():
+            async with carpool.AsyncClient(router.url, timeout=10) as client:
+                with pytest.raises(carpool.Timeout):
+                    await client.tokenize("x", timeout=0.3, request_id="slow")
+        run(main())
+        assert [m.cancel.request_id for m in router.wait_for("cancel")] == ["slow"]
+    finally:
+        router.stop()

@@ -476,3 +476,111 @@ def test_a_stream_keeps_its_client_alive(fake_router):
     stream = carpool.Client(fake_router.url, timeout=10).stream("abc")
     gc.collect()
     assert [c.text for c in stream] == ["a", "b", "c"]
+
+
+# ---- text: tokenize / detokenize, models, stop strings
+
+
+def test_tokenize_and_detokenize(client, fake_router):
+    t = client.tokenize("hé")
+    assert isinstance(t, carpool.TokenizeResult)
+    assert t.token_ids == [256] + list("hé".encode())
+    assert t.max_model_len == 2048
+    assert len(t) == 4
+    assert client.tokenize(b"ab", add_special_tokens=False, model="m").token_ids == [97, 98]
+    assert client.detokenize([256, 104, 105]) == "<|256|>hi"
+    assert client.detokenize([256, 104, 105], skip_special_tokens=True, model="m") == "hi"
+    first, second = [m.tokenize for m in fake_router.messages("tokenize")]
+    assert first.add_special_tokens and first.HasField("add_special_tokens")
+    assert first.model == "" and second.model == "m"
+    assert not second.add_special_tokens
+    d1, d2 = [m.detokenize for m in fake_router.messages("detokenize")]
+    assert not d1.skip_special_tokens and d2.skip_special_tokens and d2.model == "m"
+
+
+def test_tokenize_bad_arguments_fail_before_sending(client, fake_router):
+    with pytest.raises(TypeError):
+        client.tokenize([1, 2])
+    with pytest.raises(TypeError):
+        client.detokenize("text")
+    with pytest.raises(TypeError):
+        client.detokenize([1, "x"])
+    with pytest.raises(TypeError):
+        client.tokenize("x", model=3)
+    assert fake_router.messages("tokenize") == []
+    assert fake_router.messages("detokenize") == []
+
+
+def test_tokenize_raises_the_routers_error_and_times_out():
+    def handler(router, client, msg):
+        if msg.WhichOneof("body") == "tokenize":
+            router.send(client, error(msg.tokenize.request_id, "NOT_FOUND", "unknown_model",
+                                      "model 'x' is not served"))
+    router = FakeRouter(handler)
+    try:
+        with carpool.Client(router.url, timeout=10) as client:
+            with pytest.raises(carpool.UnknownModel):
+                client.tokenize("a", model="x")
+            with pytest.raises(carpool.Timeout):
+                client.detokenize([1], timeout=0.2, request_id="slow")
+            cancels = router.wait_for("cancel")
+            assert [m.cancel.request_id for m in cancels] == ["slow"]
+    finally:
+        router.stop()
+
+
+def test_generate_sends_model_and_text_options(client, fake_router):
+    sampling = carpool.SamplingParams(max_tokens=4, stop=["\n", "END"],
+                                      include_stop_str_in_output=True,
+                                      skip_special_tokens=False)
+    client.generate("x", sampling=sampling, model="llama")
+    client.generate("y", sampling=carpool.SamplingParams(stop="one"))
+    client.generate("z")
+    client.embed("e", model="bge")
+    first, second, third = [m.generate for m in fake_router.messages("generate")]
+    assert first.model == "llama"
+    assert list(first.stop) == ["\n", "END"]
+    assert first.include_stop_str_in_output
+    assert first.HasField("skip_special_tokens") and not first.skip_special_tokens
+    assert list(second.stop) == ["one"]
+    assert third.model == "" and list(third.stop) == []
+    assert not third.include_stop_str_in_output and third.skip_special_tokens
+    assert fake_router.messages("embed")[0].embed.model == "bge"
+
+
+def test_stop_params_are_checked():
+    assert carpool.SamplingParams(stop="a").stop == ("a",)
+    with pytest.raises(TypeError):
+        carpool.SamplingParams(stop=[1])
+    with pytest.raises(TypeError):
+        carpool.SamplingParams(stop=5)
+    with pytest.raises(TypeError):
+        carpool.SamplingParams(skip_special_tokens=1)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_result_carries_the_stop_string(stream):
+    def handler(router, client, msg):
+        if msg.WhichOneof("body") != "generate":
+            return
+        g = msg.generate
+        if g.stream:
+            router.send(client, chunk(g.request_id, 0, [104], b"h"))
+            f = final(g.request_id, finish_reason="stop")
+        else:
+            f = final(g.request_id, [104], b"h", finish_reason="stop")
+        f.final.stop_string = g.stop[0]
+        router.send(client, f)
+    router = FakeRouter(handler)
+    try:
+        with carpool.Client(router.url, timeout=10) as client:
+            params = carpool.SamplingParams(stop=["i"])
+            if stream:
+                result = client.stream("hi", sampling=params).wait()
+            else:
+                result = client.generate("hi", sampling=params)
+            assert result.finish_reason == "stop"
+            assert result.stop_string == "i"
+            assert result.text == "h"
+    finally:
+        router.stop()
