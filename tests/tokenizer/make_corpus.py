@@ -116,7 +116,8 @@ SPECIAL_TOKENS = [
 ]
 # Added tokens of the synthetic tokenizers (tests/tokenizer/make_synthetic.py).
 SYNTHETIC_ADDED = ["[MASK]", "<sep>", "<cls>", "<pad>", "<eos>", "<bos>", "@@", "Hello",
-                   "<lst>", "<rst>", "<both>", "word", "<NORM>", "<br>", "New York", "ice cream"]
+                   "<lst>", "<rst>", "<both>", "word", "<NORM>", "<br>", "New York", "ice cream",
+                   "h\u00e9llo", "\u00fcn\u00ef", "<|user|>", " spaced"]
 ALL_ADDED = SPECIAL_TOKENS + SYNTHETIC_ADDED
 
 CONTRACTIONS = ["'s", "'t", "'re", "'ve", "'m", "'ll", "'d"]

@@ -397,6 +397,23 @@ def build_all():
             {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
         bpe_model(v, m_merges, merges_as_pairs=False, unk="<unk>", byte_fallback=True))
 
+    # A template special token that stands for two ids, and added tokens in a byte-level
+    # tokenizer whose text is not ASCII or starts with a space (the ByteLevel decoder sees them).
+    t = template(["<pair>", "$A", "</s>"], {"</s>": 2})
+    t["special_tokens"]["<pair>"] = {"id": "<pair>", "ids": [1, 2], "tokens": ["<s>", "</s>"]}
+    files["template_multi_id_special"] = tokenizer(
+        [added(0, "<unk>"), added(1, "<s>"), added(2, "</s>")], None, metaspace_pre("always", True), t,
+        metaspace_decoder("always", True), bpe_model(v, m_merges, merges_as_pairs=False, unk="<unk>"))
+    names = ["h\u00e9llo", "\u00fcn\u00ef", "<|user|>", " spaced"]
+    nids = append_added(bv, names)
+    files["bytelevel_added_non_ascii"] = tokenizer(
+        [added(nids["h\u00e9llo"], "h\u00e9llo", special=False),
+         added(nids["\u00fcn\u00ef"], "\u00fcn\u00ef", special=False, normalized=True),
+         added(nids["<|user|>"], "<|user|>", special=True),
+         added(nids[" spaced"], " spaced", special=False, normalized=False)],
+        {"type": "NFKC"}, BYTELEVEL_PRE(True, True), BYTELEVEL_POST, BYTELEVEL_DEC,
+        bpe_model(bv, b_merges, merges_as_pairs=True))
+
     # --- No normalizer, no pre-tokenizer: the whole text is one word; merges contain spaces ----
     raw_words = count_words(TEXT.split("\n"))
     r_merges = train_bpe(raw_words, 300)
