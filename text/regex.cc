@@ -3,6 +3,7 @@
 
 #include <pcre2.h>
 
+#include <cctype>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -32,13 +33,23 @@ ThreadMatchState& State() {
 
 pcre2_jit_stack* JitStack(void*) { return State().stack; }
 
-// Oniguruma's (the library's engine) \w and \s in Unicode mode, which PCRE2's UCP classes do not
-// quite equal: \w also takes marks and the join controls, \s is exactly White_Space.
+// Oniguruma's (the library's engine, Ruby syntax) \w and \s in Unicode mode, which PCRE2's UCP
+// classes do not quite equal: \w also takes marks and the join controls, \s is exactly
+// White_Space. Ruby syntax also has \h (a hex digit) and \uHHHH, which PCRE2 spells otherwise.
 constexpr char kWordClass[] = "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}";
 constexpr char kSpaceClass[] = "\\p{White_Space}";
+constexpr char kHexClass[] = "0-9a-fA-F";  // Ruby syntax: \h is a hex digit, not a blank
 
-// `pattern` with \w \W \s \S spelled as Oniguruma means them (\W and \S inside a character
-// class stay as they are). \Q...\E stays literal.
+bool IsHex4(std::string_view s) {
+  if (s.size() != 4) return false;
+  for (char c : s) {
+    if (!std::isxdigit(static_cast<unsigned char>(c))) return false;
+  }
+  return true;
+}
+
+// `pattern` with \w \W \s \S \h \H spelled as Oniguruma means them (the negated ones inside a
+// character class stay as they are) and \uHHHH as \x{HHHH}. \Q...\E stays literal.
 std::string OnigurumaClasses(std::string_view pattern) {
   std::string out;
   out.reserve(pattern.size());
@@ -54,9 +65,16 @@ std::string OnigurumaClasses(std::string_view pattern) {
         i = stop - 1;
         continue;
       }
-      const char* cls = e == 'w' || e == 'W' ? kWordClass : e == 's' || e == 'S' ? kSpaceClass
-                                                                                : nullptr;
-      const bool negated = e == 'W' || e == 'S';
+      if (e == 'u' && IsHex4(pattern.substr(i + 2, 4))) {
+        out.append("\\x{").append(pattern.substr(i + 2, 4)).append("}");  // \uHHHH
+        i += 5;
+        continue;
+      }
+      const char* cls = e == 'w' || e == 'W'   ? kWordClass
+                        : e == 's' || e == 'S' ? kSpaceClass
+                        : e == 'h' || e == 'H' ? kHexClass
+                                               : nullptr;
+      const bool negated = e == 'W' || e == 'S' || e == 'H';
       if (cls != nullptr && !(in_class && negated)) {
         if (in_class) {
           out.append(cls);

@@ -71,6 +71,11 @@ TEST(RegexTest, WordAndSpaceClassesAreOniguruma) {
   ASSERT_TRUE(re.ok()) << re.status();
   EXPECT_EQ(Matches(**re, "नमस्ते 👩\u200d👩"),
             (std::vector<std::string>{"नमस्ते", " ", "👩", "\u200d", "👩"}));
+  // Ruby syntax: \uHHHH is a code point, \h a hex digit.
+  auto ruby = Regex::Compile(R"([\u3040-\u309F]+|\h+)");
+  ASSERT_TRUE(ruby.ok()) << ruby.status();
+  EXPECT_EQ(Matches(**ruby, "ひらがな 0xBEEF"),
+            (std::vector<std::string>{"ひらがな", "0", "BEEF"}));
   // U+180E is not White_Space.
   EXPECT_EQ(Matches(**re, "a\u180e"), (std::vector<std::string>{"a", "\u180e"}));
 }
