@@ -44,10 +44,17 @@ std::optional<Refusal> EmbedKind::Admit(Request&, AdmissionRequest* a) {
   return std::nullopt;
 }
 
+bool EmbedKind::NeedsTokenizer(const Request& r) const {
+  const std::vector<EmbedItem>& inputs = Of(r).input.inputs;
+  return std::any_of(inputs.begin(), inputs.end(), [](const EmbedItem& i) { return i.has_text; });
+}
+
+PromptTexts EmbedKind::TakeTexts(Request& r) { return router::TakeTexts(&Of(r).input); }
+
 absl::Status EmbedKind::Validate(Request& request, const ModelLimits& model,
-                                 const RequestLimits& limits) {
+                                 const RequestLimits& limits, const EncodedTexts& encoded) {
   EmbedRequest& r = Of(request);
-  absl::StatusOr<ValidatedEmbed> v = ValidateEmbed(r.input, model, limits);
+  absl::StatusOr<ValidatedEmbed> v = ValidateEmbed(r.input, encoded, model, limits);
   if (!v.ok()) return v.status();
   r.tokens = std::move(v->inputs);
   r.total_tokens = v->total_tokens;
@@ -59,10 +66,7 @@ int64_t EmbedKind::PromptTokens(const Request& request) const {
   const EmbedRequest& r = Of(request);
   if (r.validated) return r.total_tokens;
   int64_t tokens = 0;
-  for (const EmbedItem& item : r.input.inputs) {
-    tokens += item.has_text ? static_cast<int64_t>(item.text.size()) + 1
-                            : static_cast<int64_t>(item.token_ids.size());
-  }
+  for (const EmbedItem& item : r.input.inputs) tokens += static_cast<int64_t>(item.token_ids.size());
   return tokens;
 }
 
@@ -148,7 +152,7 @@ void EmbedKind::OnDone(EmbedRequest& r, WorkerState* w, EmbedDoneInfo done, int6
   out.timings = {MillisBetween(r.arrival, r.dispatched), MillisBetween(r.arrival, now),
                  MillisBetween(r.arrival, now)};
   host_->metrics().OnEmbedFinished(out.usage, out.timings, static_cast<int>(out.embeddings.size()));
-  host_->Finish(r, w, std::move(out));
+  host_->Finish(r, w, std::move(out), /*cancel_on_worker=*/false);
 }
 
 bool EmbedKind::Detach(const Request& request, WorkerState* w) {

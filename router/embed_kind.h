@@ -31,7 +31,10 @@ class EmbedKind final : public RequestKind {
   std::optional<Arrival> Receive(ClientMessage& message, const RequestLimits& limits) override;
   // Refuses FAILED_PRECONDITION unsupported when workers are registered and none embeds.
   std::optional<Refusal> Admit(Request& r, AdmissionRequest* a) override;
-  absl::Status Validate(Request& r, const ModelLimits& model, const RequestLimits& limits) override;
+  bool NeedsTokenizer(const Request& r) const override;
+  PromptTexts TakeTexts(Request& r) override;
+  absl::Status Validate(Request& r, const ModelLimits& model, const RequestLimits& limits,
+                        const EncodedTexts& encoded) override;
   int64_t PromptTokens(const Request& r) const override;
   // Never placeable: no worker embeds (unsupported), or more inputs than any worker's embed
   // queue holds (invalid_argument).

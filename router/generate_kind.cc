@@ -43,12 +43,23 @@ std::optional<Refusal> GenerateKind::Admit(Request& request, AdmissionRequest* a
   return std::nullopt;
 }
 
+bool GenerateKind::NeedsTokenizer(const Request& r) const {
+  return Of(r).input.has_text || !Of(r).input.stop.empty();
+}
+
+PromptTexts GenerateKind::TakeTexts(Request& r) { return router::TakeTexts(&Of(r).input); }
+
 absl::Status GenerateKind::Validate(Request& request, const ModelLimits& model,
-                                    const RequestLimits& limits) {
+                                    const RequestLimits& limits, const EncodedTexts& encoded) {
   GenerateRequest& r = Of(request);
-  absl::StatusOr<ValidatedPrompt> v = ValidateGenerate(r.input, model, limits);
+  absl::StatusOr<ValidatedPrompt> v = ValidateGenerate(r.input, encoded, model, limits);
   if (!v.ok()) return v.status();
   r.prompt = std::move(v->tokens);
+  r.tokenizer = model.tokenizer;
+  r.skip_special_tokens = r.input.skip_special_tokens;
+  if (!r.input.stop.empty()) {
+    r.stops.emplace(std::move(r.input.stop), r.input.include_stop_str_in_output);
+  }
   r.input = GenerateInput();
   return absl::OkStatus();
 }
@@ -56,8 +67,7 @@ absl::Status GenerateKind::Validate(Request& request, const ModelLimits& model,
 int64_t GenerateKind::PromptTokens(const Request& request) const {
   const GenerateRequest& r = Of(request);
   if (r.validated) return static_cast<int64_t>(r.prompt.size());
-  return r.input.has_text ? static_cast<int64_t>(r.input.text.size()) + 1
-                          : static_cast<int64_t>(r.input.token_ids.size());
+  return static_cast<int64_t>(r.input.token_ids.size());
 }
 
 PlacementView GenerateKind::Place(const Request& request, const std::vector<WorkerState*>& workers,
@@ -113,7 +123,24 @@ void GenerateKind::OnWorkerEvent(Request& request, WorkerState* w, WorkerEvent e
               "the worker answered a generate request with embeddings");
 }
 
+std::string GenerateKind::TextOf(GenerateRequest& r, const SampleResult* token, bool last) {
+  if (r.tokenizer == nullptr) return "";
+  if (r.decoder == nullptr) {
+    r.decoder = std::make_unique<text::StreamDecoder>(r.tokenizer.get(), r.skip_special_tokens);
+  }
+  std::string text = token != nullptr ? r.decoder->Add(token->token) : std::string();
+  if (last) text += r.decoder->Finish();
+  if (r.stops) {
+    text = r.stops->Feed(text);
+    if (last) text += r.stops->Flush();
+  }
+  r.text += text;
+  return text;
+}
+
 void GenerateKind::OnToken(GenerateRequest& r, WorkerState* w, const TokenEvent& e, int64_t now) {
+  bool stopped = false;
+  std::string rest;  // text the end completed that no chunk carries
   if (e.has_token) {
     if (r.first_token == 0) r.first_token = now;
     r.output.push_back(e.token);
@@ -121,31 +148,37 @@ void GenerateKind::OnToken(GenerateRequest& r, WorkerState* w, const TokenEvent&
     const int64_t left = r.sampling.max_tokens - static_cast<int64_t>(r.output.size());
     w->outstanding_tokens += left - r.outstanding;
     r.outstanding = left;
+    std::string text = TextOf(r, &e.token, e.finished);
+    stopped = r.stops && r.stops->stopped();
     if (r.stream) {
       GenerateChunkOut chunk;
       chunk.request_id = r.request_id;
       chunk.index = static_cast<int>(r.output.size()) - 1;
       chunk.tokens.push_back(e.token);
-      chunk.text = Decode({e.token.token});
+      chunk.text = std::move(text);
       if (!host_->SendToClient(r.client, chunk)) return;  // the client is gone, and `r` with it
     }
+  } else if (e.finished) {
+    rest = TextOf(r, nullptr, /*last=*/true);
   }
-  if (!e.finished) return;
+  if (!e.finished && !stopped) return;
   GenerateFinalOut f;
   f.request_id = r.request_id;
   if (!r.stream) {
-    std::vector<int32_t> ids;
-    for (const SampleResult& t : r.output) ids.push_back(t.token);
     f.tokens = r.output;
-    f.text = Decode(ids);
+    f.text = r.text;
+  } else {
+    f.text = std::move(rest);
   }
-  f.finish_reason = e.finish_reason;
+  f.finish_reason = stopped ? "stop" : e.finish_reason;
+  if (stopped) f.stop_string = r.stops->matched();
   f.usage = {static_cast<int>(r.prompt.size()), static_cast<int>(r.output.size()),
              e.cached_prompt_tokens};
   f.timings = {MillisBetween(r.arrival, r.dispatched), MillisBetween(r.arrival, r.first_token),
                MillisBetween(r.arrival, now)};
   host_->metrics().OnGenerateFinished(f.finish_reason, f.usage, f.timings);
-  host_->Finish(r, w, std::move(f));
+  // A stop string ends the sequence before the worker would: it drops it (its KV blocks free).
+  host_->Finish(r, w, std::move(f), /*cancel_on_worker=*/stopped && !e.finished);
 }
 
 bool GenerateKind::Detach(const Request& r, WorkerState* w) {
@@ -154,11 +187,6 @@ bool GenerateKind::Detach(const Request& r, WorkerState* w) {
 
 int64_t GenerateKind::GeneratedTokens(const Request& r) const {
   return static_cast<int64_t>(Of(r).output.size());
-}
-
-std::string GenerateKind::Decode(const std::vector<int32_t>& ids) const {
-  const ModelLimits& model = host_->model();
-  return model.tokenizer != nullptr ? model.tokenizer->Decode(ids, /*skip_special_tokens=*/true) : std::string();
 }
 
 }  // namespace carpool::router

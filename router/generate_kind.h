@@ -2,16 +2,30 @@
 // as GenerateChunkOut, or all at once) and a GenerateFinalOut with usage and timings. A stream
 // whose worker is lost resumes on another from the tokens already sent.
 //
+// Output text: one text::StreamDecoder per request (its model's tokenizer, skip_special_tokens
+// as asked) turns the tokens into text as they come, so a chunk's text is what its tokens
+// complete; text that only the end completes (a character cut short, a possible stop string)
+// comes with the last chunk, or in the final's text when the worker ended without a token. The
+// non-streamed final's text is the decode of all the tokens. The decoder lives in the request,
+// so a stream resumed on another worker continues its text exactly. Stop strings
+// (router/stop_strings.h) are matched on that text; the first one ends the request at once:
+// finish_reason "stop", stop_string set, the worker told to drop the sequence.
+//
 // Thread-compatible: owned by the router's event loop.
 #ifndef CARPOOL_ROUTER_GENERATE_KIND_H_
 #define CARPOOL_ROUTER_GENERATE_KIND_H_
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "router/request_kind.h"
 #include "router/router.h"
+#include "router/stop_strings.h"
+#include "text/stream_decoder.h"
 
 namespace carpool::router {
 
@@ -23,6 +37,12 @@ struct GenerateRequest final : Request {
   uint64_t cache_salt = 0;           // its tenant's: prefix caches are not shared across tenants
   int64_t first_token = 0;           // micros; 0: none yet
   std::vector<SampleResult> output;  // every token so far, kept across failovers
+  // The output text, once validated (kept across failovers). The tokenizer outlives the decoder.
+  std::shared_ptr<const Tokenizer> tokenizer;  // null: the model has none (no text)
+  bool skip_special_tokens = true;
+  std::unique_ptr<text::StreamDecoder> decoder;
+  std::optional<StopStrings> stops;
+  std::string text;  // all the text sent or to send (the non-streamed final's)
 };
 
 class GenerateKind final : public RequestKind {
@@ -33,7 +53,10 @@ class GenerateKind final : public RequestKind {
   const char* name() const override { return "generate"; }
   std::optional<Arrival> Receive(ClientMessage& message, const RequestLimits& limits) override;
   std::optional<Refusal> Admit(Request& r, AdmissionRequest* a) override;
-  absl::Status Validate(Request& r, const ModelLimits& model, const RequestLimits& limits) override;
+  bool NeedsTokenizer(const Request& r) const override;
+  PromptTexts TakeTexts(Request& r) override;
+  absl::Status Validate(Request& r, const ModelLimits& model, const RequestLimits& limits,
+                        const EncodedTexts& encoded) override;
   int64_t PromptTokens(const Request& r) const override;
   PlacementView Place(const Request& r, const std::vector<WorkerState*>& workers,
                       const PrefixIndex& prefixes) override;
@@ -45,7 +68,8 @@ class GenerateKind final : public RequestKind {
  private:
   // The worker's answer for a token (and its relay), and the end of the request when finished.
   void OnToken(GenerateRequest& r, WorkerState* w, const TokenEvent& e, int64_t now);
-  std::string Decode(const std::vector<int32_t>& ids) const;
+  // The text `token` completes (and, when `last`, all that is left), after the stop strings.
+  std::string TextOf(GenerateRequest& r, const SampleResult* token, bool last);
 
   RequestHost* host_;
   std::vector<uint64_t> cache_salts_;            // by tenant

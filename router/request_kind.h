@@ -41,8 +41,21 @@ namespace carpool::router {
 
 class RequestKind;
 
-// A request the router has admitted and not yet ended. Each kind derives its own struct (its
-// input and what it keeps across dispatches) and is the only code that reads those fields.
+// Where a request is in the router, from its arrival to its end.
+enum class Stage {
+  // Text whose model's tokenizer is not there yet: no worker has registered (which model it
+  // names is not known), or the model's tokenizer is loading. Not admitted yet.
+  kWaitingForTokenizer,
+  // Its text is being tokenized on the tokenizer pool. Not admitted yet.
+  kTokenizing,
+  // In the admission controller: queued, or dispatched to a worker.
+  kAdmitted,
+};
+
+// A request the router holds, from its acceptance to its end. Each kind derives its own struct
+// (its input and what it keeps across dispatches) and is the only code that reads those fields.
+// At every stage it is in the request table and counts for its client's duplicate request_id
+// check; a cancel, its deadline or its client's loss ends it.
 struct Request {
   virtual ~Request() = default;
 
@@ -53,7 +66,14 @@ struct Request {
   int tenant = -1;     // index into RouterOptions::tenants; -1: anonymous
   Priority priority = Priority::kDefault;  // the class it runs at (the tenant's cap applied)
   bool validated = false;                  // checked against the model (RequestKind::Validate)
+  // The model it names ("": the only one); once resolved, the served model's name.
+  std::string model;
+  bool model_resolved = false;
+  Stage stage = Stage::kAdmitted;
+  // What admission is asked: built at arrival, submitted once the prompt's tokens are known.
+  AdmissionRequest admission;
   int64_t arrival = 0;                     // micros on the router's clock
+  int64_t deadline = 0;                    // micros on the router's clock; 0: none
   int64_t dispatched = 0;                  // its first dispatch; 0: none yet
   // While a worker runs it: the worker's identity and the current dispatch.
   std::string worker;
@@ -91,10 +111,11 @@ class RequestHost {
   virtual void Fail(uint64_t router_id, absl::StatusCode code, const char* why,
                     std::string message) = 0;
   // `r` finished on `w`: takes it off w's books, ends it (it feeds the service rate), then
-  // sends `answer` to its client. `r` is destroyed.
-  virtual void Finish(Request& r, WorkerState* w, ServerMessage answer) = 0;
-  // The served model, from the workers' registrations (its tokenizer decodes output).
-  virtual const ModelLimits& model() const = 0;
+  // sends `answer` to its client. `r` is destroyed. `cancel_on_worker`: the router ended it
+  // before the worker did (a stop string): the worker is told to drop it, so its KV blocks
+  // free at once, and its later tokens are stale.
+  virtual void Finish(Request& r, WorkerState* w, ServerMessage answer,
+                      bool cancel_on_worker) = 0;
   virtual const WorkerRegistry& workers() const = 0;
   virtual RouterMetrics& metrics() = 0;
 
@@ -102,8 +123,11 @@ class RequestHost {
   ~RequestHost() = default;
 };
 
-// One kind of request. The loop calls the stages in this order: Receive, Admit, Validate (at
-// arrival once the model is known, else before its first placement), then Place and Dispatch
+// One kind of request. The loop calls the stages in this order: Receive, Admit (the kind's
+// part: AdmissionRequest filled, not yet submitted), TakeTexts when NeedsTokenizer (tokenized on the
+// pool, Stage::kTokenizing), Validate (once the tokens are known; a request of token ids at
+// arrival once the model is known, else before its first placement), the admission
+// controller's Admit with the real prompt tokens, then Place and Dispatch
 // each time it is dispatched, OnWorkerEvent for each answer of its worker, and Detach whenever
 // it leaves a worker. A lost or stalled worker's requests are detached, re-queued by the loop
 // (up to RouterOptions::max_migrations, then UNAVAILABLE worker_lost) and dispatched again:
@@ -121,12 +145,17 @@ class RequestKind {
   // Admission: sets what `a` needs of this kind (max_tokens, kv_resident) and the request's own
   // state that depends on its tenant (r.tenant is set). A refusal ends it before it is queued.
   virtual std::optional<Refusal> Admit(Request& r, AdmissionRequest* a) = 0;
-  // Checks `r` against the served model, tokenizing text. An error (its reason:
-  // ValidationReason) ends the request.
-  virtual absl::Status Validate(Request& r, const ModelLimits& model,
-                                const RequestLimits& limits) = 0;
-  // The prompt tokens admission reserves: exact once validated; before, a bound (the byte
-  // tokenizer's count, one token per byte plus BOS).
+  // Whether `r` needs its model's tokenizer before it can be validated: text to tokenize, or
+  // stop strings to match on the output text.
+  virtual bool NeedsTokenizer(const Request& r) const = 0;
+  // The texts to tokenize, moved out of `r` (the tokenizer pool encodes them).
+  virtual PromptTexts TakeTexts(Request& r) = 0;
+  // Checks `r` against its model; `encoded` holds the tokens of TakeTexts' texts (empty when
+  // it had none). An error (its reason: ValidationReason) ends the request.
+  virtual absl::Status Validate(Request& r, const ModelLimits& model, const RequestLimits& limits,
+                                const EncodedTexts& encoded) = 0;
+  // The prompt tokens admission reserves: exact once validated; before (a request of token ids
+  // queued before any worker registered), their count.
   virtual int64_t PromptTokens(const Request& r) const = 0;
 
   // How `r` sees each of `workers` now (credit, load, cached prefix) and its size.
@@ -149,13 +178,15 @@ class RequestKind {
 };
 
 // The Arrival of a client's `input` (GenerateInput, EmbedInput, ...) as request `r` of `kind`:
-// what every kind's input carries (request_id, priority, api_key, deadline_ms) and `shape`.
+// what every kind's input carries (request_id, priority, model, api_key, deadline_ms) and
+// `shape`.
 // The caller moves its own fields into `r`, then `r` into Arrival::request.
 template <typename Input>
 Arrival ArrivalOf(RequestKind* kind, const Input& input, Request* r, absl::Status shape) {
   r->kind = kind;
   r->request_id = input.request_id;
   r->priority = input.priority;
+  r->model = input.model;
   Arrival a;
   a.api_key = input.api_key;
   a.deadline_ms = input.deadline_ms;

@@ -4,6 +4,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "common/tokenizer.h"
 
 namespace carpool::router {
@@ -24,6 +25,12 @@ absl::Status CheckRequestId(const std::string& id, const RequestLimits& limits) 
         absl::StrCat("request_id is longer than ", limits.max_request_id_bytes, " bytes"));
   }
   return absl::OkStatus();
+}
+
+absl::Status NoTokenizer(std::string_view label) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(std::string(label),
+                   "the served model has no tokenizer in carpool: send token_ids instead of text"));
 }
 
 }  // namespace
@@ -57,21 +64,45 @@ absl::Status ValidateShape(const GenerateInput& r, const RequestLimits& limits) 
                                                    " entries; the limit is ",
                                                    limits.max_stop_token_ids));
   }
+  if (static_cast<int>(r.stop.size()) > limits.max_stop_strings) {
+    return absl::InvalidArgumentError(absl::StrCat("stop has ", r.stop.size(),
+                                                   " strings; the limit is ",
+                                                   limits.max_stop_strings));
+  }
+  for (size_t i = 0; i < r.stop.size(); ++i) {
+    if (static_cast<int>(r.stop[i].size()) > limits.max_stop_string_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("stop[", i, "] is ", r.stop[i].size(),
+                                                     " bytes; the limit is ",
+                                                     limits.max_stop_string_bytes));
+    }
+  }
   return r.sampling.Validate(std::numeric_limits<int>::max());
 }
 
 absl::StatusOr<ValidatedPrompt> ValidateGenerate(const GenerateInput& r, const ModelLimits& model,
                                                  const RequestLimits& limits) {
-  if (absl::Status s = ValidateShape(r, limits); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateShape(r, limits));
+  EncodedTexts encoded;
+  if (r.has_text) {
+    if (model.tokenizer == nullptr) return NoTokenizer("");
+    GenerateInput copy;
+    copy.has_text = true;
+    copy.text = r.text;
+    copy.add_bos = r.add_bos;
+    ASSIGN_OR_RETURN(encoded, EncodeTexts(*model.tokenizer, TakeTexts(&copy)));
+  }
+  return ValidateGenerate(r, encoded, model, limits);
+}
+
+absl::StatusOr<ValidatedPrompt> ValidateGenerate(const GenerateInput& r,
+                                                 const EncodedTexts& encoded,
+                                                 const ModelLimits& model,
+                                                 const RequestLimits& /*limits*/) {
   ValidatedPrompt out;
   if (r.has_text) {
-    if (model.tokenizer == nullptr) {
-      return absl::InvalidArgumentError(
-          "the served model has no tokenizer in carpool yet: send token_ids instead of text");
-    }
-    auto ids = model.tokenizer->Encode(r.text, r.add_bos);
-    if (!ids.ok()) return ids.status();
-    out.tokens = std::move(*ids);
+    if (encoded.size() != 1) return absl::InternalError("the prompt text was not tokenized");
+    out.tokens = encoded[0];
+    if (out.tokens.empty()) return absl::InvalidArgumentError("the prompt text has no tokens");
   } else {
     out.tokens = r.token_ids;
   }
@@ -84,6 +115,9 @@ absl::StatusOr<ValidatedPrompt> ValidateGenerate(const GenerateInput& r, const M
     }
   }
   if (absl::Status s = r.sampling.Validate(model.vocab_size); !s.ok()) return s;
+  if (!r.stop.empty() && model.tokenizer == nullptr) {
+    return NoTokenizer("stop strings are matched on the output text: ");
+  }
   const int64_t prompt_len = static_cast<int64_t>(out.tokens.size());
   if (prompt_len >= model.max_model_len) {
     return PromptTooLong(absl::StrCat("prompt is ", prompt_len, " tokens; max_model_len is ",
@@ -134,22 +168,35 @@ absl::Status ValidateEmbedShape(const EmbedInput& r, const RequestLimits& limits
 
 absl::StatusOr<ValidatedEmbed> ValidateEmbed(const EmbedInput& r, const ModelLimits& model,
                                              const RequestLimits& limits) {
-  if (absl::Status s = ValidateEmbedShape(r, limits); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateEmbedShape(r, limits));
+  EncodedTexts encoded;
+  for (size_t i = 0; i < r.inputs.size(); ++i) {
+    if (r.inputs[i].has_text && model.tokenizer == nullptr) {
+      return NoTokenizer(absl::StrCat("inputs[", i, "]: "));
+    }
+  }
+  EmbedInput copy = r;
+  PromptTexts texts = TakeTexts(&copy);
+  if (!texts.texts.empty()) {
+    ASSIGN_OR_RETURN(encoded, EncodeTexts(*model.tokenizer, texts));
+  }
+  return ValidateEmbed(r, encoded, model, limits);
+}
+
+absl::StatusOr<ValidatedEmbed> ValidateEmbed(const EmbedInput& r, const EncodedTexts& encoded,
+                                             const ModelLimits& model,
+                                             const RequestLimits& /*limits*/) {
   ValidatedEmbed out;
   out.inputs.reserve(r.inputs.size());
+  size_t next_text = 0;
   for (size_t i = 0; i < r.inputs.size(); ++i) {
     const EmbedItem& item = r.inputs[i];
     std::vector<int32_t> tokens;
     if (item.has_text) {
-      if (model.tokenizer == nullptr) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "inputs[", i,
-            "]: the served model has no tokenizer in carpool yet: send token_ids instead of "
-            "text"));
+      if (next_text >= encoded.size()) {
+        return absl::InternalError(absl::StrCat("inputs[", i, "] was not tokenized"));
       }
-      auto ids = model.tokenizer->Encode(item.text, r.add_bos);
-      if (!ids.ok()) return ids.status();
-      tokens = std::move(*ids);
+      tokens = encoded[next_text++];
     } else {
       tokens = item.token_ids;
     }
@@ -173,7 +220,88 @@ absl::StatusOr<ValidatedEmbed> ValidateEmbed(const EmbedInput& r, const ModelLim
   return out;
 }
 
+absl::Status CheckUtf8(std::string_view text, std::string_view what) {
+  size_t i = 0;
+  while (i < text.size()) {
+    const auto lead = static_cast<uint8_t>(text[i]);
+    int n = 0;
+    if (lead < 0x80) {
+      n = 1;
+    } else if (lead >= 0xC2 && lead <= 0xDF) {
+      n = 2;
+    } else if (lead >= 0xE0 && lead <= 0xEF) {
+      n = 3;
+    } else if (lead >= 0xF0 && lead <= 0xF4) {
+      n = 4;
+    }
+    bool ok = n > 0 && i + n <= text.size();
+    for (int k = 1; ok && k < n; ++k) {
+      const auto b = static_cast<uint8_t>(text[i + k]);
+      uint8_t lo = 0x80, hi = 0xBF;
+      if (k == 1) {  // no overlongs, no surrogates, nothing past U+10FFFF
+        if (lead == 0xE0) lo = 0xA0;
+        if (lead == 0xED) hi = 0x9F;
+        if (lead == 0xF0) lo = 0x90;
+        if (lead == 0xF4) hi = 0x8F;
+      }
+      ok = b >= lo && b <= hi;
+    }
+    if (!ok) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(std::string(what), " is not valid UTF-8 at byte ", i));
+    }
+    i += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<EncodedTexts> EncodeTexts(const Tokenizer& tokenizer, const PromptTexts& texts) {
+  EncodedTexts out;
+  out.reserve(texts.texts.size());
+  for (size_t i = 0; i < texts.texts.size(); ++i) {
+    const std::string& label = i < texts.labels.size() ? texts.labels[i] : std::string();
+    RETURN_IF_ERROR(CheckUtf8(texts.texts[i], label.empty() ? "the prompt text"
+                                                             : label + "text"));
+    absl::StatusOr<std::vector<int32_t>> ids =
+        tokenizer.Encode(texts.texts[i], texts.add_special_tokens);
+    if (!ids.ok()) {
+      return absl::Status(ids.status().code(), absl::StrCat(label, ids.status().message()));
+    }
+    out.push_back(std::move(*ids));
+  }
+  return out;
+}
+
+PromptTexts TakeTexts(GenerateInput* r) {
+  PromptTexts t;
+  t.add_special_tokens = r->add_bos;
+  if (r->has_text) {
+    t.texts.push_back(std::move(r->text));
+    t.labels.emplace_back();
+    r->text.clear();
+  }
+  return t;
+}
+
+PromptTexts TakeTexts(EmbedInput* r) {
+  PromptTexts t;
+  t.add_special_tokens = r->add_bos;
+  for (size_t i = 0; i < r->inputs.size(); ++i) {
+    EmbedItem& item = r->inputs[i];
+    if (!item.has_text) continue;
+    t.texts.push_back(std::move(item.text));
+    t.labels.push_back(absl::StrCat("inputs[", i, "]: "));
+    item.text.clear();
+  }
+  return t;
+}
+
+absl::Status UnknownModel(std::string message) {
+  return absl::NotFoundError(std::move(message));
+}
+
 const char* ValidationReason(const absl::Status& status) {
+  if (absl::IsNotFound(status)) return reason::kUnknownModel;
   return status.GetPayload(kTooLongPayload).has_value() ? reason::kPromptTooLong
                                                         : reason::kInvalidArgument;
 }

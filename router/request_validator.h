@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/messages.h"
@@ -22,13 +24,34 @@ struct ModelLimits {
   int bos_token_id = -1;
 };
 
+// Text a request asks the router to tokenize, and each text's label in errors ("" for a
+// generate prompt, "inputs[3]: " for an embed input).
+struct PromptTexts {
+  std::vector<std::string> texts;
+  std::vector<std::string> labels;
+  bool add_special_tokens = true;
+};
+// One token-id list per PromptTexts text, in order.
+using EncodedTexts = std::vector<std::vector<int32_t>>;
+
+// Tokenizes `texts` with `tokenizer`: INVALID_ARGUMENT naming the label and the byte offset
+// when a text is not valid UTF-8 (for every tokenizer, the byte tokenizer too), or the
+// tokenizer's error. Thread-safe: the router's tokenizer pool runs it.
+absl::StatusOr<EncodedTexts> EncodeTexts(const Tokenizer& tokenizer, const PromptTexts& texts);
+
+// OK, or INVALID_ARGUMENT "`what` is not valid UTF-8 at byte N".
+absl::Status CheckUtf8(std::string_view text, std::string_view what);
+
 struct RequestLimits {
   // Longest client request_id. Default: 128 bytes.
   int max_request_id_bytes = 128;
   // Longest text prompt. Default: 1 MiB.
   int64_t max_prompt_bytes = 1 << 20;
-  // Most stop token ids (carpool's stop sequences are single tokens). Default: 64.
+  // Most stop token ids. Default: 64.
   int max_stop_token_ids = 64;
+  // Most stop strings, and the longest one. Defaults: 64, 1024 bytes.
+  int max_stop_strings = 64;
+  int max_stop_string_bytes = 1024;
   // Most prompt token ids, checked before the model is known. Default: 262144.
   int64_t max_prompt_tokens = 1 << 18;
   // Largest max_tokens, checked before the model is known (then max_model_len bounds it).
@@ -47,6 +70,13 @@ struct ValidatedPrompt {
 absl::StatusOr<ValidatedPrompt> ValidateGenerate(const GenerateInput& request,
                                                  const ModelLimits& model,
                                                  const RequestLimits& limits);
+// The same with its text already tokenized: `encoded` holds one list when request.has_text
+// (the router tokenizes on its pool and validates on the loop). REQUIRES: ValidateShape passed
+// (at arrival; the text may since have been moved out).
+absl::StatusOr<ValidatedPrompt> ValidateGenerate(const GenerateInput& request,
+                                                 const EncodedTexts& encoded,
+                                                 const ModelLimits& model,
+                                                 const RequestLimits& limits);
 
 // Checks that need no model (ids, sizes, sampling ranges); run at arrival.
 absl::Status ValidateShape(const GenerateInput& request, const RequestLimits& limits);
@@ -61,11 +91,25 @@ struct ValidatedEmbed {
 };
 absl::StatusOr<ValidatedEmbed> ValidateEmbed(const EmbedInput& request, const ModelLimits& model,
                                              const RequestLimits& limits);
+// The same with its text inputs already tokenized: `encoded` holds one list per text input, in
+// order. REQUIRES: ValidateEmbedShape passed (at arrival).
+absl::StatusOr<ValidatedEmbed> ValidateEmbed(const EmbedInput& request,
+                                             const EncodedTexts& encoded,
+                                             const ModelLimits& model,
+                                             const RequestLimits& limits);
 
 // The embed checks that need no model; run at arrival.
 absl::Status ValidateEmbedShape(const EmbedInput& request, const RequestLimits& limits);
 
-// The reason string for a validation error (prompt_too_long or invalid_argument).
+// The texts of a request to tokenize (moved out of it).
+PromptTexts TakeTexts(GenerateInput* request);
+PromptTexts TakeTexts(EmbedInput* request);
+
+// A NOT_FOUND error for a model no worker serves: its reason is unknown_model.
+absl::Status UnknownModel(std::string message);
+
+// The reason string for a validation error (prompt_too_long, unknown_model or
+// invalid_argument).
 const char* ValidationReason(const absl::Status& status);
 
 }  // namespace carpool::router

@@ -64,6 +64,9 @@ absl::Status RouterOptions::Validate() const {
     return absl::InvalidArgumentError("--affinity-load-weight must be >= 0");
   }
   if (drain_grace_ms < 0) return absl::InvalidArgumentError("--drain-grace-ms must be >= 0");
+  if (tokenizer_threads < 1 || tokenizer_threads > 256) {
+    return absl::InvalidArgumentError("--tokenizer-threads must be in [1, 256]");
+  }
   for (const std::string& key : admin_api_keys) {
     if (key.empty()) return absl::InvalidArgumentError("an admin API key is empty");
   }
@@ -89,6 +92,7 @@ Router::Impl::Impl(const RouterOptions& o)
 Router::Impl::~Impl() = default;
 
 absl::Status Router::Impl::Init() {
+  ASSIGN_OR_RETURN(pool_, TokenizerPool::Create(options_.tokenizer_threads));
   SocketOptions so;
   so.max_message_bytes = options_.max_frame_bytes;
   ASSIGN_OR_RETURN(backend_, Socket::Create(&context_, zmq::socket_type::router, so));
@@ -117,9 +121,11 @@ absl::Status Router::Impl::Init() {
 absl::Status Router::Impl::Run(const std::atomic<bool>& stop, const std::atomic<bool>& drain) {
   int64_t next_check = 0;
   while (!stop.load(std::memory_order_relaxed)) {
-    const PollItem items[] = {{frontend_.get()}, {backend_.get()}, {inproc_.get()}};
+    const PollItem items[] = {
+        {frontend_.get()}, {backend_.get()}, {inproc_.get()}, {nullptr, pool_->wake_fd()}};
     ASSIGN_OR_RETURN(const PollResult readable,
                      Poll(items, backlog_->empty() ? kPollMillis : kBacklogPollMillis));
+    if (readable[3]) pool_->RunCompletions();
     if (readable[1]) RETURN_IF_ERROR(DrainBackend());
     if (readable[0]) RETURN_IF_ERROR(DrainFrontend(frontend_.get(), kTcpClient));
     if (readable[2]) RETURN_IF_ERROR(DrainFrontend(inproc_.get(), kInprocClient));
@@ -128,6 +134,7 @@ absl::Status Router::Impl::Run(const std::atomic<bool>& stop, const std::atomic<
     if (now >= next_check) {
       CheckWorkers(now);
       ExpireDeadlines();
+      ExpireUnadmitted(now);
       next_check = now + kCheckIntervalMicros;
     }
     TryDispatch();
@@ -282,6 +289,10 @@ void Router::Impl::OnClientFrame(const std::string& client, const std::string& p
   }
   if (auto* c = std::get_if<CancelInput>(&*m)) {
     OnCancel(client, c->request_id);
+  } else if (auto* t = std::get_if<TokenizeInput>(&*m)) {
+    OnTokenize(client, std::move(*t));
+  } else if (auto* d = std::get_if<DetokenizeInput>(&*m)) {
+    OnDetokenize(client, std::move(*d));
   } else {
     OnStats(client, std::get<StatsQuery>(*m));
   }
@@ -340,7 +351,7 @@ const RequestLimits& Router::Impl::LimitsFor(const std::string& client) const {
 bool Router::Impl::Accept(const std::string& client, const std::string& request_id,
                           const absl::Status& shape, const std::string& api_key, int* tenant) {
   // First: every refusal below would name a live request.
-  if (by_client_.contains({client, request_id})) {
+  if (by_client_.contains({client, request_id}) || text_calls_.contains({client, request_id})) {
     SendError(client, request_id, absl::StatusCode::kAlreadyExists, reason::kDuplicateRequestId,
               absl::StrCat("request_id '", request_id,
                            "' is already in flight; this request is refused, the one in flight "
@@ -384,33 +395,66 @@ void Router::Impl::OnRequest(const std::string& client, Arrival arrival) {
   }
   r.client = client;
   r.tenant = tenant;
-  AdmissionRequest a;
+  AdmissionRequest& a = r.admission;
   if (std::optional<Refusal> refusal = r.kind->Admit(r, &a)) {
     SendError(client, r.request_id, refusal->code, refusal->reason, std::move(refusal->message),
               refusal->retry_after_ms);
     return;
   }
-  r.router_id = next_router_id_++;
+  const uint64_t router_id = next_router_id_++;
+  r.router_id = router_id;
   r.arrival = clock_->NowMicros();
-  a.id = r.router_id;
+  a.id = router_id;
   a.tenant = tenant;
   a.priority = r.priority;
-  if (arrival.deadline_ms > 0) a.deadline_micros = r.arrival + arrival.deadline_ms * 1000;
-  // Before any worker has registered the model is unknown: PromptTokens is then a bound, and
-  // the request is validated before its first placement.
-  if (limits_.known && !Validate(r)) return;
-  a.prompt_tokens = r.kind->PromptTokens(r);
-  Enqueue(std::move(arrival.request), a);
+  if (arrival.deadline_ms > 0) r.deadline = a.deadline_micros = r.arrival + arrival.deadline_ms * 1000;
+  // From here the request is in the tables: a duplicate request_id, a cancel or its client's
+  // loss finds it at every stage.
+  by_client_[{client, r.request_id}] = router_id;
+  requests_.emplace(router_id, std::move(arrival.request));
+  if (!models_.empty() && !ResolveModel(r)) {
+    End(router_id);
+    return;
+  }
+  // Admission counts the real prompt tokens, so a request with text is admitted after its text
+  // is tokenized (on the pool), not before on a bound from its bytes: that bound (a byte per
+  // token) is about four times a real tokenizer's count and would refuse prompts that fit.
+  // Meanwhile it holds no budget; its deadline and the no-worker timeout still end it.
+  if (r.kind->NeedsTokenizer(r)) {
+    StartTokenizing(r);
+    return;
+  }
+  // Before any worker has registered the model is unknown: PromptTokens is then the token ids'
+  // count, and the request is validated before its first placement.
+  if (r.model_resolved && !Validate(r, {})) {
+    End(router_id);
+    return;
+  }
+  Submit(r);
 }
 
-bool Router::Impl::Enqueue(std::unique_ptr<Request> r, const AdmissionRequest& a) {
-  if (std::optional<Refusal> refusal = admission_->Admit(a)) {
-    Refuse(r->client, r->request_id, r->tenant, *refusal);
+bool Router::Impl::ResolveModel(Request& r) {
+  absl::StatusOr<const ServedModel*> m = models_.Resolve(r.model);
+  if (!m.ok()) {
+    SendError(r.client, r.request_id, m.status().code(), ValidationReason(m.status()),
+              std::string(m.status().message()));
     return false;
   }
-  by_client_[{r->client, r->request_id}] = r->router_id;
-  const uint64_t router_id = r->router_id;
-  requests_.emplace(router_id, std::move(r));
+  r.model = (*m)->name;
+  r.model_resolved = true;
+  return true;
+}
+
+bool Router::Impl::Submit(Request& r) {
+  const uint64_t router_id = r.router_id;
+  r.admission.prompt_tokens = r.kind->PromptTokens(r);
+  if (std::optional<Refusal> refusal = admission_->Admit(r.admission)) {
+    Refuse(r.client, r.request_id, r.tenant, *refusal);
+    End(router_id);
+    return false;
+  }
+  r.stage = Stage::kAdmitted;
+  unadmitted_.erase(router_id);
   return true;
 }
 
@@ -421,8 +465,10 @@ void Router::Impl::Refuse(const std::string& client, const std::string& request_
             refusal.retry_after_ms);
 }
 
-bool Router::Impl::Validate(Request& r) {
-  const absl::Status s = r.kind->Validate(r, limits_, LimitsFor(r.client));
+bool Router::Impl::Validate(Request& r, const EncodedTexts& encoded) {
+  const ServedModel* m = models_.Find(r.model);
+  const absl::Status s = m == nullptr ? absl::InternalError("the request's model is not known")
+                                      : r.kind->Validate(r, m->limits, LimitsFor(r.client), encoded);
   if (!s.ok()) {
     SendError(r.client, r.request_id, s.code(), ValidationReason(s), std::string(s.message()));
     return false;
@@ -459,7 +505,10 @@ void Router::Impl::End(uint64_t router_id, bool completed) {
       SendToWorker(r.worker, WorkerCancelInfo{r.dispatch_id});
     }
   }
-  admission_->Release(router_id, r.kind->GeneratedTokens(r), completed);
+  if (r.stage == Stage::kAdmitted) {
+    admission_->Release(router_id, r.kind->GeneratedTokens(r), completed);
+  }
+  unadmitted_.erase(router_id);
   by_dispatch_.erase(r.dispatch_id);
   by_client_.erase({r.client, r.request_id});
   requests_.erase(it);
@@ -481,6 +530,30 @@ void Router::Impl::ExpireDeadlines() {
   for (uint64_t router_id : admission_->Overdue()) {
     Fail(router_id, absl::StatusCode::kDeadlineExceeded, reason::kDeadlineExceeded,
          "the deadline passed while the request ran");
+  }
+}
+
+void Router::Impl::ExpireUnadmitted(int64_t now) {
+  std::vector<uint64_t> router_ids(unadmitted_.begin(), unadmitted_.end());
+  std::sort(router_ids.begin(), router_ids.end());
+  const int64_t wait_limit = options_.admission.no_worker_timeout_ms * 1000;
+  for (uint64_t router_id : router_ids) {
+    auto it = requests_.find(router_id);
+    if (it == requests_.end()) continue;
+    const Request& r = *it->second;
+    if (r.deadline > 0 && now >= r.deadline) {
+      Fail(router_id, absl::StatusCode::kDeadlineExceeded, reason::kDeadlineExceeded,
+           "the deadline passed before the request's text was tokenized");
+    } else if (r.stage == Stage::kWaitingForTokenizer && wait_limit > 0 &&
+               now - r.arrival >= wait_limit) {
+      SendError(r.client, r.request_id, absl::StatusCode::kUnavailable, reason::kNoWorkers,
+                absl::StrCat("the request's model had no tokenizer ready for ",
+                             options_.admission.no_worker_timeout_ms,
+                             " ms (--no-worker-timeout-ms): no worker registered it yet, or "
+                             "its tokenizer is still loading"),
+                kNoWorkersRetryMs);
+      End(router_id);
+    }
   }
 }
 

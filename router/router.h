@@ -10,12 +10,14 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/clock.h"
+#include "common/tokenizer.h"
 #include "router/admission.h"
 #include "router/client_backlog.h"
 #include "router/placement.h"
@@ -83,6 +85,15 @@ struct RouterOptions {
   std::string curve_secret_key;
   std::vector<std::string> curve_allowed_client_keys;
   RequestLimits request_limits;
+  // Threads that tokenize (text prompts, Tokenize / Detokenize requests) and build the models'
+  // tokenizers, off the event loop (router/tokenizer_pool.h). Default: 2.
+  int tokenizer_threads = 2;
+  // Builds the tokenizer of a model registered with tokenizer "hf" from the files its worker
+  // handed over (tokenizer.json, tokenizer_config.json: "" when none), on the tokenizer
+  // threads. Default (empty): text::HfTokenizer::FromJson. Tests inject their own.
+  std::function<absl::StatusOr<std::shared_ptr<const Tokenizer>>(
+      const std::string& tokenizer_json, const std::string& tokenizer_config_json)>
+      load_tokenizer;
   // Not owned; defaults to Clock::Real().
   Clock* clock = nullptr;
 

@@ -1,8 +1,10 @@
 // Router::Impl, the event loop and the state it owns. Internal to carpool_router: router.cc
 // holds the loop, the sockets and the client side (arrival, admission, ends, draining);
 // router_workers.cc the worker side (dispatch, registrations, worker answers, failover, the
-// watchdog). What differs between request kinds lives in their RequestKind
-// (router/request_kind.h: generate_kind.cc, embed_kind.cc); the counts in RouterStats.
+// watchdog); router_text.cc the tokenizer side (text to the tokenizer pool and back, the
+// models' tokenizers, Tokenize / Detokenize requests). What differs between request kinds lives
+// in their RequestKind (router/request_kind.h: generate_kind.cc, embed_kind.cc); the counts in
+// RouterStats.
 #ifndef CARPOOL_ROUTER_ROUTER_IMPL_H_
 #define CARPOOL_ROUTER_ROUTER_IMPL_H_
 
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "common/messages.h"
 #include "common/transport.h"
 #include "router/admission.h"
@@ -21,6 +24,8 @@
 #include "router/request_kind.h"
 #include "router/router.h"
 #include "router/router_stats.h"
+#include "router/served_models.h"
+#include "router/tokenizer_pool.h"
 #include "router/worker_registry.h"
 #include "router/zap_handler.h"
 
@@ -50,8 +55,7 @@ class Router::Impl final : public RequestHost {
   bool SendToClient(const std::string& client, const ServerMessage& message) override;
   void Fail(uint64_t router_id, absl::StatusCode code, const char* why,
             std::string message) override;
-  void Finish(Request& r, WorkerState* w, ServerMessage answer) override;
-  const ModelLimits& model() const override { return limits_; }
+  void Finish(Request& r, WorkerState* w, ServerMessage answer, bool cancel_on_worker) override;
   const WorkerRegistry& workers() const override { return registry_; }
   RouterMetrics& metrics() override { return stats_.metrics(); }
 
@@ -70,22 +74,26 @@ class Router::Impl final : public RequestHost {
   void RefuseFrame(const std::string& client, std::string_view frame, std::string message);
   // The shape limits for `client`'s requests (the in-process client's allow larger prompts).
   const RequestLimits& LimitsFor(const std::string& client) const;
-  // A request of any kind arrives: accepted, admitted (its kind's part, then the queue's) and
-  // validated when the model is known; or answered with the refusal.
+  // A request of any kind arrives: accepted, its kind's part of admission, its model resolved,
+  // then (text) tokenized on the pool, or (token ids) validated when the model is known, and
+  // admitted; or answered with the refusal.
   void OnRequest(const std::string& client, Arrival arrival);
+  // Resolves r.model against the served models; on failure answers the client and returns
+  // false (the caller ends `r`). REQUIRES: !models_.empty().
+  bool ResolveModel(Request& r);
+  // Submits a validated `r` to the admission controller with its real prompt tokens; a
+  // refusal answers the client and ends `r`.
+  bool Submit(Request& r);
   // Checks the arrival conditions every kind shares (duplicate request_id, draining, shape,
   // slow client, API key); on failure answers the client and returns false. `tenant` is set on
   // success.
   bool Accept(const std::string& client, const std::string& request_id,
               const absl::Status& shape, const std::string& api_key, int* tenant);
-  // Queues an accepted request under `a` (its router_id, tenant and tokens set); false if
-  // refused.
-  bool Enqueue(std::unique_ptr<Request> r, const AdmissionRequest& a);
   void Refuse(const std::string& client, const std::string& request_id, int tenant,
               const Refusal& refusal);
-  // Checks `r` against the model (its kind's Validate); on failure answers the client and
-  // returns false.
-  bool Validate(Request& r);
+  // Checks `r` against its model (its kind's Validate), `encoded` the tokens of its texts; on
+  // failure answers the client and returns false (the caller ends `r`).
+  bool Validate(Request& r, const EncodedTexts& encoded);
   void OnCancel(const std::string& client, const std::string& request_id);
   // Stats for `client`: everything in-process; with tenants, over the network, the key's view.
   void OnStats(const std::string& client, const StatsQuery& query);
@@ -97,12 +105,30 @@ class Router::Impl final : public RequestHost {
   // `completed`: it finished normally (feeds the service rate).
   void End(uint64_t router_id, bool completed = false);
   void ExpireDeadlines();
+  // Requests not admitted yet: past their deadline, or waiting for a tokenizer longer than
+  // the no-worker timeout.
+  void ExpireUnadmitted(int64_t now);
   void StartDraining(int64_t now);
   // True when Run should return: drained, or the grace period is over (the rest failed).
   bool DrainDone(int64_t now);
   // After the requests: asks the workers to drain and waits (bounded) until they deregister.
   bool WorkersDrained(int64_t now);
   StatsSources Sources() const;
+
+  // ---- router_text.cc: the tokenizer side
+  // Sends r's texts to the pool (Stage::kTokenizing), or parks it until its model's tokenizer
+  // is there (Stage::kWaitingForTokenizer); a model without one refuses it.
+  void StartTokenizing(Request& r);
+  void OnTokenized(uint64_t router_id, absl::StatusOr<EncodedTexts> encoded);
+  // After a registration or a tokenizer load: the parked requests go on.
+  void ResumeWaiting();
+  void StartTokenizerLoad(TokenizerLoad load);
+  // The model of a Tokenize / Detokenize request, its tokenizer ready; null when not (the
+  // error sent).
+  const ServedModel* TokenizerFor(const std::string& client, const std::string& request_id,
+                                  const std::string& model);
+  void OnTokenize(const std::string& client, TokenizeInput in);
+  void OnDetokenize(const std::string& client, DetokenizeInput in);
 
   // ---- router_workers.cc: dispatch, workers, failover
   // Places queued requests (in AdmissionController::Next order) while workers take them.
@@ -145,7 +171,7 @@ class Router::Impl final : public RequestHost {
   std::string inproc_endpoint_;
 
   RouterStats stats_;
-  ModelLimits limits_;
+  ServedModels models_;
   WorkerRegistry registry_;
   PrefixIndex prefix_index_;
   std::unique_ptr<AdmissionController> admission_;
@@ -155,6 +181,10 @@ class Router::Impl final : public RequestHost {
   // (client, request_id) -> router_id, and dispatch_id -> router_id of the current dispatches.
   absl::flat_hash_map<std::pair<std::string, std::string>, uint64_t> by_client_;
   absl::flat_hash_map<uint64_t, uint64_t> by_dispatch_;
+  // The requests not admitted yet (waiting for a tokenizer, or tokenizing), by router_id.
+  absl::flat_hash_set<uint64_t> unadmitted_;
+  // Tokenize / Detokenize requests on the pool, by (client, request_id).
+  absl::flat_hash_set<std::pair<std::string, std::string>> text_calls_;
   std::unique_ptr<ClientBacklog> backlog_;
   std::vector<std::string> too_slow_;  // clients to end in ServeBacklog
   uint64_t next_router_id_ = 1;
@@ -166,6 +196,8 @@ class Router::Impl final : public RequestHost {
   // The workers' part of a drain: until they confirm, or this deadline passes (0: not started).
   int64_t workers_drain_deadline_ = 0;
   int64_t next_worker_drain_send_ = 0;
+  // Last: destroyed first, so no job outlives what its completion would touch.
+  std::unique_ptr<TokenizerPool> pool_;
 };
 
 }  // namespace carpool::router

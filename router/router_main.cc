@@ -93,6 +93,9 @@ int main(int argc, char** argv) {
                   "key sees itself only");
   flags.AddBool("drain-workers", &options.drain_workers,
                 "on SIGTERM, drain the workers too once in-flight work is done");
+  flags.AddInt("tokenizer-threads", &options.tokenizer_threads,
+               "threads that tokenize text and build the models' tokenizers, off the event "
+               "loop");
   flags.AddInt64("drain-grace-ms", &options.drain_grace_ms,
                  "after SIGTERM, how long admitted requests may take to finish");
   flags.AddString("curve-secret-key-file", &curve_secret_file,

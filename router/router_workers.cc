@@ -3,7 +3,6 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
-#include "common/tokenizer.h"
 #include "router/router_impl.h"
 
 namespace carpool::router {
@@ -27,11 +26,17 @@ void Router::Impl::TryDispatch() {
   };
   while (std::optional<uint64_t> router_id = admission_->Next(unplaced)) {
     Request& r = *requests_.at(*router_id);
-    if (!r.validated && !Validate(r)) {
+    if (!r.validated && !((r.model_resolved || ResolveModel(r)) && Validate(r, {}))) {
       End(*router_id);
       continue;
     }
-    const std::vector<WorkerState*> workers = registry_.Mutable();
+    // Placement among the workers serving its model (admission is the cluster's, for all).
+    std::vector<WorkerState*> workers = registry_.Mutable();
+    std::erase_if(workers, [&](const WorkerState* w) { return w->info.model != r.model; });
+    if (workers.empty()) {  // its model's workers are all gone: it waits for one
+      if (!pass_over(*router_id)) return;
+      continue;
+    }
     PlacementView view = r.kind->Place(r, workers, prefix_index_);
     if (view.never) {
       Fail(*router_id, view.never->code, view.never->reason, std::move(view.never->message));
@@ -74,9 +79,11 @@ bool Router::Impl::DetachFromWorker(Request& r, WorkerState* w) {
   return true;
 }
 
-void Router::Impl::Finish(Request& r, WorkerState* w, ServerMessage answer) {
+void Router::Impl::Finish(Request& r, WorkerState* w, ServerMessage answer,
+                          bool cancel_on_worker) {
   ++w->requests_served;
   DetachFromWorker(r, w);
+  if (cancel_on_worker) SendToWorker(r.worker, WorkerCancelInfo{r.dispatch_id});
   r.worker.clear();  // finished on the worker: End() must not cancel it there
   const std::string client = r.client;
   End(r.router_id, /*completed=*/true);
@@ -135,20 +142,15 @@ void Router::Impl::OnRegister(const std::string& identity, const RegisterInfo& i
   std::vector<uint64_t> orphaned;
   const uint64_t epoch = registry_.Register(identity, info, now, &orphaned);
   prefix_index_.RemoveWorker(identity);
-  if (!limits_.known || info.max_model_len < limits_.max_model_len) {
-    limits_.known = true;
-    limits_.vocab_size = info.vocab_size;
-    limits_.max_model_len = info.max_model_len;
-    absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer =
-        CreateTokenizer(info.tokenizer, info.model);
-    limits_.tokenizer = tokenizer.ok() ? std::move(*tokenizer) : nullptr;
-    limits_.bos_token_id = info.bos_token_id;
+  if (std::optional<TokenizerLoad> load = models_.Register(info)) {
+    StartTokenizerLoad(std::move(*load));
   }
   std::cerr << "carpool-router: worker " << info.worker_id << " registered (epoch " << epoch
             << ", model " << info.model << ", " << info.max_num_seqs << " seqs)\n";
   SendToWorker(identity, RegisterAckInfo{epoch});
   UpdateCapacity();
   for (uint64_t router_id : orphaned) Failover(router_id);
+  ResumeWaiting();
 }
 
 Request* Router::Impl::Lookup(const WorkerState* w, uint64_t dispatch_id) {

@@ -80,8 +80,19 @@ class ScriptedRouterTest : public ::testing::Test {
 
   // A worker of model "fake" (byte tokenizer, 100 blocks of 16, max_model_len 64), registered.
   FakeWorker StartWorker(const std::string& id, int max_seqs = 8) {
+    return StartWorker(FakeRegistration(id, max_seqs));
+  }
+  // A worker registered with `r`.
+  FakeWorker StartWorker(const RegisterInfo& r) {
     FakeWorker w;
-    w.socket = Dealer(router_->backend_endpoint(), id);
+    w.socket = Dealer(router_->backend_endpoint(), r.worker_id);
+    w.Send(r);
+    w.epoch = w.RecvAs<RegisterAckInfo>().epoch;
+    EXPECT_GT(w.epoch, 0u);
+    return w;
+  }
+  // What StartWorker(id, max_seqs) registers.
+  static RegisterInfo FakeRegistration(const std::string& id, int max_seqs = 8) {
     RegisterInfo r;
     r.worker_id = id;
     r.model = "fake";
@@ -92,10 +103,7 @@ class ScriptedRouterTest : public ::testing::Test {
     r.vocab_size = 300;
     r.tokenizer = TokenizerKind::kByte;
     r.bos_token_id = 256;
-    w.Send(r);
-    w.epoch = w.RecvAs<RegisterAckInfo>().epoch;
-    EXPECT_GT(w.epoch, 0u);
-    return w;
+    return r;
   }
 
   static TokenEvent Token(uint64_t dispatch_id, int32_t token, bool finished = false) {

@@ -1,0 +1,229 @@
+// Router::Impl, the tokenizer side: a request's text goes to the tokenizer pool and its tokens
+// come back to the loop (OnTokenized), the models' tokenizers are built there from the files
+// their workers hand over, and Tokenize / Detokenize requests are answered from there. Nothing
+// here tokenizes on the loop.
+#include <algorithm>
+#include <iostream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "router/embed_kind.h"
+#include "router/router_impl.h"
+#include "text/hf_tokenizer.h"
+
+namespace carpool::router {
+namespace {
+
+absl::StatusOr<std::shared_ptr<const Tokenizer>> LoadHf(const std::string& json,
+                                                        const std::string& config) {
+  absl::StatusOr<std::unique_ptr<text::HfTokenizer>> t = text::HfTokenizer::FromJson(json, config);
+  if (!t.ok()) return t.status();
+  return std::shared_ptr<const Tokenizer>(std::move(*t));
+}
+
+std::string NoTokenizerMessage(const std::string& model) {
+  return absl::StrCat("the served model '", model,
+                      "' has no tokenizer in carpool: send token_ids instead of text (and no "
+                      "stop strings)");
+}
+
+}  // namespace
+
+void Router::Impl::StartTokenizing(Request& r) {
+  const uint64_t router_id = r.router_id;
+  unadmitted_.insert(router_id);
+  const ServedModel* m = r.model_resolved ? models_.Find(r.model) : nullptr;
+  if (m == nullptr || m->tokenizer_state == TokenizerState::kLoading) {
+    r.stage = Stage::kWaitingForTokenizer;
+    return;
+  }
+  if (m->tokenizer_state == TokenizerState::kFailed) {
+    Fail(router_id, absl::StatusCode::kFailedPrecondition, kReasonUnsupported,
+         absl::StrCat("the tokenizer of model '", m->name, "' did not load (",
+                      m->tokenizer_error, "): send token_ids instead of text"));
+    return;
+  }
+  if (m->tokenizer_state == TokenizerState::kNone) {
+    Fail(router_id, absl::StatusCode::kInvalidArgument, reason::kInvalidArgument,
+         NoTokenizerMessage(m->name));
+    return;
+  }
+  r.stage = Stage::kTokenizing;
+  pool_->Submit([this, router_id, tokenizer = m->limits.tokenizer,
+                 texts = r.kind->TakeTexts(r)]() mutable -> TokenizerPool::Completion {
+    absl::StatusOr<EncodedTexts> encoded = EncodeTexts(*tokenizer, texts);
+    return [this, router_id, encoded = std::move(encoded)]() mutable {
+      OnTokenized(router_id, std::move(encoded));
+    };
+  });
+}
+
+void Router::Impl::OnTokenized(uint64_t router_id, absl::StatusOr<EncodedTexts> encoded) {
+  auto it = requests_.find(router_id);
+  if (it == requests_.end()) return;  // cancelled, expired or its client gone meanwhile
+  Request& r = *it->second;
+  if (!encoded.ok()) {
+    Fail(router_id, encoded.status().code(), ValidationReason(encoded.status()),
+         std::string(encoded.status().message()));
+    return;
+  }
+  if (!Validate(r, *encoded)) {
+    End(router_id);
+    return;
+  }
+  Submit(r);
+}
+
+void Router::Impl::ResumeWaiting() {
+  std::vector<uint64_t> router_ids;
+  for (uint64_t router_id : unadmitted_) {
+    auto it = requests_.find(router_id);
+    if (it != requests_.end() && it->second->stage == Stage::kWaitingForTokenizer) {
+      router_ids.push_back(router_id);
+    }
+  }
+  std::sort(router_ids.begin(), router_ids.end());
+  for (uint64_t router_id : router_ids) {
+    auto it = requests_.find(router_id);
+    if (it == requests_.end()) continue;
+    Request& r = *it->second;
+    if (!r.model_resolved && !ResolveModel(r)) {
+      End(router_id);
+      continue;
+    }
+    StartTokenizing(r);
+  }
+}
+
+void Router::Impl::StartTokenizerLoad(TokenizerLoad load) {
+  auto build = options_.load_tokenizer ? options_.load_tokenizer : LoadHf;
+  pool_->Submit([this, load = std::move(load),
+                 build = std::move(build)]() mutable -> TokenizerPool::Completion {
+    absl::StatusOr<std::shared_ptr<const Tokenizer>> t =
+        build(load.tokenizer_json, load.tokenizer_config_json);
+    return [this, load = std::move(load), t = std::move(t)]() mutable {
+      if (t.ok()) {
+        std::cerr << "carpool-router: model " << load.model << ": tokenizer loaded\n";
+      } else {
+        std::cerr << "carpool-router: model " << load.model
+                  << ": its tokenizer did not load: " << t.status().message() << "\n";
+      }
+      models_.SetTokenizer(load, std::move(t));
+      ResumeWaiting();
+    };
+  });
+}
+
+const ServedModel* Router::Impl::TokenizerFor(const std::string& client,
+                                              const std::string& request_id,
+                                              const std::string& model) {
+  if (models_.empty()) {
+    SendError(client, request_id, absl::StatusCode::kUnavailable, reason::kNoWorkers,
+              "no worker has registered yet: the model's tokenizer is not known",
+              kNoWorkersRetryMs);
+    return nullptr;
+  }
+  absl::StatusOr<const ServedModel*> m = models_.Resolve(model);
+  if (!m.ok()) {
+    SendError(client, request_id, m.status().code(), ValidationReason(m.status()),
+              std::string(m.status().message()));
+    return nullptr;
+  }
+  switch ((*m)->tokenizer_state) {
+    case TokenizerState::kReady:
+      return *m;
+    case TokenizerState::kLoading:
+      SendError(client, request_id, absl::StatusCode::kUnavailable, reason::kNoWorkers,
+                absl::StrCat("the tokenizer of model '", (*m)->name, "' is still loading"),
+                1000);
+      return nullptr;
+    case TokenizerState::kFailed:
+      SendError(client, request_id, absl::StatusCode::kFailedPrecondition, kReasonUnsupported,
+                absl::StrCat("the tokenizer of model '", (*m)->name, "' did not load (",
+                             (*m)->tokenizer_error, ")"));
+      return nullptr;
+    case TokenizerState::kNone:
+      break;
+  }
+  SendError(client, request_id, absl::StatusCode::kInvalidArgument, reason::kInvalidArgument,
+            NoTokenizerMessage((*m)->name));
+  return nullptr;
+}
+
+void Router::Impl::OnTokenize(const std::string& client, TokenizeInput in) {
+  const RequestLimits& limits = LimitsFor(client);
+  absl::Status shape;
+  if (in.request_id.empty()) {
+    shape = absl::InvalidArgumentError("request_id is empty");
+  } else if (static_cast<int>(in.request_id.size()) > limits.max_request_id_bytes) {
+    shape = absl::InvalidArgumentError(
+        absl::StrCat("request_id is longer than ", limits.max_request_id_bytes, " bytes"));
+  } else if (static_cast<int64_t>(in.text.size()) > limits.max_prompt_bytes) {
+    shape = absl::InvalidArgumentError(absl::StrCat(
+        "text is ", in.text.size(), " bytes; the limit is ", limits.max_prompt_bytes));
+  }
+  int tenant = -1;
+  if (!Accept(client, in.request_id, shape, in.api_key, &tenant)) return;
+  const ServedModel* m = TokenizerFor(client, in.request_id, in.model);
+  if (m == nullptr) return;
+  text_calls_.insert({client, in.request_id});
+  PromptTexts texts;
+  texts.texts.push_back(std::move(in.text));
+  texts.labels.emplace_back();
+  texts.add_special_tokens = in.add_special_tokens;
+  pool_->Submit([this, client, request_id = std::move(in.request_id),
+                 max_model_len = m->limits.max_model_len, tokenizer = m->limits.tokenizer,
+                 texts = std::move(texts)]() mutable -> TokenizerPool::Completion {
+    absl::StatusOr<EncodedTexts> encoded = EncodeTexts(*tokenizer, texts);
+    return [this, client = std::move(client), request_id = std::move(request_id), max_model_len,
+            encoded = std::move(encoded)]() mutable {
+      text_calls_.erase({client, request_id});
+      if (!encoded.ok()) {
+        SendError(client, request_id, encoded.status().code(), reason::kInvalidArgument,
+                  std::string(encoded.status().message()));
+        return;
+      }
+      SendToClient(client, TokenizeResultOut{request_id, std::move((*encoded)[0]), max_model_len});
+    };
+  });
+}
+
+void Router::Impl::OnDetokenize(const std::string& client, DetokenizeInput in) {
+  const RequestLimits& limits = LimitsFor(client);
+  absl::Status shape;
+  if (in.request_id.empty()) {
+    shape = absl::InvalidArgumentError("request_id is empty");
+  } else if (static_cast<int>(in.request_id.size()) > limits.max_request_id_bytes) {
+    shape = absl::InvalidArgumentError(
+        absl::StrCat("request_id is longer than ", limits.max_request_id_bytes, " bytes"));
+  } else if (static_cast<int64_t>(in.token_ids.size()) > limits.max_prompt_tokens) {
+    shape = absl::InvalidArgumentError(absl::StrCat(
+        "token_ids has ", in.token_ids.size(), " ids; the limit is ", limits.max_prompt_tokens));
+  }
+  int tenant = -1;
+  if (!Accept(client, in.request_id, shape, in.api_key, &tenant)) return;
+  const ServedModel* m = TokenizerFor(client, in.request_id, in.model);
+  if (m == nullptr) return;
+  for (size_t i = 0; i < in.token_ids.size(); ++i) {
+    if (in.token_ids[i] < 0 || in.token_ids[i] >= m->limits.vocab_size) {
+      SendError(client, in.request_id, absl::StatusCode::kInvalidArgument,
+                reason::kInvalidArgument,
+                absl::StrCat("token_ids[", i, "] is ", in.token_ids[i],
+                             ", outside the vocabulary [0, ", m->limits.vocab_size, ")"));
+      return;
+    }
+  }
+  text_calls_.insert({client, in.request_id});
+  pool_->Submit([this, client, request_id = std::move(in.request_id),
+                 tokenizer = m->limits.tokenizer, ids = std::move(in.token_ids),
+                 skip = in.skip_special_tokens]() mutable -> TokenizerPool::Completion {
+    std::string text = tokenizer->Decode(ids, skip);
+    return [this, client = std::move(client), request_id = std::move(request_id),
+            text = std::move(text)]() mutable {
+      text_calls_.erase({client, request_id});
+      SendToClient(client, DetokenizeResultOut{request_id, std::move(text)});
+    };
+  });
+}
+
+}  // namespace carpool::router
