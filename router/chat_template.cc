@@ -45,7 +45,8 @@ bool IsChatRole(absl::string_view role) {
   return role == "system" || role == "user" || role == "assistant" || role == "tool";
 }
 
-std::string RenderChat(ChatTemplate t, const std::vector<ChatMessage>& messages) {
+std::string RenderChat(ChatTemplate t, const std::vector<ChatMessage>& messages,
+                       bool add_generation_prompt) {
   std::string out;
   switch (t) {
     case ChatTemplate::kLlama3:
@@ -54,18 +55,20 @@ std::string RenderChat(ChatTemplate t, const std::vector<ChatMessage>& messages)
         absl::StrAppend(&out, "<|start_header_id|>", m.role, "<|end_header_id|>\n\n", m.content,
                         "<|eot_id|>");
       }
-      absl::StrAppend(&out, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+      if (add_generation_prompt) {
+        absl::StrAppend(&out, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+      }
       break;
     case ChatTemplate::kChatMl:
       for (const ChatMessage& m : messages) {
         absl::StrAppend(&out, "<|im_start|>", m.role, "\n", m.content, "<|im_end|>\n");
       }
-      absl::StrAppend(&out, "<|im_start|>assistant\n");
+      if (add_generation_prompt) absl::StrAppend(&out, "<|im_start|>assistant\n");
       break;
     case ChatTemplate::kAuto:
     case ChatTemplate::kPlain:
       for (const ChatMessage& m : messages) absl::StrAppend(&out, m.role, ": ", m.content, "\n");
-      absl::StrAppend(&out, "assistant:");
+      if (add_generation_prompt) absl::StrAppend(&out, "assistant:");
       break;
   }
   return out;

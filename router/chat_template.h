@@ -38,9 +38,11 @@ const char* ChatTemplateName(ChatTemplate t);
 // values come back unchanged.
 ChatTemplate ResolveChatTemplate(ChatTemplate t, const std::string& model_name);
 
-// The prompt for `messages`, ending with the assistant's turn opened.
+// The prompt for `messages`, ending with the assistant's turn opened (unless
+// !add_generation_prompt: /tokenize of a conversation as it stands).
 // REQUIRES: t != kAuto (resolve it first); IsChatRole(m.role) for every message.
-std::string RenderChat(ChatTemplate t, const std::vector<ChatMessage>& messages);
+std::string RenderChat(ChatTemplate t, const std::vector<ChatMessage>& messages,
+                       bool add_generation_prompt = true);
 
 // Whether the router should prepend the tokenizer's BOS token: false for llama3, whose template
 // writes <|begin_of_text|> itself.

@@ -27,6 +27,15 @@ TEST(ChatTemplateTest, Plain) {
             "system: Be brief.\nuser: Hi\nassistant:");
 }
 
+TEST(ChatTemplateTest, WithoutTheGenerationPrompt) {
+  EXPECT_EQ(RenderChat(ChatTemplate::kLlama3, kMessages, /*add_generation_prompt=*/false),
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>");
+  EXPECT_EQ(RenderChat(ChatTemplate::kChatMl, kMessages, false),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
+  EXPECT_EQ(RenderChat(ChatTemplate::kPlain, kMessages, false), "system: Be brief.\nuser: Hi\n");
+}
+
 TEST(ChatTemplateTest, AutoPicksByModelName) {
   EXPECT_EQ(ResolveChatTemplate(ChatTemplate::kAuto, "/models/Meta-Llama-3-8B-Instruct"),
             ChatTemplate::kLlama3);

@@ -73,6 +73,13 @@ bool ByteTokens(const std::string& model) {
   return model == "echo" || absl::StartsWith(model, "synthetic:");
 }
 
+// The stop strings the gateway watches itself: for byte-tokenizer models (synthetic, echo) it
+// still cuts their text as before; for the others the router does it (it ends the request,
+// frees the worker's blocks and reports finish_reason "stop" with the stop_string).
+std::vector<std::string> LocalStops(const GenerationRequest& r, bool byte_tokens) {
+  return byte_tokens ? r.stop : std::vector<std::string>();
+}
+
 // Prompt tokens as the router counts them, for answers cut short by a stop string (the router's
 // usage never arrives then): exact for the byte tokenizer and for token-id prompts.
 int EstimatePromptTokens(const GenerateInput& in, bool byte_tokens) {
@@ -119,6 +126,9 @@ class HttpGateway::Impl {
   void RespondWhole(GenerationRequest r, ResponseMeta meta, HttpResponder& res);
   void RespondStream(GenerationRequest r, ResponseMeta meta, HttpResponder& res);
   void HandleEmbeddings(const HttpRequest& req, HttpResponder& res);
+  // POST /tokenize and /detokenize (vLLM's shapes), answered by the router's tokenizer.
+  void HandleTokenize(const HttpRequest& req, HttpResponder& res);
+  void HandleDetokenize(const HttpRequest& req, HttpResponder& res);
   void HandleModels(HttpResponder& res);
   // GET /v1/models/{id}: the model object, or 404 model_not_found.
   void HandleModel(const std::string& id, HttpResponder& res);
@@ -205,7 +215,8 @@ HttpGateway::Impl::~Impl() {
 void HttpGateway::Impl::Count(absl::string_view path, int status) {
   static const std::set<std::string, std::less<>> kRoutes = {
       "/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/models",
-      "/health",         "/ready",               "/metrics"};
+      "/health",         "/ready",               "/metrics",        "/tokenize",
+      "/detokenize"};
   const std::string route = kRoutes.contains(path)                  ? std::string(path)
                             : absl::StartsWith(path, "/v1/models/") ? "/v1/models/{id}"
                                                                     : "other";
@@ -217,11 +228,16 @@ void HttpGateway::Impl::Handle(const HttpRequest& req, HttpResponder& res) {
   const std::string& path = req.path;
   const bool get = req.method == "GET", post = req.method == "POST";
   const char* allowed = nullptr;
-  if (path == "/v1/completions" || path == "/v1/chat/completions" || path == "/v1/embeddings") {
+  if (path == "/v1/completions" || path == "/v1/chat/completions" || path == "/v1/embeddings" ||
+      path == "/tokenize" || path == "/detokenize") {
     if (!post) {
       allowed = "POST";
     } else if (path == "/v1/embeddings") {
       return HandleEmbeddings(req, res);
+    } else if (path == "/tokenize") {
+      return HandleTokenize(req, res);
+    } else if (path == "/detokenize") {
+      return HandleDetokenize(req, res);
     } else {
       return HandleGeneration(path == "/v1/completions" ? ApiKind::kCompletion : ApiKind::kChat,
                               req, res);
@@ -341,6 +357,7 @@ void HttpGateway::Impl::HandleGeneration(ApiKind kind, const HttpRequest& req,
   }
   r->input.request_id = id;
   r->input.api_key = BearerKey(req);
+  r->input.model = meta.model;
   if (r->stream) return RespondStream(*std::move(r), std::move(meta), res);
   RespondWhole(*std::move(r), std::move(meta), res);
 }
@@ -357,7 +374,7 @@ void HttpGateway::Impl::RespondWhole(GenerationRequest r, ResponseMeta meta,
     return res.Send(ErrorResponse(HttpErrorFromStatus(stream.status())));
   }
   std::vector<SampleResult> tokens;
-  TextStream pipeline(r.stop);
+  TextStream pipeline(LocalStops(r, meta.byte_tokens), r.input.include_stop_str_in_output);
   std::string text;
   absl::Time next_check = absl::Now() + absl::Milliseconds(kStreamPollMs);
   for (;;) {
@@ -414,7 +431,9 @@ struct HttpGateway::Impl::StreamState {
   absl::Time last_write = absl::Now();
 
   StreamState(GenerationRequest r, ResponseMeta m)
-      : request(std::move(r)), meta(std::move(m)), text(request.stop) {}
+      : request(std::move(r)),
+        meta(std::move(m)),
+        text(LocalStops(request, meta.byte_tokens), request.input.include_stop_str_in_output) {}
 
   // A chat stream's role chunk, before its first other chunk.
   std::string Role() {
@@ -518,6 +537,50 @@ void HttpGateway::Impl::RespondStream(GenerationRequest r, ResponseMeta meta,
   active_streams_.fetch_sub(1);
 }
 
+// ---- tokenize, detokenize
+
+void HttpGateway::Impl::HandleTokenize(const HttpRequest& req, HttpResponder& res) {
+  absl::StatusOr<TokenizeHttpRequest> r = ParseTokenizeRequest(req.body);
+  if (!r.ok()) return res.Send(ErrorResponse(BadRequest(r.status())));
+  std::optional<HttpError> error;
+  TokenizeOptions o;
+  o.model = ResolveModel(r->model, &error);
+  if (error.has_value()) return res.Send(ErrorResponse(*error));
+  std::string text = r->prompt;
+  o.add_special_tokens = r->add_special_tokens.value_or(true);
+  if (r->chat) {
+    // The ids /v1/chat/completions would send for these messages (with the generation prompt).
+    const ChatTemplate t = ResolveChatTemplate(options_.chat_template, o.model);
+    text = RenderChat(t, r->messages, r->add_generation_prompt);
+    o.add_special_tokens = r->add_special_tokens.value_or(ChatTemplateWantsBos(t));
+  }
+  o.request_id = NextId();
+  o.api_key = BearerKey(req);
+  o.timeout_ms = options_.request_timeout_ms;
+  Track(o.request_id);
+  absl::StatusOr<TokenizeResult> result = client_->Tokenize(std::move(text), o);
+  Untrack(o.request_id);
+  if (!result.ok()) return res.Send(ErrorResponse(HttpErrorFromStatus(result.status())));
+  res.Send(JsonResponse(TokenizeBody(result->token_ids, result->max_model_len)));
+}
+
+void HttpGateway::Impl::HandleDetokenize(const HttpRequest& req, HttpResponder& res) {
+  absl::StatusOr<DetokenizeHttpRequest> r = ParseDetokenizeRequest(req.body);
+  if (!r.ok()) return res.Send(ErrorResponse(BadRequest(r.status())));
+  std::optional<HttpError> error;
+  DetokenizeOptions o;
+  o.model = ResolveModel(r->model, &error);
+  if (error.has_value()) return res.Send(ErrorResponse(*error));
+  o.request_id = NextId();
+  o.api_key = BearerKey(req);
+  o.timeout_ms = options_.request_timeout_ms;
+  Track(o.request_id);
+  absl::StatusOr<std::string> text = client_->Detokenize(std::move(r->tokens), o);
+  Untrack(o.request_id);
+  if (!text.ok()) return res.Send(ErrorResponse(HttpErrorFromStatus(text.status())));
+  res.Send(JsonResponse(DetokenizeBody(*text)));
+}
+
 // ---- embeddings, models, health, metrics
 
 void HttpGateway::Impl::HandleEmbeddings(const HttpRequest& req, HttpResponder& res) {
@@ -528,6 +591,7 @@ void HttpGateway::Impl::HandleEmbeddings(const HttpRequest& req, HttpResponder& 
   if (error.has_value()) return res.Send(ErrorResponse(*error));
   r->input.request_id = NextId();
   r->input.api_key = BearerKey(req);
+  r->input.model = model;
   CallOptions call;
   call.timeout_ms = r->input.deadline_ms > 0 ? r->input.deadline_ms + kDeadlineSlackMs
                                              : options_.request_timeout_ms;

@@ -3,7 +3,8 @@
 // ordinary carpool::Client.
 //
 //   POST /v1/completions, /v1/chat/completions   (stream: true -> server-sent events)
-//   POST /v1/embeddings    GET /v1/models    GET /health    GET /ready    GET /metrics
+//   POST /v1/embeddings    POST /tokenize    POST /detokenize (vLLM's shapes)
+//   GET /v1/models    GET /health    GET /ready    GET /metrics
 //
 // Connections cost memory, not threads: at most server.max_connections are open at once, and one
 // more gets an immediate 503 (Retry-After: 1). A request head must arrive within

@@ -1,5 +1,7 @@
 // The HTTP gateway in process against a real Router (inproc, with and without CURVE) and a
-// simulated worker: routes, SSE framing, connection limits. The Python suite (tests/http) covers
+// simulated worker: routes, SSE framing, connection limits; and against a fake router
+// (client/fake_router_test_util.h) for what it sends the router and how it reads the answers
+// (/tokenize, /detokenize, the text options of a generation). The Python suite (tests/http) covers
 // the rest against carpool-router and carpool-worker processes.
 #include "router/http_gateway.h"
 
@@ -9,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
+#include "client/fake_router_test_util.h"
 #include "router/router.h"
 #include "router/testing/sim_worker.h"
 #include "common/transport.h"
@@ -181,6 +184,230 @@ TEST_F(HttpGatewayTest, ConnectionsOverTheLimitGet503AtOnce) {
   EXPECT_EQ(res->status, 503);
   EXPECT_EQ(res->get_header_value("Retry-After"), "1");
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(500));
+}
+
+// ---- against a fake router: tokenize, detokenize, and the text options of a generation
+
+using FakeRouter = carpool::testing::FakeRouter;
+
+// The fake router's stats list one worker serving `model`; everything else as FakeRouter::Echo
+// unless `handler` answers it (returns true).
+FakeRouter::Handler ServingModel(
+    std::string model,
+    std::function<bool(FakeRouter&, const std::string&, const ClientMessage&)> handler = {}) {
+  return [model, handler](FakeRouter& r, const std::string& peer, const ClientMessage& m) {
+    if (std::holds_alternative<StatsQuery>(m)) {
+      StatsOut s = FakeRouter::CannedStats();
+      s.workers.resize(1);
+      s.workers[0].model = model;
+      return r.Reply(peer, s);
+    }
+    if (handler && handler(r, peer, m)) return;
+    FakeRouter::Echo(r, peer, m);
+  };
+}
+
+class GatewayTextTest : public ::testing::Test {
+ protected:
+  void Start(FakeRouter::Handler handler) {
+    router_ = std::make_unique<FakeRouter>(std::move(handler));
+    HttpGatewayOptions h;
+    h.listen = "127.0.0.1:0";
+    h.router_endpoint = router_->endpoint();
+    h.request_timeout_ms = 5000;
+    auto gateway = HttpGateway::Start(h);
+    ASSERT_TRUE(gateway.ok()) << gateway.status();
+    gateway_ = std::move(*gateway);
+  }
+  void TearDown() override { gateway_.reset(); }
+  httplib::Result Post(const std::string& path, const std::string& body) {
+    httplib::Client c("127.0.0.1", gateway_->port());
+    c.set_read_timeout(10, 0);
+    return c.Post(path, body, "application/json");
+  }
+  template <typename T>
+  std::vector<T> Sent() const {
+    std::vector<T> out;
+    for (const ClientMessage& m : router_->Received()) {
+      if (const auto* x = std::get_if<T>(&m)) out.push_back(*x);
+    }
+    return out;
+  }
+
+  std::unique_ptr<FakeRouter> router_;
+  std::unique_ptr<HttpGateway> gateway_;
+};
+
+TEST_F(GatewayTextTest, TokenizeAndDetokenizeInVllmShapes) {
+  Start(ServingModel("synthetic:tiny"));
+  auto res = Post("/tokenize", R"({"prompt": "hi"})");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(json::parse(res->body),
+            json::parse(R"({"count": 3, "max_model_len": 2048, "tokens": [256, 104, 105]})"));
+  res = Post("/tokenize", R"({"model": "synthetic:tiny", "prompt": "hi",
+                              "add_special_tokens": false})");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(json::parse(res->body)["tokens"], json::parse("[104, 105]"));
+  // Messages: the plain template's text, with the BOS /v1/chat/completions would add.
+  res = Post("/tokenize", R"({"messages": [{"role": "user", "content": "a"}]})");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(json::parse(res->body)["count"], 1 + std::string("user: a\nassistant:").size());
+  res = Post("/tokenize", R"({"messages": [{"role": "user", "content": "a"}],
+                              "add_generation_prompt": false, "add_special_tokens": false})");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(json::parse(res->body)["count"], std::string("user: a\n").size());
+  std::vector<TokenizeInput> sent = Sent<TokenizeInput>();
+  ASSERT_EQ(sent.size(), 4u);
+  EXPECT_EQ(sent[0].model, "synthetic:tiny");  // the served model, named
+  EXPECT_TRUE(sent[0].add_special_tokens);
+  EXPECT_EQ(sent[3].text, "user: a\n");
+
+  res = Post("/detokenize", R"({"model": "synthetic:tiny", "tokens": [256, 111, 107]})");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(json::parse(res->body), json::parse(R"({"prompt": "<|256|>ok"})"));
+  ASSERT_EQ(Sent<DetokenizeInput>().size(), 1u);
+  EXPECT_FALSE(Sent<DetokenizeInput>()[0].skip_special_tokens);
+}
+
+TEST_F(GatewayTextTest, TokenizeErrorsAreOpenAiErrors) {
+  Start(ServingModel("synthetic:tiny"));
+  const auto error_of = [](const httplib::Result& res) { return json::parse(res->body)["error"]; };
+  auto res = Post("/tokenize", R"({"model": "other", "prompt": "x"})");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 404);
+  EXPECT_EQ(error_of(res)["code"], "model_not_found");
+  EXPECT_EQ(error_of(res)["param"], "model");
+  res = Post("/tokenize", R"({"prompt": 3})");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400);
+  EXPECT_EQ(error_of(res)["param"], "prompt");
+  res = Post("/detokenize", R"({"tokens": [1, "x"]})");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400);
+  EXPECT_EQ(error_of(res)["param"], "tokens");
+  EXPECT_EQ(error_of(res)["type"], "invalid_request_error");
+  httplib::Client c("127.0.0.1", gateway_->port());
+  auto get = c.Get("/tokenize");
+  ASSERT_TRUE(get);
+  EXPECT_EQ(get->status, 405);
+  EXPECT_EQ(get->get_header_value("Allow"), "POST");
+  EXPECT_TRUE(Sent<TokenizeInput>().empty());  // none of these reached the router
+  EXPECT_TRUE(Sent<DetokenizeInput>().empty());
+}
+
+TEST_F(GatewayTextTest, RouterErrorsOfTokenizeMapToHttp) {
+  Start(ServingModel("synthetic:tiny", [](FakeRouter& r, const std::string& peer,
+                                          const ClientMessage& m) {
+    if (const auto* t = std::get_if<TokenizeInput>(&m)) {
+      r.Reply(peer, ErrorInfo{t->request_id, absl::StatusCode::kInvalidArgument,
+                              reason::kInvalidArgument, "text is not valid UTF-8 at byte 3", 0});
+      return true;
+    }
+    if (const auto* d = std::get_if<DetokenizeInput>(&m)) {
+      r.Reply(peer, ErrorInfo{d->request_id, absl::StatusCode::kFailedPrecondition, "",
+                              "model 'm' has no tokenizer: pass token ids", 0});
+      return true;
+    }
+    return false;
+  }));
+  auto res = Post("/tokenize", R"({"prompt": "abc"})");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400);
+  json e = json::parse(res->body)["error"];
+  EXPECT_EQ(e["code"], "invalid_argument");
+  EXPECT_EQ(e["message"], "text is not valid UTF-8 at byte 3");
+  EXPECT_EQ(e["type"], "invalid_request_error");
+  res = Post("/detokenize", R"({"tokens": [1]})");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400);
+  EXPECT_THAT(json::parse(res->body)["error"]["message"].get<std::string>(),
+              ::testing::HasSubstr("no tokenizer"));
+}
+
+TEST_F(GatewayTextTest, GenerationSendsModelStopAndTextOptions) {
+  Start(ServingModel("synthetic:tiny"));
+  auto res = Post("/v1/completions", R"({"prompt": "hello", "max_tokens": 8, "stop": ["ll"],
+                                         "include_stop_str_in_output": true,
+                                         "skip_special_tokens": false})");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  // The echo answers "hello"; a byte-tokenizer model's stop is still cut by the gateway too,
+  // here keeping the stop string.
+  EXPECT_EQ(json::parse(res->body)["choices"][0]["text"], "hell");
+  EXPECT_EQ(json::parse(res->body)["choices"][0]["finish_reason"], "stop");
+  res = Post("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}],
+                                         "stop": "zz"})");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  std::vector<GenerateInput> sent = Sent<GenerateInput>();
+  ASSERT_EQ(sent.size(), 2u);
+  EXPECT_EQ(sent[0].model, "synthetic:tiny");
+  EXPECT_EQ(sent[0].stop, (std::vector<std::string>{"ll"}));
+  EXPECT_TRUE(sent[0].include_stop_str_in_output);
+  EXPECT_FALSE(sent[0].skip_special_tokens);
+  EXPECT_EQ(sent[1].stop, (std::vector<std::string>{"zz"}));
+  EXPECT_FALSE(sent[1].include_stop_str_in_output);
+  EXPECT_TRUE(sent[1].skip_special_tokens);
+}
+
+// A model with a real tokenizer: the router makes the text, matches the stop strings and
+// reports the finish; the gateway passes its text, finish_reason and usage on as they are.
+TEST_F(GatewayTextTest, HfModelsTakeTheRoutersTextAndStop) {
+  Start(ServingModel("/models/llama-3", [](FakeRouter& r, const std::string& peer,
+                                           const ClientMessage& m) {
+    const auto* g = std::get_if<GenerateInput>(&m);
+    if (g == nullptr) return false;
+    SampleResult t;
+    t.token = 1000;
+    GenerateFinalOut f;
+    f.request_id = g->request_id;
+    f.finish_reason = "stop";
+    f.stop_string = "END";
+    f.usage = {7, 2, 0};
+    // The text holds what would be a stop string were the gateway to look: it must not.
+    if (g->stream) {
+      r.Reply(peer, GenerateChunkOut{g->request_id, 0, {t}, "caf\xc3\xa9 "});
+      r.Reply(peer, GenerateChunkOut{g->request_id, 1, {t}, "STOP"});
+    } else {
+      f.tokens = {t, t};
+      f.text = "caf\xc3\xa9 STOP";
+    }
+    r.Reply(peer, f);
+    return true;
+  }));
+  auto res = Post("/v1/completions", R"({"prompt": "x", "stop": ["STOP", "END"]})");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  json j = json::parse(res->body);
+  EXPECT_EQ(j["choices"][0]["text"], "caf\xc3\xa9 STOP");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 7);
+  EXPECT_EQ(j["model"], "/models/llama-3");
+  res = Post("/v1/completions", R"({"prompt": "x", "stop": "STOP", "stream": true,
+                                    "stream_options": {"include_usage": true}})");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  std::string text;
+  std::string finish;
+  int prompt_tokens = -1;
+  for (size_t pos = 0; pos < res->body.size();) {
+    const size_t end = res->body.find("\n\n", pos);
+    ASSERT_NE(end, std::string::npos);
+    const std::string event = res->body.substr(pos, end - pos);
+    pos = end + 2;
+    if (event[0] == ':' || event == "data: [DONE]") continue;
+    json e = json::parse(event.substr(6));
+    if (e.contains("usage") && e["usage"].is_object()) prompt_tokens = e["usage"]["prompt_tokens"];
+    if (e["choices"].empty()) continue;
+    text += e["choices"][0]["text"].get<std::string>();
+    if (e["choices"][0]["finish_reason"].is_string()) finish = e["choices"][0]["finish_reason"];
+  }
+  EXPECT_EQ(text, "caf\xc3\xa9 STOP");
+  EXPECT_EQ(finish, "stop");
+  EXPECT_EQ(prompt_tokens, 7);
 }
 
 }  // namespace

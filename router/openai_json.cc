@@ -417,6 +417,9 @@ absl::StatusOr<GenerationRequest> ParseGenerationRequest(ApiKind kind, const std
   RETURN_IF_ERROR(RefuseUnsupported(kind, j));
   RETURN_IF_ERROR(ParseSampling(kind, j, defaults, &r));
   RETURN_IF_ERROR(ParseStop(j, &r.stop));
+  r.input.stop = r.stop;
+  RETURN_IF_ERROR(GetBool(j, "include_stop_str_in_output", &r.input.include_stop_str_in_output));
+  RETURN_IF_ERROR(GetBool(j, "skip_special_tokens", &r.input.skip_special_tokens));
   RETURN_IF_ERROR(GetBool(j, "stream", &r.stream));
   if (const json* so = Field(j, "stream_options")) {
     if (!so->is_object()) return Bad("stream_options", "must be an object");
@@ -566,6 +569,62 @@ std::string UsageChunkBody(const GenerationRequest& request, const ResponseMeta&
 }
 
 std::string SseEvent(const std::string& body) { return absl::StrCat("data: ", body, "\n\n"); }
+
+// ---- tokenize and detokenize
+
+absl::StatusOr<TokenizeHttpRequest> ParseTokenizeRequest(const std::string& body) {
+  absl::StatusOr<json> parsed = ParseObject(body);
+  if (!parsed.ok()) return parsed.status();
+  const json& j = *parsed;
+  TokenizeHttpRequest r;
+  RETURN_IF_ERROR(GetString(j, "model", &r.model));
+  const bool has_prompt = Field(j, "prompt") != nullptr;
+  r.chat = Field(j, "messages") != nullptr;
+  if (has_prompt && r.chat) return Bad("messages", "goes without 'prompt' (give one of them)");
+  if (r.chat) {
+    RETURN_IF_ERROR(ParseMessages(j, &r.messages));
+    RETURN_IF_ERROR(GetBool(j, "add_generation_prompt", &r.add_generation_prompt));
+    bool continue_final = false;
+    RETURN_IF_ERROR(GetBool(j, "continue_final_message", &continue_final));
+    if (continue_final) return Bad("continue_final_message", "is not supported");
+  } else {
+    if (!has_prompt) return Bad("prompt", "is required (or 'messages')");
+    if (!Field(j, "prompt")->is_string()) return Bad("prompt", "must be a string");
+    RETURN_IF_ERROR(GetString(j, "prompt", &r.prompt));
+  }
+  if (Field(j, "add_special_tokens") != nullptr) {
+    bool add = false;
+    RETURN_IF_ERROR(GetBool(j, "add_special_tokens", &add));
+    r.add_special_tokens = add;
+  }
+  bool token_strs = false;
+  RETURN_IF_ERROR(GetBool(j, "return_token_strs", &token_strs));
+  if (token_strs) return Bad("return_token_strs", "is not supported");
+  return r;
+}
+
+std::string TokenizeBody(const std::vector<int32_t>& tokens, int max_model_len) {
+  return Dump(json{{"count", tokens.size()}, {"max_model_len", max_model_len}, {"tokens", tokens}});
+}
+
+absl::StatusOr<DetokenizeHttpRequest> ParseDetokenizeRequest(const std::string& body) {
+  absl::StatusOr<json> parsed = ParseObject(body);
+  if (!parsed.ok()) return parsed.status();
+  const json& j = *parsed;
+  DetokenizeHttpRequest r;
+  RETURN_IF_ERROR(GetString(j, "model", &r.model));
+  const json* tokens = Field(j, "tokens");
+  if (tokens == nullptr) return Bad("tokens", "is required");
+  if (!tokens->is_array()) return Bad("tokens", "must be a list of token ids");
+  absl::StatusOr<std::vector<int32_t>> ids = TokenIds(*tokens, "tokens");
+  if (!ids.ok()) return ids.status();
+  r.tokens = std::move(*ids);
+  return r;
+}
+
+std::string DetokenizeBody(const std::string& text) {
+  return Dump(json{{"prompt", SanitizeUtf8(text)}});
+}
 
 // ---- embeddings and models
 

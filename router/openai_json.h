@@ -8,6 +8,7 @@
 #define CARPOOL_ROUTER_OPENAI_JSON_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,9 +54,11 @@ enum class ApiKind { kCompletion, kChat };
 struct GenerationRequest {
   ApiKind kind = ApiKind::kCompletion;
   std::string model;                  // "" when the request names none
-  GenerateInput input;                // prompt (completions), sampling, priority, deadline, stream
+  // prompt (completions), sampling, priority, deadline, stream, and the text options: stop,
+  // include_stop_str_in_output, skip_special_tokens (vLLM's extra fields; default true)
+  GenerateInput input;
   std::vector<ChatMessage> messages;  // chat only; rendered into input.text by the gateway
-  std::vector<std::string> stop;
+  std::vector<std::string> stop;      // as input.stop
   bool stream = false;
   bool include_usage = false;         // stream_options.include_usage
   bool logprobs = false;              // return logprobs
@@ -106,6 +109,36 @@ std::string UsageChunkBody(const GenerationRequest& request, const ResponseMeta&
 // "data: BODY\n\n"
 std::string SseEvent(const std::string& body);
 inline constexpr char kSseDone[] = "data: [DONE]\n\n";
+
+// ---- tokenize and detokenize (vLLM's /tokenize and /detokenize)
+
+struct TokenizeHttpRequest {
+  std::string model;
+  bool chat = false;                  // "messages" rather than "prompt"
+  std::string prompt;                 // !chat
+  std::vector<ChatMessage> messages;  // chat: rendered by the gateway's chat template
+  // add_special_tokens as given; unset: true for a prompt (Hugging Face encode), and for
+  // messages what /v1/chat/completions adds (the template's BOS choice).
+  std::optional<bool> add_special_tokens;
+  bool add_generation_prompt = true;  // chat: open the assistant's turn
+};
+
+// {"model", "prompt": string} or {"model", "messages": [...], "add_generation_prompt"};
+// "add_special_tokens" either way. continue_final_message and return_token_strs true are
+// refused (not supported); INVALID_ARGUMENT naming the field, as ParseGenerationRequest.
+absl::StatusOr<TokenizeHttpRequest> ParseTokenizeRequest(const std::string& body);
+// {"count", "max_model_len", "tokens"}
+std::string TokenizeBody(const std::vector<int32_t>& tokens, int max_model_len);
+
+struct DetokenizeHttpRequest {
+  std::string model;
+  std::vector<int32_t> tokens;
+};
+
+// {"model", "tokens": [ids]}.
+absl::StatusOr<DetokenizeHttpRequest> ParseDetokenizeRequest(const std::string& body);
+// {"prompt": text}, invalid UTF-8 as U+FFFD.
+std::string DetokenizeBody(const std::string& text);
 
 // ---- embeddings and models
 

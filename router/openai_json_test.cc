@@ -466,5 +466,71 @@ TEST(OpenAiParseTest, UnsupportedOptionsAreRefusedNamingTheParam) {
   EXPECT_TRUE(json::parse(ErrorBody(BadRequest(not_json)))["error"]["param"].is_null());
 }
 
+TEST(OpenAiTextTest, GenerationPassesStopAndTextOptions) {
+  auto r = ParseGenerationRequest(
+      ApiKind::kCompletion,
+      R"({"prompt": "x", "stop": ["a", "bc"], "include_stop_str_in_output": true,
+          "skip_special_tokens": false})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->input.stop, (std::vector<std::string>{"a", "bc"}));
+  EXPECT_TRUE(r->input.include_stop_str_in_output);
+  EXPECT_FALSE(r->input.skip_special_tokens);
+  auto d = ParseGenerationRequest(ApiKind::kChat,
+                                  R"({"messages": [{"role": "user", "content": "x"}],
+                                      "stop": "END", "skip_special_tokens": null})");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->input.stop, (std::vector<std::string>{"END"}));
+  EXPECT_FALSE(d->input.include_stop_str_in_output);
+  EXPECT_TRUE(d->input.skip_special_tokens);
+  absl::Status bad = Rejects(ApiKind::kCompletion,
+                             R"({"prompt": "x", "include_stop_str_in_output": "yes"})");
+  EXPECT_EQ(ErrorParam(bad), "include_stop_str_in_output");
+}
+
+TEST(OpenAiTextTest, TokenizeRequests) {
+  auto p = ParseTokenizeRequest(R"({"model": "m", "prompt": "hello"})");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_FALSE(p->chat);
+  EXPECT_EQ(p->model, "m");
+  EXPECT_EQ(p->prompt, "hello");
+  EXPECT_FALSE(p->add_special_tokens.has_value());
+  auto c = ParseTokenizeRequest(
+      R"({"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": false,
+          "add_special_tokens": true})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->chat);
+  ASSERT_EQ(c->messages.size(), 1u);
+  EXPECT_FALSE(c->add_generation_prompt);
+  EXPECT_EQ(c->add_special_tokens, true);
+  const auto param = [](const std::string& body) {
+    return ErrorParam(ParseTokenizeRequest(body).status());
+  };
+  EXPECT_EQ(param("{}"), "prompt");
+  EXPECT_EQ(param(R"({"prompt": ["a"]})"), "prompt");
+  EXPECT_EQ(param(R"({"prompt": "a", "messages": []})"), "messages");
+  EXPECT_EQ(param(R"({"messages": [{"role": "x", "content": "a"}]})"), "messages[0].role");
+  EXPECT_EQ(param(R"({"prompt": "a", "add_special_tokens": 1})"), "add_special_tokens");
+  EXPECT_EQ(param(R"({"prompt": "a", "return_token_strs": true})"), "return_token_strs");
+  EXPECT_EQ(param(R"({"messages": [{"role": "user", "content": "a"}],
+                      "continue_final_message": true})"),
+            "continue_final_message");
+  EXPECT_FALSE(ParseTokenizeRequest("[").ok());
+  EXPECT_EQ(json::parse(TokenizeBody({1, 2, 3}, 8192)),
+            json::parse(R"({"count": 3, "max_model_len": 8192, "tokens": [1, 2, 3]})"));
+}
+
+TEST(OpenAiTextTest, DetokenizeRequests) {
+  auto d = ParseDetokenizeRequest(R"({"model": "m", "tokens": [1, 2]})");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->model, "m");
+  EXPECT_EQ(d->tokens, (std::vector<int32_t>{1, 2}));
+  EXPECT_TRUE(ParseDetokenizeRequest(R"({"tokens": []})").ok());
+  EXPECT_EQ(ErrorParam(ParseDetokenizeRequest(R"({"model": "m"})").status()), "tokens");
+  EXPECT_EQ(ErrorParam(ParseDetokenizeRequest(R"({"tokens": [1, -1]})").status()), "tokens");
+  EXPECT_EQ(ErrorParam(ParseDetokenizeRequest(R"({"tokens": "12"})").status()), "tokens");
+  EXPECT_EQ(json::parse(DetokenizeBody("caf\xc3\xa9 \xff")),
+            json::parse("{\"prompt\": \"caf\xc3\xa9 \xef\xbf\xbd\"}"));
+}
+
 }  // namespace
 }  // namespace carpool::router

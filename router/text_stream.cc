@@ -88,7 +88,8 @@ std::string SanitizeUtf8(std::string_view text) {
   return out + s.Flush();
 }
 
-StopMatcher::StopMatcher(std::vector<std::string> stops) {
+StopMatcher::StopMatcher(std::vector<std::string> stops, bool include_stop)
+    : include_stop_(include_stop) {
   for (std::string& s : stops) {
     if (!s.empty()) stops_.push_back(std::move(s));
   }
@@ -98,10 +99,16 @@ std::string StopMatcher::Feed(std::string_view text) {
   if (stopped_) return "";
   pending_.append(text);
   size_t earliest = std::string::npos;
-  for (const std::string& s : stops_) earliest = std::min(earliest, pending_.find(s));
+  for (const std::string& s : stops_) {
+    const size_t at = pending_.find(s);
+    if (at < earliest) {
+      earliest = at;
+      matched_ = s;
+    }
+  }
   if (earliest != std::string::npos) {
     stopped_ = true;
-    std::string out = pending_.substr(0, earliest);
+    std::string out = pending_.substr(0, earliest + (include_stop_ ? matched_.size() : 0));
     pending_.clear();
     return out;
   }

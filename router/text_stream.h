@@ -4,8 +4,9 @@
 //   Utf8Stream    bytes -> valid UTF-8. Invalid bytes become U+FFFD; an incomplete sequence at the
 //                 end is held until more bytes (or Flush) decide it. The output does not depend on
 //                 how the input was split, so a streamed answer equals the non-streamed one.
-//   StopMatcher   text -> text up to (excluding) the earliest stop string. Text that could still
-//                 be the start of a stop string is held back until it no longer can.
+//   StopMatcher   text -> text up to the earliest stop string (excluding it, or with
+//                 include_stop including it). Text that could still be the start of a stop
+//                 string is held back until it no longer can.
 //   TextStream    both, in that order.
 //
 // Thread-compatible.
@@ -34,30 +35,36 @@ std::string SanitizeUtf8(std::string_view text);
 
 class StopMatcher {
  public:
-  explicit StopMatcher(std::vector<std::string> stops);
+  explicit StopMatcher(std::vector<std::string> stops, bool include_stop = false);
 
-  // Text now safe to emit. After a stop string is seen: the text before it, and stopped() is true;
-  // everything after is dropped.
+  // Text now safe to emit. After a stop string is seen: the text before it (and the stop string
+  // itself with include_stop), and stopped() is true; everything after is dropped.
   std::string Feed(std::string_view text);
   // The held text (no stop string can complete any more). Empty once stopped.
   std::string Flush();
   bool stopped() const { return stopped_; }
+  // The stop string that matched (the first listed of those that start earliest); "" before.
+  const std::string& matched() const { return matched_; }
 
  private:
   std::vector<std::string> stops_;  // non-empty strings only
+  bool include_stop_ = false;
   std::string pending_;
   bool stopped_ = false;
+  std::string matched_;
 };
 
 class TextStream {
  public:
-  explicit TextStream(std::vector<std::string> stops) : stop_(std::move(stops)) {}
+  explicit TextStream(std::vector<std::string> stops, bool include_stop = false)
+      : stop_(std::move(stops), include_stop) {}
   std::string Feed(std::string_view bytes) { return stop_.Feed(utf8_.Feed(bytes)); }
   std::string Flush() {
     std::string out = stop_.Feed(utf8_.Flush());
     return out + stop_.Flush();
   }
   bool stopped() const { return stop_.stopped(); }
+  const std::string& matched() const { return stop_.matched(); }
 
  private:
   Utf8Stream utf8_;

@@ -73,6 +73,22 @@ TEST(StopMatcherTest, StreamedEqualsWhole) {
   EXPECT_TRUE(pieces.stopped());
 }
 
+TEST(StopMatcherTest, NamesTheMatchAndCanKeepIt) {
+  StopMatcher cut({"xyz", "b"});
+  EXPECT_EQ(cut.matched(), "");
+  EXPECT_EQ(cut.Feed("aaxyzb"), "aa");  // "xyz" starts first although "b" is listed later
+  EXPECT_EQ(cut.matched(), "xyz");
+  StopMatcher keep({"END", "\n"}, /*include_stop=*/true);
+  EXPECT_EQ(keep.Feed("one E"), "one ");
+  EXPECT_EQ(keep.Feed("ND two"), "END");
+  EXPECT_TRUE(keep.stopped());
+  EXPECT_EQ(keep.matched(), "END");
+  EXPECT_EQ(keep.Flush(), "");
+  TextStream streamed({"<|eot|>"}, /*include_stop=*/true);
+  EXPECT_EQ(FeedBytes(streamed, "a<|eot|>b"), "a<|eot|>");
+  EXPECT_EQ(streamed.matched(), "<|eot|>");
+}
+
 TEST(StopMatcherTest, NoStopsPassesEverything) {
   StopMatcher m({});
   EXPECT_EQ(m.Feed("abc"), "abc");
