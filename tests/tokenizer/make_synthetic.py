@@ -352,8 +352,8 @@ def build_all():
                 r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
                 r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"},
              "behavior": "Isolated", "invert": False}],
-        "regex_hex_escapes_and_classes": [
-            {"type": "Split", "pattern": {"Regex": r"[\x{3000}-\x{303F}\x{FF00}-\x{FFEF}]|[\t ]+|[[:punct:]]+|\d+|\w+"},
+        "regex_hex_escapes_and_classes": [  # \h: a hex digit, as in Oniguruma
+            {"type": "Split", "pattern": {"Regex": r"[\x{3000}-\x{303F}\x{FF00}-\x{FFEF}]|[\t ]+|[[:punct:]]+|\h{2,}|\d+|\w+"},
              "behavior": "Isolated", "invert": False}],
     }
     for name, pres in regex_styles.items():
