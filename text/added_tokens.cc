@@ -94,13 +94,13 @@ bool EndsWithWordChar(std::string_view s) {
   if (s.empty()) return false;
   size_t start = s.size() - 1;
   while (start > 0 && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
-  return IsAlphanumeric(NextCodePoint(s, &start));
+  return IsWordChar(NextCodePoint(s, &start));
 }
 
 bool StartsWithWordChar(std::string_view s) {
   if (s.empty()) return false;
   size_t i = 0;
-  return IsAlphanumeric(NextCodePoint(s, &i));
+  return IsWordChar(NextCodePoint(s, &i));
 }
 
 }  // namespace

@@ -50,6 +50,10 @@ TEST(AddedTokensTest, SingleWordNeedsNonWordNeighbours) {
   t.single_word = true;
   EXPECT_EQ(Split({t}, "concat cat"), (std::vector<Cut>{{"concat ", -1}, {"cat", 3}}));
   EXPECT_EQ(Split({t}, "cats"), (std::vector<Cut>{{"cats", -1}}));
+  // Word characters as a regex \w has them: '_' and marks touch, '²' and '-' do not.
+  EXPECT_EQ(Split({t}, "cat_"), (std::vector<Cut>{{"cat_", -1}}));
+  EXPECT_EQ(Split({t}, "cat\u0301"), (std::vector<Cut>{{"cat\u0301", -1}}));
+  EXPECT_EQ(Split({t}, "cat\u00b2"), (std::vector<Cut>{{"cat", 3}, {"\u00b2", -1}}));
 }
 
 TEST(AddedTokensTest, ParsesTheFileForm) {

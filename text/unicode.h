@@ -25,7 +25,9 @@ std::string Utf8Lossy(std::string_view bytes);
 
 bool IsWhitespace(char32_t c);    // White_Space (Rust char::is_whitespace)
 bool IsNumeric(char32_t c);       // general category N* (Rust char::is_numeric)
-bool IsAlphanumeric(char32_t c);  // Alphabetic or N* (Rust char::is_alphanumeric)
+// A regex word character (\w of Rust's regex crate and Oniguruma): Alphabetic, a mark, Nd, Pc or
+// a join control. Added tokens' single_word looks at it.
+bool IsWordChar(char32_t c);
 
 // `s` without leading / trailing White_Space characters. REQUIRES: valid UTF-8.
 std::string_view TrimStartWhitespace(std::string_view s);

@@ -27,8 +27,13 @@ TEST(UnicodeTest, CharacterClassesFollowRust) {
   EXPECT_FALSE(IsWhitespace(U'\u200B'));  // zero width space is not White_Space
   EXPECT_TRUE(IsNumeric(U'\u0663'));      // Arabic-Indic three
   EXPECT_TRUE(IsNumeric(U'\u00BD'));      // ½ is No
-  EXPECT_TRUE(IsAlphanumeric(U'\u00E9'));
-  EXPECT_FALSE(IsAlphanumeric(U'!'));
+  EXPECT_TRUE(IsWordChar(U'\u00E9'));
+  EXPECT_TRUE(IsWordChar(U'_'));
+  EXPECT_TRUE(IsWordChar(U'\u0301'));  // a mark
+  EXPECT_TRUE(IsWordChar(U'\u200D'));  // ZWJ
+  EXPECT_TRUE(IsWordChar(U'\u2167'));  // Ⅷ is Alphabetic
+  EXPECT_FALSE(IsWordChar(U'\u00B2'));  // ² is No
+  EXPECT_FALSE(IsWordChar(U'!'));
 }
 
 TEST(UnicodeTest, TrimsAndLowercases) {
