@@ -1,5 +1,6 @@
 #include "client/generate_command.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <iostream>
@@ -10,6 +11,8 @@
 #include "client/router_generate.h"
 #include "common/flags.h"
 #include "common/status.h"
+#include "text/hf_tokenizer.h"
+#include "text/tokenizer_factory.h"
 #include "worker/engine_flags.h"
 
 namespace carpool::client {
@@ -119,6 +122,21 @@ absl::StatusOr<PromptSpec> ParsePromptSpec(const std::string& line,
     RETURN_IF_ERROR(ReadIdList(obj, "prompt_ids", &spec.token_ids));
   }
   RETURN_IF_ERROR(ReadSampling(obj, &spec.sampling));
+  if (auto it = obj.find("stop"); it != obj.end() && !it->is_null()) {
+    spec.has_stop = true;
+    if (it->is_string()) {
+      spec.stop.push_back(it->get<std::string>());
+    } else if (it->is_array()) {
+      for (const json& s : *it) {
+        if (!s.is_string()) {
+          return absl::InvalidArgumentError("\"stop\" must be a string or a list of strings");
+        }
+        spec.stop.push_back(s.get<std::string>());
+      }
+    } else {
+      return absl::InvalidArgumentError("\"stop\" must be a string or a list of strings");
+    }
+  }
   return spec;
 }
 
@@ -126,6 +144,10 @@ absl::StatusOr<EngineRequest> ParsePromptLine(const std::string& line,
                                               const SamplingParams& defaults,
                                               const Tokenizer* tokenizer, bool add_bos) {
   ASSIGN_OR_RETURN(PromptSpec spec, ParsePromptSpec(line, defaults));
+  if (spec.has_stop) {
+    return absl::InvalidArgumentError(
+        "\"stop\" needs --router (the router matches stop strings on the output text)");
+  }
   EngineRequest request;
   request.sampling = std::move(spec.sampling);
   if (!spec.has_text) {
@@ -141,10 +163,11 @@ absl::StatusOr<EngineRequest> ParsePromptLine(const std::string& line,
 }
 
 json CompletionToJson(const worker::Completion& c, const Tokenizer* tokenizer,
-                      int top_logprobs) {
+                      int top_logprobs, bool skip_special_tokens) {
   json out;
   out["tokens"] = c.tokens;
-  out["text"] = tokenizer != nullptr ? json(tokenizer->Decode(c.tokens, /*skip_special_tokens=*/true)) : json(nullptr);
+  out["text"] =
+      tokenizer != nullptr ? json(tokenizer->Decode(c.tokens, skip_special_tokens)) : json(nullptr);
   AddLogprobs(c.logprobs, top_logprobs, &out);
   out["finish_reason"] = FinishReasonName(c.finish_reason);
   out["usage"] = {{"prompt_tokens", c.prompt_tokens},
@@ -163,6 +186,7 @@ json ResultToJson(const GenerateResult& r, int top_logprobs) {
   out["text"] = r.text;
   AddLogprobs(r.tokens, top_logprobs, &out);
   out["finish_reason"] = r.finish_reason;
+  if (!r.stop_string.empty()) out["stop_string"] = r.stop_string;
   out["usage"] = {{"prompt_tokens", r.usage.prompt_tokens},
                   {"completion_tokens", r.usage.completion_tokens},
                   {"cached_prompt_tokens", r.usage.cached_prompt_tokens}};
@@ -203,6 +227,7 @@ struct GenerateFlags {
   int64_t seed = -1;
   bool json = false;
   bool add_bos = true;
+  bool skip_special_tokens = true;
   bool help = false;
   // Router mode (RouterGenerateOptions).
   std::string router;
@@ -213,6 +238,9 @@ struct GenerateFlags {
   std::string api_key;
   int concurrency = 8;
   int retries = 0;
+  std::string model_name;
+  std::vector<std::string> stop;
+  bool include_stop_str_in_output = false;
 };
 
 // Flags that configure an in-process engine (worker::RegisterEngineFlags): refused with
@@ -235,8 +263,9 @@ constexpr const char* kEngineFlags[] = {"model",
                                         "gpu-memory-utilization",
                                         "cuda-graphs"};
 // Flags that only mean something with --router.
-constexpr const char* kRouterFlags[] = {"timeout-ms", "stream",      "priority", "deadline-ms",
-                                        "api-key",    "concurrency", "retries"};
+constexpr const char* kRouterFlags[] = {"timeout-ms",  "stream",  "priority",   "deadline-ms",
+                                        "api-key",     "concurrency", "retries", "model-name",
+                                        "stop",        "include-stop-str-in-output"};
 
 absl::Status ParsePriority(const std::string& text, Priority* out) {
   std::optional<Priority> p = PriorityFromName(text);
@@ -270,7 +299,11 @@ void RegisterGenerateFlags(FlagParser* p, GenerateFlags* f) {
   p->AddBool("ignore-eos", &f->sampling.ignore_eos, "keep generating past EOS");
   p->AddInt("logprobs", &f->sampling.logprobs, "top alternatives per token, 0..20");
   p->AddBool("json", &f->json, "print one JSON object per prompt");
-  p->AddBool("add-bos", &f->add_bos, "prepend BOS to text prompts");
+  p->AddBool("add-bos", &f->add_bos,
+             "add the tokenizer's special tokens (BOS) to text prompts, as Hugging Face's "
+             "add_special_tokens");
+  p->AddBool("skip-special-tokens", &f->skip_special_tokens,
+             "leave special tokens (BOS, EOS, ...) out of the output text");
   p->AddBool("help", &f->help, "show this help");
   p->AddString("router", &f->router,
                "send the prompts to a carpool router (tcp://host:port) instead of running an "
@@ -288,6 +321,33 @@ void RegisterGenerateFlags(FlagParser* p, GenerateFlags* f) {
   p->AddInt("concurrency", &f->concurrency, "router with --prompts-file: requests kept in flight");
   p->AddInt("retries", &f->retries,
             "router: resend a request refused with UNAVAILABLE up to this many times");
+  p->AddString("model-name", &f->model_name,
+               "router: the model to serve the prompts, as its workers registered it; none: "
+               "the cluster's only model");
+  p->AddCustom(
+      "stop",
+      [f](const std::string& v) {
+        if (v.empty()) return absl::InvalidArgumentError("--stop: a stop string is not empty");
+        f->stop.push_back(v);
+        return absl::OkStatus();
+      },
+      "router: a stop string (repeat the flag for more): the output ends where its text first "
+      "holds one");
+  p->AddBool("include-stop-str-in-output", &f->include_stop_str_in_output,
+             "router: keep the matched stop string at the end of the text");
+}
+
+// The tokenizer of an in-process model: the byte tokenizer for a synthetic preset, the
+// folder's tokenizer.json otherwise. The error says why text cannot be used.
+absl::StatusOr<std::unique_ptr<Tokenizer>> ModelTokenizer(const std::string& model) {
+  if (TokenizerKindForModel(model) == TokenizerKind::kByte) return CreateTokenizer(model);
+  absl::StatusOr<std::unique_ptr<Tokenizer>> t = text::LoadTokenizer(model);
+  if (t.ok()) return t;
+  return absl::Status(t.status().code(),
+                      absl::StrCat("model '", model, "' has no tokenizer carpool can use (",
+                                   t.status().message(),
+                                   "): pass token ids (--prompt-ids, or \"prompt_ids\" in a "
+                                   "prompts file) instead of text"));
 }
 
 int Fail(const absl::Status& status) {
@@ -297,7 +357,8 @@ int Fail(const absl::Status& status) {
 
 // The requests to run, one per prompt; a prompt that failed to parse keeps its error.
 absl::StatusOr<std::vector<absl::StatusOr<worker::EngineRequest>>> BuildRequests(
-    const GenerateFlags& f, const Tokenizer* tokenizer) {
+    const GenerateFlags& f, const absl::StatusOr<std::unique_ptr<Tokenizer>>& loaded) {
+  const Tokenizer* tokenizer = loaded.ok() ? loaded->get() : nullptr;
   const int sources = !f.prompt.empty() + !f.prompt_ids.empty() + !f.prompts_file.empty();
   if (sources != 1) {
     return absl::InvalidArgumentError(
@@ -319,10 +380,7 @@ absl::StatusOr<std::vector<absl::StatusOr<worker::EngineRequest>>> BuildRequests
   if (!f.prompt_ids.empty()) {
     RETURN_IF_ERROR(ParseIntList(f.prompt_ids, "--prompt-ids", &r.prompt_tokens));
   } else {
-    if (tokenizer == nullptr) {
-      return absl::InvalidArgumentError(
-          "this model has no tokenizer yet: pass --prompt-ids instead of --prompt");
-    }
+    if (tokenizer == nullptr) return loaded.status();
     ASSIGN_OR_RETURN(r.prompt_tokens, tokenizer->Encode(f.prompt, f.add_bos));
   }
   requests.push_back(std::move(r));
@@ -340,6 +398,10 @@ absl::StatusOr<GenerateInput> ToGenerateInput(PromptSpec spec, const GenerateFla
   input.priority = f.priority;
   input.deadline_ms = f.deadline_ms;
   input.add_bos = f.add_bos;
+  input.model = f.model_name;
+  input.stop = spec.has_stop ? std::move(spec.stop) : f.stop;
+  input.include_stop_str_in_output = f.include_stop_str_in_output;
+  input.skip_special_tokens = f.skip_special_tokens;
   return input;
 }
 
@@ -434,10 +496,18 @@ int RunGenerate(int argc, char** argv, int first) {
     }
   }
   if (absl::Status s = f.engine.Validate(); !s.ok()) return Fail(s);
-  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer =
-      CreateTokenizer(f.engine.model);
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = ModelTokenizer(f.engine.model);
   const Tokenizer* tok = tokenizer.ok() ? tokenizer->get() : nullptr;
-  auto requests = BuildRequests(f, tok);
+  // generation_config.json's eos ids end generation too (Llama 3 Instruct's <|eot_id|>), as
+  // the router's tokenizer has them.
+  if (const auto* hf = dynamic_cast<const text::HfTokenizer*>(tok);
+      hf != nullptr && !f.sampling.ignore_eos) {
+    for (int32_t id : hf->stop_token_ids()) {
+      std::vector<int32_t>& stops = f.sampling.stop_token_ids;
+      if (std::find(stops.begin(), stops.end(), id) == stops.end()) stops.push_back(id);
+    }
+  }
+  auto requests = BuildRequests(f, tokenizer);
   if (!requests.ok()) return Fail(requests.status());
   const bool batch_mode = !f.prompts_file.empty();
   // Flag-level sampling errors are reported before loading the model.
@@ -472,9 +542,9 @@ int RunGenerate(int argc, char** argv, int first) {
     }
     const int top = f.sampling.logprobs;
     if (f.json || batch_mode) {
-      std::cout << DumpJson(CompletionToJson(*r, tok, top)) << "\n";
+      std::cout << DumpJson(CompletionToJson(*r, tok, top, f.skip_special_tokens)) << "\n";
     } else if (tok != nullptr) {
-      std::cout << tok->Decode(r->tokens, /*skip_special_tokens=*/true) << "\n";
+      std::cout << tok->Decode(r->tokens, f.skip_special_tokens) << "\n";
     } else {
       std::cout << CompletionToJson(*r, nullptr, 0)["tokens"] << "\n";
     }

@@ -1,4 +1,5 @@
-// `carpool generate --router` and `carpool status` run as a user would, against a fake router.
+// `carpool generate --router` and `carpool status` run as a user would, against a fake router;
+// and `carpool generate --model DIR --prompt TEXT` in process, with a folder's tokenizer.json.
 #include <sys/wait.h>
 
 #include <array>
@@ -11,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/checkpoint_writer.h"
 #include "tests/testing/command.h"
 #include "tests/testing/subprocess.h"
 
@@ -288,6 +290,141 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"status --router tcp://127.0.0.1:1 --once --watch", "exclude each other"},
         BadInput{"status --router tcp://127.0.0.1:1 --watch --interval-ms 0", "--interval-ms"},
         BadInput{"status --router tcp://127.0.0.1:1 --watch --json", "--json prints once"}));
+
+// ---- text: a folder's tokenizer in process, stop strings and the model through the router
+
+// A byte-level BPE tokenizer.json: the 256 byte characters (id = byte, GPT-2's byte-to-char
+// map), the merges "Ġ h" (256) and "Ġh i" (257), <|bos|> (258, added first by the
+// post-processor) and <|eos|> (259).
+std::string TinyTokenizerJson() {
+  json vocab = json::object();
+  int extra = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+    const int cp = printable ? b : 256 + extra++;
+    std::string ch;
+    if (cp < 0x80) {
+      ch = std::string(1, static_cast<char>(cp));
+    } else {
+      ch = {static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))};
+    }
+    vocab[ch] = b;
+  }
+  vocab["\xc4\xa0h"] = 256;
+  vocab["\xc4\xa0hi"] = 257;
+  const auto special = [](int id, const char* content) {
+    return json{{"id", id}, {"content", content}, {"special", true}, {"normalized", false}};
+  };
+  json j = {
+      {"version", "1.0"},
+      {"added_tokens", json::array({special(258, "<|bos|>"), special(259, "<|eos|>")})},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"post_processor",
+       {{"type", "TemplateProcessing"},
+        {"single", json::array({{{"SpecialToken", {{"id", "<|bos|>"}, {"type_id", 0}}}},
+                                {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})},
+        {"pair", json::array()},
+        {"special_tokens",
+         {{"<|bos|>", {{"id", "<|bos|>"}, {"ids", {258}}, {"tokens", {"<|bos|>"}}}}}}}},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array({"Ġ h", "Ġh i"})}}}};
+  return j.dump();
+}
+
+class GenerateTextCliTest : public RouterCliTest {
+ protected:
+  // A tiny Llama checkpoint (vocabulary 300) with the tokenizer above beside it.
+  std::string Folder(bool with_tokenizer) {
+    const std::string dir = (dir_.path() / (with_tokenizer ? "hf" : "ids_only")).string();
+    carpool::testing::CheckpointSpec spec;
+    spec.config = carpool::testing::TinyTestConfig();
+    EXPECT_TRUE(carpool::testing::WriteCheckpoint(dir, spec).ok());
+    if (with_tokenizer) {
+      EXPECT_TRUE(carpool::testing::WriteFile(dir + "/tokenizer.json", TinyTokenizerJson()).ok());
+      EXPECT_TRUE(carpool::testing::WriteFile(dir + "/tokenizer_config.json",
+                                              R"({"eos_token": "<|eos|>"})")
+                      .ok());
+    }
+    return dir;
+  }
+};
+
+TEST_F(GenerateTextCliTest, InProcessTextPromptUsesTheFoldersTokenizer) {
+  const std::string dir = Folder(/*with_tokenizer=*/true);
+  RunResult r = RunCarpool("generate --model " + dir +
+                           " --prompt ' hi' --max-tokens 3 --temperature 0 --ignore-eos --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<json> lines = JsonLines(r.output);
+  ASSERT_EQ(lines.size(), 1u) << r.output;
+  EXPECT_EQ(lines[0]["usage"]["prompt_tokens"], 2);  // <|bos|> and " hi" (one merge)
+  EXPECT_EQ(lines[0]["tokens"].size(), 3u);
+  EXPECT_TRUE(lines[0]["text"].is_string());
+  r = RunCarpool("generate --model " + dir +
+                 " --prompt ' hi' --no-add-bos --max-tokens 1 --temperature 0 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(JsonLines(r.output)[0]["usage"]["prompt_tokens"], 1);
+}
+
+TEST_F(GenerateTextCliTest, FolderWithoutTokenizerSaysToPassIds) {
+  const std::string dir = Folder(/*with_tokenizer=*/false);
+  RunResult r = RunCarpool("generate --model " + dir + " --prompt hi --max-tokens 1");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("tokenizer.json"));
+  EXPECT_THAT(r.output, HasSubstr("--prompt-ids"));
+  r = RunCarpool("generate --model " + dir + " --prompt-ids 1,2 --max-tokens 1 --json");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+TEST_F(GenerateTextCliTest, RouterGetsTheTextModelAndStops) {
+  FakeRouter router([](FakeRouter& r, const std::string& peer, const ClientMessage& m) {
+    const auto* g = std::get_if<GenerateInput>(&m);
+    if (g == nullptr) return FakeRouter::Echo(r, peer, m);
+    GenerateFinalOut f;
+    f.request_id = g->request_id;
+    f.text = "one ";
+    f.finish_reason = "stop";
+    f.stop_string = g->stop.empty() ? "" : g->stop.back();
+    r.Reply(peer, f);
+  });
+  RunResult r = RunCarpool("generate --router " + router.endpoint() +
+                           " --prompt 'count:' --model-name llama --stop two --stop 'THREE, 3'"
+                           " --include-stop-str-in-output --no-skip-special-tokens --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<json> lines = JsonLines(r.output);
+  ASSERT_EQ(lines.size(), 1u) << r.output;
+  EXPECT_EQ(lines[0]["finish_reason"], "stop");
+  EXPECT_EQ(lines[0]["stop_string"], "THREE, 3");
+  EXPECT_EQ(lines[0]["text"], "one ");
+  const std::string file = WriteFile("p.jsonl", "{\"prompt\": \"a\", \"stop\": \"x\"}\n"
+                                                "{\"prompt\": \"b\"}\n");
+  r = RunCarpool("generate --router " + router.endpoint() + " --stop y --prompts-file " + file);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<GenerateInput> sent = Generates(router);
+  ASSERT_EQ(sent.size(), 3u);
+  EXPECT_TRUE(sent[0].has_text);
+  EXPECT_EQ(sent[0].text, "count:");
+  EXPECT_EQ(sent[0].model, "llama");
+  EXPECT_EQ(sent[0].stop, (std::vector<std::string>{"two", "THREE, 3"}));
+  EXPECT_TRUE(sent[0].include_stop_str_in_output);
+  EXPECT_FALSE(sent[0].skip_special_tokens);
+  // A line's own "stop" replaces the flags'; the other lines keep them.
+  for (const GenerateInput& g : {sent[1], sent[2]}) {
+    EXPECT_EQ(g.stop, (std::vector<std::string>{g.text == "a" ? "x" : "y"})) << g.text;
+    EXPECT_TRUE(g.skip_special_tokens);
+    EXPECT_EQ(g.model, "");
+  }
+}
+
+TEST_F(GenerateTextCliTest, StopNeedsTheRouter) {
+  RunResult r = RunCarpool("generate --model synthetic:tiny --prompt hi --stop x");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--stop needs --router"));
+  const std::string file = WriteFile("s.jsonl", "{\"prompt\": \"a\", \"stop\": [\"x\"]}\n");
+  r = RunCarpool("generate --model synthetic:tiny --prompts-file " + file);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("needs --router"));
+}
 
 }  // namespace
 }  // namespace carpool
