@@ -99,6 +99,60 @@ TEST_F(LivenessTest, QueuedRequestsEndNoWorkersAfterTheTimeoutWithRetryAfter) {
   EXPECT_EQ(s.queued_tokens, 0);
 }
 
+// Text sent before any worker registered waits for its model's tokenizer (not admitted: no
+// tokens reserved), is served once a worker registers, and otherwise ends no_workers after the
+// same timeout; its deadline still applies meanwhile.
+TEST_F(LivenessTest, TextBeforeAnyWorkerWaitsForTheTokenizerBoundedByTheTimeouts) {
+  StartRouter();
+  auto client = Dealer(router_->frontend_endpoint(), "c1");
+  GenerateInput text = Request("text", 2, false);
+  text.has_text = true;
+  text.text = "hi";
+  text.token_ids.clear();
+  SendClient(client.get(), text);
+  GenerateInput dated = text;
+  dated.request_id = "dated";
+  dated.deadline_ms = 1000;
+  SendClient(client.get(), dated);
+  GenerateInput late = text;
+  late.request_id = "late";
+  SendClient(client.get(), late);
+  StatsOut s = Stats(client.get());
+  EXPECT_EQ(s.queued, 0);
+  EXPECT_EQ(s.queued_tokens, 0);
+  Advance(1'000);
+  ErrorInfo e = RecvClientAs<ErrorInfo>(client.get());
+  EXPECT_EQ(e.request_id, "dated");
+  EXPECT_EQ(e.reason, reason::kDeadlineExceeded);
+  SendClient(client.get(), CancelInput{"late"});
+  EXPECT_EQ(RecvClientAs<ErrorInfo>(client.get()).reason, reason::kCancelled);
+  FakeWorker w = StartWorker("w1");
+  DispatchInfo d = w.RecvAs<DispatchInfo>();
+  EXPECT_EQ(d.prompt_tokens, (std::vector<int32_t>{256, 'h', 'i'}));
+  EXPECT_FALSE(w.Recv(kQuietMs).has_value());  // nothing of the cancelled one
+  w.Send(Step(w, d.dispatch_id, 'o', true));
+  EXPECT_EQ(RecvClientAs<GenerateFinalOut>(client.get()).request_id, "text");
+}
+
+TEST_F(LivenessTest, TextWaitingForATokenizerEndsNoWorkersAfterTheTimeout) {
+  StartRouter();
+  auto client = Dealer(router_->frontend_endpoint(), "c1");
+  GenerateInput text = Request("text", 2, false);
+  text.has_text = true;
+  text.text = "hi";
+  SendClient(client.get(), text);
+  ASSERT_EQ(Stats(client.get()).queued, 0);
+  Advance(29'900);
+  EXPECT_FALSE(TryRecvClient(client.get(), kQuietMs).has_value());
+  Advance(100);
+  ErrorInfo e = RecvClientAs<ErrorInfo>(client.get());
+  EXPECT_EQ(e.request_id, "text");
+  EXPECT_EQ(e.code, absl::StatusCode::kUnavailable);
+  EXPECT_EQ(e.reason, reason::kNoWorkers);
+  EXPECT_EQ(e.retry_after_ms, 5000);
+  EXPECT_THAT(e.message, HasSubstr("--no-worker-timeout-ms"));
+}
+
 TEST_F(LivenessTest, AWorkerThatHeartbeatsButNeverStepsIsStalledAndTheStreamResumesExactly) {
   StartRouter();
   FakeWorker w1 = StartWorker("w1");

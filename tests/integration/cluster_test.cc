@@ -211,6 +211,56 @@ TEST_F(ClusterTest, CancelMidStreamFreesTheWorkersBlocks) {
   EXPECT_TRUE(freed);
 }
 
+// A stop string on a text prompt (tokenized by the router): the stream ends right at it, with
+// the text before it, and the worker drops the sequence at once, so its blocks free long before
+// the 1000 tokens it was asked for.
+TEST_F(ClusterTest, AStopStringEndsTheStreamAtItAndFreesTheWorkersBlocks) {
+  StartRouter();
+  StartWorker("w1", backend_, {"--model", "synthetic:small", "--threads", "1"});
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  WaitForWorkers(client.get(), 1);
+  GenerateInput g;
+  g.request_id = "probe";
+  g.has_text = true;
+  g.text = "Hello there";
+  g.sampling.max_tokens = 40;
+  g.sampling.temperature = 0;
+  g.sampling.ignore_eos = true;
+  auto probe = client->Generate(g);
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  EXPECT_EQ(probe->usage.prompt_tokens, 12);  // BOS + 11 bytes, counted by the router
+  // The stop string: how the byte tokenizer writes the 4th token (this model's ids are past the
+  // byte range: "<|id|>"); the stream must end where that id first appears (greedy: the same
+  // again).
+  ASSERT_EQ(probe->tokens.size(), 40u);
+  const int32_t id = probe->tokens[3].token;
+  ASSERT_GT(id, ByteTokenizer::kEos) << "a token in the byte range";
+  const std::string stop = "<|" + std::to_string(id) + "|>";
+  size_t k = 0;
+  while (probe->tokens[k].token != id) ++k;
+  const std::string expected = probe->text.substr(0, probe->text.find(stop));
+  g.request_id = "stopped";
+  g.sampling.max_tokens = 1000;
+  g.stop = {stop};
+  std::string streamed;
+  auto r = client->GenerateStream(g, [&](const GenerateChunkOut& c) { streamed += c.text; });
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->finish_reason, "stop");
+  EXPECT_EQ(r->stop_string, stop);
+  EXPECT_EQ(r->usage.completion_tokens, static_cast<int>(k) + 1);
+  EXPECT_EQ(streamed, expected);
+  EXPECT_EQ(r->text, expected);
+  bool freed = false;
+  for (int i = 0; i < 100 && !freed; ++i) {
+    auto s = client->Stats(1000);
+    freed = s.ok() && s->workers.size() == 1 && s->workers[0].kv_used_blocks == 0 &&
+            s->workers[0].running == 0;
+    if (!freed) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(freed);
+}
+
 TEST_F(ClusterTest, WorkersStartedBeforeAndAfterTheRouterBothServe) {
   const int port = testing::FreePort();
   const std::string backend = "tcp://127.0.0.1:" + std::to_string(port);
