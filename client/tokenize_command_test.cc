@@ -39,7 +39,8 @@ TEST(TokenizeCommandTest, DetokenizesWithAndWithoutSpecialTokens) {
   TokenizeLinesOptions o;
   o.decode = true;
   o.json = true;
-  EXPECT_EQ(RunLines(o, "{\"ids\": [256, 104, 105, 257]}\n").out, "{\"text\":\"<|256|>hi<|257|>\"}\n");
+  EXPECT_EQ(RunLines(o, "{\"ids\": [256, 104, 105, 257]}\n").out,
+            "{\"text\":\"<|256|>hi<|257|>\"}\n");
   o.skip_special_tokens = true;
   EXPECT_EQ(RunLines(o, "{\"ids\": [256, 104, 105, 257]}\n").out, "{\"text\":\"hi\"}\n");
   EXPECT_EQ(RunLines(o, "{\"ids\": [1, -2]}\n").out,

@@ -58,9 +58,9 @@ AddedTokenMatcher::AddedTokenMatcher(const std::vector<AddedToken>& tokens,
         next = static_cast<int32_t>(nodes_.size());
         nodes_.emplace_back();
         auto& children = nodes_[node].children;
-        children.insert(std::lower_bound(children.begin(), children.end(),
-                                         std::make_pair(c, int32_t{-1})),
-                        {c, next});
+        children.insert(
+            std::lower_bound(children.begin(), children.end(), std::make_pair(c, int32_t{-1})),
+            {c, next});
       }
       node = next;
     }

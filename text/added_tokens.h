@@ -42,7 +42,8 @@ struct Segment {
 class AddedTokenMatcher {
  public:
   // `patterns[i]` is what to find for `tokens[i]` (its content, or its normalized content).
-  AddedTokenMatcher(const std::vector<AddedToken>& tokens, const std::vector<std::string>& patterns);
+  AddedTokenMatcher(const std::vector<AddedToken>& tokens,
+                    const std::vector<std::string>& patterns);
   bool empty() const { return tokens_.empty(); }
 
   // Cuts `text` into plain segments and token segments, in order, covering it (token segments

@@ -55,7 +55,7 @@ absl::Status ReadMergePair(const Json& m, size_t index, std::string* a, std::str
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const Json& j,
-                                                            const BpeOptions& options) {
+                                                             const BpeOptions& options) {
   std::unique_ptr<BpeModel> m(new BpeModel());
   m->options_ = options;
   if (j.contains("dropout") && !j["dropout"].is_null()) {
@@ -70,8 +70,8 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const Json& j,
   for (auto it = vocab->begin(); it != vocab->end(); ++it) {
     if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
         it.value().get<int64_t>() > (1 << 30)) {
-      return JsonError(kWhere, absl::StrCat("vocab entry \"", it.key(),
-                                            "\" has no id in [0, 2^30]"));
+      return JsonError(kWhere,
+                       absl::StrCat("vocab entry \"", it.key(), "\" has no id in [0, 2^30]"));
     }
     const int32_t id = it.value().get<int32_t>();
     m->vocab_[it.key()] = id;
@@ -83,8 +83,8 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const Json& j,
   RETURN_IF_ERROR(ReadBool(j, "fuse_unk", kWhere, &m->fuse_unk_));
   RETURN_IF_ERROR(ReadBool(j, "byte_fallback", kWhere, &m->byte_fallback_));
   RETURN_IF_ERROR(ReadBool(j, "ignore_merges", kWhere, &m->ignore_merges_));
-  RETURN_IF_ERROR(ReadString(j, "continuing_subword_prefix", kWhere,
-                             &m->continuing_subword_prefix_));
+  RETURN_IF_ERROR(
+      ReadString(j, "continuing_subword_prefix", kWhere, &m->continuing_subword_prefix_));
   RETURN_IF_ERROR(ReadString(j, "end_of_word_suffix", kWhere, &m->end_of_word_suffix_));
   std::string unk;
   RETURN_IF_ERROR(ReadString(j, "unk_token", kWhere, &unk));

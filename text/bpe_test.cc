@@ -65,9 +65,8 @@ TEST(BpeTest, BadFilesAreRefused) {
   EXPECT_FALSE(BpeModel::FromJson(Json::parse(R"({"vocab":{"a":0},"merges":["aa"]})")).ok());
   EXPECT_FALSE(
       BpeModel::FromJson(Json::parse(R"({"vocab":{"a":0},"merges":[],"dropout":0.1})")).ok());
-  EXPECT_FALSE(BpeModel::FromJson(
-                   Json::parse(R"({"vocab":{"a":0},"merges":[],"unk_token":"<unk>"})"))
-                   .ok());
+  EXPECT_FALSE(
+      BpeModel::FromJson(Json::parse(R"({"vocab":{"a":0},"merges":[],"unk_token":"<unk>"})")).ok());
 }
 
 }  // namespace

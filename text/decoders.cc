@@ -175,8 +175,7 @@ class SequenceDecoder : public Decoder {
   std::vector<std::unique_ptr<Decoder>> parts_;
 };
 
-absl::StatusOr<char32_t> OneChar(const std::string& s, const std::string& where,
-                                 const char* key) {
+absl::StatusOr<char32_t> OneChar(const std::string& s, const std::string& where, const char* key) {
   size_t i = 0;
   if (s.empty() || FindInvalidUtf8(s) != std::string::npos) {
     return JsonError(where, absl::StrCat("\"", key, "\" must be one character"));
@@ -223,8 +222,7 @@ absl::StatusOr<std::unique_ptr<Decoder>> ParseDecoder(const Json& j) {
     RETURN_IF_ERROR(ReadInt(j, "stop", where, &stop));
     if (start < 0 || stop < 0) return JsonError(where, "\"start\" and \"stop\" must be >= 0");
     ASSIGN_OR_RETURN(char32_t c, OneChar(content, where, "content"));
-    return std::make_unique<StripDecoder>(c, static_cast<size_t>(start),
-                                          static_cast<size_t>(stop));
+    return std::make_unique<StripDecoder>(c, static_cast<size_t>(start), static_cast<size_t>(stop));
   }
   if (type == "Sequence") {
     auto it = j.find("decoders");

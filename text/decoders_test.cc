@@ -28,15 +28,16 @@ TEST(DecodersTest, LlamaTwoSequence) {
       {"type":"ByteFallback"},{"type":"Fuse"},
       {"type":"Strip","content":" ","start":1,"stop":0}]})";
   EXPECT_EQ(Decode(j, {"▁Hello", "▁", "<0xC3>", "<0xA9>", "!"}), "Hello é!");
-  EXPECT_EQ(Decode(j, {"▁a", "<0xC3>", "b"}), "a\xEF\xBF\xBD" "b");  // one U+FFFD per byte
+  EXPECT_EQ(Decode(j, {"▁a", "<0xC3>", "b"}),
+            "a\xEF\xBF\xBD"
+            "b");  // one U+FFFD per byte
 }
 
 TEST(DecodersTest, MetaspaceAndStrip) {
   EXPECT_EQ(Decode(R"({"type":"Metaspace","replacement":"▁","prepend_scheme":"always"})",
                    {"▁Hey", "▁friend"}),
             "Hey friend");
-  EXPECT_EQ(Decode(R"({"type":"Metaspace","replacement":"▁","prepend_scheme":"never"})",
-                   {"▁Hey"}),
+  EXPECT_EQ(Decode(R"({"type":"Metaspace","replacement":"▁","prepend_scheme":"never"})", {"▁Hey"}),
             " Hey");
   EXPECT_EQ(Decode(R"({"type":"Strip","content":"x","start":2,"stop":1})", {"xxxaxx"}), "xax");
 }

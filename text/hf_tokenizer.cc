@@ -23,8 +23,7 @@ absl::StatusOr<std::string> ReadFile(const std::filesystem::path& path) {
 
 // transformers rebuilds the post-processor from add_bos_token / add_eos_token for these classes.
 bool RebuildsPostProcessor(const std::string& tokenizer_class) {
-  return absl::StrContains(tokenizer_class, "Llama") ||
-         absl::StrContains(tokenizer_class, "Gemma");
+  return absl::StrContains(tokenizer_class, "Llama") || absl::StrContains(tokenizer_class, "Gemma");
 }
 
 }  // namespace
@@ -37,7 +36,8 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::Load(const std::string
     if (!fs::exists(dir / "tokenizer.json", ec)) {
       if (fs::exists(dir / "tokenizer.model", ec)) {
         return absl::NotFoundError(absl::StrCat(
-            path, " has tokenizer.model but no tokenizer.json: carpool reads tokenizer.json "
+            path,
+            " has tokenizer.model but no tokenizer.json: carpool reads tokenizer.json "
             "only (sentencepiece-only folders are not supported); convert it with transformers "
             "(AutoTokenizer.from_pretrained(...).save_pretrained(...)) to get one"));
       }
@@ -106,8 +106,9 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(
   }
 
   // Run every regex once so a pattern that cannot finish fails here, not on the first request.
-  for (const char* probe : {"Hello world, it's 2024!\n\n  \t x", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa!",
-                            "                              x", "1111111111111111111111111111111a"}) {
+  for (const char* probe :
+       {"Hello world, it's 2024!\n\n  \t x", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa!",
+        "                              x", "1111111111111111111111111111111a"}) {
     absl::StatusOr<std::vector<int32_t>> ids = t->Encode(probe, true);
     if (!ids.ok()) {
       return absl::InvalidArgumentError(
@@ -127,9 +128,9 @@ void HfTokenizer::AssignAddedTokenIds() {
     AddedToken& a = parts_.added_tokens[i];
     std::optional<int32_t> id = TokenToId(a.content);
     if (!id) {
-      const int64_t next = !max_added ? vocab_len
+      const int64_t next = !max_added                                    ? vocab_len
                            : (*max_added >= vocab_len || vocab_len == 0) ? *max_added + 1
-                                                                        : vocab_len;
+                                                                         : vocab_len;
       id = static_cast<int32_t>(next);
     }
     a.id = *id;
@@ -198,8 +199,8 @@ absl::StatusOr<std::vector<int32_t>> HfTokenizer::Encode(const std::string& text
       ids.push_back(s.id);
       continue;
     }
-    RETURN_IF_ERROR(EncodeSegment(std::string_view(text).substr(s.begin, s.end - s.begin),
-                                  s.begin == 0, &ids));
+    RETURN_IF_ERROR(
+        EncodeSegment(std::string_view(text).substr(s.begin, s.end - s.begin), s.begin == 0, &ids));
   }
   if (add_special_tokens) {
     if (config_post_processor_ != nullptr) {

@@ -57,8 +57,7 @@ class HfTokenizer : public Tokenizer {
 
  private:
   HfTokenizer() = default;
-  absl::Status EncodeSegment(std::string_view raw, bool at_origin,
-                             std::vector<int32_t>* ids) const;
+  absl::Status EncodeSegment(std::string_view raw, bool at_origin, std::vector<int32_t>* ids) const;
   const AddedToken* FindAdded(int32_t id) const;
   void AssignAddedTokenIds();
 

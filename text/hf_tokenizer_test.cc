@@ -123,7 +123,6 @@ TEST(HfTokenizerTest, LoadsFoldersAndExplainsSentencepieceOnes) {
   fs::remove_all(dir);
 }
 
-
 TEST(HfTokenizerTest, AddedTokenIdsComeFromTheVocabLikeTheLibrary) {
   Json j = TestTokenizerJson();
   // The file's ids are not used: "a" is in the vocabulary (97); a new token follows the others.

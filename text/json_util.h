@@ -20,8 +20,7 @@ inline absl::Status JsonError(const std::string& where, const std::string& what)
 absl::Status ComponentType(const Json& j, const std::string& kind, std::string* type);
 // Optional fields: absent or null keeps *out. A value of the wrong type is an error.
 absl::Status ReadBool(const Json& j, const char* key, const std::string& where, bool* out);
-absl::Status ReadString(const Json& j, const char* key, const std::string& where,
-                        std::string* out);
+absl::Status ReadString(const Json& j, const char* key, const std::string& where, std::string* out);
 absl::Status ReadInt(const Json& j, const char* key, const std::string& where, int64_t* out);
 // The error for a component this build does not run.
 absl::Status Unsupported(const std::string& kind, const std::string& type);

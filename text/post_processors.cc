@@ -84,8 +84,8 @@ absl::StatusOr<std::unique_ptr<PostProcessor>> ParseTemplate(const Json& j,
     }
     const std::string name = piece["SpecialToken"]["id"].get<std::string>();
     if (specials == j.end() || !specials->is_object() || !specials->contains(name)) {
-      return JsonError(where, absl::StrCat("special token \"", name,
-                                           "\" is not in \"special_tokens\""));
+      return JsonError(where,
+                       absl::StrCat("special token \"", name, "\" is not in \"special_tokens\""));
     }
     const Json& st = (*specials)[name];
     if (!st.contains("ids") || !st["ids"].is_array()) {

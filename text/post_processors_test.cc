@@ -31,7 +31,8 @@ TEST(PostProcessorsTest, ByteLevelBertSequence) {
   EXPECT_EQ(Process(R"({"type":"BertProcessing","sep":["[SEP]",102],"cls":["[CLS]",101]})", {5}),
             (V{101, 5, 102}));
   EXPECT_EQ(Process(R"({"type":"Sequence","processors":[{"type":"ByteLevel"},
-      {"type":"RobertaProcessing","sep":["</s>",2],"cls":["<s>",0]}]})", {5}),
+      {"type":"RobertaProcessing","sep":["</s>",2],"cls":["<s>",0]}]})",
+                    {5}),
             (V{0, 5, 2}));
 }
 
@@ -41,7 +42,8 @@ TEST(PostProcessorsTest, RefusesUnknownTypesAndTokens) {
   EXPECT_EQ(p.status().message(),
             "tokenizer.json: post_processor type \"Mystery\" is not supported");
   EXPECT_FALSE(ParsePostProcessor(Json::parse(R"({"type":"TemplateProcessing",
-      "single":[{"SpecialToken":{"id":"<x>","type_id":0}}],"special_tokens":{}})")).ok());
+      "single":[{"SpecialToken":{"id":"<x>","type_id":0}}],"special_tokens":{}})"))
+                   .ok());
 }
 
 }  // namespace

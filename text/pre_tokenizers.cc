@@ -163,8 +163,8 @@ class ByteLevelPreTokenizer : public PreTokenizer {
         for (size_t i = span.begin; i < span.end; ++i) {
           out.text.append(ByteToChars(static_cast<uint8_t>(s[i])));
         }
-        out.pieces.push_back({begin, static_cast<uint32_t>(out.text.size()),
-                              piece.at_origin && span.begin == 0});
+        out.pieces.push_back(
+            {begin, static_cast<uint32_t>(out.text.size()), piece.at_origin && span.begin == 0});
       }
     }
     *p = std::move(out);
@@ -211,7 +211,8 @@ class MetaspacePreTokenizer : public PreTokenizer {
       RETURN_IF_ERROR(SplitPieces(
           &out,
           [r](std::string_view text, std::vector<PatternSpan>* spans) {
-            CharSpans(text, [r](char32_t c) { return c == r; }, spans);
+            CharSpans(
+                text, [r](char32_t c) { return c == r; }, spans);
             return absl::OkStatus();
           },
           Behavior::kMergedWithNext));

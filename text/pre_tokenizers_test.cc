@@ -25,8 +25,8 @@ std::vector<std::string> Pieces(const std::string& json, const std::string& text
 using V = std::vector<std::string>;
 
 std::string Split(const std::string& behavior, bool invert = false) {
-  return R"({"type":"Split","pattern":{"String":"-"},"behavior":")" + behavior +
-         R"(","invert":)" + (invert ? "true" : "false") + "}";
+  return R"({"type":"Split","pattern":{"String":"-"},"behavior":")" + behavior + R"(","invert":)" +
+         (invert ? "true" : "false") + "}";
 }
 
 TEST(PreTokenizersTest, SplitBehaviors) {
@@ -46,17 +46,17 @@ TEST(PreTokenizersTest, SplitRegexIsolated) {
 }
 
 TEST(PreTokenizersTest, ByteLevelMapsBytesAndSplits) {
-  EXPECT_EQ(Pieces(R"({"type":"ByteLevel","add_prefix_space":true,"use_regex":true})",
-                   "Hello world"),
-            (V{"ĠHello", "Ġworld"}));
+  EXPECT_EQ(
+      Pieces(R"({"type":"ByteLevel","add_prefix_space":true,"use_regex":true})", "Hello world"),
+      (V{"ĠHello", "Ġworld"}));
   EXPECT_EQ(Pieces(R"({"type":"ByteLevel","add_prefix_space":false,"use_regex":false})", "é\n"),
             (V{"Ã©Ċ"}));
 }
 
 TEST(PreTokenizersTest, Metaspace) {
-  EXPECT_EQ(Pieces(R"({"type":"Metaspace","replacement":"▁","prepend_scheme":"always"})",
-                   "Hey  you"),
-            (V{"▁Hey", "▁", "▁you"}));
+  EXPECT_EQ(
+      Pieces(R"({"type":"Metaspace","replacement":"▁","prepend_scheme":"always"})", "Hey  you"),
+      (V{"▁Hey", "▁", "▁you"}));
   EXPECT_EQ(Pieces(R"({"type":"Metaspace","replacement":"▁","prepend_scheme":"never",
                        "split":false})",
                    "a b"),
@@ -81,7 +81,8 @@ TEST(PreTokenizersTest, UnsupportedIsNamed) {
   EXPECT_EQ(p.status().message(),
             "tokenizer.json: pre_tokenizer type \"BertPreTokenizer\" is not supported");
   EXPECT_FALSE(ParsePreTokenizer(Json::parse(R"({"type":"Split","pattern":{"String":"x"},
-                                              "behavior":"Sideways"})")).ok());
+                                              "behavior":"Sideways"})"))
+                   .ok());
 }
 
 }  // namespace

@@ -137,8 +137,8 @@ absl::StatusOr<std::unique_ptr<Regex>> Regex::Compile(std::string_view pattern,
   if (impl->code == nullptr) {
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(error, message, sizeof(message));
-    return absl::InvalidArgumentError(absl::StrCat("regex \"", std::string(pattern), "\" does not compile at ",
-                                                   offset, ": ",
+    return absl::InvalidArgumentError(absl::StrCat("regex \"", std::string(pattern),
+                                                   "\" does not compile at ", offset, ": ",
                                                    reinterpret_cast<const char*>(message)));
   }
   impl->jit = pcre2_jit_compile(impl->code, PCRE2_JIT_COMPLETE) == 0;
@@ -178,9 +178,9 @@ absl::Status Regex::ForEachMatch(std::string_view text,
     if (rc < 0) {
       PCRE2_UCHAR message[256];
       pcre2_get_error_message(rc, message, sizeof(message));
-      return absl::ResourceExhaustedError(
-          absl::StrCat("tokenizer regex \"", pattern_, "\" failed at byte ", pos, ": ",
-                       reinterpret_cast<const char*>(message)));
+      return absl::ResourceExhaustedError(absl::StrCat("tokenizer regex \"", pattern_,
+                                                       "\" failed at byte ", pos, ": ",
+                                                       reinterpret_cast<const char*>(message)));
     }
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(state.data);
     const size_t begin = ovector[0], end = ovector[1];

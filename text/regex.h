@@ -35,8 +35,8 @@ class Regex {
   Regex& operator=(const Regex&) = delete;
 
   // Calls on_match(begin, end) for each non-overlapping match, left to right, as Oniguruma's
-  // iterator does: an empty match right where the previous match ended is not reported. REQUIRES: `text` is valid UTF-8. Errors:
-  // RESOURCE_EXHAUSTED when a match attempt passes the match limit.
+  // iterator does: an empty match right where the previous match ended is not reported. REQUIRES:
+  // `text` is valid UTF-8. Errors: RESOURCE_EXHAUSTED when a match attempt passes the match limit.
   absl::Status ForEachMatch(std::string_view text,
                             absl::FunctionRef<void(size_t, size_t)> on_match) const;
 

@@ -11,8 +11,8 @@ namespace {
 
 std::vector<std::string> Matches(const Regex& re, const std::string& text) {
   std::vector<std::string> out;
-  absl::Status s = re.ForEachMatch(
-      text, [&](size_t b, size_t e) { out.push_back(text.substr(b, e - b)); });
+  absl::Status s =
+      re.ForEachMatch(text, [&](size_t b, size_t e) { out.push_back(text.substr(b, e - b)); });
   EXPECT_TRUE(s.ok()) << s;
   return out;
 }

@@ -21,9 +21,10 @@ inline Json TestTokenizerJson() {
       {"truncation", nullptr},
       {"padding", nullptr},
       {"added_tokens",
-       Json::array({{{"id", 258}, {"content", "<|bos|>"}, {"special", true}, {"normalized", false}},
-                    {{"id", 259}, {"content", "<|eos|>"}, {"special", true}, {"normalized", false}},
-                    {{"id", 260}, {"content", "<tool>"}, {"special", false}, {"normalized", true}}})},
+       Json::array(
+           {{{"id", 258}, {"content", "<|bos|>"}, {"special", true}, {"normalized", false}},
+            {{"id", 259}, {"content", "<|eos|>"}, {"special", true}, {"normalized", false}},
+            {{"id", 260}, {"content", "<tool>"}, {"special", false}, {"normalized", true}}})},
       {"normalizer", nullptr},
       {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
       {"post_processor",
@@ -31,10 +32,10 @@ inline Json TestTokenizerJson() {
         {"single", Json::array({{{"SpecialToken", {{"id", "<|bos|>"}, {"type_id", 0}}}},
                                 {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})},
         {"pair", Json::array()},
-        {"special_tokens", {{"<|bos|>", {{"id", "<|bos|>"}, {"ids", {258}}, {"tokens", {"<|bos|>"}}}}}}}},
+        {"special_tokens",
+         {{"<|bos|>", {{"id", "<|bos|>"}, {"ids", {258}}, {"tokens", {"<|bos|>"}}}}}}}},
       {"decoder", {{"type", "ByteLevel"}}},
-      {"model",
-       {{"type", "BPE"}, {"vocab", vocab}, {"merges", Json::array({"Ġ h", "Ġh i"})}}}};
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", Json::array({"Ġ h", "Ġh i"})}}}};
 }
 
 }  // namespace carpool::text

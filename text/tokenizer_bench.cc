@@ -27,8 +27,8 @@ int main(int argc, char** argv) {
   parser.AddString("tokenizer", &tokenizer_path, "a Hugging Face folder or tokenizer.json");
   parser.AddString("inputs-file", &inputs_file, "JSON lines of {\"text\": ...} documents");
   parser.AddInt("passes", &passes, "timed passes (the best is printed)");
-  if (absl::Status s = parser.Parse(argc, argv, 1); !s.ok() || tokenizer_path.empty() ||
-                                                    inputs_file.empty() || passes < 1) {
+  if (absl::Status s = parser.Parse(argc, argv, 1);
+      !s.ok() || tokenizer_path.empty() || inputs_file.empty() || passes < 1) {
     std::cerr << "usage: carpool-bench-tokenizer --tokenizer PATH --inputs-file FILE\n"
               << parser.Help();
     return 2;

@@ -10,9 +10,11 @@ absl::StatusOr<TokenizerJson> ParseTokenizerJson(std::string_view text) {
   if (!j.is_object()) return absl::InvalidArgumentError("tokenizer.json is not a JSON object");
   for (const char* unsupported : {"truncation", "padding"}) {
     if (j.contains(unsupported) && !j[unsupported].is_null()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tokenizer.json: ", unsupported, " is set; carpool does not truncate or pad, so it "
-          "supports only \"", unsupported, "\": null"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tokenizer.json: ", unsupported,
+                       " is set; carpool does not truncate or pad, so it "
+                       "supports only \"",
+                       unsupported, "\": null"));
     }
   }
   TokenizerJson out;
@@ -54,8 +56,8 @@ absl::Status ReadTokenName(const Json& j, const char* key, std::optional<std::st
     *out = (*it)["content"].get<std::string>();
     return absl::OkStatus();
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "tokenizer_config.json: \"", key, "\" must be a string or an AddedToken object"));
+  return absl::InvalidArgumentError(absl::StrCat("tokenizer_config.json: \"", key,
+                                                 "\" must be a string or an AddedToken object"));
 }
 
 absl::Status ReadOptionalBool(const Json& j, const char* key, std::optional<bool>* out) {

@@ -23,11 +23,11 @@ namespace carpool::text {
 
 struct TokenizerJson {
   std::vector<AddedToken> added_tokens;
-  std::unique_ptr<Normalizer> normalizer;        // null: none
-  std::unique_ptr<PreTokenizer> pre_tokenizer;   // null: the whole normalized text is one piece
-  std::unique_ptr<BpeModel> model;               // never null
-  std::unique_ptr<PostProcessor> post_processor; // null: special tokens add nothing
-  std::unique_ptr<Decoder> decoder;              // null: tokens joined with spaces
+  std::unique_ptr<Normalizer> normalizer;         // null: none
+  std::unique_ptr<PreTokenizer> pre_tokenizer;    // null: the whole normalized text is one piece
+  std::unique_ptr<BpeModel> model;                // never null
+  std::unique_ptr<PostProcessor> post_processor;  // null: special tokens add nothing
+  std::unique_ptr<Decoder> decoder;               // null: tokens joined with spaces
 };
 
 // INVALID_ARGUMENT for malformed JSON, a missing model, truncation or padding settings, and any

@@ -33,7 +33,8 @@ TEST(TokenizerJsonTest, RefusesWhatItCannotRunNamingIt) {
   j["truncation"] = {{"max_length", 512}};
   EXPECT_NE(Message(j).find("truncation"), std::string::npos);
   j = TestTokenizerJson();
-  j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(("}}}, {"behavior", "Isolated"}};
+  j["pre_tokenizer"] = {
+      {"type", "Split"}, {"pattern", {{"Regex", "(("}}}, {"behavior", "Isolated"}};
   EXPECT_NE(Message(j).find("does not compile"), std::string::npos);
   EXPECT_FALSE(ParseTokenizerJson("{\"model\": {\"type\": \"BPE\", \"vocab\": {").ok());
 }

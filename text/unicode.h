@@ -23,8 +23,8 @@ size_t FindInvalidUtf8(std::string_view s);
 // Rust's String::from_utf8_lossy and the WHATWG decoder).
 std::string Utf8Lossy(std::string_view bytes);
 
-bool IsWhitespace(char32_t c);    // White_Space (Rust char::is_whitespace)
-bool IsNumeric(char32_t c);       // general category N* (Rust char::is_numeric)
+bool IsWhitespace(char32_t c);  // White_Space (Rust char::is_whitespace)
+bool IsNumeric(char32_t c);     // general category N* (Rust char::is_numeric)
 // A regex word character (\w of Rust's regex crate and Oniguruma): Alphabetic, a mark, Nd, Pc or
 // a join control. Added tokens' single_word looks at it.
 bool IsWordChar(char32_t c);
