@@ -5,11 +5,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/flags.h"
 #include "nlohmann/json.hpp"
+#include "text/stream_decoder.h"
 #include "text/tokenizer_factory.h"
 
 namespace carpool::client {
@@ -69,6 +71,18 @@ void RunOne(const Tokenizer& tokenizer, const TokenizeLinesOptions& o,
     }
   };
   if (!in.ok()) return fail(in.status());
+  if (o.decode && o.stream) {
+    text::StreamDecoder stream(&tokenizer, o.skip_special_tokens);
+    std::vector<std::string> chunks;
+    for (int32_t id : in->ids) chunks.push_back(absl::BytesToHexString(stream.Add(id)));
+    chunks.push_back(absl::BytesToHexString(stream.Finish()));
+    if (o.json) {
+      out << Dump({{"text", stream.text()}, {"chunks_hex", chunks}}) << "\n";
+    } else {
+      out << stream.text() << "\n";
+    }
+    return;
+  }
   if (o.decode) {
     const std::string text = tokenizer.Decode(in->ids, o.skip_special_tokens);
     if (o.json) {
@@ -95,6 +109,7 @@ struct Flags {
   bool add_special_tokens = true;
   bool skip_special_tokens = false;
   bool json = false;
+  bool stream = false;
   bool help = false;
 };
 
@@ -108,6 +123,9 @@ int Run(int argc, char** argv, int first, bool decode) {
                    decode ? "JSON lines of {\"ids\": [...]}" : "JSON lines of {\"text\": \"...\"}");
   if (decode) {
     parser.AddBool("skip-special-tokens", &f.skip_special_tokens, "leave special tokens out");
+    parser.AddBool("stream", &f.stream,
+                   "decode one id at a time as a stream does; --json adds each chunk's bytes "
+                   "(chunks_hex)");
   } else {
     parser.AddBool("add-special-tokens", &f.add_special_tokens,
                    "add the tokenizer's special tokens (BOS...); --no-add-special-tokens: none");
@@ -132,8 +150,9 @@ int Run(int argc, char** argv, int first, bool decode) {
   }
   const std::vector<std::string>& args = parser.positionals();
   if (args.empty() == f.inputs_file.empty()) {
-    std::cerr << name << ": give inputs on the command line or --inputs-file, not both and not "
-                         "neither\n";
+    std::cerr << name
+              << ": give inputs on the command line or --inputs-file, not both and not "
+                 "neither\n";
     return 2;
   }
   std::ifstream file;
@@ -154,6 +173,7 @@ int Run(int argc, char** argv, int first, bool decode) {
   o.add_special_tokens = f.add_special_tokens;
   o.skip_special_tokens = f.skip_special_tokens;
   o.json = f.json;
+  o.stream = f.stream;
   std::ios::sync_with_stdio(false);
   if (file.is_open()) {
     TokenizeJsonLines(**tokenizer, o, file, std::cout, std::cerr);
@@ -175,8 +195,7 @@ int Run(int argc, char** argv, int first, bool decode) {
     RunOne(**tokenizer, o, input, 1, std::cout, std::cerr);
   } else {
     for (size_t i = 0; i < args.size(); ++i) {
-      RunOne(**tokenizer, o, Input{args[i], {}}, static_cast<int64_t>(i + 1), std::cout,
-             std::cerr);
+      RunOne(**tokenizer, o, Input{args[i], {}}, static_cast<int64_t>(i + 1), std::cout, std::cerr);
     }
   }
   std::cout.flush();
