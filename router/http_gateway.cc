@@ -73,20 +73,6 @@ bool ByteTokens(const std::string& model) {
   return model == "echo" || absl::StartsWith(model, "synthetic:");
 }
 
-// The stop strings the gateway watches itself: for byte-tokenizer models (synthetic, echo) it
-// still cuts their text as before; for the others the router does it (it ends the request,
-// frees the worker's blocks and reports finish_reason "stop" with the stop_string).
-std::vector<std::string> LocalStops(const GenerationRequest& r, bool byte_tokens) {
-  return byte_tokens ? r.stop : std::vector<std::string>();
-}
-
-// Prompt tokens as the router counts them, for answers cut short by a stop string (the router's
-// usage never arrives then): exact for the byte tokenizer and for token-id prompts.
-int EstimatePromptTokens(const GenerateInput& in, bool byte_tokens) {
-  if (!in.has_text) return static_cast<int>(in.token_ids.size());
-  if (!byte_tokens) return 0;
-  return static_cast<int>(in.text.size()) + (in.add_bos ? 1 : 0);
-}
 
 }  // namespace
 
@@ -374,7 +360,9 @@ void HttpGateway::Impl::RespondWhole(GenerationRequest r, ResponseMeta meta,
     return res.Send(ErrorResponse(HttpErrorFromStatus(stream.status())));
   }
   std::vector<SampleResult> tokens;
-  TextStream pipeline(LocalStops(r, meta.byte_tokens), r.input.include_stop_str_in_output);
+  // The router detokenizes and matches the stop strings (ending the request at one, with
+  // finish_reason "stop"); its text passes through, checked to be UTF-8.
+  Utf8Stream utf8;
   std::string text;
   absl::Time next_check = absl::Now() + absl::Milliseconds(kStreamPollMs);
   for (;;) {
@@ -396,26 +384,12 @@ void HttpGateway::Impl::RespondWhole(GenerationRequest r, ResponseMeta meta,
     }
     if (!next->has_value()) break;
     tokens.insert(tokens.end(), (*next)->tokens.begin(), (*next)->tokens.end());
-    text += pipeline.Feed((*next)->text);
-    if (pipeline.stopped()) {
-      // Stop strings are watched in the decoded text; the request ends at the first one.
-      (*stream)->Cancel();
-      break;
-    }
+    text += utf8.Feed((*next)->text);
   }
   Untrack(id);
-  std::string finish_reason;
-  Usage usage;
-  if (pipeline.stopped()) {
-    finish_reason = "stop";
-    usage.prompt_tokens = EstimatePromptTokens(r.input, meta.byte_tokens);
-    usage.completion_tokens = static_cast<int>(tokens.size());
-  } else {
-    text += pipeline.Flush();
-    finish_reason = (*stream)->result().finish_reason;
-    usage = (*stream)->result().usage;
-  }
-  res.Send(JsonResponse(ResponseBody(r, meta, text, tokens, finish_reason, usage)));
+  text += utf8.Flush();
+  res.Send(JsonResponse(ResponseBody(r, meta, text, tokens, (*stream)->result().finish_reason,
+                                     (*stream)->result().usage)));
 }
 
 // One SSE response's state.
@@ -423,17 +397,13 @@ struct HttpGateway::Impl::StreamState {
   GenerationRequest request;
   ResponseMeta meta;
   std::unique_ptr<Stream> stream;
-  TextStream text;
+  Utf8Stream text;  // the router's text (stop strings already applied), checked to be UTF-8
   bool role_sent = false;
   bool done = false;
-  int completion_tokens = 0;
   int64_t token_offset = 0;  // completions' text_offset of the next token
   absl::Time last_write = absl::Now();
 
-  StreamState(GenerationRequest r, ResponseMeta m)
-      : request(std::move(r)),
-        meta(std::move(m)),
-        text(LocalStops(request, meta.byte_tokens), request.input.include_stop_str_in_output) {}
+  StreamState(GenerationRequest r, ResponseMeta m) : request(std::move(r)), meta(std::move(m)) {}
 
   // A chat stream's role chunk, before its first other chunk.
   std::string Role() {
@@ -444,7 +414,6 @@ struct HttpGateway::Impl::StreamState {
 
   // Events for one chunk from the router (nothing when it adds nothing visible).
   std::string OnChunk(const GenerateChunkOut& chunk) {
-    completion_tokens += static_cast<int>(chunk.tokens.size());
     const std::string visible = text.Feed(chunk.text);
     std::string out = Role();
     const bool want_tokens = request.logprobs && !chunk.tokens.empty();
@@ -455,20 +424,13 @@ struct HttpGateway::Impl::StreamState {
     for (const SampleResult& t : chunk.tokens) {
       token_offset += static_cast<int64_t>(TokenText(t.token, meta.byte_tokens).size());
     }
-    if (text.stopped()) {
-      stream->Cancel();
-      Usage usage;
-      usage.prompt_tokens = EstimatePromptTokens(request.input, meta.byte_tokens);
-      usage.completion_tokens = completion_tokens;
-      out += Finish("stop", usage);
-    }
     return out;
   }
 
   // The last chunk (finish_reason), the usage chunk when asked for, and [DONE].
   std::string Finish(const std::string& finish_reason, const Usage& usage) {
     done = true;
-    const std::string rest = text.stopped() ? "" : text.Flush();
+    const std::string rest = text.Flush();
     std::string out = Role();
     out += SseEvent(StreamChunkBody(request, meta, rest, kNoTokens, token_offset, finish_reason));
     if (request.include_usage) out += SseEvent(UsageChunkBody(request, meta, usage));

@@ -334,10 +334,10 @@ TEST_F(GatewayTextTest, GenerationSendsModelStopAndTextOptions) {
                                          "skip_special_tokens": false})");
   ASSERT_TRUE(res);
   ASSERT_EQ(res->status, 200) << res->body;
-  // The echo answers "hello"; a byte-tokenizer model's stop is still cut by the gateway too,
-  // here keeping the stop string.
-  EXPECT_EQ(json::parse(res->body)["choices"][0]["text"], "hell");
-  EXPECT_EQ(json::parse(res->body)["choices"][0]["finish_reason"], "stop");
+  // Stop strings are the router's to match: this fake one ignores them, so the whole echo
+  // comes back, the byte tokenizer's model too.
+  EXPECT_EQ(json::parse(res->body)["choices"][0]["text"], "hello");
+  EXPECT_EQ(json::parse(res->body)["choices"][0]["finish_reason"], "length");
   res = Post("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}],
                                          "stop": "zz"})");
   ASSERT_TRUE(res);
@@ -353,9 +353,10 @@ TEST_F(GatewayTextTest, GenerationSendsModelStopAndTextOptions) {
   EXPECT_TRUE(sent[1].skip_special_tokens);
 }
 
-// A model with a real tokenizer: the router makes the text, matches the stop strings and
-// reports the finish; the gateway passes its text, finish_reason and usage on as they are.
-TEST_F(GatewayTextTest, HfModelsTakeTheRoutersTextAndStop) {
+// The router makes the text, matches the stop strings and reports the finish; the gateway
+// passes its text, finish_reason and usage on as they are (here for a model with a real
+// tokenizer; the byte tokenizer's models the same, above).
+TEST_F(GatewayTextTest, TakesTheRoutersTextAndStop) {
   Start(ServingModel("/models/llama-3", [](FakeRouter& r, const std::string& peer,
                                            const ClientMessage& m) {
     const auto* g = std::get_if<GenerateInput>(&m);
