@@ -169,6 +169,26 @@ TEST_F(HttpGatewayTest, ErrorsAndRoutes) {
   EXPECT_EQ(metrics->get_header_value("Content-Type"), "text/plain; version=0.0.4");
 }
 
+TEST_F(HttpGatewayTest, TokenizeAndDetokenizeThroughTheRouter) {
+  Start(/*curve=*/false);
+  StartWorker();  // the byte tokenizer, max_model_len 4096
+  ASSERT_TRUE(WaitReady());
+  httplib::Client c = Http();
+  auto res = c.Post("/tokenize", R"({"prompt": "hi"})", "application/json");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(json::parse(res->body),
+            json::parse(R"({"count": 3, "max_model_len": 4096, "tokens": [256, 104, 105]})"));
+  res = c.Post("/detokenize", R"({"tokens": [256, 104, 105]})", "application/json");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(json::parse(res->body)["prompt"], "<|256|>hi");
+  res = c.Post("/detokenize", R"({"tokens": [104, 100000]})", "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400) << res->body;
+  EXPECT_EQ(json::parse(res->body)["error"]["code"], "invalid_argument");
+}
+
 TEST_F(HttpGatewayTest, ConnectionsOverTheLimitGet503AtOnce) {
   Start(/*curve=*/false, /*max_connections=*/2);
   // Two idle keep-alive connections hold both slots.
