@@ -272,3 +272,37 @@ def test_async_embed_concurrent_calls_match(cluster):
     together, alone = asyncio.run(main())
     for a, b in zip(together, alone):
         assert max(abs(x - y) for x, y in zip(a[0], b[0])) <= 1e-5
+
+
+def test_tokenize_and_detokenize(cluster):
+    with carpool.Client(cluster.frontend, api_key=KEY, timeout=60) as client:
+        t = client.tokenize("hi")
+        assert t.token_ids == [256, 104, 105]  # the byte tokenizer: BOS, then the bytes
+        assert t.max_model_len == MAX_MODEL_LEN
+        assert client.tokenize("hi", add_special_tokens=False).token_ids == [104, 105]
+        assert client.detokenize([256, 104, 105]) == "<|256|>hi"
+        assert client.detokenize([256, 104, 105], skip_special_tokens=True) == "hi"
+        with pytest.raises(carpool.InvalidArgument):
+            client.detokenize([104, 1 << 20])
+        with pytest.raises(carpool.UnknownModel):
+            client.tokenize("hi", model="no-such-model")
+
+
+def test_stop_strings_end_the_output_at_the_router(cluster):
+    with carpool.Client(cluster.frontend, api_key=KEY, timeout=60) as client:
+        whole = client.generate(PROMPT, **greedy())
+        printable = [i for i, b in enumerate(whole.text_bytes) if 0x21 <= b <= 0x7E and i > 0]
+        if not printable:
+            pytest.skip("the greedy output holds no printable ASCII byte to stop at")
+        stop = chr(whole.text_bytes[printable[0]])
+        at = whole.text_bytes.index(stop.encode())
+        cut = client.generate(PROMPT, **greedy(stop=[stop]))
+        kept = client.generate(PROMPT, **greedy(stop=stop, include_stop_str_in_output=True))
+        streamed = client.stream(PROMPT, **greedy(stop=[stop]))
+        chunks = list(streamed)
+    assert cut.finish_reason == "stop" and cut.stop_string == stop
+    assert cut.text_bytes == whole.text_bytes[:at]
+    assert cut.usage.completion_tokens < 12
+    assert kept.text_bytes == whole.text_bytes[:at + 1]
+    assert streamed.result.stop_string == stop
+    assert b"".join(c.text_bytes for c in chunks) == whole.text_bytes[:at]
