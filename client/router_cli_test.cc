@@ -8,6 +8,9 @@
 #include <fstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/carpool_client.h"
 #include "client/fake_router_test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -424,6 +427,69 @@ TEST_F(GenerateTextCliTest, StopNeedsTheRouter) {
   r = RunCarpool("generate --model synthetic:tiny --prompts-file " + file);
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_THAT(r.output, HasSubstr("needs --router"));
+}
+
+// The tokenizer handover end to end: a carpool-worker serving the folder hands its
+// tokenizer.json to a carpool-router, which tokenizes and detokenizes with it for the SDK and
+// the CLI, with no copy of the folder of its own.
+TEST_F(GenerateTextCliTest, WorkerHandsItsTokenizerToTheRouter) {
+  const std::string bin = CARPOOL_BIN_DIR;
+  if (!std::filesystem::exists(bin + "/carpool-router") ||
+      !std::filesystem::exists(bin + "/carpool-worker")) {
+    GTEST_SKIP() << "build carpool-router and carpool-worker for this test";
+  }
+  const std::string dir = Folder(/*with_tokenizer=*/true);
+  carpool::testing::Subprocess router(
+      {bin + "/carpool-router", "--frontend", "tcp://127.0.0.1:*", "--backend",
+       "tcp://127.0.0.1:*"},
+      WriteFile("router.log", ""));
+  carpool::testing::RouterEndpoints ep;
+  ASSERT_TRUE(carpool::testing::WaitForRouterEndpoints(router, &ep)) << router.Log();
+  carpool::testing::Subprocess worker({bin + "/carpool-worker", "--router", ep.backend, "--model",
+                                       dir, "--worker-id", "hf-w", "--threads", "1"},
+                                      WriteFile("worker.log", ""));
+  ClientOptions o;
+  o.router_endpoint = ep.frontend;
+  o.default_timeout_ms = 20000;
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  for (;;) {
+    absl::StatusOr<StatsOut> stats = (*client)->Stats(1000);
+    if (stats.ok() && !stats->workers.empty()) break;
+    ASSERT_TRUE(absl::Now() < until && worker.running()) << "no worker registered\n"
+                                                         << worker.Log();
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  absl::StatusOr<TokenizeResult> t = (*client)->Tokenize(" hi");
+  ASSERT_TRUE(t.ok()) << t.status() << "\n" << router.Log() << worker.Log();
+  EXPECT_THAT(t->token_ids, ::testing::ElementsAre(258, 257));
+  absl::StatusOr<std::string> text = (*client)->Detokenize({258, 257, 33});
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(*text, "<|bos|> hi!");
+
+  GenerateInput g;
+  g.has_text = true;
+  g.text = " hi";
+  g.sampling.max_tokens = 4;
+  g.sampling.temperature = 0;
+  g.sampling.ignore_eos = true;
+  absl::StatusOr<GenerateResult> r = (*client)->Generate(g);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->usage.prompt_tokens, 2);
+  DetokenizeOptions skip;
+  skip.skip_special_tokens = true;
+  text = (*client)->Detokenize(r->TokenIds(), skip);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(r->text, *text);  // the router's streaming decode equals the whole decode
+
+  RunResult cli = RunCarpool("generate --router " + ep.frontend +
+                             " --prompt ' hi' --max-tokens 2 --temperature 0 --json");
+  ASSERT_EQ(cli.exit_code, 0) << cli.output;
+  EXPECT_EQ(JsonLines(cli.output)[0]["usage"]["prompt_tokens"], 2);
+  client->reset();
+  EXPECT_EQ(worker.Terminate(), 0) << worker.Log();
+  EXPECT_EQ(router.Terminate(), 0) << router.Log();
 }
 
 }  // namespace
