@@ -16,6 +16,7 @@ usage: make_synthetic.py OUT_DIR
 import collections
 import json
 import os
+import random
 import re
 import sys
 
@@ -425,7 +426,99 @@ def build_all():
     files["raw_unk_no_fallback"] = tokenizer(
         [added(0, "<unk>")], None, None, None, {"type": "Fuse"},
         bpe_model(rv, r_merges, merges_as_pairs=True, unk="<unk>", fuse_unk=False))
+    # Metaspace "first" prepends only to the piece that starts at offset 0 of the original text:
+    # when a normalizer removed what was there (Strip, Replace), nothing is prepended.
+    files["metaspace_first_after_strip"] = tokenizer(
+        [added(0, "<unk>"), added(1, "<s>"), added(2, "</s>")],
+        {"type": "Sequence", "normalizers": [{"type": "Strip", "strip_left": True, "strip_right": False},
+                                             {"type": "Replace", "pattern": {"String": "#"}, "content": ""}]},
+        metaspace_pre("first", True), None, metaspace_decoder("first", True),
+        bpe_model(v, m_merges, merges_as_pairs=False, unk="<unk>", byte_fallback=True))
+
+    # Random pipelines from the supported components (fixed seed), with random added-token flags.
+    rng = random.Random(RANDOM_SEED)
+    for i in range(RANDOM_FILES):
+        files[f"random_{i:02d}"] = random_pipeline(rng, {"sp": (v, m_merges), "byte": (bv, b_merges)})
     return files
+
+
+RANDOM_SEED = 13
+RANDOM_FILES = 10
+
+
+def random_pipeline(rng, bases):
+    """A tokenizer.json of random supported components over one of the learned vocabularies."""
+    kind = rng.choice(["byte", "sp"])
+    norm_pool = [
+        {"type": "NFC"}, {"type": "NFKC"}, {"type": "Lowercase"},
+        {"type": "Strip", "strip_left": rng.random() < 0.5, "strip_right": rng.random() < 0.5},
+        {"type": "Replace", "pattern": {"String": rng.choice([" ", "a", "\n", "  "])},
+         "content": rng.choice(["", " ", SP, "XY"])},
+        {"type": "Replace", "pattern": {"Regex": rng.choice([r"\s+", r"\d", r"[aeiou]+", r"(?i)the"])},
+         "content": rng.choice(["", " ", "#"])},
+        {"type": "Prepend", "prepend": rng.choice([SP, " ", ">"])}]
+    norms = rng.sample(norm_pool, rng.randint(0, 3))
+    if not norms:
+        normalizer = None
+    elif len(norms) == 1 and rng.random() < 0.5:
+        normalizer = norms[0]
+    else:
+        normalizer = {"type": "Sequence", "normalizers": norms}
+
+    def split():
+        pattern = rng.choice([{"String": " "}, {"String": "-"}, {"String": ", "}, {"Regex": r"\p{P}"},
+                              {"Regex": r"\d+"}, {"Regex": r"\s+"}, {"Regex": r"[A-Z][a-z]*"},
+                              {"Regex": r" ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"}])
+        return {"type": "Split", "pattern": pattern,
+                "behavior": rng.choice(["Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous"]),
+                "invert": rng.random() < 0.3}
+    pre_pool = [lambda: {"type": "Whitespace"}, lambda: {"type": "Digits", "individual_digits": rng.random() < 0.5},
+                split, lambda: metaspace_pre(rng.choice(["always", "first", "never"]), rng.random() < 0.5)]
+    pres = [rng.choice(pre_pool)() for _ in range(rng.randint(0, 2))]
+    if kind == "byte":
+        pres.append(BYTELEVEL_PRE(rng.random() < 0.5, rng.random() < 0.5))
+        vocab, merges = bases["byte"]
+        decoder = BYTELEVEL_DEC
+        byte_fallback = False
+    else:
+        vocab, merges = bases["sp"]
+        byte_fallback = rng.random() < 0.7
+        dec_pool = [{"type": "Replace", "pattern": {"String": SP}, "content": " "}, {"type": "ByteFallback"},
+                    {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": rng.randint(0, 2), "stop": 0},
+                    metaspace_decoder(rng.choice(["always", "first", "never"]), rng.random() < 0.5)]
+        decs = rng.sample(dec_pool, rng.randint(0, 4))
+        decoder = {"type": "Sequence", "decoders": decs} if decs else None
+    if not pres:
+        pre = None
+    elif len(pres) == 1:
+        pre = pres[0]
+    else:
+        pre = {"type": "Sequence", "pretokenizers": pres}
+
+    added_tokens = []
+    next_id = len(vocab)
+    for content in rng.sample(make_corpus.SYNTHETIC_ADDED + ["<s>", "</s>", "<|im_start|>"], rng.randint(0, 8)):
+        if content in vocab.ids:
+            id_ = vocab.ids[content]
+        else:
+            id_, next_id = next_id, next_id + 1
+        added_tokens.append(added(id_, content, special=rng.random() < 0.5, lstrip=rng.random() < 0.3,
+                                  rstrip=rng.random() < 0.3, single_word=rng.random() < 0.3,
+                                  normalized=rng.random() < 0.4))
+    added_tokens.sort(key=lambda a: a["id"])
+    specials = [a for a in added_tokens if a["special"]]
+    post = None
+    r = rng.random()
+    if specials and r < 0.5:
+        chosen = rng.sample(specials, min(len(specials), rng.randint(1, 2)))
+        single = [chosen[0]["content"], "$A"] + [c["content"] for c in chosen[1:]]
+        post = template(single, {c["content"]: c["id"] for c in chosen})
+    elif kind == "byte" and r < 0.8:
+        post = BYTELEVEL_POST
+    unk = "<unk>" if "<unk>" in vocab.ids and rng.random() < 0.8 else None
+    model = bpe_model(vocab, merges, merges_as_pairs=rng.random() < 0.5, unk=unk, fuse_unk=rng.random() < 0.5,
+                      byte_fallback=byte_fallback, ignore_merges=rng.random() < 0.3)
+    return tokenizer(added_tokens, normalizer, pre, post, decoder, model)
 
 
 def main(argv):

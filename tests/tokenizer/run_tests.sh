@@ -30,4 +30,4 @@ export CARPOOL_TOKENIZER_REPORT_DIR="$BUILD_DIR/tokenizer-parity"
 export CARPOOL_BIN="$CARPOOL"
 export PYTHONDONTWRITEBYTECODE=1
 rm -rf "$CARPOOL_TOKENIZER_REPORT_DIR"
-exec "$PYTHON" -m pytest "$HERE" -q -p no:cacheprovider --tb=short "$@"
+exec "$PYTHON" -m pytest "$HERE/test_tokenizer_parity.py" -q -p no:cacheprovider --tb=short "$@"
