@@ -66,7 +66,9 @@ int64_t EmbedKind::PromptTokens(const Request& request) const {
   const EmbedRequest& r = Of(request);
   if (r.validated) return r.total_tokens;
   int64_t tokens = 0;
-  for (const EmbedItem& item : r.input.inputs) tokens += static_cast<int64_t>(item.token_ids.size());
+  for (const EmbedItem& item : r.input.inputs) {
+    tokens += static_cast<int64_t>(item.token_ids.size());
+  }
   return tokens;
 }
 

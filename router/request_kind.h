@@ -124,8 +124,8 @@ class RequestHost {
 };
 
 // One kind of request. The loop calls the stages in this order: Receive, Admit (the kind's
-// part: AdmissionRequest filled, not yet submitted), TakeTexts when NeedsTokenizer (tokenized on the
-// pool, Stage::kTokenizing), Validate (once the tokens are known; a request of token ids at
+// part: AdmissionRequest filled, not yet submitted), TakeTexts when NeedsTokenizer (tokenized
+// on the pool, Stage::kTokenizing), Validate (once the tokens are known; a request of token ids at
 // arrival once the model is known, else before its first placement), the admission
 // controller's Admit with the real prompt tokens, then Place and Dispatch
 // each time it is dispatched, OnWorkerEvent for each answer of its worker, and Detach whenever
@@ -152,8 +152,8 @@ class RequestKind {
   virtual PromptTexts TakeTexts(Request& r) = 0;
   // Checks `r` against its model; `encoded` holds the tokens of TakeTexts' texts (empty when
   // it had none). An error (its reason: ValidationReason) ends the request.
-  virtual absl::Status Validate(Request& r, const ModelLimits& model, const RequestLimits& limits,
-                                const EncodedTexts& encoded) = 0;
+  virtual absl::Status Validate(Request& r, const ModelLimits& model,
+                                const RequestLimits& limits, const EncodedTexts& encoded) = 0;
   // The prompt tokens admission reserves: exact once validated; before (a request of token ids
   // queued before any worker registered), their count.
   virtual int64_t PromptTokens(const Request& r) const = 0;

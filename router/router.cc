@@ -67,6 +67,9 @@ absl::Status RouterOptions::Validate() const {
   if (tokenizer_threads < 1 || tokenizer_threads > 256) {
     return absl::InvalidArgumentError("--tokenizer-threads must be in [1, 256]");
   }
+  if (max_tokenizing_bytes < max_request_bytes) {
+    return absl::InvalidArgumentError("max_tokenizing_bytes must be >= --max-request-bytes");
+  }
   for (const std::string& key : admin_api_keys) {
     if (key.empty()) return absl::InvalidArgumentError("an admin API key is empty");
   }
@@ -407,7 +410,9 @@ void Router::Impl::OnRequest(const std::string& client, Arrival arrival) {
   a.id = router_id;
   a.tenant = tenant;
   a.priority = r.priority;
-  if (arrival.deadline_ms > 0) r.deadline = a.deadline_micros = r.arrival + arrival.deadline_ms * 1000;
+  if (arrival.deadline_ms > 0) {
+    r.deadline = a.deadline_micros = r.arrival + arrival.deadline_ms * 1000;
+  }
   // From here the request is in the tables: a duplicate request_id, a cancel or its client's
   // loss finds it at every stage.
   by_client_[{client, r.request_id}] = router_id;
@@ -421,6 +426,16 @@ void Router::Impl::OnRequest(const std::string& client, Arrival arrival) {
   // token) is about four times a real tokenizer's count and would refuse prompts that fit.
   // Meanwhile it holds no budget; its deadline and the no-worker timeout still end it.
   if (r.kind->NeedsTokenizer(r)) {
+    // Not admitted yet, so bounded here: as many as may queue.
+    if (static_cast<int64_t>(unadmitted_.size()) >= options_.admission.max_queued_requests) {
+      SendError(client, r.request_id, absl::StatusCode::kUnavailable, reason::kQueueFull,
+                absl::StrCat(unadmitted_.size(),
+                             " requests are waiting for their text to be tokenized "
+                             "(--max-queued-requests)"),
+                kTokenizerBusyRetryMs);
+      End(router_id);
+      return;
+    }
     StartTokenizing(r);
     return;
   }
@@ -467,8 +482,9 @@ void Router::Impl::Refuse(const std::string& client, const std::string& request_
 
 bool Router::Impl::Validate(Request& r, const EncodedTexts& encoded) {
   const ServedModel* m = models_.Find(r.model);
-  const absl::Status s = m == nullptr ? absl::InternalError("the request's model is not known")
-                                      : r.kind->Validate(r, m->limits, LimitsFor(r.client), encoded);
+  const absl::Status s =
+      m == nullptr ? absl::InternalError("the request's model is not known")
+                   : r.kind->Validate(r, m->limits, LimitsFor(r.client), encoded);
   if (!s.ok()) {
     SendError(r.client, r.request_id, s.code(), ValidationReason(s), std::string(s.message()));
     return false;
@@ -488,6 +504,11 @@ void Router::Impl::OnCancel(const std::string& client, const std::string& reques
 
 void Router::Impl::DropClient(const std::string& client) {
   backlog_->Erase(client);
+  std::erase_if(parked_text_calls_, [&](const ParkedTextCall& c) {
+    if (c.client != client) return false;
+    text_calls_.erase({c.client, c.request_id});
+    return true;
+  });
   std::vector<uint64_t> router_ids;
   for (const auto& [key, router_id] : by_client_) {
     if (key.first == client) router_ids.push_back(router_id);
@@ -534,6 +555,7 @@ void Router::Impl::ExpireDeadlines() {
 }
 
 void Router::Impl::ExpireUnadmitted(int64_t now) {
+  if (!parked_text_calls_.empty()) ResumeTextCalls(now, /*expire_only=*/true);
   std::vector<uint64_t> router_ids(unadmitted_.begin(), unadmitted_.end());
   std::sort(router_ids.begin(), router_ids.end());
   const int64_t wait_limit = options_.admission.no_worker_timeout_ms * 1000;

@@ -88,6 +88,9 @@ struct RouterOptions {
   // Threads that tokenize (text prompts, Tokenize / Detokenize requests) and build the models'
   // tokenizers, off the event loop (router/tokenizer_pool.h). Default: 2.
   int tokenizer_threads = 2;
+  // Text bytes the tokenizer threads may hold at once (requests being tokenized); past it a text
+  // request is refused UNAVAILABLE queue_full. Default: 256 MiB.
+  int64_t max_tokenizing_bytes = 256 << 20;
   // Builds the tokenizer of a model registered with tokenizer "hf" from the files its worker
   // handed over (tokenizer.json, tokenizer_config.json: "" when none), on the tokenizer
   // threads. Default (empty): text::HfTokenizer::FromJson. Tests inject their own.

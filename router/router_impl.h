@@ -13,6 +13,7 @@
 #include <random>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -35,6 +36,8 @@ namespace carpool::router {
 inline constexpr int kStallSteps = 20;
 // retry_after_ms of a no_workers error.
 inline constexpr int64_t kNoWorkersRetryMs = 5000;
+// retry_after_ms of a queue_full refusal for text while the tokenizer threads are full.
+inline constexpr int64_t kTokenizerBusyRetryMs = 200;
 
 class Router::Impl final : public RequestHost {
  public:
@@ -119,14 +122,19 @@ class Router::Impl final : public RequestHost {
   // Sends r's texts to the pool (Stage::kTokenizing), or parks it until its model's tokenizer
   // is there (Stage::kWaitingForTokenizer); a model without one refuses it.
   void StartTokenizing(Request& r);
-  void OnTokenized(uint64_t router_id, absl::StatusOr<EncodedTexts> encoded);
+  void OnTokenized(uint64_t router_id, int64_t bytes, absl::StatusOr<EncodedTexts> encoded);
   // After a registration or a tokenizer load: the parked requests go on.
   void ResumeWaiting();
   void StartTokenizerLoad(TokenizerLoad load);
-  // The model of a Tokenize / Detokenize request, its tokenizer ready; null when not (the
-  // error sent).
+  // The model of a Tokenize / Detokenize request, its tokenizer ready; null when not: the
+  // error sent, or `wait` set (no worker registered yet, or the tokenizer is loading).
   const ServedModel* TokenizerFor(const std::string& client, const std::string& request_id,
-                                  const std::string& model);
+                                  const std::string& model, bool* wait);
+  // A Tokenize / Detokenize request waits for its model's tokenizer (its id stays in flight).
+  void ParkTextCall(const std::string& client, const std::string& request_id,
+                    std::variant<TokenizeInput, DetokenizeInput> input);
+  // The parked ones go on (or, with expire_only, only those past the no-worker timeout end).
+  void ResumeTextCalls(int64_t now, bool expire_only);
   void OnTokenize(const std::string& client, TokenizeInput in);
   void OnDetokenize(const std::string& client, DetokenizeInput in);
 
@@ -185,6 +193,14 @@ class Router::Impl final : public RequestHost {
   absl::flat_hash_set<uint64_t> unadmitted_;
   // Tokenize / Detokenize requests on the pool, by (client, request_id).
   absl::flat_hash_set<std::pair<std::string, std::string>> text_calls_;
+  struct ParkedTextCall {
+    int64_t arrival = 0;
+    std::string client;
+    std::string request_id;
+    std::variant<TokenizeInput, DetokenizeInput> input;
+  };
+  std::vector<ParkedTextCall> parked_text_calls_;
+  int64_t tokenizing_bytes_ = 0;  // the texts on the tokenizer pool (max_tokenizing_bytes)
   std::unique_ptr<ClientBacklog> backlog_;
   std::vector<std::string> too_slow_;  // clients to end in ServeBacklog
   uint64_t next_router_id_ = 1;

@@ -39,8 +39,8 @@ void Router::Impl::StartTokenizing(Request& r) {
   }
   if (m->tokenizer_state == TokenizerState::kFailed) {
     Fail(router_id, absl::StatusCode::kFailedPrecondition, kReasonUnsupported,
-         absl::StrCat("the tokenizer of model '", m->name, "' did not load (",
-                      m->tokenizer_error, "): send token_ids instead of text"));
+         absl::StrCat("the tokenizer of model '", m->name, "' did not load (", m->tokenizer_error,
+                      "): send token_ids instead of text"));
     return;
   }
   if (m->tokenizer_state == TokenizerState::kNone) {
@@ -48,17 +48,34 @@ void Router::Impl::StartTokenizing(Request& r) {
          NoTokenizerMessage(m->name));
     return;
   }
+  PromptTexts texts = r.kind->TakeTexts(r);
+  int64_t bytes = 0;
+  for (const std::string& t : texts.texts) bytes += static_cast<int64_t>(t.size());
+  if (tokenizing_bytes_ > 0 && tokenizing_bytes_ + bytes > options_.max_tokenizing_bytes) {
+    const std::string client = r.client;
+    const std::string request_id = r.request_id;
+    End(router_id);
+    SendError(client, request_id, absl::StatusCode::kUnavailable, reason::kQueueFull,
+              absl::StrCat("the tokenizer threads hold ", tokenizing_bytes_,
+                           " bytes of text; this request's ", bytes, " would pass the limit of ",
+                           options_.max_tokenizing_bytes),
+              kTokenizerBusyRetryMs);
+    return;
+  }
+  tokenizing_bytes_ += bytes;
   r.stage = Stage::kTokenizing;
-  pool_->Submit([this, router_id, tokenizer = m->limits.tokenizer,
-                 texts = r.kind->TakeTexts(r)]() mutable -> TokenizerPool::Completion {
+  pool_->Submit([this, router_id, bytes, tokenizer = m->limits.tokenizer,
+                 texts = std::move(texts)]() mutable -> TokenizerPool::Completion {
     absl::StatusOr<EncodedTexts> encoded = EncodeTexts(*tokenizer, texts);
-    return [this, router_id, encoded = std::move(encoded)]() mutable {
-      OnTokenized(router_id, std::move(encoded));
+    return [this, router_id, bytes, encoded = std::move(encoded)]() mutable {
+      OnTokenized(router_id, bytes, std::move(encoded));
     };
   });
 }
 
-void Router::Impl::OnTokenized(uint64_t router_id, absl::StatusOr<EncodedTexts> encoded) {
+void Router::Impl::OnTokenized(uint64_t router_id, int64_t bytes,
+                               absl::StatusOr<EncodedTexts> encoded) {
+  tokenizing_bytes_ -= bytes;
   auto it = requests_.find(router_id);
   if (it == requests_.end()) return;  // cancelled, expired or its client gone meanwhile
   Request& r = *it->second;
@@ -75,6 +92,7 @@ void Router::Impl::OnTokenized(uint64_t router_id, absl::StatusOr<EncodedTexts> 
 }
 
 void Router::Impl::ResumeWaiting() {
+  ResumeTextCalls(clock_->NowMicros(), /*expire_only=*/false);
   std::vector<uint64_t> router_ids;
   for (uint64_t router_id : unadmitted_) {
     auto it = requests_.find(router_id);
@@ -92,6 +110,40 @@ void Router::Impl::ResumeWaiting() {
       continue;
     }
     StartTokenizing(r);
+  }
+}
+
+void Router::Impl::ParkTextCall(const std::string& client, const std::string& request_id,
+                                std::variant<TokenizeInput, DetokenizeInput> input) {
+  text_calls_.insert({client, request_id});
+  parked_text_calls_.push_back({clock_->NowMicros(), client, request_id, std::move(input)});
+}
+
+void Router::Impl::ResumeTextCalls(int64_t now, bool expire_only) {
+  std::vector<ParkedTextCall> parked;
+  parked.swap(parked_text_calls_);
+  const int64_t wait_limit = options_.admission.no_worker_timeout_ms * 1000;
+  for (ParkedTextCall& c : parked) {
+    const bool expired = wait_limit > 0 && now - c.arrival >= wait_limit;
+    if (expire_only && !expired) {
+      parked_text_calls_.push_back(std::move(c));
+      continue;
+    }
+    text_calls_.erase({c.client, c.request_id});
+    if (expired) {
+      SendError(c.client, c.request_id, absl::StatusCode::kUnavailable, reason::kNoWorkers,
+                absl::StrCat("the model had no tokenizer ready for ",
+                             options_.admission.no_worker_timeout_ms,
+                             " ms (--no-worker-timeout-ms): no worker registered it yet, or its "
+                             "tokenizer is still loading"),
+                kNoWorkersRetryMs);
+      continue;
+    }
+    if (auto* t = std::get_if<TokenizeInput>(&c.input)) {
+      OnTokenize(c.client, std::move(*t));
+    } else {
+      OnDetokenize(c.client, std::get<DetokenizeInput>(std::move(c.input)));
+    }
   }
 }
 
@@ -116,11 +168,10 @@ void Router::Impl::StartTokenizerLoad(TokenizerLoad load) {
 
 const ServedModel* Router::Impl::TokenizerFor(const std::string& client,
                                               const std::string& request_id,
-                                              const std::string& model) {
+                                              const std::string& model, bool* wait) {
+  *wait = false;
   if (models_.empty()) {
-    SendError(client, request_id, absl::StatusCode::kUnavailable, reason::kNoWorkers,
-              "no worker has registered yet: the model's tokenizer is not known",
-              kNoWorkersRetryMs);
+    *wait = true;
     return nullptr;
   }
   absl::StatusOr<const ServedModel*> m = models_.Resolve(model);
@@ -133,9 +184,7 @@ const ServedModel* Router::Impl::TokenizerFor(const std::string& client,
     case TokenizerState::kReady:
       return *m;
     case TokenizerState::kLoading:
-      SendError(client, request_id, absl::StatusCode::kUnavailable, reason::kNoWorkers,
-                absl::StrCat("the tokenizer of model '", (*m)->name, "' is still loading"),
-                1000);
+      *wait = true;
       return nullptr;
     case TokenizerState::kFailed:
       SendError(client, request_id, absl::StatusCode::kFailedPrecondition, kReasonUnsupported,
@@ -159,24 +208,41 @@ void Router::Impl::OnTokenize(const std::string& client, TokenizeInput in) {
     shape = absl::InvalidArgumentError(
         absl::StrCat("request_id is longer than ", limits.max_request_id_bytes, " bytes"));
   } else if (static_cast<int64_t>(in.text.size()) > limits.max_prompt_bytes) {
-    shape = absl::InvalidArgumentError(absl::StrCat(
-        "text is ", in.text.size(), " bytes; the limit is ", limits.max_prompt_bytes));
+    shape = absl::InvalidArgumentError(
+        absl::StrCat("text is ", in.text.size(), " bytes; the limit is ", limits.max_prompt_bytes));
   }
   int tenant = -1;
   if (!Accept(client, in.request_id, shape, in.api_key, &tenant)) return;
-  const ServedModel* m = TokenizerFor(client, in.request_id, in.model);
+  bool wait = false;
+  const ServedModel* m = TokenizerFor(client, in.request_id, in.model, &wait);
+  if (wait) {
+    const std::string request_id = in.request_id;  // before `in` is moved
+    ParkTextCall(client, request_id, std::move(in));
+    return;
+  }
   if (m == nullptr) return;
+  const auto bytes = static_cast<int64_t>(in.text.size());
+  if (tokenizing_bytes_ > 0 && tokenizing_bytes_ + bytes > options_.max_tokenizing_bytes) {
+    SendError(client, in.request_id, absl::StatusCode::kUnavailable, reason::kQueueFull,
+              absl::StrCat("the tokenizer threads hold ", tokenizing_bytes_,
+                           " bytes of text; this request's ", bytes, " would pass the limit of ",
+                           options_.max_tokenizing_bytes),
+              kTokenizerBusyRetryMs);
+    return;
+  }
+  tokenizing_bytes_ += bytes;
   text_calls_.insert({client, in.request_id});
   PromptTexts texts;
   texts.texts.push_back(std::move(in.text));
   texts.labels.emplace_back();
   texts.add_special_tokens = in.add_special_tokens;
-  pool_->Submit([this, client, request_id = std::move(in.request_id),
+  pool_->Submit([this, client, request_id = std::move(in.request_id), bytes,
                  max_model_len = m->limits.max_model_len, tokenizer = m->limits.tokenizer,
                  texts = std::move(texts)]() mutable -> TokenizerPool::Completion {
     absl::StatusOr<EncodedTexts> encoded = EncodeTexts(*tokenizer, texts);
-    return [this, client = std::move(client), request_id = std::move(request_id), max_model_len,
-            encoded = std::move(encoded)]() mutable {
+    return [this, client = std::move(client), request_id = std::move(request_id), bytes,
+            max_model_len, encoded = std::move(encoded)]() mutable {
+      tokenizing_bytes_ -= bytes;
       text_calls_.erase({client, request_id});
       if (!encoded.ok()) {
         SendError(client, request_id, encoded.status().code(), reason::kInvalidArgument,
@@ -202,12 +268,17 @@ void Router::Impl::OnDetokenize(const std::string& client, DetokenizeInput in) {
   }
   int tenant = -1;
   if (!Accept(client, in.request_id, shape, in.api_key, &tenant)) return;
-  const ServedModel* m = TokenizerFor(client, in.request_id, in.model);
+  bool wait = false;
+  const ServedModel* m = TokenizerFor(client, in.request_id, in.model, &wait);
+  if (wait) {
+    const std::string request_id = in.request_id;  // before `in` is moved
+    ParkTextCall(client, request_id, std::move(in));
+    return;
+  }
   if (m == nullptr) return;
   for (size_t i = 0; i < in.token_ids.size(); ++i) {
     if (in.token_ids[i] < 0 || in.token_ids[i] >= m->limits.vocab_size) {
-      SendError(client, in.request_id, absl::StatusCode::kInvalidArgument,
-                reason::kInvalidArgument,
+      SendError(client, in.request_id, absl::StatusCode::kInvalidArgument, reason::kInvalidArgument,
                 absl::StrCat("token_ids[", i, "] is ", in.token_ids[i],
                              ", outside the vocabulary [0, ", m->limits.vocab_size, ")"));
       return;

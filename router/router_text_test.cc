@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "router/router.h"
 #include "router/testing/scripted_router.h"
+#include "text/test_tokenizer_json.h"
 
 namespace carpool::router {
 namespace {
@@ -45,8 +46,14 @@ class RouterTextTest : public ScriptedRouterTest {
     o.heartbeat_timeout_ms = 60'000;
     o.max_request_bytes = 1 << 20;
     o.tokenizer_threads = 2;
-    o.load_tokenizer = [this](const std::string&, const std::string&)
-        -> absl::StatusOr<std::shared_ptr<const Tokenizer>> {
+    o.max_tokenizing_bytes = max_tokenizing_bytes_;
+    if (real_loader_) {
+      ScriptedRouterTest::StartRouter(std::move(o));
+      return;
+    }
+    o.load_tokenizer = [this](
+                           const std::string&,
+                           const std::string&) -> absl::StatusOr<std::shared_ptr<const Tokenizer>> {
       loaded_.Notify();
       load_release_.WaitForNotificationWithTimeout(absl::Seconds(20));
       return std::shared_ptr<const Tokenizer>(tokenizer_);
@@ -85,6 +92,8 @@ class RouterTextTest : public ScriptedRouterTest {
     return RecvClientAs<StatsOut>(c);
   }
 
+  int64_t max_tokenizing_bytes_ = 256 << 20;
+  bool real_loader_ = false;  // text::HfTokenizer::FromJson, not the injected loader
   std::shared_ptr<BlockingTokenizer> tokenizer_ = std::make_shared<BlockingTokenizer>();
   absl::Notification loaded_;
   absl::Notification load_release_;
@@ -137,19 +146,47 @@ TEST_F(RouterTextTest, ARequestCancelledWhileTokenizingNeverReachesAWorker) {
   EXPECT_EQ(s.queued_tokens + s.inflight_tokens, 0);
 }
 
+// Text on the pool is not admitted yet, so the pool bounds it: past max_tokenizing_bytes a text
+// request is refused queue_full at once, and served again once the pool has room.
+TEST_F(RouterTextTest, TextBeyondWhatThePoolMayHoldIsRefusedQueueFull) {
+  max_tokenizing_bytes_ = 1 << 20;
+  StartRouter();
+  load_release_.Notify();
+  FakeWorker w = StartHfWorker("w1");
+  auto client = Dealer(router_->frontend_endpoint(), "c1");
+  SendClient(client.get(), Text("huge", std::string(kHuge, 'a')));
+  ASSERT_TRUE(tokenizer_->entered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  SendClient(client.get(), Text("more", std::string((1 << 20) - kHuge + 1, 'b')));
+  ErrorInfo e = RecvError(client.get());
+  EXPECT_EQ(e.request_id, "more");
+  EXPECT_EQ(e.code, absl::StatusCode::kUnavailable);
+  EXPECT_EQ(e.reason, reason::kQueueFull);
+  EXPECT_GT(e.retry_after_ms, 0);
+  tokenizer_->release.Notify();
+  EXPECT_EQ(w.RecvAs<DispatchInfo>().prompt_tokens.size(), kHuge);
+  SendClient(client.get(), Text("more", std::string(1000, 'b')));
+  EXPECT_EQ(w.RecvAs<DispatchInfo>().prompt_tokens.size(), 1000u);
+}
+
 TEST_F(RouterTextTest, TextWaitsForItsModelsTokenizerWhileTokenIdsGoOn) {
   StartRouter();
   FakeWorker w = StartHfWorker("w1");
   ASSERT_TRUE(loaded_.WaitForNotificationWithTimeout(absl::Seconds(10)));
   auto client = Dealer(router_->frontend_endpoint(), "c1");
   SendClient(client.get(), Text("text", "hi"));
+  SendClient(client.get(), TokenizeInput{"tok", "", "ok", true, ""});
   SendClient(client.get(), Request("ids", {1, 2}, 1, false));
   DispatchInfo d = w.RecvAs<DispatchInfo>();
   EXPECT_EQ(d.prompt_tokens, (std::vector<int32_t>{1, 2}));
-  EXPECT_FALSE(w.Recv(kQuietMs).has_value());  // the text waits
+  EXPECT_FALSE(w.Recv(kQuietMs).has_value());  // the text waits, and so does the tokenize call
+  EXPECT_FALSE(TryRecvClient(client.get(), 0).has_value());
+  SendClient(client.get(), TokenizeInput{"tok", "", "ok", true, ""});
+  EXPECT_EQ(RecvError(client.get()).reason, reason::kDuplicateRequestId);
   load_release_.Notify();
   DispatchInfo t = w.RecvAs<DispatchInfo>();
   EXPECT_EQ(t.prompt_tokens, (std::vector<int32_t>{'h', 'i'}));
+  TokenizeResultOut tok = RecvClientAs<TokenizeResultOut>(client.get());
+  EXPECT_EQ(tok.token_ids, (std::vector<int32_t>{'o', 'k'}));
 }
 
 TEST_F(RouterTextTest, ARequestsModelPicksItsWorkers) {
@@ -194,7 +231,7 @@ TEST_F(RouterTextTest, ARequestsModelPicksItsWorkers) {
   EXPECT_THAT(RecvError(client.get()).message, HasSubstr("token_ids[1]"));
 }
 
-TEST_F(RouterTextTest, ChunksCarryTheTextTheirTokensCompleteAndAFailoverKeepsIt) {
+TEST_F(RouterTextTest, ChunksCarryTheTextTheirTokensComplete) {
   StartRouter();
   FakeWorker w = StartWorker("w1");
   auto client = Dealer(router_->frontend_endpoint(), "c1");
@@ -218,9 +255,32 @@ TEST_F(RouterTextTest, ChunksCarryTheTextTheirTokensCompleteAndAFailoverKeepsIt)
   SendClient(client.get(), g);
   d = w.RecvAs<DispatchInfo>();
   w.Send(StepTokensInfo{
-      w.epoch, {Token(d.dispatch_id, 'o'), Token(d.dispatch_id, 'k'), Token(d.dispatch_id, 257, true)},
+      w.epoch,
+      {Token(d.dispatch_id, 'o'), Token(d.dispatch_id, 'k'), Token(d.dispatch_id, 257, true)},
       {}});
   EXPECT_EQ(RecvClientAs<GenerateFinalOut>(client.get()).text, "ok<|257|>");
+}
+
+// A stream that moves to another dispatch (here: its worker registered afresh, which orphans
+// what it held) keeps its decoder: the character begun before the move completes after it.
+TEST_F(RouterTextTest, AResumedStreamContinuesItsTextExactly) {
+  StartRouter();
+  FakeWorker w = StartWorker("w1");
+  auto client = Dealer(router_->frontend_endpoint(), "c1");
+  SendClient(client.get(), Request("r1", {1}, 4, /*stream=*/true));
+  DispatchInfo d1 = w.RecvAs<DispatchInfo>();
+  w.Send(StepTokensInfo{w.epoch, {Token(d1.dispatch_id, 'a'), Token(d1.dispatch_id, 0xE4)}, {}});
+  EXPECT_EQ(RecvClientAs<GenerateChunkOut>(client.get()).text, "a");
+  EXPECT_EQ(RecvClientAs<GenerateChunkOut>(client.get()).text, "");
+  w.Send(FakeRegistration("w1"));
+  w.epoch = w.RecvAs<RegisterAckInfo>().epoch;
+  DispatchInfo d2 = w.RecvAs<DispatchInfo>();
+  EXPECT_EQ(d2.output_tokens, (std::vector<int32_t>{'a', 0xE4}));
+  w.Send(StepTokensInfo{
+      w.epoch, {Token(d2.dispatch_id, 0xB8), Token(d2.dispatch_id, 0x96, true)}, {}});
+  EXPECT_EQ(RecvClientAs<GenerateChunkOut>(client.get()).text, "");
+  EXPECT_EQ(RecvClientAs<GenerateChunkOut>(client.get()).text, "\xE4\xB8\x96");
+  EXPECT_EQ(RecvClientAs<GenerateFinalOut>(client.get()).usage.completion_tokens, 4);
 }
 
 TEST_F(RouterTextTest, AStopStringEndsTheStreamAtItAndTheWorkerDropsTheSequence) {
@@ -254,8 +314,10 @@ TEST_F(RouterTextTest, AStopStringEndsTheStreamAtItAndTheWorkerDropsTheSequence)
   keep.include_stop_str_in_output = true;
   SendClient(client.get(), keep);
   d = w.RecvAs<DispatchInfo>();
-  w.Send(StepTokensInfo{w.epoch, {Token(d.dispatch_id, 'a'), Token(d.dispatch_id, 'x'),
-                                  Token(d.dispatch_id, 'y')}, {}});
+  w.Send(StepTokensInfo{
+      w.epoch,
+      {Token(d.dispatch_id, 'a'), Token(d.dispatch_id, 'x'), Token(d.dispatch_id, 'y')},
+      {}});
   f = RecvClientAs<GenerateFinalOut>(client.get());
   EXPECT_EQ(f.text, "axy");
   EXPECT_EQ(f.tokens.size(), 3u);
@@ -274,7 +336,9 @@ TEST_F(RouterTextTest, BadTextIsRefusedNamingTheByteAndTheRealTokenCount) {
   StartRouter();
   FakeWorker w = StartWorker("w1");
   auto client = Dealer(router_->frontend_endpoint(), "c1");
-  SendClient(client.get(), Text("utf8", "ab\xFF" "c"));
+  SendClient(client.get(), Text("utf8",
+                                "ab\xFF"
+                                "c"));
   ErrorInfo e = RecvError(client.get());
   EXPECT_EQ(e.code, absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(e.reason, reason::kInvalidArgument);
@@ -285,6 +349,44 @@ TEST_F(RouterTextTest, BadTextIsRefusedNamingTheByteAndTheRealTokenCount) {
   EXPECT_THAT(l.message, HasSubstr("prompt is 71 tokens"));
   SendClient(client.get(), TokenizeInput{"tok", "", "\xC3(", true, ""});
   EXPECT_THAT(RecvError(client.get()).message, HasSubstr("at byte 0"));
+}
+
+// The files a worker hands over are built into the model's tokenizer (HfTokenizer::FromJson,
+// on the pool): its ids for the prompt, its decode for the output; a file that does not load
+// refuses that model's text, naming the error, while token ids go on.
+TEST_F(RouterTextTest, AHandedOverTokenizerJsonTokenizesAndDecodes) {
+  real_loader_ = true;
+  StartRouter();
+  RegisterInfo good = FakeRegistration("w1");
+  good.model = "bpe";
+  good.tokenizer = TokenizerKind::kHuggingFace;
+  good.tokenizer_json = text::TestTokenizerJson().dump();
+  FakeWorker w = StartWorker(good);
+  RegisterInfo bad = FakeRegistration("w2");
+  bad.model = "broken";
+  bad.tokenizer = TokenizerKind::kHuggingFace;
+  bad.tokenizer_json = "{not json";
+  FakeWorker wb = StartWorker(bad);
+  auto client = Dealer(router_->frontend_endpoint(), "c1");
+  GenerateInput g = Text("r1", "hi hi", 3, /*stream=*/true);
+  g.model = "bpe";
+  SendClient(client.get(), g);
+  DispatchInfo d = w.RecvAs<DispatchInfo>();
+  EXPECT_EQ(d.prompt_tokens, (std::vector<int32_t>{258, 'h', 'i', 257}));  // <|bos|> h i Ġhi
+  w.Send(StepTokensInfo{w.epoch, {Token(d.dispatch_id, 257), Token(d.dispatch_id, 259, true)}, {}});
+  EXPECT_EQ(RecvClientAs<GenerateChunkOut>(client.get()).text, " hi");
+  EXPECT_EQ(RecvClientAs<GenerateChunkOut>(client.get()).text, "");  // <|eos|> skipped
+  EXPECT_EQ(RecvClientAs<GenerateFinalOut>(client.get()).finish_reason, "length");
+  GenerateInput text = Text("r2", "hi");
+  text.model = "broken";
+  SendClient(client.get(), text);
+  ErrorInfo e = RecvError(client.get());
+  EXPECT_EQ(e.code, absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(e.message, HasSubstr("tokenizer of model 'broken' did not load"));
+  GenerateInput ids = Request("r3", {1, 2}, 1, false);
+  ids.model = "broken";
+  SendClient(client.get(), ids);
+  EXPECT_EQ(wb.RecvAs<DispatchInfo>().prompt_tokens, (std::vector<int32_t>{1, 2}));
 }
 
 }  // namespace

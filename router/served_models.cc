@@ -77,15 +77,14 @@ void ServedModels::SetTokenizer(const TokenizerLoad& load,
 absl::StatusOr<const ServedModel*> ServedModels::Resolve(const std::string& requested) const {
   if (requested.empty()) {
     if (models_.size() == 1) return &models_.begin()->second;
-    return absl::InvalidArgumentError(
-        absl::StrCat("this cluster serves ", models_.size(), " models (",
-                     absl::StrJoin(Names(), ", "), "): name one in `model`"));
+    return absl::InvalidArgumentError(absl::StrCat("this cluster serves ", models_.size(),
+                                                   " models (", absl::StrJoin(Names(), ", "),
+                                                   "): name one in `model`"));
   }
   auto it = models_.find(requested);
   if (it == models_.end()) {
-    return absl::NotFoundError(absl::StrCat("model '", requested,
-                                            "' is not served here; served: ",
-                                            absl::StrJoin(Names(), ", ")));
+    return absl::NotFoundError(absl::StrCat(
+        "model '", requested, "' is not served here; served: ", absl::StrJoin(Names(), ", ")));
   }
   return &it->second;
 }

@@ -33,7 +33,7 @@ enum class TokenizerState {
   kNone,     // the model takes token ids only
   kLoading,  // being built on the pool: text requests wait
   kReady,
-  kFailed,   // the handed-over files did not load (error in ServedModel::tokenizer_error)
+  kFailed,  // the handed-over files did not load (error in ServedModel::tokenizer_error)
 };
 
 struct ServedModel {

@@ -22,9 +22,8 @@ absl::StatusOr<std::unique_ptr<TokenizerPool>> TokenizerPool::Create(int num_thr
     return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
   }
   std::unique_ptr<TokenizerPool> pool(new TokenizerPool(fd));
-  for (int i = 0; i < num_threads; ++i) pool->threads_.emplace_back([p = pool.get()] {
-    p->ThreadLoop();
-  });
+  for (int i = 0; i < num_threads; ++i)
+    pool->threads_.emplace_back([p = pool.get()] { p->ThreadLoop(); });
   return pool;
 }
 
@@ -49,9 +48,8 @@ void TokenizerPool::ThreadLoop() {
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
-          +[](TokenizerPool* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) {
-            return p->stop_ || !p->jobs_.empty();
-          },
+          +[](TokenizerPool* p)
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) { return p->stop_ || !p->jobs_.empty(); },
           this));
       if (stop_) return;
       job = std::move(jobs_.front());
