@@ -665,7 +665,9 @@ TEST(ClientTextTest, TokenizeErrorsAndTimeoutsAreStatuses) {
   EXPECT_TRUE(router.WaitFor(
       [](const std::vector<ClientMessage>& ms) { return FakeRouter::HasCancel(ms, "slow"); }));
   for (const ClientMessage& m : router.Received()) {
-    if (const auto* d = std::get_if<DetokenizeInput>(&m)) EXPECT_EQ(d->api_key, "k");
+    if (const auto* d = std::get_if<DetokenizeInput>(&m)) {
+      EXPECT_EQ(d->api_key, "k");
+    }
   }
 }
 
