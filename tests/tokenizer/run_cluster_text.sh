@@ -30,6 +30,6 @@ export CARPOOL_TOKENIZER_NPM_DIR="$BUILD_DIR/tokenizer-npm"
 export CARPOOL_BIN_DIR="$BUILD_DIR/bin"
 export PYTHONPATH="$REPO/client/python:$BUILD_DIR/client/python${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONDONTWRITEBYTECODE=1
-# cluster_text.py is named so that the parity run (run_tests.sh: pytest on this folder) does not
-# collect it; named on the command line, pytest runs it.
+# cluster_text.py is named so that a pytest run over this folder does not collect it (it needs
+# this script's environment); named on the command line, pytest runs it.
 exec "$PYTHON" -m pytest "$HERE/cluster_text.py" -q -p no:cacheprovider --tb=short "$@"
