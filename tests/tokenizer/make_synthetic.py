@@ -435,6 +435,16 @@ def build_all():
         metaspace_pre("first", True), None, metaspace_decoder("first", True),
         bpe_model(v, m_merges, merges_as_pairs=False, unk="<unk>", byte_fallback=True))
 
+    # ... and the other way round: a Prepend normalizer's space, aligned with the first original
+    # character, is cut by Whitespace, so the first word still starts at offset 0 and gets one.
+    files["metaspace_first_after_prepend_whitespace"] = tokenizer(
+        [added(0, "<unk>"), added(1, "<s>"), added(2, "</s>")],
+        {"type": "Sequence", "normalizers": [{"type": "Strip", "strip_left": True, "strip_right": True},
+                                             {"type": "Prepend", "prepend": " "}]},
+        {"type": "Sequence", "pretokenizers": [{"type": "Whitespace"}, metaspace_pre("first", False)]},
+        None, metaspace_decoder("first", False),
+        bpe_model(v, m_merges, merges_as_pairs=True, unk="<unk>", byte_fallback=True))
+
     # Random pipelines from the supported components (fixed seed), with random added-token flags.
     rng = random.Random(RANDOM_SEED)
     for i in range(RANDOM_FILES):
