@@ -134,7 +134,7 @@ std::string GenerateKind::TextOf(GenerateRequest& r, const SampleResult* token, 
     text = r.stops->Feed(text);
     if (last) text += r.stops->Flush();
   }
-  r.text += text;
+  if (!r.stream) r.text += text;  // the final's text; a stream's went out in its chunks
   return text;
 }
 

@@ -42,7 +42,7 @@ struct GenerateRequest final : Request {
   bool skip_special_tokens = true;
   std::unique_ptr<text::StreamDecoder> decoder;
   std::optional<StopStrings> stops;
-  std::string text;  // all the text sent or to send (the non-streamed final's)
+  std::string text;  // non-streamed: the text so far (the final's)
 };
 
 class GenerateKind final : public RequestKind {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <iostream>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/codec.h"
@@ -587,7 +588,7 @@ void Router::Impl::StartDraining(int64_t now) {
 }
 
 bool Router::Impl::DrainDone(int64_t now) {
-  if (requests_.empty()) return true;
+  if (requests_.empty() && parked_text_calls_.empty()) return true;
   if (now < drain_deadline_) return false;
   std::vector<uint64_t> router_ids;
   for (const auto& [router_id, r] : requests_) router_ids.push_back(router_id);
@@ -595,6 +596,11 @@ bool Router::Impl::DrainDone(int64_t now) {
   for (uint64_t router_id : router_ids) {
     Fail(router_id, absl::StatusCode::kUnavailable, reason::kDraining,
          "the router shut down before the request finished");
+  }
+  for (const ParkedTextCall& c : std::exchange(parked_text_calls_, {})) {
+    text_calls_.erase({c.client, c.request_id});
+    SendError(c.client, c.request_id, absl::StatusCode::kUnavailable, reason::kDraining,
+              "the router shut down before the model's tokenizer was ready");
   }
   return true;
 }

@@ -10,8 +10,11 @@
 #include "client/carpool_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/checkpoint_writer.h"
 #include "tests/testing/command.h"
 #include "tests/testing/subprocess.h"
+#include "text/hf_tokenizer.h"
+#include "text/test_tokenizer_json.h"
 #include "worker/engine.h"
 
 namespace carpool {
@@ -259,6 +262,67 @@ TEST_F(ClusterTest, AStopStringEndsTheStreamAtItAndFreesTheWorkersBlocks) {
     if (!freed) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   EXPECT_TRUE(freed);
+}
+
+// A Hugging Face folder (a tiny checkpoint and a byte-level BPE tokenizer.json) served by a
+// router that has no copy of it: the worker hands its tokenizer over, and the router's ids for a
+// text prompt, its streamed text and its stop strings are those of the same tokenizer here.
+TEST_F(ClusterTest, AFoldersHandedOverTokenizerServesTextStreamsAndStops) {
+  const std::string dir = (dir_.path() / "hf").string();
+  testing::CheckpointSpec spec;
+  spec.config = testing::TinyTestConfig();
+  ASSERT_TRUE(testing::WriteCheckpoint(dir, spec).ok());
+  const std::string json = text::TestTokenizerJson().dump();
+  ASSERT_TRUE(testing::WriteFile(dir + "/tokenizer.json", json).ok());
+  ASSERT_TRUE(testing::WriteFile(dir + "/tokenizer_config.json", "{}").ok());
+  auto tokenizer = text::HfTokenizer::FromJson(json, "{}");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  StartRouter();
+  StartWorker("w1", backend_, {"--model", dir, "--threads", "1", "--max-model-len", "256"});
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  WaitForWorkers(client.get(), 1);
+  GenerateInput g;
+  g.request_id = "whole";
+  g.has_text = true;
+  g.text = " hi there, hi";
+  g.sampling.max_tokens = 24;
+  g.sampling.temperature = 0;
+  g.sampling.ignore_eos = true;
+  auto whole = client->Generate(g);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  auto ids = (*tokenizer)->Encode(g.text, true);
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(whole->usage.prompt_tokens, static_cast<int>(ids->size()));
+  ASSERT_EQ(whole->tokens.size(), 24u);
+  EXPECT_EQ(whole->text, (*tokenizer)->Decode(whole->TokenIds(), true));
+  g.request_id = "streamed";
+  g.stream = true;
+  std::string streamed;
+  auto r = client->GenerateStream(g, [&](const GenerateChunkOut& c) { streamed += c.text; });
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->TokenIds(), whole->TokenIds());
+  EXPECT_EQ(streamed, whole->text);
+  // A stop string from the middle of that text ends the stream right before it.
+  // (One whole character: stop strings are UTF-8.)
+  size_t at = whole->text.size() / 2;
+  while (at > 0 && (static_cast<unsigned char>(whole->text[at]) & 0xC0) == 0x80) --at;
+  size_t end = at + 1;
+  while (end < whole->text.size() &&
+         (static_cast<unsigned char>(whole->text[end]) & 0xC0) == 0x80) {
+    ++end;
+  }
+  const std::string stop = whole->text.substr(at, end - at);
+  const std::string expected = whole->text.substr(0, whole->text.find(stop));
+  g.request_id = "stopped";
+  g.stop = {stop};
+  streamed.clear();
+  r = client->GenerateStream(g, [&](const GenerateChunkOut& c) { streamed += c.text; });
+  ASSERT_TRUE(r.ok()) << r.status() << " (stop: " << stop << ")";
+  EXPECT_EQ(r->finish_reason, "stop");
+  EXPECT_EQ(r->stop_string, stop);
+  EXPECT_EQ(streamed, expected);
+  EXPECT_LT(r->usage.completion_tokens, 24);
 }
 
 TEST_F(ClusterTest, WorkersStartedBeforeAndAfterTheRouterBothServe) {

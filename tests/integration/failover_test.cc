@@ -308,7 +308,8 @@ TEST_F(FailoverTest, RouterRestartWorkersReRegisterAndNoCallHangs) {
 // SIGTERM on the router: new requests are refused `draining`, the one in flight finishes, the
 // router drains its worker and both exit 0.
 TEST_F(FailoverTest, SigtermOnTheRouterFinishesInFlightWorkThenExits) {
-  StartRouter({"--drain-grace-ms", "20000"});
+  // A grace far beyond the request's time even on a loaded machine (alone it takes ~10 s).
+  StartRouter({"--drain-grace-ms", "60000"});
   // synthetic:small decodes slowly enough that the request is surely still running.
   Subprocess* worker = StartWorker("w1", {"--model", "synthetic:small"});
   auto client = Connect();
