@@ -27,7 +27,7 @@ def generate_request(ids: _wire.RequestIds, client_api_key: str, client_timeout:
                      token_ids: Optional[Sequence[int]] = None,
                      sampling: Optional[SamplingParams] = None,
                      priority: Union[str, int] = "default", deadline_ms: int = 0,
-                     add_bos: bool = False, request_id: Optional[str] = None,
+                     add_bos: bool = True, request_id: Optional[str] = None,
                      api_key: Optional[str] = None, timeout: Optional[float] = None,
                      stream: bool = False, model: str = "") -> Request:
     """The Request of Client.generate / AsyncClient.generate (arguments and defaults as

@@ -533,7 +533,7 @@ class Client:
                  token_ids: Optional[Sequence[int]] = None,
                  sampling: Optional[SamplingParams] = None,
                  priority: Union[str, int] = "default", deadline_ms: int = 0,
-                 add_bos: bool = False, request_id: Optional[str] = None,
+                 add_bos: bool = True, request_id: Optional[str] = None,
                  api_key: Optional[str] = None, timeout: Optional[float] = None,
                  stream: bool = False, model: str = "") -> Union[GenerateResult, Stream]:
         """Generates from `prompt` (str or bytes: text; a list of ints: token ids).
@@ -543,7 +543,8 @@ class Client:
         them when None, take the worker's defaults (max_tokens 16, temperature 1, ...).
         priority: "interactive", "default" or "batch". deadline_ms: the router drops the request
         if it is not done this long after arrival (0: none). add_bos: add the tokenizer's
-        special tokens (BOS) to a text prompt. request_id: unique among this client's calls in
+        special tokens (BOS) to a text prompt (default True, as Hugging Face's encode, the CLI,
+        the C++ SDK and the HTTP gateway do). request_id: unique among this client's calls in
         flight (default: generated). timeout: seconds for the whole call (default: the
         client's); past it the router is told to cancel and Timeout is raised. model: the model
         to serve it (default "": the cluster's only model; UnknownModel for one not served).

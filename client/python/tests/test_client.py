@@ -27,6 +27,15 @@ def test_generate_text_returns_the_whole_result(fake_router, client):
     assert result.request_id.startswith("py-")
 
 
+def test_text_prompts_add_special_tokens_by_default(fake_router):
+    # As Hugging Face's encode, the CLI, the C++ SDK and the HTTP gateway do.
+    with carpool.Client(fake_router.url, timeout=10) as client:
+        client.generate("hi", sampling=carpool.SamplingParams(max_tokens=1))
+        client.generate("hi", add_bos=False, sampling=carpool.SamplingParams(max_tokens=1))
+    first, second = [m.generate for m in fake_router.messages("generate")]
+    assert first.add_bos and not second.add_bos
+
+
 def test_generate_sends_every_argument(fake_router):
     with carpool.Client(fake_router.url, timeout=10, api_key="key-1") as client:
         sampling = carpool.SamplingParams(

@@ -109,7 +109,7 @@ def test_generate(cluster):
     assert all(0 <= t < 258 for t in result.token_ids)
     assert all(len(t.top_logprobs) == 2 for t in result.tokens)
     assert result.finish_reason == "length"
-    assert result.usage.prompt_tokens == len(PROMPT)
+    assert result.usage.prompt_tokens == len(PROMPT) + 1  # the byte tokenizer's bytes and BOS
     assert result.usage.completion_tokens == 12
     assert 0 <= result.timings.queue_ms <= result.timings.ttft_ms <= result.timings.total_ms
     # The byte tokenizer: ids below 256 are the text's bytes.
