@@ -153,6 +153,40 @@ TEST_F(LivenessTest, TextWaitingForATokenizerEndsNoWorkersAfterTheTimeout) {
   EXPECT_THAT(e.message, HasSubstr("--no-worker-timeout-ms"));
 }
 
+// With several models, a request for one whose workers are all gone waits for one of them
+// while the other model's workers serve, and ends no_workers after the same timeout.
+TEST_F(LivenessTest, ARequestForAModelWithNoWorkerLeftEndsNoWorkersAfterTheTimeout) {
+  StartRouter();
+  RegisterInfo a = FakeRegistration("wa");
+  a.model = "model-a";
+  RegisterInfo b = FakeRegistration("wb");
+  b.model = "model-b";
+  FakeWorker wa = StartWorker(a);
+  FakeWorker wb = StartWorker(b);
+  auto client = Dealer(router_->frontend_endpoint(), "c1");
+  wb.Send(DeregisterInfo{wb.epoch});  // model-b has no worker left
+  for (int i = 0; i < 100 && Stats(client.get()).workers.size() != 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  GenerateInput g = Request("r1", 2, false);
+  g.model = "model-b";
+  SendClient(client.get(), g);
+  GenerateInput other = Request("r2", 2, false);
+  other.model = "model-a";
+  SendClient(client.get(), other);
+  DispatchInfo d = wa.RecvAs<DispatchInfo>();  // model-a is served meanwhile
+  wa.Send(Step(wa, d.dispatch_id, 'o', true));
+  EXPECT_EQ(RecvClientAs<GenerateFinalOut>(client.get()).request_id, "r2");
+  Advance(29'900);
+  EXPECT_FALSE(TryRecvClient(client.get(), kQuietMs).has_value());
+  Advance(200);
+  ErrorInfo e = RecvClientAs<ErrorInfo>(client.get());
+  EXPECT_EQ(e.request_id, "r1");
+  EXPECT_EQ(e.reason, reason::kNoWorkers);
+  EXPECT_THAT(e.message, HasSubstr("model-b"));
+  EXPECT_EQ(Stats(client.get()).queued, 0);
+}
+
 TEST_F(LivenessTest, AWorkerThatHeartbeatsButNeverStepsIsStalledAndTheStreamResumesExactly) {
   StartRouter();
   FakeWorker w1 = StartWorker("w1");

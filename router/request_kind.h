@@ -80,6 +80,8 @@ struct Request {
   uint64_t dispatch_id = 0;
   int64_t outstanding = 0;  // what it adds to its worker's outstanding_tokens
   int migrations = 0;       // times it moved after its worker was lost or stalled
+  // Queued while no worker of its model was registered: since when (micros); 0: not so.
+  int64_t no_worker_since = 0;
 };
 
 // A client's message of some kind, as RequestKind::Receive hands it to the loop.

@@ -33,10 +33,25 @@ void Router::Impl::TryDispatch() {
     // Placement among the workers serving its model (admission is the cluster's, for all).
     std::vector<WorkerState*> workers = registry_.Mutable();
     std::erase_if(workers, [&](const WorkerState* w) { return w->info.model != r.model; });
-    if (workers.empty()) {  // its model's workers are all gone: it waits for one
+    if (workers.empty()) {
+      // Its model's workers are all gone while others serve: it waits for one of them, as long
+      // as a request waits when no worker at all is there (--no-worker-timeout-ms).
+      const int64_t now = clock_->NowMicros();
+      if (r.no_worker_since == 0) r.no_worker_since = now;
+      const int64_t limit = options_.admission.no_worker_timeout_ms * 1000;
+      if (limit > 0 && now - r.no_worker_since >= limit) {
+        SendError(r.client, r.request_id, absl::StatusCode::kUnavailable, reason::kNoWorkers,
+                  absl::StrCat("no worker of model '", r.model, "' could serve the request for ",
+                               options_.admission.no_worker_timeout_ms,
+                               " ms (--no-worker-timeout-ms)"),
+                  kNoWorkersRetryMs);
+        End(*router_id);
+        continue;
+      }
       if (!pass_over(*router_id)) return;
       continue;
     }
+    r.no_worker_since = 0;
     PlacementView view = r.kind->Place(r, workers, prefix_index_);
     if (view.never) {
       Fail(*router_id, view.never->code, view.never->reason, std::move(view.never->message));
