@@ -401,6 +401,7 @@ struct HttpGateway::Impl::StreamState {
   bool role_sent = false;
   bool done = false;
   int64_t token_offset = 0;  // completions' text_offset of the next token
+  size_t chunk_bytes = 0;    // text the chunks carried; the final may carry more
   absl::Time last_write = absl::Now();
 
   StreamState(GenerationRequest r, ResponseMeta m) : request(std::move(r)), meta(std::move(m)) {}
@@ -414,6 +415,7 @@ struct HttpGateway::Impl::StreamState {
 
   // Events for one chunk from the router (nothing when it adds nothing visible).
   std::string OnChunk(const GenerateChunkOut& chunk) {
+    chunk_bytes += chunk.text.size();
     const std::string visible = text.Feed(chunk.text);
     std::string out = Role();
     const bool want_tokens = request.logprobs && !chunk.tokens.empty();
@@ -430,7 +432,11 @@ struct HttpGateway::Impl::StreamState {
   // The last chunk (finish_reason), the usage chunk when asked for, and [DONE].
   std::string Finish(const std::string& finish_reason, const Usage& usage) {
     done = true;
-    const std::string rest = text.Flush();
+    // Text that only the end completed, when the worker ended without a token, comes in the
+    // final, which the stream's result appends after the chunks' text.
+    const std::string& all = stream->result().text;
+    std::string rest = all.size() > chunk_bytes ? text.Feed(all.substr(chunk_bytes)) : "";
+    rest += text.Flush();
     std::string out = Role();
     out += SseEvent(StreamChunkBody(request, meta, rest, kNoTokens, token_offset, finish_reason));
     if (request.include_usage) out += SseEvent(UsageChunkBody(request, meta, usage));
