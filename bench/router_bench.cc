@@ -55,7 +55,7 @@ int ServeDirect(const std::string& endpoint) {
     const auto& g = std::get<GenerateInput>(*m);
     GenerateFinalOut f;
     f.request_id = g.request_id;
-    f.tokens.push_back(SampleResult{g.token_ids.at(0), 0.0f, {}});
+    f.tokens.push_back(SampleResult{g.token_ids.at(0), 0.0f, {}, ""});
     f.finish_reason = "length";
     (void)(*s)->Send({(**frames)[0], Encode(ServerMessage(f))});
   }

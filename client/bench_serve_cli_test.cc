@@ -29,7 +29,7 @@ void Streamer(FakeRouter& r, const std::string& peer, const ClientMessage& m) {
   const auto* g = std::get_if<GenerateInput>(&m);
   if (g == nullptr) return FakeRouter::Echo(r, peer, m);
   for (int k = 0; k < g->sampling.max_tokens; ++k) {
-    r.Reply(peer, GenerateChunkOut{g->request_id, k, {SampleResult{7, -0.5f, {}}}, ""});
+    r.Reply(peer, GenerateChunkOut{g->request_id, k, {SampleResult{7, -0.5f, {}, ""}}, ""});
   }
   GenerateFinalOut f;
   f.request_id = g->request_id;

@@ -76,6 +76,7 @@ SamplingParams FromProto(const pb::SamplingParams& p) {
 void ToProto(const SampleResult& t, pb::Token* p) {
   p->set_id(t.token);
   p->set_logprob(t.logprob);
+  p->set_text(t.text);
   for (const TokenLogprob& top : t.top_logprobs) {
     pb::TokenLogprob* e = p->add_top_logprobs();
     e->set_token(top.token);
@@ -87,6 +88,7 @@ SampleResult FromProto(const pb::Token& p) {
   SampleResult t;
   t.token = p.id();
   t.logprob = p.logprob();
+  t.text = p.text();
   for (const pb::TokenLogprob& e : p.top_logprobs()) {
     t.top_logprobs.push_back({e.token(), e.logprob()});
   }

@@ -373,5 +373,20 @@ TEST(CodecTextTest, TokenizerKindWireNames) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// The router tells clients the text each token completed; it survives the wire.
+TEST(CodecTokenTest, TokenTextRoundTrips) {
+  GenerateChunkOut c;
+  c.request_id = "r";
+  c.tokens = {SampleResult{5, -0.5f, {{5, -0.5f}}, " Hi"}, SampleResult{6, -1.0f, {}, ""}};
+  c.text = " Hi";
+  auto m = DecodeServerMessage(Encode(ServerMessage(c)));
+  ASSERT_TRUE(m.ok()) << m.status();
+  const auto& out = std::get<GenerateChunkOut>(*m);
+  ASSERT_EQ(out.tokens.size(), 2u);
+  EXPECT_EQ(out.tokens[0].text, " Hi");
+  EXPECT_EQ(out.tokens[1].text, "");
+  EXPECT_EQ(out.tokens[0].top_logprobs.size(), 1u);
+}
+
 }  // namespace
 }  // namespace carpool

@@ -4,6 +4,7 @@
 #define CARPOOL_COMMON_SAMPLE_RESULT_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace carpool {
@@ -17,6 +18,9 @@ struct SampleResult {
   int32_t token = 0;
   float logprob = 0.0f;                    // raw-distribution logprob of `token`
   std::vector<TokenLogprob> top_logprobs;  // SamplingParams::logprobs entries, most likely first
+  // Set by the router for its clients: the text this token completed (proto Token.text);
+  // empty from workers.
+  std::string text;
 };
 
 }  // namespace carpool

@@ -130,6 +130,7 @@ std::string GenerateKind::TextOf(GenerateRequest& r, const SampleResult* token, 
   }
   std::string text = token != nullptr ? r.decoder->Add(token->token) : std::string();
   if (last) text += r.decoder->Finish();
+  if (token != nullptr && !r.output.empty()) r.output.back().text = text;  // before stops
   if (r.stops) {
     text = r.stops->Feed(text);
     if (last) text += r.stops->Flush();
@@ -154,7 +155,7 @@ void GenerateKind::OnToken(GenerateRequest& r, WorkerState* w, const TokenEvent&
       GenerateChunkOut chunk;
       chunk.request_id = r.request_id;
       chunk.index = static_cast<int>(r.output.size()) - 1;
-      chunk.tokens.push_back(e.token);
+      chunk.tokens.push_back(r.output.back());
       chunk.text = std::move(text);
       if (!host_->SendToClient(r.client, chunk)) return;  // the client is gone, and `r` with it
     }

@@ -424,7 +424,7 @@ struct HttpGateway::Impl::StreamState {
           request, meta, visible, request.logprobs ? chunk.tokens : kNoTokens, token_offset, ""));
     }
     for (const SampleResult& t : chunk.tokens) {
-      token_offset += static_cast<int64_t>(TokenText(t.token, meta.byte_tokens).size());
+      token_offset += static_cast<int64_t>(TokenTextBytes(t, meta.byte_tokens));
     }
     return out;
   }

@@ -439,6 +439,10 @@ std::string TokenText(int32_t token, bool byte_tokens) {
   return absl::StrCat("token_id:", token);
 }
 
+size_t TokenTextBytes(const SampleResult& t, bool byte_tokens) {
+  return byte_tokens ? TokenText(t.token, true).size() : t.text.size();
+}
+
 namespace {
 
 json Bytes(const std::string& s) {
@@ -464,7 +468,7 @@ json CompletionLogprobs(const std::vector<SampleResult>& tokens, int top_n, int6
     }
     out["top_logprobs"].push_back(std::move(top));
     out["text_offset"].push_back(text_offset);
-    text_offset += static_cast<int64_t>(text.size());
+    text_offset += static_cast<int64_t>(TokenTextBytes(t, byte_tokens));
   }
   return out;
 }

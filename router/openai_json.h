@@ -89,6 +89,10 @@ struct ResponseMeta {
 
 // A token's text for logprobs: its byte (byte tokenizer) or "token_id:N".
 std::string TokenText(int32_t token, bool byte_tokens);
+// How far `t` moves a completion's text_offset: its byte (byte tokenizer), else the text the
+// router's stream decoder says it completed (SampleResult::text; 0 while a character is
+// incomplete, then all of it with the token that completes it).
+size_t TokenTextBytes(const SampleResult& t, bool byte_tokens);
 
 // The whole answer (stream: false).
 std::string ResponseBody(const GenerationRequest& request, const ResponseMeta& meta,

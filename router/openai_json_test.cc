@@ -229,8 +229,8 @@ GenerationRequest Request(ApiKind kind, bool logprobs, int top = 0) {
 }
 
 std::vector<SampleResult> Tokens() {
-  SampleResult a{'H', -0.5f, {{'H', -0.5f}, {'J', -1.5f}}};
-  SampleResult b{'i', -0.25f, {{'i', -0.25f}, {'\xff' & 0xff, -2.0f}}};
+  SampleResult a{'H', -0.5f, {{'H', -0.5f}, {'J', -1.5f}}, ""};
+  SampleResult b{'i', -0.25f, {{'i', -0.25f}, {'\xff' & 0xff, -2.0f}}, ""};
   return {a, b};
 }
 
@@ -250,6 +250,25 @@ TEST(OpenAiResponseTest, CompletionWithLogprobs) {
   EXPECT_TRUE(lp["top_logprobs"][1].contains("\xEF\xBF\xBD"));  // byte 0xff as U+FFFD
   EXPECT_EQ(j["usage"], json({{"prompt_tokens", 3}, {"completion_tokens", 2},
                               {"total_tokens", 5}}));
+}
+
+// A model with a Hugging Face tokenizer: each token moves text_offset by the text the router's
+// stream decoder says it completed (SampleResult::text); a token inside a character moves it 0.
+TEST(OpenAiResponseTest, CompletionTextOffsetsFollowEachTokensText) {
+  ResponseMeta meta{"cmpl-2", 1700000000, "llama", /*byte_tokens=*/false};
+  std::vector<SampleResult> tokens = {{9906, -0.1f, {}, " Hello"},
+                                      {11, -0.2f, {}, ","},
+                                      {5, -0.3f, {}, ""},
+                                      {6, -0.4f, {}, "\xC3\xA9"},
+                                      {0, -0.5f, {}, "!"}};
+  json j = json::parse(ResponseBody(Request(ApiKind::kCompletion, true, 0), meta,
+                                    " Hello,\xC3\xA9!", tokens, "length", Usage{3, 5, 0}));
+  const json& lp = j["choices"][0]["logprobs"];
+  EXPECT_EQ(lp["text_offset"], json({0, 6, 7, 7, 9}));
+  EXPECT_EQ(lp["tokens"][0], "token_id:9906");
+  GenerationRequest c = Request(ApiKind::kCompletion, true);
+  json chunk = json::parse(StreamChunkBody(c, meta, ",", {tokens[1]}, 6, ""));
+  EXPECT_EQ(chunk["choices"][0]["logprobs"]["text_offset"], json({6}));
 }
 
 TEST(OpenAiResponseTest, ChatWithLogprobs) {
