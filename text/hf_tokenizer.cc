@@ -1,5 +1,6 @@
 #include "text/hf_tokenizer.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -65,6 +66,7 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(
   ASSIGN_OR_RETURN(t->parts_, ParseTokenizerJson(tokenizer_json));
   ASSIGN_OR_RETURN(TokenizerConfig config, ParseTokenizerConfig(tokenizer_config_json));
   t->AssignAddedTokenIds();
+  t->track_origin_ = t->parts_.pre_tokenizer != nullptr && t->parts_.pre_tokenizer->NeedsOrigin();
 
   // The library's trie order: special tokens first, then the others.
   std::vector<AddedToken> raw, normalized;
@@ -165,7 +167,16 @@ std::optional<int32_t> HfTokenizer::TokenToId(std::string_view token) const {
 absl::Status HfTokenizer::EncodeSegment(std::string_view raw, bool at_origin,
                                         std::vector<int32_t>* ids) const {
   std::string normalized(raw);
-  if (parts_.normalizer != nullptr) RETURN_IF_ERROR(parts_.normalizer->Normalize(&normalized));
+  // Before normalizing, the first character is what sits at the input's offset 0.
+  OriginPrefix origin;
+  if (track_origin_ && at_origin && !raw.empty()) {
+    origin.segment_at_origin = true;
+    origin.bytes = Utf8Length(static_cast<unsigned char>(raw[0]));
+  }
+  if (parts_.normalizer != nullptr) {
+    RETURN_IF_ERROR(
+        parts_.normalizer->Normalize(&normalized, track_origin_ ? &origin : nullptr));
+  }
   std::vector<Segment> segments;
   normalized_matcher_->Split(normalized, &segments);
   PreTokenized pre;
@@ -175,7 +186,10 @@ absl::Status HfTokenizer::EncodeSegment(std::string_view raw, bool at_origin,
       continue;
     }
     pre.text.assign(normalized, s.begin, s.end - s.begin);
-    pre.pieces.assign(1, {0, static_cast<uint32_t>(pre.text.size()), at_origin && s.begin == 0});
+    const size_t piece_origin =
+        origin.bytes > s.begin ? std::min(origin.bytes - s.begin, s.end - s.begin) : 0;
+    pre.pieces.assign(1, {0, static_cast<uint32_t>(pre.text.size()),
+                          static_cast<uint32_t>(piece_origin)});
     if (parts_.pre_tokenizer != nullptr) {
       RETURN_IF_ERROR(parts_.pre_tokenizer->PreTokenize(&pre));
     }

@@ -71,6 +71,9 @@ class HfTokenizer : public Tokenizer {
   std::vector<int32_t> stop_ids_;
   std::optional<int64_t> model_max_length_;
   int32_t vocab_size_ = 0;
+  // The pre-tokenizer looks at which bytes are aligned with the input's offset 0 (Metaspace
+  // "first"): only then do the normalizers track it.
+  bool track_origin_ = false;
 };
 
 }  // namespace carpool::text

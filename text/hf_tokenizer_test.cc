@@ -28,6 +28,48 @@ TEST(HfTokenizerTest, EncodesLikeTheLibrary) {
   EXPECT_EQ(*t->Encode("a<tool>b", false), (V{'a', 260, 'b'}));
 }
 
+// Metaspace with prepend_scheme "first" after `normalizer`, over a vocabulary of single
+// characters: ▁ 0, a 1, b 2, # 3.
+std::unique_ptr<HfTokenizer> MetaspaceFirst(const Json& normalizer, const Json& pre_before) {
+  Json pre = {{"type", "Metaspace"}, {"replacement", "▁"}, {"prepend_scheme", "first"},
+              {"split", true}};
+  if (!pre_before.is_null()) {
+    pre = {{"type", "Sequence"}, {"pretokenizers", Json::array({pre_before, pre})}};
+  }
+  return Make(Json{{"version", "1.0"},
+                   {"truncation", nullptr},
+                   {"padding", nullptr},
+                   {"added_tokens", Json::array()},
+                   {"normalizer", normalizer},
+                   {"pre_tokenizer", pre},
+                   {"post_processor", nullptr},
+                   {"decoder", nullptr},
+                   {"model",
+                    {{"type", "BPE"},
+                     {"vocab", {{"▁", 0}, {"a", 1}, {"b", 2}, {"#", 3}}},
+                     {"merges", Json::array()}}}});
+}
+
+TEST(HfTokenizerTest, MetaspaceFirstLooksAtTheOriginalOffset) {
+  // The normalizer removed what was at offset 0: the library prepends nothing.
+  auto strip = MetaspaceFirst(Json::parse(R"({"type":"Strip","strip_left":true,"strip_right":true})"),
+                              nullptr);
+  EXPECT_EQ(*strip->Encode("  ab", false), (V{1, 2}));
+  EXPECT_EQ(*strip->Encode("ab", false), (V{0, 1, 2}));
+  auto removed = MetaspaceFirst(
+      Json::parse(R"({"type":"Replace","pattern":{"String":"b"},"content":""})"), nullptr);
+  EXPECT_EQ(*removed->Encode("ba", false), (V{1}));
+  auto hash = MetaspaceFirst(
+      Json::parse(R"({"type":"Replace","pattern":{"Regex":"\\s+"},"content":"#"})"), nullptr);
+  EXPECT_EQ(*hash->Encode("  ab", false), (V{3, 1, 2}));
+  EXPECT_EQ(*hash->Encode(" ab", false), (V{0, 3, 1, 2}));
+  // Prepend's space is aligned with the first character, so the first word Whitespace leaves
+  // still starts at offset 0.
+  auto prepend = MetaspaceFirst(Json::parse(R"({"type":"Prepend","prepend":" "})"),
+                                Json::parse(R"({"type":"Whitespace"})"));
+  EXPECT_EQ(*prepend->Encode("ab a", false), (V{0, 1, 2, 1}));
+}
+
 TEST(HfTokenizerTest, DecodesWithAndWithoutSpecialTokens) {
   auto t = Make(TestTokenizerJson());
   EXPECT_EQ(t->Decode({258, 257, 33, 259}, false), "<|bos|> hi!<|eos|>");

@@ -1,5 +1,7 @@
 #include "text/pre_tokenizers.h"
 
+#include <algorithm>
+
 #include "absl/functional/function_ref.h"
 #include "common/status.h"
 #include "text/byte_level.h"
@@ -81,8 +83,11 @@ absl::Status SplitPieces(PreTokenized* p, SpanFinder find, Behavior behavior) {
     ApplyBehavior(spans, behavior, &cuts);
     for (const Cut& c : cuts) {
       if (c.remove || c.end == c.begin) continue;
+      // A slice keeps the alignment of its bytes.
+      const size_t origin =
+          piece.origin > c.begin ? std::min(piece.origin - c.begin, c.end - c.begin) : 0;
       out.push_back({static_cast<uint32_t>(piece.begin + c.begin),
-                     static_cast<uint32_t>(piece.begin + c.end), piece.at_origin && c.begin == 0});
+                     static_cast<uint32_t>(piece.begin + c.end), static_cast<uint32_t>(origin)});
     }
   }
   p->pieces = std::move(out);
@@ -145,7 +150,10 @@ class ByteLevelPreTokenizer : public PreTokenizer {
     std::vector<PatternSpan> spans;
     for (const Piece& piece : p->pieces) {
       std::string_view s = p->view(piece);
+      size_t origin = piece.origin;  // in s
       if (add_prefix_space_ && (s.empty() || s[0] != ' ')) {
+        // The space takes the alignment of the first character.
+        if (origin > 0) ++origin;
         // Inserted through iterators: assign + append trips GCC 12's -Wrestrict.
         prefixed.resize(1);
         prefixed[0] = ' ';
@@ -160,11 +168,12 @@ class ByteLevelPreTokenizer : public PreTokenizer {
       for (const PatternSpan& span : spans) {
         if (span.end == span.begin) continue;
         const uint32_t begin = static_cast<uint32_t>(out.text.size());
+        uint32_t piece_origin = 0;  // each byte's characters keep the byte's alignment
         for (size_t i = span.begin; i < span.end; ++i) {
           out.text.append(ByteToChars(static_cast<uint8_t>(s[i])));
+          if (i < origin) piece_origin = static_cast<uint32_t>(out.text.size()) - begin;
         }
-        out.pieces.push_back(
-            {begin, static_cast<uint32_t>(out.text.size()), piece.at_origin && span.begin == 0});
+        out.pieces.push_back({begin, static_cast<uint32_t>(out.text.size()), piece_origin});
       }
     }
     *p = std::move(out);
@@ -194,17 +203,26 @@ class MetaspacePreTokenizer : public PreTokenizer {
           (!s.empty() && s[0] == ' ') ||
           (s.size() >= replacement_utf8_.size() &&
            s.substr(0, replacement_utf8_.size()) == replacement_utf8_);
+      // The library's test is the piece's offset in the original input being 0 (its
+      // NormalizedString's offsets_original), not its place in the normalized text.
       const bool prepend = scheme_ == PrependScheme::kAlways ||
-                           (scheme_ == PrependScheme::kFirst && piece.at_origin);
-      if (prepend && !starts_with_replacement) out.text.append(replacement_utf8_);
-      for (char c : s) {
-        if (c == ' ') {
+                           (scheme_ == PrependScheme::kFirst && piece.at_origin());
+      // The prepended replacement takes the first character's alignment, each space's
+      // replacement the space's.
+      uint32_t origin = 0;
+      if (prepend && !starts_with_replacement) {
+        out.text.append(replacement_utf8_);
+        if (piece.at_origin()) origin = static_cast<uint32_t>(out.text.size()) - begin;
+      }
+      for (size_t i = 0; i < s.size(); ++i) {
+        if (s[i] == ' ') {
           out.text.append(replacement_utf8_);
         } else {
-          out.text.push_back(c);
+          out.text.push_back(s[i]);
         }
+        if (i < piece.origin) origin = static_cast<uint32_t>(out.text.size()) - begin;
       }
-      out.pieces.push_back({begin, static_cast<uint32_t>(out.text.size()), piece.at_origin});
+      out.pieces.push_back({begin, static_cast<uint32_t>(out.text.size()), origin});
     }
     if (split_) {
       const char32_t r = replacement_;
@@ -220,6 +238,7 @@ class MetaspacePreTokenizer : public PreTokenizer {
     *p = std::move(out);
     return absl::OkStatus();
   }
+  bool NeedsOrigin() const override { return scheme_ == PrependScheme::kFirst; }
 
  private:
   char32_t replacement_;
@@ -255,6 +274,12 @@ class SequencePreTokenizer : public PreTokenizer {
   absl::Status PreTokenize(PreTokenized* p) const override {
     for (const auto& part : parts_) RETURN_IF_ERROR(part->PreTokenize(p));
     return absl::OkStatus();
+  }
+  bool NeedsOrigin() const override {
+    for (const auto& part : parts_) {
+      if (part->NeedsOrigin()) return true;
+    }
+    return false;
   }
 
  private:

@@ -19,12 +19,15 @@
 
 namespace carpool::text {
 
-// One piece: text[begin, end) of its PreTokenized. `at_origin`: the piece starts at offset 0 of
-// the original input (Metaspace's prepend_scheme "first" looks at it).
+// One piece: text[begin, end) of its PreTokenized. `origin`: how many of its first bytes are
+// aligned with offset 0 of the original input (see OriginPrefix in normalizers.h; only kept when
+// some pre-tokenizer NeedsOrigin(), 0 otherwise). Metaspace's prepend_scheme "first" prepends to
+// a piece whose first byte is: at_origin().
 struct Piece {
   uint32_t begin;
   uint32_t end;
-  bool at_origin;
+  uint32_t origin;
+  bool at_origin() const { return origin > 0; }
 };
 
 struct PreTokenized {
@@ -40,6 +43,9 @@ class PreTokenizer {
   virtual ~PreTokenizer() = default;
   // Replaces the pieces (and possibly the text) of *p. Errors: regex work limits.
   virtual absl::Status PreTokenize(PreTokenized* p) const = 0;
+  // Whether it looks at Piece::origin (Metaspace with prepend_scheme "first"); when none does,
+  // the caller may leave every origin 0 and skip tracking it.
+  virtual bool NeedsOrigin() const { return false; }
 };
 
 // The pre-tokenizer a tokenizer.json "pre_tokenizer" value describes; nullptr for null. A type
