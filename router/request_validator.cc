@@ -18,6 +18,14 @@ absl::Status PromptTooLong(std::string message) {
   return s;
 }
 
+absl::Status NoTokenizer(std::string_view label) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(std::string(label),
+                   "the served model has no tokenizer in carpool: send token_ids instead of text"));
+}
+
+}  // namespace
+
 absl::Status CheckRequestId(const std::string& id, const RequestLimits& limits) {
   if (id.empty()) return absl::InvalidArgumentError("request_id is empty");
   if (static_cast<int>(id.size()) > limits.max_request_id_bytes) {
@@ -27,20 +35,8 @@ absl::Status CheckRequestId(const std::string& id, const RequestLimits& limits) 
   return absl::OkStatus();
 }
 
-absl::Status NoTokenizer(std::string_view label) {
-  return absl::InvalidArgumentError(
-      absl::StrCat(std::string(label),
-                   "the served model has no tokenizer in carpool: send token_ids instead of text"));
-}
-
-}  // namespace
-
 absl::Status ValidateShape(const GenerateInput& r, const RequestLimits& limits) {
-  if (r.request_id.empty()) return absl::InvalidArgumentError("request_id is empty");
-  if (static_cast<int>(r.request_id.size()) > limits.max_request_id_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("request_id is longer than ",
-                                                   limits.max_request_id_bytes, " bytes"));
-  }
+  if (absl::Status s = CheckRequestId(r.request_id, limits); !s.ok()) return s;
   if (r.has_text) {
     if (r.text.empty()) return absl::InvalidArgumentError("prompt text is empty");
     if (static_cast<int64_t>(r.text.size()) > limits.max_prompt_bytes) {

@@ -81,6 +81,9 @@ absl::StatusOr<ValidatedPrompt> ValidateGenerate(const GenerateInput& request,
 // Checks that need no model (ids, sizes, sampling ranges); run at arrival.
 absl::Status ValidateShape(const GenerateInput& request, const RequestLimits& limits);
 
+// A client's request_id: not empty and at most limits.max_request_id_bytes.
+absl::Status CheckRequestId(const std::string& id, const RequestLimits& limits);
+
 // An embed request's inputs as token ids (text tokenized with the model's tokenizer), or an
 // error naming the input: INVALID_ARGUMENT with reason invalid_argument (no inputs, more than
 // max_embed_inputs, an empty input, a token id outside the vocabulary, text without a tokenizer)

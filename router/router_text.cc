@@ -201,13 +201,8 @@ const ServedModel* Router::Impl::TokenizerFor(const std::string& client,
 
 void Router::Impl::OnTokenize(const std::string& client, TokenizeInput in) {
   const RequestLimits& limits = LimitsFor(client);
-  absl::Status shape;
-  if (in.request_id.empty()) {
-    shape = absl::InvalidArgumentError("request_id is empty");
-  } else if (static_cast<int>(in.request_id.size()) > limits.max_request_id_bytes) {
-    shape = absl::InvalidArgumentError(
-        absl::StrCat("request_id is longer than ", limits.max_request_id_bytes, " bytes"));
-  } else if (static_cast<int64_t>(in.text.size()) > limits.max_prompt_bytes) {
+  absl::Status shape = CheckRequestId(in.request_id, limits);
+  if (shape.ok() && static_cast<int64_t>(in.text.size()) > limits.max_prompt_bytes) {
     shape = absl::InvalidArgumentError(
         absl::StrCat("text is ", in.text.size(), " bytes; the limit is ", limits.max_prompt_bytes));
   }
@@ -256,13 +251,8 @@ void Router::Impl::OnTokenize(const std::string& client, TokenizeInput in) {
 
 void Router::Impl::OnDetokenize(const std::string& client, DetokenizeInput in) {
   const RequestLimits& limits = LimitsFor(client);
-  absl::Status shape;
-  if (in.request_id.empty()) {
-    shape = absl::InvalidArgumentError("request_id is empty");
-  } else if (static_cast<int>(in.request_id.size()) > limits.max_request_id_bytes) {
-    shape = absl::InvalidArgumentError(
-        absl::StrCat("request_id is longer than ", limits.max_request_id_bytes, " bytes"));
-  } else if (static_cast<int64_t>(in.token_ids.size()) > limits.max_prompt_tokens) {
+  absl::Status shape = CheckRequestId(in.request_id, limits);
+  if (shape.ok() && static_cast<int64_t>(in.token_ids.size()) > limits.max_prompt_tokens) {
     shape = absl::InvalidArgumentError(absl::StrCat(
         "token_ids has ", in.token_ids.size(), " ids; the limit is ", limits.max_prompt_tokens));
   }

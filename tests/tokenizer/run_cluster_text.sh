@@ -15,17 +15,8 @@ shift
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 
-"$HERE/npm_setup.sh" "$BUILD_DIR/tokenizer-npm"
-rc=$?
-if [[ $rc -eq 77 ]]; then
-  echo "SKIPPED: npm cannot reach its registry, so the reference tokenizer library is not installed" >&2
-  exit 77
-elif [[ $rc -ne 0 ]]; then
-  exit "$rc"
-fi
-
-PYTHON=/usr/bin/python3
-[[ -x $PYTHON ]] || PYTHON=python3
+source "$HERE/lib.sh"
+install_reference_or_skip "$BUILD_DIR/tokenizer-npm"
 export CARPOOL_TOKENIZER_NPM_DIR="$BUILD_DIR/tokenizer-npm"
 export CARPOOL_BIN_DIR="$BUILD_DIR/bin"
 export PYTHONPATH="$REPO/client/python:$BUILD_DIR/client/python${PYTHONPATH:+:$PYTHONPATH}"

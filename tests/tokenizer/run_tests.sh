@@ -15,17 +15,8 @@ CARPOOL=$2
 shift 2
 HERE=$(cd "$(dirname "$0")" && pwd)
 
-"$HERE/npm_setup.sh" "$BUILD_DIR/tokenizer-npm"
-rc=$?
-if [[ $rc -eq 77 ]]; then
-  echo "SKIPPED: npm cannot reach its registry, so the reference tokenizer library is not installed" >&2
-  exit 77
-elif [[ $rc -ne 0 ]]; then
-  exit "$rc"
-fi
-
-PYTHON=/usr/bin/python3
-[[ -x $PYTHON ]] || PYTHON=python3
+source "$HERE/lib.sh"
+install_reference_or_skip "$BUILD_DIR/tokenizer-npm"
 export CARPOOL_TOKENIZER_NPM_DIR="$BUILD_DIR/tokenizer-npm"
 export CARPOOL_TOKENIZER_REPORT_DIR="$BUILD_DIR/tokenizer-parity"
 export CARPOOL_BIN="$CARPOOL"
