@@ -456,8 +456,15 @@ def test_curve_refuses_unknown_clients_silently(make_cluster, tmp_path):
                 else:  # no CURVE at all
                     socks.append(Zmq(c.frontend, handshake=False, ctx=ctx))
             for i, z in enumerate(socks):
-                z.send(generate_msg("stranger-%d" % i, max_tokens=2))
-                z.send(b"garbage")
+                # Without waiting: once the router refuses a stranger's handshake, libzmq may drop
+                # that socket's only pipe, and a send would then block (it is refused, which is
+                # the point; what matters is that no answer ever comes).
+                for msg in (generate_msg("stranger-%d" % i, max_tokens=2).SerializeToString(),
+                            b"garbage"):
+                    try:
+                        z.sock.send(msg, zmq.NOBLOCK)
+                    except zmq.Again:
+                        pass
             time.sleep(0.5)
             for z in socks:
                 assert not z.sock.poll(0), "a client without an allowed key got an answer"
