@@ -135,6 +135,11 @@ class Router::Impl final : public RequestHost {
                     std::variant<TokenizeInput, DetokenizeInput> input);
   // The parked ones go on (or, with expire_only, only those past the no-worker timeout end).
   void ResumeTextCalls(int64_t now, bool expire_only);
+  // A Tokenize / Detokenize call whose checks that need no model gave `shape`: its model when
+  // the tokenizer is ready; null when the call was refused (the error sent) or parked (`in`
+  // moved) until its tokenizer is there.
+  template <typename TextCall>
+  const ServedModel* AcceptTextCall(const std::string& client, TextCall& in, absl::Status shape);
   void OnTokenize(const std::string& client, TokenizeInput in);
   void OnDetokenize(const std::string& client, DetokenizeInput in);
 

@@ -199,6 +199,21 @@ const ServedModel* Router::Impl::TokenizerFor(const std::string& client,
   return nullptr;
 }
 
+template <typename TextCall>
+const ServedModel* Router::Impl::AcceptTextCall(const std::string& client, TextCall& in,
+                                                absl::Status shape) {
+  int tenant = -1;
+  if (!Accept(client, in.request_id, shape, in.api_key, &tenant)) return nullptr;
+  bool wait = false;
+  const ServedModel* m = TokenizerFor(client, in.request_id, in.model, &wait);
+  if (wait) {
+    const std::string request_id = in.request_id;  // before `in` is moved
+    ParkTextCall(client, request_id, std::move(in));
+    return nullptr;
+  }
+  return m;
+}
+
 void Router::Impl::OnTokenize(const std::string& client, TokenizeInput in) {
   const RequestLimits& limits = LimitsFor(client);
   absl::Status shape = CheckRequestId(in.request_id, limits);
@@ -206,15 +221,7 @@ void Router::Impl::OnTokenize(const std::string& client, TokenizeInput in) {
     shape = absl::InvalidArgumentError(
         absl::StrCat("text is ", in.text.size(), " bytes; the limit is ", limits.max_prompt_bytes));
   }
-  int tenant = -1;
-  if (!Accept(client, in.request_id, shape, in.api_key, &tenant)) return;
-  bool wait = false;
-  const ServedModel* m = TokenizerFor(client, in.request_id, in.model, &wait);
-  if (wait) {
-    const std::string request_id = in.request_id;  // before `in` is moved
-    ParkTextCall(client, request_id, std::move(in));
-    return;
-  }
+  const ServedModel* m = AcceptTextCall(client, in, std::move(shape));
   if (m == nullptr) return;
   const auto bytes = static_cast<int64_t>(in.text.size());
   if (tokenizing_bytes_ > 0 && tokenizing_bytes_ + bytes > options_.max_tokenizing_bytes) {
@@ -256,15 +263,7 @@ void Router::Impl::OnDetokenize(const std::string& client, DetokenizeInput in) {
     shape = absl::InvalidArgumentError(absl::StrCat(
         "token_ids has ", in.token_ids.size(), " ids; the limit is ", limits.max_prompt_tokens));
   }
-  int tenant = -1;
-  if (!Accept(client, in.request_id, shape, in.api_key, &tenant)) return;
-  bool wait = false;
-  const ServedModel* m = TokenizerFor(client, in.request_id, in.model, &wait);
-  if (wait) {
-    const std::string request_id = in.request_id;  // before `in` is moved
-    ParkTextCall(client, request_id, std::move(in));
-    return;
-  }
+  const ServedModel* m = AcceptTextCall(client, in, std::move(shape));
   if (m == nullptr) return;
   for (size_t i = 0; i < in.token_ids.size(); ++i) {
     if (in.token_ids[i] < 0 || in.token_ids[i] >= m->limits.vocab_size) {
