@@ -17,7 +17,7 @@ packages=(
   slurmctld slurmd slurm-client munge
   libcpp-httplib-dev libboost-dev
   libpcre2-dev libicu-dev
-  python3 python3-zmq python3-protobuf python3-numpy python3-pytest python3-matplotlib python3-requests python3-prometheus-client
+  python3 python3-zmq python3-protobuf python3-numpy python3-pytest python3-matplotlib python3-requests python3-prometheus-client python3-jinja2
 )
 
 # The tokenizer tests check carpool against the Hugging Face library from npm: Debian's nodejs

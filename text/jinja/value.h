@@ -1,0 +1,202 @@
+// The values a chat template computes with, and their Python semantics: what Jinja2 does with a
+// value is what Python does with the object (str(), repr(), ==, <, +, len(), `in`, slicing,
+// truthiness), so each operation here is the Python one, byte for byte where it prints.
+//
+//   Jinja2 / Python          Value kind
+//   Undefined                kUndefined (with a hint naming what was missing)
+//   None, bool, int, float   kNone, kBool, kInt (int64; overflow is an error), kFloat (double)
+//   str                      kString (UTF-8; lengths, indexes and slices count code points)
+//   list, tuple              kList, kTuple
+//   dict                     kDict (insertion-ordered, as Python's; keys are scalars)
+//   namespace()              kNamespace (the one mutable value: `set ns.x = ...`)
+//   macros, functions,
+//   bound methods            kCallable
+//
+// Values are immutable and cheap to copy (containers and strings are shared), except a
+// namespace, which all its copies share and see change.
+//
+// Thread safety: a Value is safe to read from several threads; a namespace is for one render.
+#ifndef CARPOOL_TEXT_JINJA_VALUE_H_
+#define CARPOOL_TEXT_JINJA_VALUE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "nlohmann/json.hpp"
+
+namespace carpool::text::jinja {
+
+class Value;
+using List = std::vector<Value>;
+
+// A dict: entries in insertion order; setting an existing key keeps its place (as Python).
+struct Dict {
+  std::vector<std::pair<Value, Value>> entries;
+
+  const Value* Find(const Value& key) const;
+  const Value* Find(absl::string_view key) const;
+  void Set(Value key, Value value);
+};
+
+// What one render may still spend; the evaluator implements it (Limits in template.h). Filters
+// and methods that loop or build strings charge it.
+class Budget {
+ public:
+  virtual ~Budget() = default;
+  // Counts `n` loop iterations; an error once the render passed its iteration or time limit.
+  virtual absl::Status Iterate(int64_t n = 1) = 0;
+  // An error when a string or list of `bytes` would pass the render's output limit.
+  virtual absl::Status CheckSize(int64_t bytes) = 0;
+};
+
+struct CallArgs {
+  std::vector<Value> positional;
+  std::vector<std::pair<std::string, Value>> keyword;
+};
+
+using Function = std::function<absl::StatusOr<Value>(const CallArgs& args, Budget& budget)>;
+
+struct Callable {
+  std::string name;  // for errors and repr
+  Function fn;
+};
+
+enum class Kind {
+  kUndefined,
+  kNone,
+  kBool,
+  kInt,
+  kFloat,
+  kString,
+  kList,
+  kTuple,
+  kDict,
+  kNamespace,
+  kCallable,
+};
+
+// Python's type name of a kind, as Jinja2's messages print it: "str", "int", "dict", "list",
+// "NoneType", "Undefined", ...
+const char* KindName(Kind kind);
+
+class Value {
+ public:
+  // Undefined, with the hint Jinja2 would give when it is used: "'x' is undefined" or
+  // "'dict object' has no attribute 'x'". `unsafe`: an attribute the sandbox refuses
+  // (list.append, ...): using it is "access to attribute 'append' of 'list' object is unsafe".
+  static Value Undefined(std::string hint = "", bool unsafe = false);
+  Value() : Value(Undefined()) {}
+  static Value None();
+  static Value Bool(bool b);
+  static Value Int(int64_t i);
+  static Value Float(double d);
+  static Value String(std::string s);
+  static Value MakeList(List items);
+  static Value MakeTuple(List items);
+  static Value MakeDict(Dict dict);
+  // A namespace with these attributes; its copies share them.
+  static Value Namespace(Dict attributes);
+  static Value MakeCallable(std::string name, Function fn);
+
+  // JSON as Python's json.loads gives it: objects are dicts in the document's key order (parse
+  // with nlohmann::ordered_json to keep it), integers ints (outside int64: floats), other numbers
+  // floats.
+  static Value FromJson(const nlohmann::ordered_json& json);
+
+  Kind kind() const;
+  bool is_undefined() const { return kind() == Kind::kUndefined; }
+  bool is_none() const { return kind() == Kind::kNone; }
+  bool is_string() const { return kind() == Kind::kString; }
+  bool is_number() const { return kind() == Kind::kInt || kind() == Kind::kFloat; }
+  // A list or a tuple.
+  bool is_sequence() const { return kind() == Kind::kList || kind() == Kind::kTuple; }
+  // A dict or a namespace (what has attributes by name).
+  bool is_mapping() const { return kind() == Kind::kDict; }
+
+  // REQUIRES: the matching kind (kBool for bool_value; kInt or kBool for int_value; any number
+  // or kBool for float_value).
+  bool bool_value() const;
+  int64_t int_value() const;
+  double float_value() const;
+  const std::string& string_value() const;
+  const List& list_value() const;  // kList or kTuple
+  const Dict& dict_value() const;  // kDict, or a namespace's attributes
+  Dict& namespace_attributes() const;  // kNamespace
+  const Callable& callable_value() const;
+  const std::string& undefined_hint() const;
+  bool undefined_is_unsafe() const;
+
+  // Python truthiness (Undefined is false).
+  bool Truthy() const;
+  // str(): what {{ value }} prints. Undefined prints "".
+  std::string Str() const;
+  // repr(): how a value prints inside a list or dict: 'a', 1.0, None, True, [1, 'a'], {'k': 1},
+  // (1,), <Namespace ...>.
+  std::string Repr() const;
+
+ private:
+  struct UndefinedData {
+    std::string hint;
+    bool unsafe = false;
+  };
+  using Storage =
+      std::variant<std::shared_ptr<const UndefinedData>, std::monostate, bool, int64_t, double,
+                   std::shared_ptr<const std::string>, std::shared_ptr<const List>,
+                   std::shared_ptr<const Dict>, std::shared_ptr<Dict>,
+                   std::shared_ptr<const Callable>>;
+  Value(Storage storage, Kind kind) : storage_(std::move(storage)), kind_(kind) {}
+
+  Storage storage_;
+  Kind kind_;
+};
+
+// Python's ==: 1 == 1.0 == True, [1] == [1.0], ('a',) != ['a'], Undefined == Undefined.
+bool Equals(const Value& a, const Value& b);
+// Python's <, for numbers, strings (by code point), lists and tuples (of the same kind);
+// INVALID_ARGUMENT "'<' not supported between instances of 'str' and 'int'" otherwise.
+absl::StatusOr<bool> Less(const Value& a, const Value& b);
+
+// The operators of Jinja2 expressions, as Python's: + (numbers; str + str; list + list),
+// - * / // % ** and unary -, each INVALID_ARGUMENT with Python's TypeError or ZeroDivisionError
+// message on types it does not take; `str * int` and `list * int` repeat (charged to `budget`).
+enum class BinaryOp { kAdd, kSub, kMul, kDiv, kFloorDiv, kMod, kPow };
+absl::StatusOr<Value> Arithmetic(BinaryOp op, const Value& a, const Value& b, Budget& budget);
+absl::StatusOr<Value> Negate(const Value& a);
+// Jinja2's ~: str(a) + str(b).
+absl::StatusOr<Value> Concat(const Value& a, const Value& b, Budget& budget);
+// Python's `item in container`: substring for strings, membership for lists and tuples, keys
+// for dicts; Undefined container is an error as in Jinja2.
+absl::StatusOr<bool> Contains(const Value& container, const Value& item);
+
+// Jinja2's lookups. `obj.name`: an attribute first (a string's or dict's method, bound; a
+// namespace's attribute), then the item `name`. `obj[key]`: the item first (negative indexes
+// count from the end), then, for a string key, the attribute. What neither finds is Undefined
+// with Jinja2's hint; an attribute the sandbox refuses is an unsafe Undefined.
+Value GetAttr(const Value& obj, absl::string_view name);
+Value GetItem(const Value& obj, const Value& key);
+// obj[start:stop:step] for strings, lists and tuples; a missing bound is nullopt.
+absl::StatusOr<Value> Slice(const Value& obj, std::optional<int64_t> start,
+                            std::optional<int64_t> stop, std::optional<int64_t> step);
+
+// What `for x in value` walks: a list's or tuple's items, a dict's keys, a string's characters;
+// Undefined walks nothing. INVALID_ARGUMENT "'int' object is not iterable" otherwise.
+absl::StatusOr<List> Iterate(const Value& value);
+// len(): INVALID_ARGUMENT "object of type 'int' has no len()" where Python has none.
+absl::StatusOr<int64_t> Length(const Value& value);
+
+// An error that using `value` raises when it is Undefined (hint, or the unsafe attribute
+// message); OK for any other value.
+absl::Status CheckDefined(const Value& value);
+
+}  // namespace carpool::text::jinja
+
+#endif  // CARPOOL_TEXT_JINJA_VALUE_H_
