@@ -199,6 +199,22 @@ absl::Status ParseEnvelope(std::string_view frame, T* envelope, bool check_range
   return absl::OkStatus();
 }
 
+void ToProto(const ChatInput& c, pb::ChatInput* p) {
+  p->set_messages_json(c.messages_json);
+  p->set_tools_json(c.tools_json);
+  p->set_add_generation_prompt(c.add_generation_prompt);
+  p->set_chat_template_kwargs_json(c.chat_template_kwargs_json);
+}
+
+ChatInput FromProto(const pb::ChatInput& p) {
+  ChatInput c;
+  c.messages_json = p.messages_json();
+  c.tools_json = p.tools_json();
+  c.add_generation_prompt = !p.has_add_generation_prompt() || p.add_generation_prompt();
+  c.chat_template_kwargs_json = p.chat_template_kwargs_json();
+  return c;
+}
+
 absl::Status UnknownType(const char* envelope) {
   return absl::InvalidArgumentError(absl::StrCat("unknown ", envelope, " message type"));
 }
@@ -210,7 +226,9 @@ struct ClientEncoder {
   void operator()(const GenerateInput& g) const {
     pb::GenerateRequest* p = m->mutable_generate();
     p->set_request_id(g.request_id);
-    if (g.has_text) {
+    if (g.chat.has_value()) {
+      ToProto(*g.chat, p->mutable_chat());
+    } else if (g.has_text) {
       p->set_text(g.text);
     } else {
       auto* ids = p->mutable_token_ids();
@@ -256,6 +274,7 @@ struct ClientEncoder {
     p->set_text(t.text);
     p->set_add_special_tokens(t.add_special_tokens);
     p->set_api_key(t.api_key);
+    if (t.chat.has_value()) ToProto(*t.chat, p->mutable_chat());
   }
   void operator()(const DetokenizeInput& d) const {
     pb::DetokenizeRequest* p = m->mutable_detokenize();
@@ -380,6 +399,7 @@ struct WorkerEncoder {
     p->set_tokenizer_json(r.tokenizer_json);
     p->set_tokenizer_config_json(r.tokenizer_config_json);
     p->mutable_eos_token_ids()->Add(r.eos_token_ids.begin(), r.eos_token_ids.end());
+    p->set_chat_template_jinja(r.chat_template_jinja);
   }
   void operator()(const HeartbeatInfo& h) const {
     m->mutable_heartbeat()->set_epoch(h.epoch);
@@ -491,6 +511,7 @@ absl::StatusOr<ClientMessage> DecodeClientMessage(std::string_view frame) {
       g.has_text = p.prompt_case() == pb::GenerateRequest::kText;
       g.text = p.text();
       g.token_ids.assign(p.token_ids().ids().begin(), p.token_ids().ids().end());
+      if (p.prompt_case() == pb::GenerateRequest::kChat) g.chat = FromProto(p.chat());
       g.sampling = FromProto(p.sampling());
       g.priority = FromProto(p.priority());
       g.deadline_ms = p.deadline_ms();
@@ -533,7 +554,11 @@ absl::StatusOr<ClientMessage> DecodeClientMessage(std::string_view frame) {
       t.request_id = p.request_id();
       t.model = p.model();
       t.text = p.text();
-      t.add_special_tokens = !p.has_add_special_tokens() || p.add_special_tokens();
+      if (p.has_chat()) t.chat = FromProto(p.chat());
+      // Unset: Hugging Face encode's true for text; apply_chat_template's false for chat (the
+      // template writes the special tokens).
+      t.add_special_tokens =
+          p.has_add_special_tokens() ? p.add_special_tokens() : !t.chat.has_value();
       t.api_key = p.api_key();
       return ClientMessage(std::move(t));
     }
@@ -707,6 +732,7 @@ absl::StatusOr<WorkerMessage> DecodeWorkerMessage(std::string_view frame) {
       r.tokenizer_json = p.tokenizer_json();
       r.tokenizer_config_json = p.tokenizer_config_json();
       r.eos_token_ids.assign(p.eos_token_ids().begin(), p.eos_token_ids().end());
+      r.chat_template_jinja = p.chat_template_jinja();
       return WorkerMessage(std::move(r));
     }
     case pb::WorkerMessage::kHeartbeat: {

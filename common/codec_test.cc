@@ -388,5 +388,97 @@ TEST(CodecTokenTest, TokenTextRoundTrips) {
   EXPECT_EQ(out.tokens[0].top_logprobs.size(), 1u);
 }
 
+// ---- chat input (issue 14): a conversation for the model's chat template
+
+ChatInput SampleChat() {
+  ChatInput c;
+  c.messages_json = R"([{"role":"user","content":"caf\u00e9"}])";
+  c.tools_json = R"([{"type":"function","function":{"name":"f"}}])";
+  c.add_generation_prompt = false;
+  c.chat_template_kwargs_json = R"({"enable_thinking":false})";
+  return c;
+}
+
+TEST(CodecChatTest, GenerateChatRoundTrips) {
+  GenerateInput in;
+  in.request_id = "c1";
+  in.chat = SampleChat();
+  in.sampling.max_tokens = 7;
+  absl::StatusOr<ClientMessage> m = DecodeClientMessage(Encode(ClientMessage(in)));
+  ASSERT_TRUE(m.ok()) << m.status();
+  const GenerateInput& out = std::get<GenerateInput>(*m);
+  ASSERT_TRUE(out.chat.has_value());
+  EXPECT_EQ(*out.chat, *in.chat);
+  EXPECT_FALSE(out.has_text);
+  EXPECT_TRUE(out.token_ids.empty());
+  EXPECT_EQ(out.sampling.max_tokens, 7);
+
+  // The chat is in the prompt oneof: a text or token-id prompt carries none.
+  in.chat.reset();
+  in.has_text = true;
+  in.text = "x";
+  m = DecodeClientMessage(Encode(ClientMessage(in)));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_FALSE(std::get<GenerateInput>(*m).chat.has_value());
+  EXPECT_TRUE(std::get<GenerateInput>(*m).has_text);
+}
+
+TEST(CodecChatTest, UnsetAddGenerationPromptMeansTrue) {
+  v1::ClientMessage m;
+  m.set_protocol_version(kProtocolVersion);
+  m.mutable_generate()->set_request_id("c");
+  m.mutable_generate()->mutable_chat()->set_messages_json("[]");
+  absl::StatusOr<ClientMessage> out = DecodeClientMessage(m.SerializeAsString());
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_TRUE(std::get<GenerateInput>(*out).chat.has_value());
+  EXPECT_TRUE(std::get<GenerateInput>(*out).chat->add_generation_prompt);
+  EXPECT_EQ(std::get<GenerateInput>(*out).chat->tools_json, "");
+  EXPECT_TRUE(ChatInput{}.add_generation_prompt);
+}
+
+TEST(CodecChatTest, TokenizeChatRoundTripsAndUnsetSpecialTokensIsFalse) {
+  TokenizeInput in;
+  in.request_id = "t";
+  in.chat = SampleChat();
+  in.add_special_tokens = true;
+  absl::StatusOr<ClientMessage> m = DecodeClientMessage(Encode(ClientMessage(in)));
+  ASSERT_TRUE(m.ok()) << m.status();
+  const TokenizeInput& out = std::get<TokenizeInput>(*m);
+  ASSERT_TRUE(out.chat.has_value());
+  EXPECT_EQ(*out.chat, *in.chat);
+  EXPECT_TRUE(out.add_special_tokens);  // as asked
+
+  // A client that leaves add_special_tokens unset gets apply_chat_template's false for chat.
+  v1::ClientMessage raw;
+  raw.set_protocol_version(kProtocolVersion);
+  raw.mutable_tokenize()->set_request_id("t");
+  raw.mutable_tokenize()->mutable_chat()->set_messages_json("[]");
+  absl::StatusOr<ClientMessage> decoded = DecodeClientMessage(raw.SerializeAsString());
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_FALSE(std::get<TokenizeInput>(*decoded).add_special_tokens);
+  ASSERT_TRUE(std::get<TokenizeInput>(*decoded).chat.has_value());
+
+  // Plain text keeps no chat.
+  TokenizeInput text;
+  text.request_id = "t2";
+  text.text = "hi";
+  m = DecodeClientMessage(Encode(ClientMessage(text)));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_FALSE(std::get<TokenizeInput>(*m).chat.has_value());
+}
+
+TEST(CodecChatTest, RegisterCarriesTheChatTemplateFile) {
+  RegisterInfo r;
+  r.tokenizer = TokenizerKind::kHuggingFace;
+  r.chat_template_jinja = "{% for m in messages %}{{ m.content }}{% endfor %}\n";
+  absl::StatusOr<WorkerMessage> m = DecodeWorkerMessage(Encode(WorkerMessage(r)));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(std::get<RegisterInfo>(*m).chat_template_jinja, r.chat_template_jinja);
+  r.chat_template_jinja.clear();
+  m = DecodeWorkerMessage(Encode(WorkerMessage(r)));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(std::get<RegisterInfo>(*m).chat_template_jinja, "");
+}
+
 }  // namespace
 }  // namespace carpool

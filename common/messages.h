@@ -62,11 +62,25 @@ struct ErrorInfo {
 
 // ---- client -> router
 
+// A conversation for the model's chat template (proto ChatInput): the router renders it and
+// tokenizes the result without adding special tokens (the template writes them).
+struct ChatInput {
+  std::string messages_json;              // a JSON array of OpenAI chat messages
+  std::string tools_json;                 // a JSON array of OpenAI tools; "": none
+  bool add_generation_prompt = true;      // open the assistant's turn
+  std::string chat_template_kwargs_json;  // a JSON object of extra template variables; "": none
+
+  bool operator==(const ChatInput&) const = default;
+};
+
 struct GenerateInput {
   std::string request_id;
   bool has_text = false;
   std::string text;                  // when has_text
-  std::vector<int32_t> token_ids;    // otherwise
+  std::vector<int32_t> token_ids;    // when neither text nor chat
+  // Set: the prompt is this conversation, rendered by the model's chat template (has_text is
+  // then false, token_ids empty, add_bos unused).
+  std::optional<ChatInput> chat = std::nullopt;
   SamplingParams sampling;
   Priority priority = Priority::kDefault;
   int64_t deadline_ms = 0;           // 0: none
@@ -103,8 +117,12 @@ struct TokenizeInput {
   std::string request_id;
   std::string model;                 // "": the served model when the cluster has one
   std::string text;
+  // Whether to add the tokenizer's special tokens. The wire's unset is true for text and false
+  // for chat; a chat tokenize sets it false to get the ids a chat generate request gets.
   bool add_special_tokens = true;
   std::string api_key;
+  // Set: tokenize this conversation as the model's chat template renders it (text empty).
+  std::optional<ChatInput> chat = std::nullopt;
 };
 
 // Token ids to text with the model's tokenizer (Hugging Face decode).
@@ -246,6 +264,7 @@ struct RegisterInfo {
   std::string tokenizer_json;
   std::string tokenizer_config_json;
   std::vector<int32_t> eos_token_ids;  // what ends generation
+  std::string chat_template_jinja;     // the folder's chat_template.jinja ("": none)
 };
 
 struct WorkerLoad {

@@ -26,6 +26,7 @@ struct TokenizerHandover {
   TokenizerKind kind = TokenizerKind::kNone;
   std::string tokenizer_json;
   std::string tokenizer_config_json;
+  std::string chat_template_jinja;  // the folder's chat_template.jinja ("" when it has none)
   std::vector<int32_t> eos_token_ids;
 };
 
@@ -93,8 +94,8 @@ std::optional<int32_t> ConfigEosId(const std::string& tokenizer_json,
   return std::nullopt;
 }
 
-// A Hugging Face folder with a tokenizer.json hands it over with its tokenizer_config.json and
-// the ids that end generation: generation_config.json's eos_token_id, then config.json's (the
+// A Hugging Face folder with a tokenizer.json hands it over with its tokenizer_config.json, its
+// chat_template.jinja (the chat template of newer checkpoints, when present) and the ids that end generation: generation_config.json's eos_token_id, then config.json's (the
 // engine stops on those too), or failing both tokenizer_config.json's eos_token. Anything else
 // (a synthetic preset, a folder with no tokenizer.json) hands nothing over. The files are read
 // as bytes and checked only for size: the router parses the tokenizer.
@@ -113,10 +114,12 @@ absl::StatusOr<TokenizerHandover> ReadTokenizerHandover(const std::string& model
     const auto n = std::filesystem::file_size(dir / name, e);
     return e ? 0 : static_cast<int64_t>(n);
   };
-  const int64_t total = size_of("tokenizer.json") + size_of("tokenizer_config.json");
+  const int64_t total = size_of("tokenizer.json") + size_of("tokenizer_config.json") +
+                        size_of("chat_template.jinja");
   if (total > kMaxHandoverBytes) {
     return absl::FailedPreconditionError(absl::StrCat(
-        (dir / "tokenizer.json").string(), " and tokenizer_config.json are ", total,
+        (dir / "tokenizer.json").string(),
+        " with tokenizer_config.json and chat_template.jinja are ", total,
         " bytes, more than the ", kMaxHandoverBytes,
         " a registration carries to the router"));
   }
@@ -124,6 +127,9 @@ absl::StatusOr<TokenizerHandover> ReadTokenizerHandover(const std::string& model
   ASSIGN_OR_RETURN(h.tokenizer_json, ReadWholeFile(dir / "tokenizer.json"));
   if (std::filesystem::exists(dir / "tokenizer_config.json", ec)) {
     ASSIGN_OR_RETURN(h.tokenizer_config_json, ReadWholeFile(dir / "tokenizer_config.json"));
+  }
+  if (std::filesystem::exists(dir / "chat_template.jinja", ec)) {
+    ASSIGN_OR_RETURN(h.chat_template_jinja, ReadWholeFile(dir / "chat_template.jinja"));
   }
   if (std::filesystem::exists(dir / "generation_config.json", ec)) {
     ASSIGN_OR_RETURN(const std::string text, ReadWholeFile(dir / "generation_config.json"));
@@ -167,6 +173,7 @@ class EngineBackend : public Backend {
     r.tokenizer = tokenizer_.kind;
     r.tokenizer_json = tokenizer_.tokenizer_json;
     r.tokenizer_config_json = tokenizer_.tokenizer_config_json;
+    r.chat_template_jinja = tokenizer_.chat_template_jinja;
     r.eos_token_ids = tokenizer_.eos_token_ids;
     r.bos_token_id = c.bos_token_id;
     r.max_num_batched_tokens = o.scheduler.max_num_batched_tokens;

@@ -858,6 +858,45 @@ TEST_F(WorkerServerTest, FolderWithoutTokenizerJsonHandsNothingOver) {
   EXPECT_TRUE(r->eos_token_ids.empty());
 }
 
+TEST_F(WorkerServerTest, FolderHandsItsChatTemplateFileOver) {
+  const std::string jinja =
+      "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}\xc3\xa9\n";
+  {
+    TokenizerFolder folder;
+    folder.Write("tokenizer.json", kTokenizerJson);
+    folder.Write("tokenizer_config.json", "{\"eos_token\": \"</s>\"}");
+    folder.Write("chat_template.jinja", jinja);
+    FakeRouter router;
+    RunningWorker worker(Options(router.endpoint(), folder.Engine()));
+    std::optional<RegisterInfo> r = router.Register(1);
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->tokenizer, TokenizerKind::kHuggingFace);
+    EXPECT_EQ(r->chat_template_jinja, jinja);  // as bytes, the trailing newline kept
+    EXPECT_EQ(r->tokenizer_config_json, "{\"eos_token\": \"</s>\"}");
+  }
+  {
+    // No chat_template.jinja: nothing (the template may be in tokenizer_config.json).
+    TokenizerFolder folder;
+    folder.Write("tokenizer.json", kTokenizerJson);
+    FakeRouter router;
+    RunningWorker worker(Options(router.endpoint(), folder.Engine()));
+    std::optional<RegisterInfo> r = router.Register(1);
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->chat_template_jinja, "");
+  }
+  {
+    // Without a tokenizer.json the router cannot tokenize: the template stays behind too.
+    TokenizerFolder folder;
+    folder.Write("chat_template.jinja", jinja);
+    FakeRouter router;
+    RunningWorker worker(Options(router.endpoint(), folder.Engine()));
+    std::optional<RegisterInfo> r = router.Register(1);
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->tokenizer, TokenizerKind::kNone);
+    EXPECT_EQ(r->chat_template_jinja, "");
+  }
+}
+
 TEST(EngineBackendTest, MalformedGenerationConfigIsAnErrorNamingTheFile) {
   TokenizerFolder folder;
   folder.Write("tokenizer.json", kTokenizerJson);
