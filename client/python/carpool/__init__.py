@@ -1,5 +1,5 @@
-"""carpool's Python SDK: generate, stream, embed, tokenize, detokenize, cancel and stats against
-a carpool router over ZeroMQ.
+"""carpool's Python SDK: generate, stream, chat, embed, tokenize, detokenize, cancel and stats
+against a carpool router over ZeroMQ.
 
   import carpool
   with carpool.Client("tcp://127.0.0.1:5555") as client:

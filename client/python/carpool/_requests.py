@@ -4,7 +4,7 @@ router's answers into results and typed errors. No sockets here; encoding and de
 stay in _wire.
 """
 
-from typing import Any, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import _wire
 from . import errors
@@ -42,6 +42,27 @@ def generate_request(ids: _wire.RequestIds, client_api_key: str, client_timeout:
     return Request(rid, frame, call_timeout)
 
 
+def chat_request(ids: _wire.RequestIds, client_api_key: str, client_timeout: float,
+                 messages: Sequence[Mapping[str, Any]], *,
+                 tools: Optional[Sequence[Any]] = None, add_generation_prompt: bool = True,
+                 chat_template_kwargs: Optional[Mapping[str, Any]] = None,
+                 sampling: Optional[SamplingParams] = None,
+                 priority: Union[str, int] = "default", deadline_ms: int = 0,
+                 request_id: Optional[str] = None, api_key: Optional[str] = None,
+                 timeout: Optional[float] = None, stream: bool = False,
+                 model: str = "") -> Request:
+    """The Request of Client.chat / AsyncClient.chat (arguments and defaults as there). Raises
+    as _wire.chat_input and _wire.generate_frame, or ValueError/TypeError for a bad timeout."""
+    rid, call_timeout = _id_and_timeout(ids, request_id, client_timeout, timeout)
+    chat = _wire.chat_input(messages, tools, add_generation_prompt, chat_template_kwargs)
+    frame = _wire.generate_frame(
+        rid, None, None, stream=stream,
+        api_key=client_api_key if api_key is None else api_key, priority=priority,
+        deadline_ms=deadline_ms, add_bos=False,
+        sampling=_DEFAULT_SAMPLING if sampling is None else sampling, model=model, chat=chat)
+    return Request(rid, frame, call_timeout)
+
+
 def embed_request(ids: _wire.RequestIds, client_api_key: str, client_timeout: float,
                   inputs: _wire.EmbedInputs, *, normalize: bool = True, pooling: str = "mean",
                   priority: Union[str, int] = "default", deadline_ms: int = 0,
@@ -59,14 +80,24 @@ def embed_request(ids: _wire.RequestIds, client_api_key: str, client_timeout: fl
 
 
 def tokenize_request(ids: _wire.RequestIds, client_api_key: str, client_timeout: float,
-                     text: Union[str, bytes], *, model: str = "",
-                     add_special_tokens: bool = True, request_id: Optional[str] = None,
-                     api_key: Optional[str] = None,
-                     timeout: Optional[float] = None) -> Request:
-    """The Request of Client.tokenize / AsyncClient.tokenize (arguments as there)."""
+                     text: Optional[Union[str, bytes]] = None, *, model: str = "",
+                     add_special_tokens: Optional[bool] = None,
+                     request_id: Optional[str] = None, api_key: Optional[str] = None,
+                     timeout: Optional[float] = None,
+                     messages: Optional[Sequence[Mapping[str, Any]]] = None,
+                     tools: Optional[Sequence[Any]] = None, add_generation_prompt: bool = True,
+                     chat_template_kwargs: Optional[Mapping[str, Any]] = None) -> Request:
+    """The Request of Client.tokenize / AsyncClient.tokenize (arguments as there): of `text`,
+    or, with `messages`, of the conversation as the model's chat template renders it."""
     rid, call_timeout = _id_and_timeout(ids, request_id, client_timeout, timeout)
+    chat = None
+    if messages is not None:
+        chat = _wire.chat_input(messages, tools, add_generation_prompt, chat_template_kwargs)
+    elif tools is not None or chat_template_kwargs is not None:
+        raise TypeError("tools and chat_template_kwargs go with messages")
     frame = _wire.tokenize_frame(rid, text, model=model, add_special_tokens=add_special_tokens,
-                                 api_key=client_api_key if api_key is None else api_key)
+                                 api_key=client_api_key if api_key is None else api_key,
+                                 chat=chat)
     return Request(rid, frame, call_timeout)
 
 

@@ -6,9 +6,10 @@ Shared by the sync and asyncio clients; no sockets here.
 import codecs
 import contextlib
 import itertools
+import json
 import operator
 import os
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Union
 
 from . import errors
 from .sampling import OPTIONAL_FIELDS, SamplingParams
@@ -26,6 +27,63 @@ except ImportError as e:  # pragma: no cover - a setup problem, not a code path
 PROTOCOL_VERSION = 1
 
 Prompt = Union[str, bytes, bytearray, Sequence[int]]
+
+
+class Chat(NamedTuple):
+    """A conversation for the model's chat template, as the wire carries it (ChatInput): JSON
+    texts made by chat_input()."""
+    messages_json: str
+    tools_json: str               # "" = no tools (the template's `tools` is None)
+    add_generation_prompt: bool
+    chat_template_kwargs_json: str  # "" = none
+
+
+def _json(value: Any, what: str) -> str:
+    """`value` as JSON text: keys in their order, non-ASCII kept (as transformers' tojson
+    prints it); TypeError naming `what` for what JSON cannot hold (NaN and infinities too)."""
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise TypeError("%s cannot be sent as JSON: %s" % (what, e)) from None
+
+
+def chat_input(messages: Sequence[Mapping[str, Any]], tools: Optional[Sequence[Any]],
+               add_generation_prompt: bool,
+               chat_template_kwargs: Optional[Mapping[str, Any]]) -> Chat:
+    """Checks the shapes (TypeError) and serializes a conversation: messages a list of dicts
+    (OpenAI chat messages), tools a list (OpenAI tools) or None, chat_template_kwargs a dict of
+    extra template variables or None. The router checks the rest (roles, contents) and renders
+    it with the model's template."""
+    if isinstance(messages, (str, bytes, bytearray, Mapping)) or not isinstance(messages,
+                                                                                 Sequence):
+        raise TypeError("messages must be a list of dicts (OpenAI chat messages), not %r" %
+                        type(messages).__name__)
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping):
+            raise TypeError("messages[%d] must be a dict, not %r" % (i, type(m).__name__))
+    if tools is not None and (isinstance(tools, (str, bytes, bytearray, Mapping))
+                              or not isinstance(tools, Sequence)):
+        raise TypeError("tools must be a list (OpenAI tools) or None, not %r" %
+                        type(tools).__name__)
+    if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, Mapping):
+        raise TypeError("chat_template_kwargs must be a dict or None, not %r" %
+                        type(chat_template_kwargs).__name__)
+    if not isinstance(add_generation_prompt, bool):
+        raise TypeError("add_generation_prompt must be a bool, not %r" %
+                        type(add_generation_prompt).__name__)
+    return Chat(_json([dict(m) for m in messages], "messages"),
+                "" if tools is None else _json(list(tools), "tools"),
+                add_generation_prompt,
+                "" if chat_template_kwargs is None else _json(dict(chat_template_kwargs),
+                                                              "chat_template_kwargs"))
+
+
+def _set_chat(c: Any, chat: Chat) -> None:
+    """Fills a ChatInput message."""
+    c.messages_json = chat.messages_json
+    c.tools_json = chat.tools_json
+    c.add_generation_prompt = chat.add_generation_prompt
+    c.chat_template_kwargs_json = chat.chat_template_kwargs_json
 
 _PRIORITIES = {
     "default": pb.PRIORITY_DEFAULT,
@@ -54,8 +112,11 @@ def _token_list(values: Any, what: str) -> List[int]:
 def generate_frame(request_id: str, prompt: Optional[Prompt],
                    token_ids: Optional[Sequence[int]], *, stream: bool, api_key: str,
                    priority: Union[str, int], deadline_ms: int, add_bos: bool,
-                   sampling: SamplingParams, model: str = "") -> bytes:
-    """The encoded ClientMessage for a generate call (sampling's unset fields stay unset).
+                   sampling: SamplingParams, model: str = "",
+                   chat: Optional[Chat] = None) -> bytes:
+    """The encoded ClientMessage for a generate call (sampling's unset fields stay unset); with
+    `chat` (and no prompt or token_ids), a chat call: the prompt is the conversation as the
+    model's chat template renders it.
 
     Raises TypeError for arguments of the wrong type and InvalidArgument for values the wire
     cannot carry (out of the field's range, an unknown priority); the router checks the rest.
@@ -65,14 +126,18 @@ def generate_frame(request_id: str, prompt: Optional[Prompt],
                         type(sampling).__name__)
     if prompt is not None and token_ids is not None:
         raise TypeError("pass either a prompt or token_ids, not both")
-    if prompt is None and token_ids is None:
+    if chat is not None and (prompt is not None or token_ids is not None):
+        raise TypeError("a chat call takes messages, not a prompt or token_ids")
+    if chat is None and prompt is None and token_ids is None:
         raise TypeError("generate() needs a prompt (str, bytes or a list of token ids) "
                         "or token_ids")
     msg = pb.ClientMessage(protocol_version=PROTOCOL_VERSION)
     g = msg.generate
     with _out_of_range_is_invalid(request_id):
         g.request_id = request_id
-        if prompt is not None:
+        if chat is not None:
+            _set_chat(g.chat, chat)
+        elif prompt is not None:
             _set_prompt(g, prompt, "token_ids")
         else:
             _set_token_ids(g, token_ids, "token_ids")  # ids, even when given as str or bytes
@@ -138,18 +203,32 @@ def embed_frame(request_id: str, inputs: EmbedInputs, *, normalize: bool, poolin
     return msg.SerializeToString()
 
 
-def tokenize_frame(request_id: str, text: Union[str, bytes, bytearray], *, model: str,
-                   add_special_tokens: bool, api_key: str) -> bytes:
-    """The encoded ClientMessage for a tokenize call (text: str, sent as UTF-8, or bytes)."""
-    if not isinstance(text, (str, bytes, bytearray)):
-        raise TypeError("tokenize() needs a text (str or bytes), not %r" % type(text).__name__)
+def tokenize_frame(request_id: str, text: Optional[Union[str, bytes, bytearray]], *, model: str,
+                   add_special_tokens: Optional[bool], api_key: str,
+                   chat: Optional[Chat] = None) -> bytes:
+    """The encoded ClientMessage for a tokenize call: of `text` (str, sent as UTF-8, or bytes),
+    or of `chat` as the model's chat template renders it. add_special_tokens None: True for a
+    text; for a chat the field stays unset, which the router reads as False (the template
+    writes the special tokens it wants, as transformers' apply_chat_template)."""
+    if chat is not None:
+        if text is not None:
+            raise TypeError("tokenize() takes a text or messages, not both")
+    elif not isinstance(text, (str, bytes, bytearray)):
+        raise TypeError("tokenize() needs a text (str or bytes) or messages, not %r" %
+                        type(text).__name__)
     msg = pb.ClientMessage(protocol_version=PROTOCOL_VERSION)
     t = msg.tokenize
     with _out_of_range_is_invalid(request_id):
         t.request_id = request_id
         t.model = _model(model)
-        t.text = text.encode("utf-8") if isinstance(text, str) else bytes(text)
-        t.add_special_tokens = bool(add_special_tokens)
+        if chat is not None:
+            _set_chat(t.chat, chat)
+        else:
+            t.text = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+            if add_special_tokens is None:
+                add_special_tokens = True
+        if add_special_tokens is not None:
+            t.add_special_tokens = bool(add_special_tokens)
         t.api_key = api_key
     return msg.SerializeToString()
 

@@ -8,7 +8,7 @@ once: one reader task per client routes the router's messages by request_id.
 import asyncio
 import collections
 import time
-from typing import Any, Deque, Dict, Optional, Sequence, Set, Union
+from typing import Any, Deque, Dict, Mapping, Optional, Sequence, Set, Union
 
 import zmq
 import zmq.asyncio
@@ -182,6 +182,28 @@ class AsyncClient:
         return AsyncStream(self, _requests.generate_request(
             self._ids, self.api_key, self.timeout, prompt, **kwargs))
 
+    async def chat(self, messages: Sequence[Mapping[str, Any]], *,
+                   tools: Optional[Sequence[Any]] = None, add_generation_prompt: bool = True,
+                   chat_template_kwargs: Optional[Mapping[str, Any]] = None,
+                   sampling: Optional[SamplingParams] = None,
+                   priority: Union[str, int] = "default", deadline_ms: int = 0,
+                   request_id: Optional[str] = None, api_key: Optional[str] = None,
+                   timeout: Optional[float] = None, stream: bool = False,
+                   model: str = "") -> Union[GenerateResult, AsyncStream]:
+        """As Client.chat: the assistant's turn of a conversation rendered by the model's chat
+        template. stream=False: the GenerateResult. stream=True: an AsyncStream whose request
+        is already sent."""
+        s = AsyncStream(self, _requests.chat_request(
+            self._ids, self.api_key, self.timeout, messages, tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            chat_template_kwargs=chat_template_kwargs, sampling=sampling, priority=priority,
+            deadline_ms=deadline_ms, request_id=request_id, api_key=api_key, timeout=timeout,
+            stream=stream, model=model))
+        if stream:
+            await s.start()
+            return s
+        return await s.wait()
+
     async def cancel(self, request_id: str) -> bool:
         """Cancels a call of this client in flight: it raises Cancelled and the router frees the
         request's resources. False when no call with that id is in flight."""
@@ -227,15 +249,23 @@ class AsyncClient:
             api_key=api_key, timeout=timeout, model=model)
         return await self._one_shot(req, _requests.embed_answer)
 
-    async def tokenize(self, text: Union[str, bytes], *, model: str = "",
-                       add_special_tokens: bool = True, request_id: Optional[str] = None,
-                       api_key: Optional[str] = None,
-                       timeout: Optional[float] = None) -> TokenizeResult:
-        """As Client.tokenize: the token ids of `text` with the model's tokenizer."""
+    async def tokenize(self, text: Optional[Union[str, bytes]] = None, *, model: str = "",
+                       add_special_tokens: Optional[bool] = None,
+                       request_id: Optional[str] = None, api_key: Optional[str] = None,
+                       timeout: Optional[float] = None,
+                       messages: Optional[Sequence[Mapping[str, Any]]] = None,
+                       tools: Optional[Sequence[Any]] = None,
+                       add_generation_prompt: bool = True,
+                       chat_template_kwargs: Optional[Mapping[str, Any]] = None
+                       ) -> TokenizeResult:
+        """As Client.tokenize: the token ids of `text`, or of `messages` as the model's chat
+        template renders them, with the model's tokenizer."""
         req = _requests.tokenize_request(
             self._ids, self.api_key, self.timeout, text, model=model,
             add_special_tokens=add_special_tokens, request_id=request_id, api_key=api_key,
-            timeout=timeout)
+            timeout=timeout, messages=messages, tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            chat_template_kwargs=chat_template_kwargs)
         return await self._one_shot(req, _requests.tokenize_answer)
 
     async def detokenize(self, token_ids: Sequence[int], *, model: str = "",

@@ -1,5 +1,5 @@
-"""The blocking client: generate (whole or streamed), embed, tokenize, detokenize, cancel and
-stats against a carpool router.
+"""The blocking client: generate and chat (whole or streamed), embed, tokenize, detokenize,
+cancel and stats against a carpool router.
 
 Thread safety: a Client may be shared by any number of threads. One background I/O thread per
 Client owns its ZeroMQ DEALER socket (ZeroMQ sockets are not thread-safe); calling threads hand it
@@ -13,7 +13,7 @@ import os
 import queue
 import threading
 import time
-from typing import Any, Deque, Dict, List, Optional, Sequence, Union
+from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence, Union
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -497,6 +497,7 @@ class Client:
       print(client.generate("The carpool left at dawn", sampling=greedy).text)
       for chunk in client.stream("Once upon a time", sampling=greedy):
           print(chunk.text, end="", flush=True)
+      reply = client.chat([{"role": "user", "content": "Hi"}], sampling=greedy)
 
     Args:
       url: the router's frontend endpoint. Default: tcp://127.0.0.1:5555.
@@ -567,6 +568,42 @@ class Client:
         kwargs["stream"] = True
         return self.generate(prompt, **kwargs)
 
+    def chat(self, messages: Sequence[Mapping[str, Any]], *,
+             tools: Optional[Sequence[Any]] = None, add_generation_prompt: bool = True,
+             chat_template_kwargs: Optional[Mapping[str, Any]] = None,
+             sampling: Optional[SamplingParams] = None,
+             priority: Union[str, int] = "default", deadline_ms: int = 0,
+             request_id: Optional[str] = None, api_key: Optional[str] = None,
+             timeout: Optional[float] = None, stream: bool = False,
+             model: str = "") -> Union[GenerateResult, Stream]:
+        """Generates the assistant's turn of a conversation: the router renders `messages` with
+        the model's chat template (or its --chat-template) and tokenizes the text without adding
+        special tokens again, as transformers' apply_chat_template does (docs/chat_templates.md).
+
+        messages: a list of dicts, OpenAI chat messages ({"role": "user", "content": "Hi"};
+        content a str, None or a list of parts; tool_calls, tool_call_id, name,
+        reasoning_content as the template reads them), sent as JSON in their key order.
+        tools: a list of OpenAI tools ({"type": "function", "function": {...}}) for the
+        template's `tools`; None: none. add_generation_prompt: open the assistant's turn
+        (default True). chat_template_kwargs: a dict of extra template variables (e.g.
+        {"enable_thinking": False}); None: none. The other arguments as for generate.
+
+        Raises TypeError for arguments of the wrong shape or not JSON-serializable, before
+        sending; InvalidArgument when the router refuses the conversation (an unknown role, a
+        content part that is not text, a template that raises: its message, a template over its
+        limits, a model with no chat template); otherwise as generate.
+        """
+        req = _requests.chat_request(
+            self._ids, self.api_key, self.timeout, messages, tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            chat_template_kwargs=chat_template_kwargs, sampling=sampling, priority=priority,
+            deadline_ms=deadline_ms, request_id=request_id, api_key=api_key, timeout=timeout,
+            stream=stream, model=model)
+        deadline = time.monotonic() + req.timeout
+        call = self._core.start(req.request_id, req.frame)
+        s = Stream(self, self._core, call, deadline, req.timeout)
+        return s if stream else s.wait()
+
     def cancel(self, request_id: str) -> bool:
         """Cancels a call of this client in flight: it raises Cancelled and the router frees the
         request's resources. False when no call with that id is in flight."""
@@ -598,18 +635,29 @@ class Client:
             api_key=api_key, timeout=timeout, model=model)
         return self._one_shot(req, _requests.embed_answer)
 
-    def tokenize(self, text: Union[str, bytes], *, model: str = "",
-                 add_special_tokens: bool = True, request_id: Optional[str] = None,
-                 api_key: Optional[str] = None, timeout: Optional[float] = None) -> TokenizeResult:
+    def tokenize(self, text: Optional[Union[str, bytes]] = None, *, model: str = "",
+                 add_special_tokens: Optional[bool] = None, request_id: Optional[str] = None,
+                 api_key: Optional[str] = None, timeout: Optional[float] = None,
+                 messages: Optional[Sequence[Mapping[str, Any]]] = None,
+                 tools: Optional[Sequence[Any]] = None, add_generation_prompt: bool = True,
+                 chat_template_kwargs: Optional[Mapping[str, Any]] = None) -> TokenizeResult:
         """The token ids of `text` (str, or bytes of UTF-8) with the model's tokenizer, run by
-        the router, as Hugging Face's encode: add_special_tokens adds what the tokenizer puts
-        around a sequence (BOS). Returns a TokenizeResult (token_ids, max_model_len). model,
-        request_id, api_key and timeout as for generate. Raises InvalidArgument (text that is
-        not UTF-8), UnknownModel, Unsupported (a model without a tokenizer), or Timeout."""
+        the router, as Hugging Face's encode: add_special_tokens (default True for a text) adds
+        what the tokenizer puts around a sequence (BOS). Returns a TokenizeResult (token_ids,
+        max_model_len). model, request_id, api_key and timeout as for generate. Raises
+        InvalidArgument (text that is not UTF-8), UnknownModel, Unsupported (a model without a
+        tokenizer), or Timeout.
+
+        With messages= (and tools, add_generation_prompt, chat_template_kwargs as for chat)
+        instead of a text: the ids of the conversation as the model's chat template renders it,
+        which are the prompt ids chat() with the same arguments gets. add_special_tokens then
+        defaults to False (the template writes BOS itself)."""
         req = _requests.tokenize_request(
             self._ids, self.api_key, self.timeout, text, model=model,
             add_special_tokens=add_special_tokens, request_id=request_id, api_key=api_key,
-            timeout=timeout)
+            timeout=timeout, messages=messages, tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            chat_template_kwargs=chat_template_kwargs)
         return self._one_shot(req, _requests.tokenize_answer)
 
     def detokenize(self, token_ids: Sequence[int], *, model: str = "",

@@ -92,10 +92,16 @@ def echo_handler(router: "FakeRouter", client: bytes, msg: "pb.ClientMessage") -
         return
     if kind == "tokenize":
         # The byte tokenizer: one id per byte, BOS (256) first with add_special_tokens.
+        # A chat: the bytes of its messages' JSON, BOS only when add_special_tokens is set true.
         t = msg.tokenize
         m = pb.ServerMessage(protocol_version=1)
         m.tokenize_result.request_id = t.request_id
-        m.tokenize_result.token_ids.extend(([256] if t.add_special_tokens else []) + list(t.text))
+        if t.HasField("chat"):
+            text = t.chat.messages_json.encode("utf-8")
+            bos = t.HasField("add_special_tokens") and t.add_special_tokens
+        else:
+            text, bos = t.text, t.add_special_tokens
+        m.tokenize_result.token_ids.extend(([256] if bos else []) + list(text))
         m.tokenize_result.max_model_len = 2048
         router.send(client, m)
         return
@@ -111,7 +117,10 @@ def echo_handler(router: "FakeRouter", client: bytes, msg: "pb.ClientMessage") -
     if kind != "generate":
         return
     g = msg.generate
-    if g.WhichOneof("prompt") == "text":
+    if g.WhichOneof("prompt") == "chat":  # the "rendering" is the messages' JSON, echoed
+        text = g.chat.messages_json.encode("utf-8")
+        ids, pieces = list(text), [bytes([b]) for b in text]
+    elif g.WhichOneof("prompt") == "text":
         ids, pieces = list(g.text), [bytes([b]) for b in g.text]
     else:
         ids, pieces = list(g.token_ids.ids), [b""] * len(g.token_ids.ids)

@@ -279,3 +279,29 @@ def test_async_tokenize_timeout_cancels_at_the_router():
         assert [m.cancel.request_id for m in router.wait_for("cancel")] == ["slow"]
     finally:
         router.stop()
+
+
+def test_async_chat_and_tokenize_messages(fake_router):
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "ü"}]
+    long = carpool.SamplingParams(max_tokens=500)
+
+    async def main():
+        async with carpool.AsyncClient(fake_router.url, timeout=10) as client:
+            whole = await client.chat(messages, chat_template_kwargs={"x": True}, sampling=long)
+            stream = await client.chat(messages, stream=True, add_generation_prompt=False,
+                                       sampling=long)
+            chunks = [c async for c in stream]
+            ids = await client.tokenize(messages=messages, tools=[])
+            with pytest.raises(TypeError):
+                await client.chat("not a list")
+            return whole, chunks, stream.result, ids
+
+    whole, chunks, streamed, ids = run(main())
+    want = '[{"role": "system", "content": "s"}, {"role": "user", "content": "ü"}]'
+    assert whole.text == streamed.text == "".join(c.text for c in chunks) == want
+    first, second = [m.generate for m in fake_router.messages("generate")]
+    assert first.chat.chat_template_kwargs_json == '{"x": true}' and not first.stream
+    assert second.stream and not second.chat.add_generation_prompt
+    assert ids.token_ids == list(want.encode())
+    t = fake_router.messages("tokenize")[0].tokenize
+    assert t.chat.tools_json == "[]" and not t.HasField("add_special_tokens")

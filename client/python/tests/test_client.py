@@ -1,6 +1,7 @@
 """The blocking Client against the in-test fake router."""
 
 import gc
+import json
 import threading
 import time
 
@@ -593,3 +594,129 @@ def test_result_carries_the_stop_string(stream):
             assert result.text == "h"
     finally:
         router.stop()
+
+
+# ---- chat: conversations for the model's chat template
+
+
+CONVERSATION = [
+    {"role": "system", "content": "Be brief. Ünïcode ✓"},
+    {"role": "user", "content": [{"type": "text", "text": "Hi"}], "name": "ana"},
+    {"role": "assistant", "content": None,
+     "tool_calls": [{"id": "c1", "type": "function",
+                     "function": {"name": "f", "arguments": "{\"x\": 1}"}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "2"},
+]
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+
+
+def test_chat_sends_the_conversation_as_json_in_order(client, fake_router):
+    result = client.chat(CONVERSATION, tools=TOOLS, chat_template_kwargs={"enable_thinking": False,
+                                                                          "a": [1, "é"]},
+                         sampling=carpool.SamplingParams(max_tokens=4000, temperature=0),
+                         model="llama", request_id="c-1", priority="batch")
+    g = fake_router.messages("generate")[0].generate
+    assert g.WhichOneof("prompt") == "chat"
+    # Key order and non-ASCII text are kept as given (json.dumps, ensure_ascii=False).
+    assert g.chat.messages_json == (
+        '[{"role": "system", "content": "Be brief. Ünïcode ✓"}, '
+        '{"role": "user", "content": [{"type": "text", "text": "Hi"}], "name": "ana"}, '
+        '{"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": '
+        '"function", "function": {"name": "f", "arguments": "{\\"x\\": 1}"}}]}, '
+        '{"role": "tool", "tool_call_id": "c1", "content": "2"}]')
+    assert json.loads(g.chat.messages_json) == CONVERSATION
+    assert json.loads(g.chat.tools_json) == TOOLS
+    assert g.chat.HasField("add_generation_prompt") and g.chat.add_generation_prompt
+    assert g.chat.chat_template_kwargs_json == '{"enable_thinking": false, "a": [1, "é"]}'
+    assert (g.model, g.request_id, g.priority, g.stream) == ("llama", "c-1",
+                                                             pb.PRIORITY_BATCH, False)
+    assert g.sampling.max_tokens == 4000 and g.sampling.temperature == 0
+    # The fake router echoes the messages' JSON as the output.
+    assert result.text == g.chat.messages_json
+    assert result.request_id == "c-1"
+
+
+def test_chat_defaults_and_no_generation_prompt(client, fake_router):
+    client.chat([{"role": "user", "content": "hi"}])
+    client.chat([], add_generation_prompt=False, tools=[])
+    first, second = [m.generate.chat for m in fake_router.messages("generate")]
+    assert first.messages_json == '[{"role": "user", "content": "hi"}]'
+    assert first.tools_json == "" and first.chat_template_kwargs_json == ""  # None: not sent
+    assert first.add_generation_prompt
+    assert second.messages_json == "[]"
+    assert second.tools_json == "[]"  # an empty list is not None: the template sees []
+    assert second.HasField("add_generation_prompt") and not second.add_generation_prompt
+
+
+def test_chat_streams(client, fake_router):
+    stream = client.chat([{"role": "user", "content": "é"}], stream=True,
+                         sampling=carpool.SamplingParams(max_tokens=500))
+    assert isinstance(stream, carpool.Stream)
+    chunks = list(stream)
+    assert "".join(c.text for c in chunks) == stream.result.text == \
+        '[{"role": "user", "content": "é"}]'
+    assert fake_router.messages("generate")[0].generate.stream
+
+
+def test_chat_bad_arguments_fail_before_sending(client, fake_router):
+    for bad in ("hi", {"role": "user"}, [["user", "hi"]], None, 5):
+        with pytest.raises(TypeError):
+            client.chat(bad)
+    with pytest.raises(TypeError):
+        client.chat([{"role": "user", "content": object()}])  # not JSON
+    with pytest.raises(TypeError):
+        client.chat([{"role": "user", "content": float("nan")}])  # NaN is not JSON
+    with pytest.raises(TypeError):
+        client.chat([], tools={"type": "function"})
+    with pytest.raises(TypeError):
+        client.chat([], chat_template_kwargs=["x"])
+    with pytest.raises(TypeError):
+        client.chat([], add_generation_prompt="yes")
+    with pytest.raises(TypeError):
+        client.chat([], sampling={"max_tokens": 1})
+    with pytest.raises(carpool.InvalidArgument):
+        client.chat([{"role": "user", "content": "\ud800"}])  # a lone surrogate is not UTF-8
+    assert fake_router.messages("generate") == []
+
+
+def test_chat_raises_the_routers_error():
+    def handler(router, client, msg):
+        if msg.WhichOneof("body") == "generate":
+            router.send(client, error(msg.generate.request_id, "INVALID_ARGUMENT",
+                                      "invalid_argument", "chat template: unknown role 'bot'"))
+    router = FakeRouter(handler)
+    try:
+        with carpool.Client(router.url, timeout=10) as client:
+            for stream in (False, True):
+                with pytest.raises(carpool.InvalidArgument) as e:
+                    r = client.chat([{"role": "bot", "content": "x"}], stream=stream)
+                    if stream:
+                        r.wait()
+                assert "unknown role 'bot'" in e.value.message
+    finally:
+        router.stop()
+
+
+def test_tokenize_messages(client, fake_router):
+    t = client.tokenize(messages=[{"role": "user", "content": "hi"}], tools=TOOLS,
+                        add_generation_prompt=False, chat_template_kwargs={"k": 1}, model="m")
+    assert t.token_ids == list(b'[{"role": "user", "content": "hi"}]')
+    t2 = client.tokenize(messages=[], add_special_tokens=True)
+    assert t2.token_ids == [256] + list(b"[]")
+    first, second = [m.tokenize for m in fake_router.messages("tokenize")]
+    assert first.HasField("chat") and first.text == b"" and first.model == "m"
+    # For a conversation add_special_tokens stays unset (the router reads false) unless given.
+    assert not first.HasField("add_special_tokens")
+    assert json.loads(first.chat.tools_json) == TOOLS
+    assert not first.chat.add_generation_prompt
+    assert first.chat.chat_template_kwargs_json == '{"k": 1}'
+    assert second.HasField("add_special_tokens") and second.add_special_tokens
+    with pytest.raises(TypeError):
+        client.tokenize("text", messages=[])
+    with pytest.raises(TypeError):
+        client.tokenize()
+    with pytest.raises(TypeError):
+        client.tokenize("text", tools=TOOLS)
+    with pytest.raises(TypeError):
+        client.tokenize(messages="[]")
+    assert len(fake_router.messages("tokenize")) == 2
