@@ -682,6 +682,41 @@ absl::StatusOr<std::unique_ptr<Stream>> Client::StartStream(GenerateInput reques
 
 namespace {
 
+// `request` with `chat` as its prompt; INVALID_ARGUMENT when it has a prompt of its own.
+absl::StatusOr<GenerateInput> WithChat(ChatInput chat, GenerateInput request) {
+  if (request.has_text || !request.token_ids.empty() || request.chat.has_value()) {
+    return absl::InvalidArgumentError(
+        "a chat call takes its prompt from the ChatInput: the GenerateInput must have no text, "
+        "token_ids or chat of its own");
+  }
+  request.chat = std::move(chat);
+  return request;
+}
+
+}  // namespace
+
+absl::StatusOr<GenerateResult> Client::Chat(ChatInput chat, GenerateInput request,
+                                            const CallOptions& call) {
+  ASSIGN_OR_RETURN(request, WithChat(std::move(chat), std::move(request)));
+  return Generate(std::move(request), call);
+}
+
+absl::StatusOr<GenerateResult> Client::ChatStream(
+    ChatInput chat, GenerateInput request,
+    const std::function<void(const GenerateChunkOut&)>& on_chunk, const CallOptions& call) {
+  ASSIGN_OR_RETURN(request, WithChat(std::move(chat), std::move(request)));
+  return GenerateStream(std::move(request), on_chunk, call);
+}
+
+absl::StatusOr<std::unique_ptr<Stream>> Client::StartChatStream(ChatInput chat,
+                                                                GenerateInput request,
+                                                                const CallOptions& call) {
+  ASSIGN_OR_RETURN(request, WithChat(std::move(chat), std::move(request)));
+  return StartStream(std::move(request), call);
+}
+
+namespace {
+
 // A one-shot call (embed, tokenize, detokenize): sends `message`, which names `request_id`,
 // and waits for its answer of type Out or an error, retrying UNAVAILABLE as Generate does.
 template <typename Out>
@@ -729,20 +764,36 @@ absl::StatusOr<EmbedResult> Client::Embed(EmbedInput request, const CallOptions&
   return result;
 }
 
+namespace {
+
+absl::StatusOr<TokenizeResult> SendTokenize(Core& core, TokenizeInput request,
+                                            const TokenizeOptions& options) {
+  request.request_id = options.request_id.empty() ? core.NextRequestId() : options.request_id;
+  request.model = options.model;
+  request.api_key = options.api_key.empty() ? core.options().api_key : options.api_key;
+  const std::string id = request.request_id;
+  ASSIGN_OR_RETURN(TokenizeResultOut out,
+                   OneShot<TokenizeResultOut>(core, id, ClientMessage(std::move(request)),
+                                              options.timeout_ms));
+  return TokenizeResult{std::move(out.request_id), std::move(out.token_ids), out.max_model_len};
+}
+
+}  // namespace
+
 absl::StatusOr<TokenizeResult> Client::Tokenize(std::string text,
                                                 const TokenizeOptions& options) {
   TokenizeInput request;
-  request.request_id =
-      options.request_id.empty() ? core_->NextRequestId() : options.request_id;
-  request.model = options.model;
   request.text = std::move(text);
-  request.add_special_tokens = options.add_special_tokens;
-  request.api_key = options.api_key.empty() ? core_->options().api_key : options.api_key;
-  const std::string id = request.request_id;
-  ASSIGN_OR_RETURN(TokenizeResultOut out,
-                   OneShot<TokenizeResultOut>(*core_, id, ClientMessage(std::move(request)),
-                                              options.timeout_ms));
-  return TokenizeResult{std::move(out.request_id), std::move(out.token_ids), out.max_model_len};
+  request.add_special_tokens = options.add_special_tokens.value_or(true);
+  return SendTokenize(*core_, std::move(request), options);
+}
+
+absl::StatusOr<TokenizeResult> Client::TokenizeChat(ChatInput chat,
+                                                    const TokenizeOptions& options) {
+  TokenizeInput request;
+  request.chat = std::move(chat);
+  request.add_special_tokens = options.add_special_tokens.value_or(false);
+  return SendTokenize(*core_, std::move(request), options);
 }
 
 absl::StatusOr<std::string> Client::Detokenize(std::vector<int32_t> token_ids,

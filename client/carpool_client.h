@@ -1,5 +1,6 @@
-// carpool's C++ SDK: generate (blocking or streaming), embed, tokenize / detokenize, cancel and
-// stats against a carpool router over ZeroMQ (docs/protocol.md; usage in docs/client.md).
+// carpool's C++ SDK: generate and chat (blocking or streaming), embed, tokenize / detokenize,
+// cancel and stats against a carpool router over ZeroMQ (docs/protocol.md; usage in
+// docs/client.md).
 //
 //   auto client = carpool::Client::Connect({.router_endpoint = "tcp://10.0.0.1:5555"});
 //   carpool::GenerateInput request;
@@ -106,13 +107,15 @@ struct EmbedResult {
   Timings timings;                             // measured by the router, in ms
 };
 
-// A Tokenize call: the model's tokenizer, run by the router (Hugging Face encode).
+// A Tokenize or TokenizeChat call: the model's tokenizer, run by the router (Hugging Face
+// encode).
 struct TokenizeOptions {
   // The model whose tokenizer to use; "" picks the cluster's only model. Default: "".
   std::string model;
   // Add the special tokens the tokenizer puts around a sequence (BOS for Llama), as Hugging
-  // Face's encode does. Default: true.
-  bool add_special_tokens = true;
+  // Face's encode does. Unset: true for Tokenize; false for TokenizeChat, as transformers'
+  // apply_chat_template (the template writes BOS itself). Default: unset.
+  std::optional<bool> add_special_tokens;
   // Default: "" (a unique id; ClientOptions::api_key).
   std::string request_id;
   std::string api_key;
@@ -222,6 +225,26 @@ class Client {
   absl::StatusOr<std::unique_ptr<Stream>> StartStream(GenerateInput request,
                                                       const CallOptions& call = {});
 
+  // Chat, ChatStream, StartChatStream: Generate, GenerateStream and StartStream with the
+  // conversation `chat` as the prompt (ChatInput, common/messages.h: the messages as a JSON
+  // array of OpenAI chat messages, tools as a JSON array or "" for none, add_generation_prompt,
+  // chat_template_kwargs as a JSON object or "" for none). The router renders it with the model's
+  // chat template (or its --chat-template) and tokenizes the text without adding special tokens
+  // again, as transformers' apply_chat_template does; `request` carries everything else
+  // (sampling, model, stop, ids, ...) and must have no prompt of its own (has_text false,
+  // token_ids empty, chat unset): INVALID_ARGUMENT otherwise, before sending. The router answers
+  // INVALID_ARGUMENT for a conversation it refuses (not JSON, an unknown role, a content part
+  // that is not text, a template that raises: its message, a template over its limits, a model
+  // with no chat template).
+  absl::StatusOr<GenerateResult> Chat(ChatInput chat, GenerateInput request = {},
+                                      const CallOptions& call = {});
+  absl::StatusOr<GenerateResult> ChatStream(
+      ChatInput chat, GenerateInput request,
+      const std::function<void(const GenerateChunkOut&)>& on_chunk, const CallOptions& call = {});
+  absl::StatusOr<std::unique_ptr<Stream>> StartChatStream(ChatInput chat,
+                                                          GenerateInput request = {},
+                                                          const CallOptions& call = {});
+
   // Embeddings of request.inputs (text or token ids), one per input, in order. Same ids,
   // api_key defaults, retries and deadline as Generate.
   absl::StatusOr<EmbedResult> Embed(EmbedInput request, const CallOptions& call = {});
@@ -231,6 +254,11 @@ class Client {
   // (unknown_model) for a model the cluster does not serve, UNIMPLEMENTED-style errors from a
   // router whose model has no tokenizer (token ids only).
   absl::StatusOr<TokenizeResult> Tokenize(std::string text, const TokenizeOptions& options = {});
+
+  // The token ids of the conversation `chat` as the model's chat template renders it: the
+  // prompt ids Chat with the same ChatInput gets (options.add_special_tokens unset: false).
+  // Errors as Tokenize and Chat.
+  absl::StatusOr<TokenizeResult> TokenizeChat(ChatInput chat, const TokenizeOptions& options = {});
 
   // The text of `token_ids` with the model's tokenizer. INVALID_ARGUMENT for an id outside the
   // vocabulary.

@@ -704,5 +704,155 @@ TEST(ClientTextTest, GenerateCarriesModelStopOptionsAndReturnsTheStopString) {
   EXPECT_FALSE(sent[0].skip_special_tokens);
 }
 
+// ---- chat: conversations for the model's chat template
+
+ChatInput Conversation() {
+  ChatInput chat;
+  chat.messages_json = R"([{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}])";
+  chat.tools_json = R"([{"type":"function","function":{"name":"f"}}])";
+  chat.add_generation_prompt = false;
+  chat.chat_template_kwargs_json = R"({"enable_thinking":false})";
+  return chat;
+}
+
+TEST(ClientChatTest, ChatSendsTheConversationAsThePrompt) {
+  FakeRouter router;
+  auto client = ConnectTo(router);
+  const ChatInput chat = Conversation();
+  GenerateInput request;
+  request.model = "llama";
+  request.request_id = "chat-1";
+  request.sampling.max_tokens = 1000;
+  request.stop = {"END"};
+  absl::StatusOr<GenerateResult> r = client->Chat(chat, request);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->request_id, "chat-1");
+  EXPECT_EQ(r->text, chat.messages_json);  // the fake router echoes the messages' JSON
+  EXPECT_EQ(r->usage.prompt_tokens, static_cast<int>(chat.messages_json.size()));
+
+  // With the defaults: no tools, no kwargs, the generation prompt on.
+  ChatInput plain;
+  plain.messages_json = R"([{"role":"user","content":"é"}])";
+  r = client->Chat(plain);
+  ASSERT_TRUE(r.ok()) << r.status();
+
+  std::vector<GenerateInput> sent = Generates(router);
+  ASSERT_EQ(sent.size(), 2u);
+  ASSERT_TRUE(sent[0].chat.has_value());
+  EXPECT_EQ(*sent[0].chat, chat);  // every field, through the codec
+  EXPECT_FALSE(sent[0].has_text);
+  EXPECT_TRUE(sent[0].token_ids.empty());
+  EXPECT_FALSE(sent[0].stream);
+  EXPECT_EQ(sent[0].model, "llama");
+  EXPECT_THAT(sent[0].stop, ElementsAre("END"));
+  ASSERT_TRUE(sent[1].chat.has_value());
+  EXPECT_EQ(sent[1].chat->messages_json, plain.messages_json);
+  EXPECT_TRUE(sent[1].chat->add_generation_prompt);
+  EXPECT_EQ(sent[1].chat->tools_json, "");
+  EXPECT_EQ(sent[1].chat->chat_template_kwargs_json, "");
+}
+
+TEST(ClientChatTest, ChatStreamsLikeGenerate) {
+  FakeRouter router;
+  auto client = ConnectTo(router);
+  const ChatInput chat = Conversation();
+  GenerateInput request;
+  request.sampling.max_tokens = 1000;
+  std::string streamed;
+  int chunks = 0;
+  absl::StatusOr<GenerateResult> r =
+      client->ChatStream(chat, request, [&](const GenerateChunkOut& c) {
+        streamed += c.text;
+        ++chunks;
+      });
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(streamed, chat.messages_json);
+  EXPECT_EQ(r->text, chat.messages_json);
+  EXPECT_EQ(chunks, static_cast<int>(chat.messages_json.size()));
+
+  absl::StatusOr<std::unique_ptr<Stream>> stream = client->StartChatStream(chat, request);
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  for (;;) {
+    absl::StatusOr<std::optional<GenerateChunkOut>> next = (*stream)->Next();
+    ASSERT_TRUE(next.ok()) << next.status();
+    if (!next->has_value()) break;
+  }
+  EXPECT_EQ((*stream)->result().text, chat.messages_json);
+  std::vector<GenerateInput> sent = Generates(router);
+  ASSERT_EQ(sent.size(), 2u);
+  for (const GenerateInput& g : sent) {
+    EXPECT_TRUE(g.stream);
+    ASSERT_TRUE(g.chat.has_value());
+    EXPECT_EQ(*g.chat, chat);
+  }
+}
+
+TEST(ClientChatTest, ARequestWithItsOwnPromptIsRefusedBeforeSending) {
+  FakeRouter router;
+  auto client = ConnectTo(router);
+  std::vector<GenerateInput> bad(3);
+  bad[0] = TextRequest("hi");
+  bad[1] = IdsRequest({1, 2});
+  bad[2].chat = Conversation();
+  for (const GenerateInput& request : bad) {
+    absl::StatusOr<GenerateResult> r = client->Chat(Conversation(), request);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_THAT(r.status().message(), HasSubstr("no text, token_ids or chat of its own"));
+    EXPECT_EQ(client->ChatStream(Conversation(), request, nullptr).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(client->StartChatStream(Conversation(), request).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  // Nothing reached the router: a stats round trip after the refusals shows only itself.
+  ASSERT_TRUE(client->Stats().ok());
+  EXPECT_TRUE(Generates(router).empty());
+}
+
+TEST(ClientChatTest, TheRoutersRefusalIsAStatus) {
+  FakeRouter router([](FakeRouter& r, const std::string& peer, const ClientMessage& m) {
+    if (const auto* g = std::get_if<GenerateInput>(&m)) {
+      r.Reply(peer, ErrorInfo{g->request_id, absl::StatusCode::kInvalidArgument,
+                              "invalid_argument", "chat template: unknown role 'bot'", 0});
+    }
+  });
+  auto client = ConnectTo(router);
+  ChatInput chat;
+  chat.messages_json = R"([{"role":"bot","content":"x"}])";
+  absl::StatusOr<GenerateResult> r = client->Chat(chat);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("unknown role 'bot'"));
+  EXPECT_EQ(ErrorReason(r.status()), "invalid_argument");
+  r = client->ChatStream(chat, {}, nullptr);
+  EXPECT_THAT(r.status().message(), HasSubstr("unknown role 'bot'"));
+}
+
+TEST(ClientChatTest, TokenizeChatAddsNoSpecialTokensUnlessAsked) {
+  FakeRouter router;
+  auto client = ConnectTo(router);
+  const ChatInput chat = Conversation();
+  absl::StatusOr<TokenizeResult> t = client->TokenizeChat(chat);
+  ASSERT_TRUE(t.ok()) << t.status();
+  std::vector<int32_t> want(chat.messages_json.begin(), chat.messages_json.end());
+  EXPECT_EQ(t->token_ids, want);  // the fake router tokenizes the messages' JSON
+  TokenizeOptions with_bos;
+  with_bos.add_special_tokens = true;
+  with_bos.model = "llama";
+  t = client->TokenizeChat(chat, with_bos);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->token_ids.front(), ByteTokenizer::kBos);
+
+  std::vector<TokenizeInput> sent;
+  for (const ClientMessage& m : router.Received()) {
+    if (const auto* x = std::get_if<TokenizeInput>(&m)) sent.push_back(*x);
+  }
+  ASSERT_EQ(sent.size(), 2u);
+  ASSERT_TRUE(sent[0].chat.has_value());
+  EXPECT_EQ(*sent[0].chat, chat);
+  EXPECT_EQ(sent[0].text, "");
+  EXPECT_FALSE(sent[0].add_special_tokens);
+  EXPECT_TRUE(sent[1].add_special_tokens);
+  EXPECT_EQ(sent[1].model, "llama");
+}
+
 }  // namespace
 }  // namespace carpool

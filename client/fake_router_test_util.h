@@ -85,11 +85,22 @@ class FakeRouter {
     return false;
   }
 
-  // The tokens Echo answers with: the prompt (text bytes or ids), at most max_tokens of them,
-  // with logprob -0.25 * (k + 1) and `logprobs` made-up alternatives each.
+  // A chat prompt's "rendering" here: its messages' JSON, as is.
+  static bool HasTextPrompt(const GenerateInput& g) { return g.has_text || g.chat.has_value(); }
+  static const std::string& TextPrompt(const GenerateInput& g) {
+    return g.chat.has_value() ? g.chat->messages_json : g.text;
+  }
+
+  // The tokens Echo answers with: the prompt (text bytes, a chat's messages JSON, or ids), at
+  // most max_tokens of them, with logprob -0.25 * (k + 1) and `logprobs` made-up alternatives
+  // each.
   static std::vector<SampleResult> EchoTokens(const GenerateInput& g) {
     std::vector<int32_t> ids = g.token_ids;
-    if (g.has_text) ids.assign(g.text.begin(), g.text.end());
+    if (HasTextPrompt(g)) {
+      const std::string& text = TextPrompt(g);
+      ids.clear();
+      for (char c : text) ids.push_back(static_cast<unsigned char>(c));
+    }
     if (static_cast<int>(ids.size()) > g.sampling.max_tokens) ids.resize(g.sampling.max_tokens);
     std::vector<SampleResult> tokens;
     for (size_t k = 0; k < ids.size(); ++k) {
@@ -110,14 +121,15 @@ class FakeRouter {
     std::vector<SampleResult> tokens = EchoTokens(g);
     const auto text_of = [&](size_t begin, size_t end) {
       std::string text;
-      if (!g.has_text) return text;
+      if (!HasTextPrompt(g)) return text;
       for (size_t k = begin; k < end; ++k) text.push_back(static_cast<char>(tokens[k].token));
       return text;
     };
     GenerateFinalOut final_out;
     final_out.request_id = g.request_id;
     final_out.finish_reason = "length";
-    final_out.usage = {static_cast<int>(g.has_text ? g.text.size() : g.token_ids.size()),
+    final_out.usage = {static_cast<int>(HasTextPrompt(g) ? TextPrompt(g).size()
+                                                         : g.token_ids.size()),
                        static_cast<int>(tokens.size()), 0};
     final_out.timings = {1.0, 2.0, 3.0};
     if (g.stream) {
@@ -145,13 +157,14 @@ class FakeRouter {
   }
 
   // The default handler: echo generates, canned stats, `cancelled` errors for cancels, and the
-  // byte tokenizer's answers to tokenize (max_model_len 2048) and detokenize.
+  // byte tokenizer's answers to tokenize (max_model_len 2048; a chat: of its messages JSON) and
+  // detokenize.
   static void Echo(FakeRouter& r, const std::string& peer, const ClientMessage& m) {
     if (const auto* g = std::get_if<GenerateInput>(&m)) {
       AnswerEcho(r, peer, *g);
     } else if (const auto* t = std::get_if<TokenizeInput>(&m)) {
-      absl::StatusOr<std::vector<int32_t>> ids =
-          ByteTokenizer().Encode(t->text, t->add_special_tokens);
+      absl::StatusOr<std::vector<int32_t>> ids = ByteTokenizer().Encode(
+          t->chat.has_value() ? t->chat->messages_json : t->text, t->add_special_tokens);
       r.Reply(peer, TokenizeResultOut{t->request_id, *ids, 2048});
     } else if (const auto* d = std::get_if<DetokenizeInput>(&m)) {
       r.Reply(peer, DetokenizeResultOut{
