@@ -164,6 +164,10 @@ bool Equals(const Value& a, const Value& b);
 // Python's <, for numbers, strings (by code point), lists and tuples (of the same kind);
 // INVALID_ARGUMENT "'<' not supported between instances of 'str' and 'int'" otherwise.
 absl::StatusOr<bool> Less(const Value& a, const Value& b);
+// <, <=, >, >= as Python's (Less is Compare(kLt, ...)); the error names the operator written.
+// Undefined operands are the error CheckDefined gives.
+enum class CompareOp { kLt, kLe, kGt, kGe };
+absl::StatusOr<bool> Compare(CompareOp op, const Value& a, const Value& b);
 
 // The operators of Jinja2 expressions, as Python's: + (numbers; str + str; list + list),
 // - * / // % ** and unary -, each INVALID_ARGUMENT with Python's TypeError or ZeroDivisionError
@@ -174,13 +178,15 @@ absl::StatusOr<Value> Negate(const Value& a);
 // Jinja2's ~: str(a) + str(b).
 absl::StatusOr<Value> Concat(const Value& a, const Value& b, Budget& budget);
 // Python's `item in container`: substring for strings, membership for lists and tuples, keys
-// for dicts; Undefined container is an error as in Jinja2.
+// for dicts. An Undefined container holds nothing (Jinja2's Undefined iterates as empty).
 absl::StatusOr<bool> Contains(const Value& container, const Value& item);
 
 // Jinja2's lookups. `obj.name`: an attribute first (a string's or dict's method, bound; a
 // namespace's attribute), then the item `name`. `obj[key]`: the item first (negative indexes
 // count from the end), then, for a string key, the attribute. What neither finds is Undefined
 // with Jinja2's hint; an attribute the sandbox refuses is an unsafe Undefined.
+// An Undefined `obj` is returned as is: Jinja2 raises its error on x.attr and x[key] when x is
+// undefined, so the evaluator calls CheckDefined(obj) first.
 Value GetAttr(const Value& obj, absl::string_view name);
 Value GetItem(const Value& obj, const Value& key);
 // obj[start:stop:step] for strings, lists and tuples; a missing bound is nullopt.
