@@ -42,6 +42,9 @@ namespace carpool::text {
 
 // The largest chat_template_kwargs object a request may send (its JSON text).
 constexpr int64_t kMaxChatTemplateKwargsBytes = int64_t{64} << 10;
+// The deepest nesting of arrays and objects messages, tools and kwargs may have (messages is one
+// level, each message a second); deeper documents are refused before they become values.
+constexpr int kMaxChatJsonDepth = 100;
 
 struct ChatTemplateOptions {
   // A template's source, used instead of the model's (`--chat-template FILE` read by the caller).
@@ -93,7 +96,8 @@ class ChatTemplate {
   // assistant, tool, developer; messages[i].content neither a string, null nor a list;
   // messages[i].content[j] not an object with a string "type", or a "text" part whose "text" is
   // not a string; tools not an array of objects; chat_template_kwargs not an object, over
-  // kMaxChatTemplateKwargsBytes, or setting messages, tools or add_generation_prompt. The
+  // kMaxChatTemplateKwargsBytes, or setting messages, tools or add_generation_prompt; any of
+  // them nested deeper than kMaxChatJsonDepth. The
   // template's own errors are INVALID_ARGUMENT too: raise_exception's message, an evaluation
   // error with its line, a limit of `options.limits` exceeded.
   absl::StatusOr<std::string> Render(const ChatRequest& request,
