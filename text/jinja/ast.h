@@ -1,0 +1,153 @@
+// The syntax tree the parser builds and the evaluator walks. Names are interned at parse time
+// (Program::names) so scope lookups compare integers; constants hold ready Values.
+#ifndef CARPOOL_TEXT_JINJA_AST_H_
+#define CARPOOL_TEXT_JINJA_AST_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "text/jinja/value.h"
+
+namespace carpool::text::jinja {
+
+struct Expr;
+struct Stmt;
+using ExprPtr = std::unique_ptr<Expr>;
+using StmtPtr = std::unique_ptr<Stmt>;
+using Body = std::vector<StmtPtr>;
+
+enum class ExprKind : uint8_t {
+  kConst,       // value
+  kName,        // name
+  kBlockValue,  // the rendered body a filter block or block set filters
+  kGetAttr,     // a[0].str
+  kGetItem,     // a[0][a[1]]
+  kSlice,       // a[0][a[1]:a[2]:a[3]] (missing bounds are null)
+  kCall,        // a[0](call)
+  kFilter,      // a[0] | str(call)
+  kTest,        // a[0] is str(call)
+  kNeg,         // -a[0]
+  kPos,         // +a[0]
+  kNot,         // not a[0]
+  kBinary,      // a[0] op a[1]
+  kConcat,      // a[0] ~ a[1] ~ ...
+  kAnd,         // a[0] and a[1]
+  kOr,          // a[0] or a[1]
+  kCompare,     // a[0] compare_ops[0] a[1] compare_ops[1] a[2] ...
+  kCondExpr,    // a[1] if a[0] else a[2] (a[2] may be null)
+  kList,        // [a...]
+  kTuple,       // (a...)
+  kDict,        // {a[0]: a[1], a[2]: a[3], ...}
+};
+
+enum class CmpOp : uint8_t { kEq, kNe, kLt, kLe, kGt, kGe, kIn, kNotIn };
+
+// A filter or test the evaluator handles itself (the rest go to builtins by name).
+enum class FastTest : uint8_t { kNone, kDefined, kUndefined, kIsNone, kString, kTrue, kFalse };
+
+struct CallSpec {
+  std::vector<ExprPtr> args;
+  std::vector<std::pair<std::string, ExprPtr>> kwargs;
+  ExprPtr dyn_args;    // *args
+  ExprPtr dyn_kwargs;  // **kwargs
+};
+
+struct Expr {
+  ExprKind kind = ExprKind::kConst;
+  int line = 0;
+  int depth = 1;  // of this subtree (the parser bounds it)
+  Value value;      // kConst
+  int name = -1;    // kName: the interned name
+  std::string str;  // kGetAttr: the attribute; kFilter, kTest: the name
+  BinaryOp op = BinaryOp::kAdd;            // kBinary
+  std::vector<CmpOp> compare_ops;          // kCompare
+  FastTest fast_test = FastTest::kNone;    // kTest
+  bool known = true;                       // kFilter, kTest: false = "No filter named" at run
+  std::vector<ExprPtr> a;                  // operands (see ExprKind)
+  CallSpec call;                           // kCall, kFilter, kTest
+};
+
+// What `set` or `for` assigns to.
+struct Target {
+  enum class Kind : uint8_t { kName, kTuple, kNamespaceAttr };
+  Kind kind = Kind::kName;
+  int name = -1;              // kName; kNamespaceAttr: the namespace variable
+  std::string attr;           // kNamespaceAttr
+  std::vector<Target> items;  // kTuple
+};
+
+// A macro's or a call block's signature and body.
+struct MacroDef {
+  std::string name;
+  std::vector<int> params;
+  std::vector<std::string> param_names;
+  std::vector<ExprPtr> defaults;  // for the last defaults.size() params
+  Body body;
+  bool catch_varargs = false;  // the body uses `varargs`
+  bool catch_kwargs = false;   // the body uses `kwargs`
+  bool uses_caller = false;    // the body uses `caller`
+};
+
+enum class StmtKind : uint8_t {
+  kText,         // text
+  kPrint,        // expr
+  kIf,           // branches (cond, body)..., else_body
+  kFor,          // target in expr [if test] body [else else_body]
+  kSet,          // target = expr
+  kSetBlock,     // target = body, through filter (may be null)
+  kMacro,        // macro
+  kCallBlock,    // expr (a call) with macro as caller
+  kFilterBlock,  // body through filter
+  kWith,         // with_targets = with_values, body
+  kBreak,
+  kContinue,
+  kScope,        // body as is ({% generation %})
+};
+
+struct Stmt {
+  StmtKind kind = StmtKind::kText;
+  int line = 0;
+  std::string text;
+  ExprPtr expr;
+  ExprPtr test;    // kFor: the `if` filter
+  ExprPtr filter;  // kSetBlock, kFilterBlock: a filter chain over a kBlockValue
+  Target target;
+  std::vector<std::pair<ExprPtr, Body>> branches;
+  Body body;
+  Body else_body;
+  std::shared_ptr<const MacroDef> macro;
+  std::vector<Target> with_targets;
+  std::vector<ExprPtr> with_values;
+};
+
+// A globally available function a name may resolve to when neither a local nor the context
+// defines it.
+enum class Global : uint8_t {
+  kNone,
+  kRange,
+  kNamespace,
+  kDict,
+  kRaiseException,
+  kStrftimeNow,
+  kJoiner,
+  kCycler,
+};
+
+struct Program {
+  Body body;
+  std::vector<std::string> names;            // by id
+  std::vector<Global> globals;               // by id
+  absl::flat_hash_map<std::string, int> ids;  // name -> id
+  int loop_id = -1;                          // the id of `loop`
+  int caller_id = -1;
+  int varargs_id = -1;
+  int kwargs_id = -1;
+};
+
+}  // namespace carpool::text::jinja
+
+#endif  // CARPOOL_TEXT_JINJA_AST_H_

@@ -1,0 +1,1030 @@
+#include "text/jinja/evaluator.h"
+
+#include <chrono>
+#include <ctime>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status.h"
+#include "text/jinja/builtins.h"
+
+namespace carpool::text::jinja {
+namespace {
+
+// Payloads that keep an error's message as it is: a limit, raise_exception, or one that
+// already names its line.
+constexpr absl::string_view kAsIs = "carpool.jinja/as-is";
+
+absl::Status AsIs(absl::Status status) {
+  status.SetPayload(kAsIs, absl::Cord("1"));
+  return status;
+}
+
+absl::Status Located(const absl::Status& status, int line) {
+  if (status.ok() || status.GetPayload(kAsIs).has_value()) return status;
+  return AsIs(absl::Status(status.code(), absl::StrCat("line ", line, ": ", status.message())));
+}
+
+// Python's sandboxed range() refuses more items than this.
+constexpr int64_t kMaxRange = 100000;
+
+struct LoopState {
+  const List* items = nullptr;
+  int64_t index0 = 0;
+  int64_t length = 0;
+  bool has_changed = false;
+  Value last_changed;
+};
+
+// One scope: a for iteration, a macro call, a block. The root scope is Renderer::root_.
+struct Frame {
+  Frame* parent = nullptr;
+  std::vector<std::pair<int, Value>> vars;
+  LoopState* loop = nullptr;
+
+  const Value* Find(int id) const {
+    for (const auto& [k, v] : vars) {
+      if (k == id) return &v;
+    }
+    return nullptr;
+  }
+  void Set(int id, Value v) {
+    for (auto& [k, old] : vars) {
+      if (k == id) {
+        old = std::move(v);
+        return;
+      }
+    }
+    vars.emplace_back(id, std::move(v));
+  }
+};
+
+class Renderer final : public Budget {
+ public:
+  Renderer(const Program& program, const RenderOptions& options)
+      : p_(program), limits_(options.limits), now_(options.now_unix_micros) {
+    root_.resize(p_.names.size());
+    root_set_.resize(p_.names.size(), 0);
+    start_ = std::chrono::steady_clock::now();
+  }
+  ~Renderer() override {
+    // Namespaces may hold themselves (set ns.x = ns): empty them so no cycle outlives the render.
+    for (Value& ns : namespaces_) ns.namespace_attributes().entries.clear();
+  }
+
+  absl::StatusOr<std::string> Run(const Value& context) {
+    if (context.kind() != Kind::kDict) {
+      return absl::InvalidArgumentError("the template context must be a dict");
+    }
+    for (const auto& [key, value] : context.dict_value().entries) {
+      if (!key.is_string()) continue;
+      auto it = p_.ids.find(key.string_value());
+      if (it == p_.ids.end()) continue;
+      root_[it->second] = value;
+      root_set_[it->second] = 1;
+    }
+    std::string out;
+    out.reserve(4096);
+    out_ = &out;
+    RETURN_IF_ERROR(ExecBody(p_.body));
+    return out;
+  }
+
+  absl::Status Iterate(int64_t n) override {
+    iterations_ += n;
+    if (iterations_ > limits_.max_loop_iterations) {
+      return AsIs(absl::InvalidArgumentError(absl::StrCat(
+          "the template ran more than ", limits_.max_loop_iterations, " loop iterations")));
+    }
+    steps_ += n;
+    if (steps_ >= 256) return CheckTime();
+    return absl::OkStatus();
+  }
+
+  absl::Status CheckSize(int64_t bytes) override {
+    if (bytes > limits_.max_output_bytes) {
+      return AsIs(absl::InvalidArgumentError(absl::StrCat(
+          "the template built a string of more than ", limits_.max_output_bytes, " bytes")));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  enum class Control { kNone, kBreak, kContinue };
+
+  absl::Status CheckTime() {
+    steps_ = 0;
+    const auto elapsed = std::chrono::duration_cast<std::chrono::microseconds>(
+        std::chrono::steady_clock::now() - start_);
+    if (elapsed.count() > limits_.max_run_time_us) {
+      return AsIs(absl::InvalidArgumentError(absl::StrCat(
+          "the template ran longer than ", limits_.max_run_time_us, " microseconds")));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Append(absl::string_view s) {
+    if (static_cast<int64_t>(out_->size() + s.size()) > limits_.max_output_bytes) {
+      return AsIs(absl::InvalidArgumentError(absl::StrCat(
+          "the template wrote more than ", limits_.max_output_bytes, " bytes of output")));
+    }
+    out_->append(s.data(), s.size());
+    return absl::OkStatus();
+  }
+  absl::Status AppendValue(const Value& v) {
+    if (v.is_string()) return Append(v.string_value());
+    if (v.is_undefined()) return absl::OkStatus();
+    return Append(v.Str());
+  }
+
+  // ---- scopes ----
+  Value Lookup(int id) {
+    for (Frame* f = frame_; f != nullptr; f = f->parent) {
+      if (const Value* v = f->Find(id)) return *v;
+      if (id == p_.loop_id && f->loop != nullptr) return LoopValue(*f->loop);
+    }
+    if (root_set_[id]) return root_[id];
+    const Global g = p_.globals[id];
+    if (g != Global::kNone) return GlobalValue(g);
+    return Value::Undefined(absl::StrCat("'", p_.names[id], "' is undefined"));
+  }
+  LoopState* FindLoop() {
+    for (Frame* f = frame_; f != nullptr; f = f->parent) {
+      if (f->Find(p_.loop_id) != nullptr) return nullptr;
+      if (f->loop != nullptr) return f->loop;
+    }
+    return nullptr;
+  }
+  void SetVar(int id, Value v) {
+    if (frame_ != nullptr) {
+      frame_->Set(id, std::move(v));
+    } else {
+      root_[id] = std::move(v);
+      root_set_[id] = 1;
+    }
+  }
+  absl::Status Assign(const Target& t, Value v);
+  // A copy of every variable the current scopes see (for a closure that may outlive them).
+  Frame* Snapshot();
+
+  // ---- statements ----
+  absl::Status ExecBody(const Body& body) {
+    for (const StmtPtr& s : body) {
+      RETURN_IF_ERROR(Exec(*s));
+      if (control_ != Control::kNone) break;
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Exec(const Stmt& s);
+  absl::Status ExecFor(const Stmt& s);
+  absl::Status ExecScoped(const Body& body, std::string* capture);
+  absl::StatusOr<Value> CallMacro(const MacroDef& def, Frame* closure, const CallArgs& args);
+  Value MakeMacro(std::shared_ptr<const MacroDef> def, Frame* closure);
+
+  // ---- expressions ----
+  absl::StatusOr<Value> Eval(const Expr& e) {
+    if (++depth_ > kMaxEvalDepth) {
+      --depth_;
+      return AsIs(absl::InvalidArgumentError(absl::StrCat(
+          "the template nested evaluation deeper than ", kMaxEvalDepth, " levels")));
+    }
+    absl::StatusOr<Value> r = EvalImpl(e);
+    --depth_;
+    if (!r.ok()) return Located(r.status(), e.line);
+    return r;
+  }
+  absl::StatusOr<Value> EvalImpl(const Expr& e);
+  absl::StatusOr<Value> EvalCall(const Expr& e);
+  absl::StatusOr<Value> EvalLoopCall(const Expr& e, LoopState& loop);
+  absl::Status EvalArgs(const CallSpec& spec, CallArgs* args);
+  absl::StatusOr<bool> Compare(CmpOp op, const Value& a, const Value& b);
+  absl::StatusOr<Value> EvalSlice(const Expr& e);
+
+  Value LoopValue(const LoopState& loop);
+  Value LoopAttr(const LoopState& loop, absl::string_view attr);
+  Value GlobalValue(Global g);
+  absl::StatusOr<Value> CallGlobal(Global g, const CallArgs& args);
+
+  const Program& p_;
+  const Limits limits_;
+  const std::function<int64_t()> now_;
+  std::vector<Value> root_;
+  std::vector<uint8_t> root_set_;
+  Frame* frame_ = nullptr;
+  std::string* out_ = nullptr;
+  Control control_ = Control::kNone;
+  int64_t iterations_ = 0;
+  int64_t steps_ = 0;
+  int depth_ = 0;
+  int macro_depth_ = 0;
+  std::chrono::steady_clock::time_point start_;
+  Value block_value_;
+  std::vector<Value> global_values_;
+  std::vector<std::unique_ptr<Frame>> snapshots_;
+  std::vector<Value> namespaces_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Statements
+
+absl::Status Renderer::Exec(const Stmt& s) {
+  if (++steps_ >= 256) RETURN_IF_ERROR(CheckTime());
+  switch (s.kind) {
+    case StmtKind::kText:
+      return Append(s.text);
+    case StmtKind::kPrint: {
+      ASSIGN_OR_RETURN(Value v, Eval(*s.expr));
+      return AppendValue(v);
+    }
+    case StmtKind::kIf:
+      for (const auto& [cond, body] : s.branches) {
+        ASSIGN_OR_RETURN(Value c, Eval(*cond));
+        if (c.Truthy()) return ExecBody(body);
+      }
+      return ExecBody(s.else_body);
+    case StmtKind::kFor:
+      return ExecFor(s);
+    case StmtKind::kSet: {
+      ASSIGN_OR_RETURN(Value v, Eval(*s.expr));
+      return Located(Assign(s.target, std::move(v)), s.line);
+    }
+    case StmtKind::kSetBlock: {
+      std::string captured;
+      RETURN_IF_ERROR(ExecScoped(s.body, &captured));
+      Value v = Value::String(std::move(captured));
+      if (s.filter != nullptr) {
+        block_value_ = std::move(v);
+        ASSIGN_OR_RETURN(v, Eval(*s.filter));
+      }
+      return Located(Assign(s.target, std::move(v)), s.line);
+    }
+    case StmtKind::kFilterBlock: {
+      std::string captured;
+      RETURN_IF_ERROR(ExecScoped(s.body, &captured));
+      block_value_ = Value::String(std::move(captured));
+      ASSIGN_OR_RETURN(Value v, Eval(*s.filter));
+      return AppendValue(v);
+    }
+    case StmtKind::kMacro:
+      SetVar(s.target.name, MakeMacro(s.macro, frame_ == nullptr ? nullptr : Snapshot()));
+      return absl::OkStatus();
+    case StmtKind::kCallBlock: {
+      const Expr& call = *s.expr;
+      ASSIGN_OR_RETURN(Value callee, Eval(*call.a[0]));
+      if (callee.kind() != Kind::kCallable) {
+        RETURN_IF_ERROR(Located(CheckDefined(callee), s.line));
+        return Located(absl::InvalidArgumentError(absl::StrCat(
+                           "'", KindName(callee.kind()), "' object is not callable")),
+                       s.line);
+      }
+      CallArgs args;
+      RETURN_IF_ERROR(EvalArgs(call.call, &args));
+      args.keyword.emplace_back("caller",
+                                MakeMacro(s.macro, frame_ == nullptr ? nullptr : Snapshot()));
+      absl::StatusOr<Value> v = callee.callable_value().fn(args, *this);
+      if (!v.ok()) return Located(v.status(), s.line);
+      return AppendValue(*v);
+    }
+    case StmtKind::kWith: {
+      Frame frame;
+      frame.parent = frame_;
+      std::vector<Value> values;
+      for (const ExprPtr& v : s.with_values) {
+        ASSIGN_OR_RETURN(Value value, Eval(*v));
+        values.push_back(std::move(value));
+      }
+      Frame* saved = frame_;
+      frame_ = &frame;
+      for (size_t i = 0; i < values.size(); ++i) {
+        RETURN_IF_ERROR(Located(Assign(s.with_targets[i], std::move(values[i])), s.line));
+      }
+      RETURN_IF_ERROR(ExecBody(s.body));
+      frame_ = saved;
+      return absl::OkStatus();
+    }
+    case StmtKind::kBreak:
+      control_ = Control::kBreak;
+      return absl::OkStatus();
+    case StmtKind::kContinue:
+      control_ = Control::kContinue;
+      return absl::OkStatus();
+    case StmtKind::kScope:
+      return ExecScoped(s.body, nullptr);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Renderer::ExecScoped(const Body& body, std::string* capture) {
+  Frame frame;
+  frame.parent = frame_;
+  Frame* saved = frame_;
+  std::string* saved_out = out_;
+  frame_ = &frame;
+  if (capture != nullptr) out_ = capture;
+  RETURN_IF_ERROR(ExecBody(body));
+  frame_ = saved;
+  out_ = saved_out;
+  return absl::OkStatus();
+}
+
+absl::Status Renderer::ExecFor(const Stmt& s) {
+  ASSIGN_OR_RETURN(Value iterable, Eval(*s.expr));
+  List storage;
+  const List* items;
+  if (iterable.is_sequence()) {
+    items = &iterable.list_value();
+  } else {
+    absl::StatusOr<List> walked = jinja::Iterate(iterable);
+    if (!walked.ok()) return Located(walked.status(), s.line);
+    storage = *std::move(walked);
+    items = &storage;
+  }
+  Frame frame;
+  frame.parent = frame_;
+  Frame* saved = frame_;
+  frame_ = &frame;
+  List filtered;
+  if (s.test != nullptr) {
+    for (const Value& item : *items) {
+      RETURN_IF_ERROR(Iterate(1));
+      frame.vars.clear();
+      RETURN_IF_ERROR(Located(Assign(s.target, item), s.line));
+      ASSIGN_OR_RETURN(Value keep, Eval(*s.test));
+      if (keep.Truthy()) filtered.push_back(item);
+    }
+    items = &filtered;
+  }
+  LoopState loop;
+  loop.items = items;
+  loop.length = static_cast<int64_t>(items->size());
+  frame.loop = &loop;
+  for (int64_t i = 0; i < loop.length; ++i) {
+    RETURN_IF_ERROR(Iterate(1));
+    loop.index0 = i;
+    frame.vars.clear();
+    RETURN_IF_ERROR(Located(Assign(s.target, (*items)[i]), s.line));
+    RETURN_IF_ERROR(ExecBody(s.body));
+    if (control_ == Control::kBreak) {
+      control_ = Control::kNone;
+      break;
+    }
+    control_ = Control::kNone;
+  }
+  frame_ = saved;
+  if (loop.length == 0) return ExecBody(s.else_body);
+  return absl::OkStatus();
+}
+
+absl::Status Renderer::Assign(const Target& t, Value v) {
+  switch (t.kind) {
+    case Target::Kind::kName:
+      SetVar(t.name, std::move(v));
+      return absl::OkStatus();
+    case Target::Kind::kTuple: {
+      ASSIGN_OR_RETURN(List items, jinja::Iterate(v));
+      if (items.size() < t.items.size()) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "not enough values to unpack (expected %d, got %d)", t.items.size(), items.size()));
+      }
+      if (items.size() > t.items.size()) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("too many values to unpack (expected %d)", t.items.size()));
+      }
+      for (size_t i = 0; i < items.size(); ++i) {
+        RETURN_IF_ERROR(Assign(t.items[i], std::move(items[i])));
+      }
+      return absl::OkStatus();
+    }
+    case Target::Kind::kNamespaceAttr: {
+      Value ns = Lookup(t.name);
+      if (ns.kind() != Kind::kNamespace) {
+        return absl::InvalidArgumentError("cannot assign attribute on non-namespace object");
+      }
+      ns.namespace_attributes().Set(Value::String(t.attr), std::move(v));
+      return absl::OkStatus();
+    }
+  }
+  return absl::OkStatus();
+}
+
+Frame* Renderer::Snapshot() {
+  auto copy = std::make_unique<Frame>();
+  for (Frame* f = frame_; f != nullptr; f = f->parent) {
+    for (const auto& [id, v] : f->vars) {
+      if (copy->Find(id) == nullptr) copy->vars.emplace_back(id, v);
+    }
+  }
+  snapshots_.push_back(std::move(copy));
+  return snapshots_.back().get();
+}
+
+Value Renderer::MakeMacro(std::shared_ptr<const MacroDef> def, Frame* closure) {
+  std::string name = def->name;
+  return Value::MakeCallable(
+      std::move(name),
+      [this, def = std::move(def), closure](const CallArgs& args, Budget&) {
+        return CallMacro(*def, closure, args);
+      });
+}
+
+absl::StatusOr<Value> Renderer::CallMacro(const MacroDef& def, Frame* closure,
+                                          const CallArgs& args) {
+  if (macro_depth_ >= limits_.max_recursion_depth) {
+    return AsIs(absl::InvalidArgumentError(absl::StrCat(
+        "the template nested macro calls deeper than ", limits_.max_recursion_depth,
+        " levels")));
+  }
+  const size_t n = def.params.size();
+  if (args.positional.size() > n && !def.catch_varargs) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "macro '%s' takes not more than %d argument(s)", def.name, n));
+  }
+  Frame frame;
+  frame.parent = closure;
+  Frame* saved = frame_;
+  std::string* saved_out = out_;
+  frame_ = &frame;
+  std::vector<bool> used(args.keyword.size(), false);
+  const size_t first_default = n - def.defaults.size();
+  for (size_t i = 0; i < n; ++i) {
+    if (i < args.positional.size()) {
+      frame.Set(def.params[i], args.positional[i]);
+      continue;
+    }
+    bool found = false;
+    for (size_t k = 0; k < args.keyword.size(); ++k) {
+      if (!used[k] && args.keyword[k].first == def.param_names[i]) {
+        frame.Set(def.params[i], args.keyword[k].second);
+        used[k] = true;
+        found = true;
+        break;
+      }
+    }
+    if (found) continue;
+    if (i >= first_default) {
+      ASSIGN_OR_RETURN(Value d, Eval(*def.defaults[i - first_default]));
+      frame.Set(def.params[i], std::move(d));
+    } else {
+      frame.Set(def.params[i], Value::Undefined(absl::StrCat("parameter '", def.param_names[i],
+                                                             "' was not provided")));
+    }
+  }
+  if (def.uses_caller) {
+    Value caller = Value::Undefined("No caller defined");
+    for (size_t k = 0; k < args.keyword.size(); ++k) {
+      if (!used[k] && args.keyword[k].first == "caller") {
+        caller = args.keyword[k].second;
+        used[k] = true;
+      }
+    }
+    frame.Set(p_.caller_id, std::move(caller));
+  }
+  Dict extra_kwargs;
+  for (size_t k = 0; k < args.keyword.size(); ++k) {
+    if (used[k]) continue;
+    if (!def.catch_kwargs) {
+      frame_ = saved;
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "macro '%s' takes no keyword argument '%s'", def.name, args.keyword[k].first));
+    }
+    extra_kwargs.Set(Value::String(args.keyword[k].first), args.keyword[k].second);
+  }
+  if (def.catch_varargs) {
+    List rest;
+    for (size_t i = n; i < args.positional.size(); ++i) rest.push_back(args.positional[i]);
+    frame.Set(p_.varargs_id, Value::MakeTuple(std::move(rest)));
+  }
+  if (def.catch_kwargs) frame.Set(p_.kwargs_id, Value::MakeDict(std::move(extra_kwargs)));
+  std::string out;
+  out_ = &out;
+  const Control saved_control = control_;
+  ++macro_depth_;
+  absl::Status st = ExecBody(def.body);
+  --macro_depth_;
+  control_ = saved_control;
+  frame_ = saved;
+  out_ = saved_out;
+  RETURN_IF_ERROR(st);
+  return Value::String(std::move(out));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Expressions
+
+absl::Status Renderer::EvalArgs(const CallSpec& spec, CallArgs* args) {
+  args->positional.reserve(spec.args.size());
+  for (const ExprPtr& a : spec.args) {
+    ASSIGN_OR_RETURN(Value v, Eval(*a));
+    args->positional.push_back(std::move(v));
+  }
+  for (const auto& [name, expr] : spec.kwargs) {
+    ASSIGN_OR_RETURN(Value v, Eval(*expr));
+    args->keyword.emplace_back(name, std::move(v));
+  }
+  if (spec.dyn_args != nullptr) {
+    ASSIGN_OR_RETURN(Value v, Eval(*spec.dyn_args));
+    ASSIGN_OR_RETURN(List items, jinja::Iterate(v));
+    for (Value& item : items) args->positional.push_back(std::move(item));
+  }
+  if (spec.dyn_kwargs != nullptr) {
+    ASSIGN_OR_RETURN(Value v, Eval(*spec.dyn_kwargs));
+    if (!v.is_mapping()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "argument after ** must be a mapping, not ", KindName(v.kind())));
+    }
+    for (const auto& [key, value] : v.dict_value().entries) {
+      if (!key.is_string()) return absl::InvalidArgumentError("keywords must be strings");
+      args->keyword.emplace_back(key.string_value(), value);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Renderer::Compare(CmpOp op, const Value& a, const Value& b) {
+  switch (op) {
+    case CmpOp::kEq: return Equals(a, b);
+    case CmpOp::kNe: return !Equals(a, b);
+    case CmpOp::kIn: return Contains(b, a);
+    case CmpOp::kNotIn: {
+      ASSIGN_OR_RETURN(bool in, Contains(b, a));
+      return !in;
+    }
+    case CmpOp::kLt: return jinja::Compare(CompareOp::kLt, a, b);
+    case CmpOp::kLe: return jinja::Compare(CompareOp::kLe, a, b);
+    case CmpOp::kGt: return jinja::Compare(CompareOp::kGt, a, b);
+    case CmpOp::kGe: return jinja::Compare(CompareOp::kGe, a, b);
+  }
+  return false;
+}
+
+absl::StatusOr<Value> Renderer::EvalSlice(const Expr& e) {
+  ASSIGN_OR_RETURN(Value obj, Eval(*e.a[0]));
+  RETURN_IF_ERROR(CheckDefined(obj));
+  std::optional<int64_t> bounds[3];
+  for (int i = 0; i < 3; ++i) {
+    if (e.a[i + 1] == nullptr) continue;
+    ASSIGN_OR_RETURN(Value b, Eval(*e.a[i + 1]));
+    if (b.is_none()) continue;
+    if (b.kind() != Kind::kInt && b.kind() != Kind::kBool) {
+      return absl::InvalidArgumentError(
+          "slice indices must be integers or None or have an __index__ method");
+    }
+    bounds[i] = b.int_value();
+  }
+  if (bounds[2].has_value() && *bounds[2] == 0) {
+    return absl::InvalidArgumentError("slice step cannot be zero");
+  }
+  return Slice(obj, bounds[0], bounds[1], bounds[2]);
+}
+
+absl::StatusOr<Value> Renderer::EvalImpl(const Expr& e) {
+  switch (e.kind) {
+    case ExprKind::kConst:
+      return e.value;
+    case ExprKind::kName:
+      return Lookup(e.name);
+    case ExprKind::kBlockValue:
+      return block_value_;
+    case ExprKind::kGetAttr: {
+      const Expr& obj_expr = *e.a[0];
+      if (obj_expr.kind == ExprKind::kName && obj_expr.name == p_.loop_id) {
+        if (LoopState* loop = FindLoop()) return LoopAttr(*loop, e.str);
+      }
+      ASSIGN_OR_RETURN(Value obj, Eval(obj_expr));
+      RETURN_IF_ERROR(CheckDefined(obj));
+      return GetAttr(obj, e.str);
+    }
+    case ExprKind::kGetItem: {
+      ASSIGN_OR_RETURN(Value obj, Eval(*e.a[0]));
+      RETURN_IF_ERROR(CheckDefined(obj));
+      ASSIGN_OR_RETURN(Value key, Eval(*e.a[1]));
+      return GetItem(obj, key);
+    }
+    case ExprKind::kSlice:
+      return EvalSlice(e);
+    case ExprKind::kCall:
+      return EvalCall(e);
+    case ExprKind::kFilter: {
+      ASSIGN_OR_RETURN(Value input, Eval(*e.a[0]));
+      if (!e.known) return absl::InvalidArgumentError(absl::StrCat("No filter named '", e.str, "'."));
+      CallArgs args;
+      RETURN_IF_ERROR(EvalArgs(e.call, &args));
+      return ApplyFilter(e.str, input, args, *this);
+    }
+    case ExprKind::kTest: {
+      ASSIGN_OR_RETURN(Value input, Eval(*e.a[0]));
+      switch (e.fast_test) {
+        case FastTest::kDefined: return Value::Bool(!input.is_undefined());
+        case FastTest::kUndefined: return Value::Bool(input.is_undefined());
+        case FastTest::kIsNone: return Value::Bool(input.is_none());
+        case FastTest::kString: return Value::Bool(input.is_string());
+        case FastTest::kTrue:
+          return Value::Bool(input.kind() == Kind::kBool && input.bool_value());
+        case FastTest::kFalse:
+          return Value::Bool(input.kind() == Kind::kBool && !input.bool_value());
+        case FastTest::kNone: break;
+      }
+      if (!e.known) return absl::InvalidArgumentError(absl::StrCat("No test named '", e.str, "'."));
+      CallArgs args;
+      RETURN_IF_ERROR(EvalArgs(e.call, &args));
+      ASSIGN_OR_RETURN(bool r, ApplyTest(e.str, input, args, *this));
+      return Value::Bool(r);
+    }
+    case ExprKind::kNeg: {
+      ASSIGN_OR_RETURN(Value v, Eval(*e.a[0]));
+      RETURN_IF_ERROR(CheckDefined(v));
+      return Negate(v);
+    }
+    case ExprKind::kPos: {
+      ASSIGN_OR_RETURN(Value v, Eval(*e.a[0]));
+      RETURN_IF_ERROR(CheckDefined(v));
+      if (v.is_number()) return v;
+      if (v.kind() == Kind::kBool) return Value::Int(v.int_value());
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad operand type for unary +: '", KindName(v.kind()), "'"));
+    }
+    case ExprKind::kNot: {
+      ASSIGN_OR_RETURN(Value v, Eval(*e.a[0]));
+      return Value::Bool(!v.Truthy());
+    }
+    case ExprKind::kBinary: {
+      ASSIGN_OR_RETURN(Value a, Eval(*e.a[0]));
+      ASSIGN_OR_RETURN(Value b, Eval(*e.a[1]));
+      if (e.op == BinaryOp::kAdd) {
+        if (a.is_string() && b.is_string()) {
+          RETURN_IF_ERROR(CheckSize(static_cast<int64_t>(a.string_value().size() +
+                                                         b.string_value().size())));
+        } else if (a.is_sequence() && b.is_sequence()) {
+          RETURN_IF_ERROR(CheckSize(static_cast<int64_t>(
+              (a.list_value().size() + b.list_value().size()) * sizeof(Value))));
+        }
+      }
+      return Arithmetic(e.op, a, b, *this);
+    }
+    case ExprKind::kConcat: {
+      std::string s;
+      for (const ExprPtr& part : e.a) {
+        ASSIGN_OR_RETURN(Value v, Eval(*part));
+        if (v.is_string()) {
+          s += v.string_value();
+        } else if (!v.is_undefined()) {
+          s += v.Str();
+        }
+        RETURN_IF_ERROR(CheckSize(static_cast<int64_t>(s.size())));
+      }
+      return Value::String(std::move(s));
+    }
+    case ExprKind::kAnd: {
+      ASSIGN_OR_RETURN(Value a, Eval(*e.a[0]));
+      if (!a.Truthy()) return a;
+      return Eval(*e.a[1]);
+    }
+    case ExprKind::kOr: {
+      ASSIGN_OR_RETURN(Value a, Eval(*e.a[0]));
+      if (a.Truthy()) return a;
+      return Eval(*e.a[1]);
+    }
+    case ExprKind::kCompare: {
+      ASSIGN_OR_RETURN(Value left, Eval(*e.a[0]));
+      for (size_t i = 0; i < e.compare_ops.size(); ++i) {
+        ASSIGN_OR_RETURN(Value right, Eval(*e.a[i + 1]));
+        ASSIGN_OR_RETURN(bool ok, Compare(e.compare_ops[i], left, right));
+        if (!ok) return Value::Bool(false);
+        left = std::move(right);
+      }
+      return Value::Bool(true);
+    }
+    case ExprKind::kCondExpr: {
+      ASSIGN_OR_RETURN(Value c, Eval(*e.a[0]));
+      if (c.Truthy()) return Eval(*e.a[1]);
+      if (e.a[2] != nullptr) return Eval(*e.a[2]);
+      return Value::Undefined(absl::StrCat("the inline if-expression on line ", e.line,
+                                           " evaluated to false and no else section was "
+                                           "defined."));
+    }
+    case ExprKind::kList:
+    case ExprKind::kTuple: {
+      List items;
+      items.reserve(e.a.size());
+      for (const ExprPtr& item : e.a) {
+        ASSIGN_OR_RETURN(Value v, Eval(*item));
+        items.push_back(std::move(v));
+      }
+      if (e.kind == ExprKind::kList) return Value::MakeList(std::move(items));
+      return Value::MakeTuple(std::move(items));
+    }
+    case ExprKind::kDict: {
+      Dict d;
+      for (size_t i = 0; i + 1 < e.a.size(); i += 2) {
+        ASSIGN_OR_RETURN(Value k, Eval(*e.a[i]));
+        ASSIGN_OR_RETURN(Value v, Eval(*e.a[i + 1]));
+        const Kind kk = k.kind();
+        if (kk == Kind::kList || kk == Kind::kDict || kk == Kind::kNamespace ||
+            kk == Kind::kUndefined) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("unhashable type: '", KindName(kk), "'"));
+        }
+        d.Set(std::move(k), std::move(v));
+      }
+      return Value::MakeDict(std::move(d));
+    }
+  }
+  return Value::Undefined();
+}
+
+absl::StatusOr<Value> Renderer::EvalCall(const Expr& e) {
+  const Expr& callee_expr = *e.a[0];
+  if (callee_expr.kind == ExprKind::kGetAttr && callee_expr.a[0]->kind == ExprKind::kName &&
+      callee_expr.a[0]->name == p_.loop_id &&
+      (callee_expr.str == "cycle" || callee_expr.str == "changed")) {
+    if (LoopState* loop = FindLoop()) return EvalLoopCall(e, *loop);
+  }
+  if (callee_expr.kind == ExprKind::kName && p_.globals[callee_expr.name] != Global::kNone) {
+    const int id = callee_expr.name;
+    bool shadowed = root_set_[id] != 0;
+    for (Frame* f = frame_; f != nullptr && !shadowed; f = f->parent) {
+      shadowed = f->Find(id) != nullptr;
+    }
+    if (!shadowed) {
+      CallArgs args;
+      RETURN_IF_ERROR(EvalArgs(e.call, &args));
+      return CallGlobal(p_.globals[id], args);
+    }
+  }
+  ASSIGN_OR_RETURN(Value callee, Eval(callee_expr));
+  if (callee.kind() != Kind::kCallable) {
+    RETURN_IF_ERROR(CheckDefined(callee));
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", KindName(callee.kind()), "' object is not callable"));
+  }
+  CallArgs args;
+  RETURN_IF_ERROR(EvalArgs(e.call, &args));
+  return callee.callable_value().fn(args, *this);
+}
+
+absl::StatusOr<Value> Renderer::EvalLoopCall(const Expr& e, LoopState& loop) {
+  CallArgs args;
+  RETURN_IF_ERROR(EvalArgs(e.call, &args));
+  if (e.a[0]->str == "cycle") {
+    if (args.positional.empty()) return absl::InvalidArgumentError("no items for cycling given");
+    return args.positional[loop.index0 % static_cast<int64_t>(args.positional.size())];
+  }
+  Value current = Value::MakeTuple(args.positional);
+  const bool changed = !loop.has_changed || !Equals(current, loop.last_changed);
+  loop.has_changed = true;
+  loop.last_changed = std::move(current);
+  return Value::Bool(changed);
+}
+
+Value Renderer::LoopAttr(const LoopState& loop, absl::string_view attr) {
+  const int64_t i = loop.index0, n = loop.length;
+  if (attr == "index") return Value::Int(i + 1);
+  if (attr == "index0") return Value::Int(i);
+  if (attr == "first") return Value::Bool(i == 0);
+  if (attr == "last") return Value::Bool(i == n - 1);
+  if (attr == "length") return Value::Int(n);
+  if (attr == "revindex") return Value::Int(n - i);
+  if (attr == "revindex0") return Value::Int(n - i - 1);
+  if (attr == "depth") return Value::Int(1);
+  if (attr == "depth0") return Value::Int(0);
+  if (attr == "previtem") {
+    if (i > 0) return (*loop.items)[i - 1];
+    return Value::Undefined("there is no previous item");
+  }
+  if (attr == "nextitem") {
+    if (i + 1 < n) return (*loop.items)[i + 1];
+    return Value::Undefined("there is no next item");
+  }
+  if (attr == "cycle") {
+    return Value::MakeCallable("cycle", [i](const CallArgs& args, Budget&) -> absl::StatusOr<Value> {
+      if (args.positional.empty()) return absl::InvalidArgumentError("no items for cycling given");
+      return args.positional[i % static_cast<int64_t>(args.positional.size())];
+    });
+  }
+  return Value::Undefined(absl::StrCat("'LoopContext' object has no attribute '", attr, "'"));
+}
+
+Value Renderer::LoopValue(const LoopState& loop) {
+  Dict d;
+  for (absl::string_view attr : {"index", "index0", "first", "last", "length", "revindex",
+                                 "revindex0", "depth", "depth0", "previtem", "nextitem",
+                                 "cycle"}) {
+    Value v = LoopAttr(loop, attr);
+    if (!v.is_undefined()) d.Set(Value::String(std::string(attr)), std::move(v));
+  }
+  return Value::MakeDict(std::move(d));
+}
+
+Value Renderer::GlobalValue(Global g) {
+  const size_t k = static_cast<size_t>(g);
+  if (global_values_.size() <= k) global_values_.resize(k + 1);
+  if (global_values_[k].is_undefined()) {
+    static constexpr const char* kNames[] = {"",        "range",           "namespace",
+                                             "dict",    "raise_exception", "strftime_now",
+                                             "joiner",  "cycler"};
+    global_values_[k] = Value::MakeCallable(
+        kNames[k], [this, g](const CallArgs& args, Budget&) { return CallGlobal(g, args); });
+  }
+  return global_values_[k];
+}
+
+absl::StatusOr<int64_t> IntArg(const Value& v) {
+  if (v.kind() == Kind::kInt || v.kind() == Kind::kBool) return v.int_value();
+  RETURN_IF_ERROR(CheckDefined(v));
+  return absl::InvalidArgumentError(
+      absl::StrCat("'", KindName(v.kind()), "' object cannot be interpreted as an integer"));
+}
+
+// dict(...) and namespace(...): a mapping or a list of pairs, then keyword arguments.
+absl::StatusOr<Dict> DictFromArgs(const CallArgs& args, absl::string_view name) {
+  Dict d;
+  if (args.positional.size() > 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s expected at most 1 argument, got %d", name, args.positional.size()));
+  }
+  if (args.positional.size() == 1) {
+    const Value& src = args.positional[0];
+    if (src.is_mapping() || src.kind() == Kind::kNamespace) {
+      d = src.dict_value();
+    } else {
+      ASSIGN_OR_RETURN(List items, Iterate(src));
+      for (const Value& item : items) {
+        ASSIGN_OR_RETURN(List pair, Iterate(item));
+        if (pair.size() != 2) {
+          return absl::InvalidArgumentError(absl::StrFormat(
+              "dictionary update sequence element has length %d; 2 is required", pair.size()));
+        }
+        d.Set(pair[0], pair[1]);
+      }
+    }
+  }
+  for (const auto& [key, value] : args.keyword) d.Set(Value::String(key), value);
+  return d;
+}
+
+absl::StatusOr<std::string> StrftimeNow(const std::string& fmt, int64_t micros) {
+  const std::time_t secs = static_cast<std::time_t>(micros >= 0 ? micros / 1000000
+                                                                : (micros - 999999) / 1000000);
+  const int64_t frac = micros - static_cast<int64_t>(secs) * 1000000;
+  std::tm tm{};
+  localtime_r(&secs, &tm);
+  // Python's %f (microseconds) is not C's: expand it first.
+  std::string f;
+  for (size_t i = 0; i < fmt.size(); ++i) {
+    if (fmt[i] == '%' && i + 1 < fmt.size()) {
+      if (fmt[i + 1] == 'f') {
+        absl::StrAppendFormat(&f, "%06d", frac);
+      } else {
+        f.push_back('%');
+        f.push_back(fmt[i + 1]);
+      }
+      ++i;
+    } else {
+      f.push_back(fmt[i]);
+    }
+  }
+  if (f.empty()) return std::string();
+  std::string out(f.size() * 4 + 64, '\0');
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    const size_t n = std::strftime(out.data(), out.size(), f.c_str(), &tm);
+    if (n > 0) {
+      out.resize(n);
+      return out;
+    }
+    out.resize(out.size() * 4);
+  }
+  return std::string();
+}
+
+absl::StatusOr<Value> Renderer::CallGlobal(Global g, const CallArgs& args) {
+  switch (g) {
+    case Global::kRange: {
+      if (args.positional.empty() || args.positional.size() > 3 || !args.keyword.empty()) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "range expected 1 to 3 integer arguments, got %d", args.positional.size()));
+      }
+      int64_t v[3] = {0, 0, 1};
+      for (size_t i = 0; i < args.positional.size(); ++i) {
+        ASSIGN_OR_RETURN(v[i], IntArg(args.positional[i]));
+      }
+      int64_t start = 0, stop = 0, step = 1;
+      if (args.positional.size() == 1) {
+        stop = v[0];
+      } else {
+        start = v[0];
+        stop = v[1];
+        step = args.positional.size() == 3 ? v[2] : 1;
+      }
+      if (step == 0) return absl::InvalidArgumentError("range() arg 3 must not be zero");
+      __int128 count = 0;
+      if (step > 0 && stop > start) count = (static_cast<__int128>(stop) - start + step - 1) / step;
+      if (step < 0 && stop < start) {
+        count = (static_cast<__int128>(start) - stop - step - 1) / (-static_cast<__int128>(step));
+      }
+      if (count > kMaxRange) {
+        return AsIs(absl::InvalidArgumentError(absl::StrCat(
+            "Range too big. The sandbox blocks ranges larger than MAX_RANGE (", kMaxRange, ").")));
+      }
+      RETURN_IF_ERROR(Iterate(static_cast<int64_t>(count)));
+      List items;
+      items.reserve(static_cast<size_t>(count));
+      for (int64_t i = 0; i < static_cast<int64_t>(count); ++i) {
+        items.push_back(Value::Int(start + i * step));
+      }
+      return Value::MakeList(std::move(items));
+    }
+    case Global::kDict: {
+      ASSIGN_OR_RETURN(Dict d, DictFromArgs(args, "dict"));
+      return Value::MakeDict(std::move(d));
+    }
+    case Global::kNamespace: {
+      ASSIGN_OR_RETURN(Dict d, DictFromArgs(args, "namespace"));
+      Value ns = Value::Namespace(std::move(d));
+      namespaces_.push_back(ns);
+      return ns;
+    }
+    case Global::kRaiseException: {
+      std::string message;
+      if (!args.positional.empty()) {
+        const Value& m = args.positional[0];
+        message = m.is_string() ? m.string_value() : m.Str();
+      }
+      return AsIs(absl::InvalidArgumentError(message));
+    }
+    case Global::kStrftimeNow: {
+      if (args.positional.size() != 1 || !args.positional[0].is_string()) {
+        return absl::InvalidArgumentError("strftime_now() takes one string argument");
+      }
+      int64_t micros;
+      if (now_) {
+        micros = now_();
+      } else {
+        micros = std::chrono::duration_cast<std::chrono::microseconds>(
+                     std::chrono::system_clock::now().time_since_epoch())
+                     .count();
+      }
+      ASSIGN_OR_RETURN(std::string s, StrftimeNow(args.positional[0].string_value(), micros));
+      RETURN_IF_ERROR(CheckSize(static_cast<int64_t>(s.size())));
+      return Value::String(std::move(s));
+    }
+    case Global::kJoiner: {
+      std::string sep = ", ";
+      if (!args.positional.empty()) sep = args.positional[0].Str();
+      for (const auto& [k, v] : args.keyword) {
+        if (k == "sep") sep = v.Str();
+      }
+      auto used = std::make_shared<bool>(false);
+      return Value::MakeCallable("joiner", [sep, used](const CallArgs&, Budget&) {
+        const bool first = !*used;
+        *used = true;
+        return absl::StatusOr<Value>(Value::String(first ? "" : sep));
+      });
+    }
+    case Global::kCycler: {
+      if (args.positional.empty()) {
+        return absl::InvalidArgumentError("at least one item has to be provided");
+      }
+      auto items = std::make_shared<List>(args.positional);
+      auto pos = std::make_shared<size_t>(0);
+      Dict attrs;
+      attrs.Set(Value::String("current"), (*items)[0]);
+      Value ns = Value::Namespace(std::move(attrs));
+      namespaces_.push_back(ns);
+      Dict* shared = &ns.namespace_attributes();
+      ns.namespace_attributes().Set(
+          Value::String("next"),
+          Value::MakeCallable("next", [items, pos, shared](const CallArgs&, Budget&) {
+            Value v = (*items)[*pos];
+            *pos = (*pos + 1) % items->size();
+            shared->Set(Value::String("current"), (*items)[*pos]);
+            return absl::StatusOr<Value>(v);
+          }));
+      ns.namespace_attributes().Set(
+          Value::String("reset"),
+          Value::MakeCallable("reset", [items, pos, shared](const CallArgs&, Budget&) {
+            *pos = 0;
+            shared->Set(Value::String("current"), (*items)[0]);
+            return absl::StatusOr<Value>(Value::None());
+          }));
+      return ns;
+    }
+    case Global::kNone:
+      break;
+  }
+  return Value::Undefined();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> Evaluate(const Program& program, const Value& context,
+                                     const RenderOptions& options) {
+  Renderer renderer(program, options);
+  return renderer.Run(context);
+}
+
+}  // namespace carpool::text::jinja
