@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "client/bench_serve_command.h"
+#include "client/chat_template_command.h"
 #include "client/embed_command.h"
 #include "client/generate_command.h"
 #include "client/status_command.h"
@@ -20,6 +21,8 @@ constexpr char kUsage[] =
     "  tokenize   text to token ids with a model's tokenizer (--tokenizer PATH)\n"
     "             (carpool tokenize --help)\n"
     "  detokenize token ids to text with a model's tokenizer (carpool detokenize --help)\n"
+    "  chat-template  the prompt a model's chat template makes of a conversation\n"
+    "             (--model DIR --messages-file F.json)  (carpool chat-template --help)\n"
     "  status     show a router's workers, queue and totals (carpool status --help)\n"
     "  bench      serving benchmark against a router: carpool bench serve (--help)\n";
 
@@ -35,6 +38,9 @@ int main(int argc, char** argv) {
   if (std::strcmp(argv[1], "tokenize") == 0) return carpool::client::RunTokenize(argc, argv, 2);
   if (std::strcmp(argv[1], "detokenize") == 0) {
     return carpool::client::RunDetokenize(argc, argv, 2);
+  }
+  if (std::strcmp(argv[1], "chat-template") == 0) {
+    return carpool::client::RunChatTemplate(argc, argv, 2);
   }
   if (std::strcmp(argv[1], "status") == 0) return carpool::client::RunStatus(argc, argv, 2);
   if (std::strcmp(argv[1], "bench") == 0) return carpool::client::RunBench(argc, argv, 2);
