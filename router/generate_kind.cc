@@ -44,7 +44,8 @@ std::optional<Refusal> GenerateKind::Admit(Request& request, AdmissionRequest* a
 }
 
 bool GenerateKind::NeedsTokenizer(const Request& r) const {
-  return Of(r).input.has_text || !Of(r).input.stop.empty();
+  const GenerateInput& in = Of(r).input;
+  return in.has_text || in.chat.has_value() || !in.stop.empty();
 }
 
 PromptTexts GenerateKind::TakeTexts(Request& r) { return router::TakeTexts(&Of(r).input); }

@@ -2,6 +2,10 @@
 // as GenerateChunkOut, or all at once) and a GenerateFinalOut with usage and timings. A stream
 // whose worker is lost resumes on another from the tokens already sent.
 //
+// The prompt is token ids, text, or a chat (GenerateInput::chat): TakeTexts hands a chat to the
+// tokenizer pool, which renders it with the model's chat template right before it tokenizes the
+// result without special tokens (router_text.cc); its errors end the request INVALID_ARGUMENT.
+//
 // Output text: one text::StreamDecoder per request (its model's tokenizer, skip_special_tokens
 // as asked) turns the tokens into text as they come, so a chunk's text is what its tokens
 // complete; text that only the end completes (a character cut short, a possible stop string)

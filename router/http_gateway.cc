@@ -335,12 +335,7 @@ void HttpGateway::Impl::HandleGeneration(ApiKind kind, const HttpRequest& req,
   meta.created = absl::ToUnixSeconds(absl::Now());
   const std::string id = NextId();
   meta.id = absl::StrCat(kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-", id);
-  if (kind == ApiKind::kChat) {
-    const ChatTemplate t = ResolveChatTemplate(options_.chat_template, meta.model);
-    r->input.has_text = true;
-    r->input.text = RenderChat(t, r->messages);
-    r->input.add_bos = ChatTemplateWantsBos(t);
-  }
+  // Chat: r->input.chat goes to the router, which renders it with the model's chat template.
   r->input.request_id = id;
   r->input.api_key = BearerKey(req);
   r->input.model = meta.model;
@@ -514,19 +509,16 @@ void HttpGateway::Impl::HandleTokenize(const HttpRequest& req, HttpResponder& re
   TokenizeOptions o;
   o.model = ResolveModel(r->model, &error);
   if (error.has_value()) return res.Send(ErrorResponse(*error));
-  std::string text = r->prompt;
-  o.add_special_tokens = r->add_special_tokens.value_or(true);
-  if (r->chat) {
-    // The ids /v1/chat/completions would send for these messages (with the generation prompt).
-    const ChatTemplate t = ResolveChatTemplate(options_.chat_template, o.model);
-    text = RenderChat(t, r->messages, r->add_generation_prompt);
-    o.add_special_tokens = r->add_special_tokens.value_or(ChatTemplateWantsBos(t));
-  }
+  // Unset add_special_tokens: true for a prompt, false for messages (the ids
+  // /v1/chat/completions uses for them: the template writes the special tokens).
+  o.add_special_tokens = r->add_special_tokens;
   o.request_id = NextId();
   o.api_key = BearerKey(req);
   o.timeout_ms = options_.request_timeout_ms;
   Track(o.request_id);
-  absl::StatusOr<TokenizeResult> result = client_->Tokenize(std::move(text), o);
+  absl::StatusOr<TokenizeResult> result =
+      r->chat ? client_->TokenizeChat(std::move(r->chat_input), o)
+              : client_->Tokenize(std::move(r->prompt), o);
   Untrack(o.request_id);
   if (!result.ok()) return res.Send(ErrorResponse(HttpErrorFromStatus(result.status())));
   res.Send(JsonResponse(TokenizeBody(result->token_ids, result->max_model_len)));

@@ -23,7 +23,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "router/chat_template.h"
 #include "router/http_server.h"
 
 namespace zmq {
@@ -46,8 +45,6 @@ struct HttpGatewayOptions {
   // Longest a generation may take end to end (the SDK call timeout) unless the request's
   // deadline_ms says otherwise. Default: 600000.
   int64_t request_timeout_ms = 600000;
-  // Chat prompt template; kAuto picks per model name (router/chat_template.h). Default: auto.
-  ChatTemplate chat_template = ChatTemplate::kAuto;
   // max_tokens when a request gives none. Defaults: 16 (completions, as OpenAI), 256 (chat).
   int completion_max_tokens = 16;
   int chat_max_tokens = 256;

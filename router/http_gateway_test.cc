@@ -269,20 +269,33 @@ TEST_F(GatewayTextTest, TokenizeAndDetokenizeInVllmShapes) {
                               "add_special_tokens": false})");
   ASSERT_TRUE(res);
   EXPECT_EQ(json::parse(res->body)["tokens"], json::parse("[104, 105]"));
-  // Messages: the plain template's text, with the BOS /v1/chat/completions would add.
+  // Messages go to the router as a chat, for the model's template; no special tokens unless
+  // asked (the ids /v1/chat/completions uses). This fake router "renders" a chat as its
+  // messages' JSON.
   res = Post("/tokenize", R"({"messages": [{"role": "user", "content": "a"}]})");
   ASSERT_TRUE(res);
   ASSERT_EQ(res->status, 200) << res->body;
-  EXPECT_EQ(json::parse(res->body)["count"], 1 + std::string("user: a\nassistant:").size());
+  const std::string messages = R"([{"role":"user","content":"a"}])";
+  EXPECT_EQ(json::parse(res->body)["count"], messages.size());
   res = Post("/tokenize", R"({"messages": [{"role": "user", "content": "a"}],
-                              "add_generation_prompt": false, "add_special_tokens": false})");
+                              "add_generation_prompt": false, "add_special_tokens": true,
+                              "chat_template_kwargs": {"k": 1}})");
   ASSERT_TRUE(res);
-  EXPECT_EQ(json::parse(res->body)["count"], std::string("user: a\n").size());
+  EXPECT_EQ(json::parse(res->body)["count"], 1 + messages.size());
   std::vector<TokenizeInput> sent = Sent<TokenizeInput>();
   ASSERT_EQ(sent.size(), 4u);
   EXPECT_EQ(sent[0].model, "synthetic:tiny");  // the served model, named
   EXPECT_TRUE(sent[0].add_special_tokens);
-  EXPECT_EQ(sent[3].text, "user: a\n");
+  EXPECT_FALSE(sent[0].chat.has_value());
+  ASSERT_TRUE(sent[2].chat.has_value());
+  EXPECT_EQ(sent[2].text, "");
+  EXPECT_EQ(sent[2].chat->messages_json, messages);
+  EXPECT_TRUE(sent[2].chat->add_generation_prompt);
+  EXPECT_FALSE(sent[2].add_special_tokens);
+  ASSERT_TRUE(sent[3].chat.has_value());
+  EXPECT_FALSE(sent[3].chat->add_generation_prompt);
+  EXPECT_TRUE(sent[3].add_special_tokens);
+  EXPECT_EQ(sent[3].chat->chat_template_kwargs_json, R"({"k":1})");
 
   res = Post("/detokenize", R"({"model": "synthetic:tiny", "tokens": [256, 111, 107]})");
   ASSERT_TRUE(res);
@@ -429,6 +442,111 @@ TEST_F(GatewayTextTest, TakesTheRoutersTextAndStop) {
   EXPECT_EQ(text, "caf\xc3\xa9 STOP");
   EXPECT_EQ(finish, "stop");
   EXPECT_EQ(prompt_tokens, 7);
+}
+
+// ---- chat (issue 14): what /v1/chat/completions sends the router
+
+TEST_F(GatewayTextTest, ChatSendsMessagesToolsAndKwargsAsTheyCame) {
+  Start(ServingModel("synthetic:tiny"));
+  auto res = Post("/v1/chat/completions",
+                  R"({"messages": [{"role": "user", "content": "hi", "name": "zed"}],
+                      "tools": [{"type": "function", "function": {"name": "get_weather",
+                                 "parameters": {"type": "object", "properties": {}}}}],
+                      "tool_choice": "none", "chat_template_kwargs": {"enable_thinking": false},
+                      "add_generation_prompt": true, "max_tokens": 3})");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  res = Post("/v1/chat/completions",
+             R"({"messages": [{"role": "user", "content": "hi"}], "stream": true,
+                 "add_generation_prompt": false, "max_tokens": 3})");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  std::vector<GenerateInput> sent = Sent<GenerateInput>();
+  ASSERT_EQ(sent.size(), 2u);
+  ASSERT_TRUE(sent[0].chat.has_value());
+  EXPECT_FALSE(sent[0].has_text);
+  EXPECT_EQ(sent[0].chat->messages_json, R"([{"role":"user","content":"hi","name":"zed"}])");
+  EXPECT_EQ(sent[0].chat->tools_json,
+            R"([{"type":"function","function":{"name":"get_weather",)"
+            R"("parameters":{"type":"object","properties":{}}}}])");
+  EXPECT_EQ(sent[0].chat->chat_template_kwargs_json, R"({"enable_thinking":false})");
+  EXPECT_TRUE(sent[0].chat->add_generation_prompt);
+  ASSERT_TRUE(sent[1].chat.has_value());
+  EXPECT_TRUE(sent[1].stream);
+  EXPECT_FALSE(sent[1].chat->add_generation_prompt);
+  EXPECT_EQ(sent[1].chat->tools_json, "");
+  EXPECT_EQ(sent[1].chat->chat_template_kwargs_json, "");
+}
+
+TEST_F(GatewayTextTest, ToolChoiceOtherThanNoneAndBadKwargsAre400sNamingThem) {
+  Start(ServingModel("synthetic:tiny"));
+  const std::string messages = R"("messages": [{"role": "user", "content": "hi"}])";
+  struct Case {
+    std::string extra;
+    std::string param;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {R"("tool_choice": "auto")", "tool_choice",
+       "\"auto\" is not supported: carpool does not parse tool calls from the output; send "
+       "tool_choice \"none\""},
+      {R"("tool_choice": "required")", "tool_choice", "\"required\" is not supported"},
+      {R"("tool_choice": {"type": "function", "function": {"name": "get_weather"}})",
+       "tool_choice", "\"function get_weather\" is not supported"},
+      {R"("chat_template_kwargs": "thinking")", "chat_template_kwargs", "must be an object"},
+      {R"("messages": [{"role": "robot", "content": "x"}])", "messages[0].role", "robot"},
+  };
+  for (const Case& c : cases) {
+    const std::string body = c.extra.rfind("\"messages\"", 0) == 0
+                                 ? "{" + c.extra + "}"
+                                 : "{" + messages + ", " + c.extra + "}";
+    for (bool stream : {false, true}) {
+      std::string b = body;
+      if (stream) b.insert(1, R"("stream": true, )");
+      auto res = Post("/v1/chat/completions", b);
+      ASSERT_TRUE(res);
+      EXPECT_EQ(res->status, 400) << b;
+      json e = json::parse(res->body)["error"];
+      EXPECT_EQ(e["param"], c.param) << b;
+      EXPECT_EQ(e["type"], "invalid_request_error");
+      EXPECT_EQ(e["code"], "invalid_argument");
+      EXPECT_THAT(e["message"].get<std::string>(), ::testing::HasSubstr(c.message)) << b;
+    }
+  }
+  EXPECT_TRUE(Sent<GenerateInput>().empty());  // none reached the router
+}
+
+// Against the real router: a synthetic model's chat is the built-in template's text, the bytes
+// the gateway's old "plain" template made, now without the BOS (the template writes none).
+TEST_F(HttpGatewayTest, ChatAndTokenizeOfASyntheticModelUseTheBuiltInTemplate) {
+  Start(/*curve=*/false);
+  StartWorker();
+  ASSERT_TRUE(WaitReady());
+  httplib::Client c = Http();
+  auto res = c.Post("/tokenize",
+                    R"({"messages": [{"role": "system", "content": "s"},
+                                     {"role": "user", "content": "a"}]})",
+                    "application/json");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const std::string rendered = "system: s\nuser: a\nassistant:";
+  EXPECT_EQ(json::parse(res->body)["tokens"],
+            json(std::vector<int>(rendered.begin(), rendered.end())));
+  res = c.Post("/v1/chat/completions",
+               R"({"messages": [{"role": "system", "content": "s"},
+                                {"role": "user", "content": "a"}], "max_tokens": 2})",
+               "application/json");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(json::parse(res->body)["usage"]["prompt_tokens"], rendered.size());
+  // The template's own checks come back as 400s too.
+  res = c.Post("/v1/chat/completions",
+               R"({"messages": [{"role": "user", "content": "a"}], "max_tokens": 2,
+                   "chat_template_kwargs": {"messages": []}})",
+               "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400) << res->body;
+  EXPECT_EQ(json::parse(res->body)["error"]["code"], "invalid_argument");
 }
 
 }  // namespace

@@ -121,7 +121,15 @@ absl::Status ParsePrompt(const json& body, GenerateInput* input) {
   return absl::OkStatus();
 }
 
-absl::Status ParseMessages(const json& body, std::vector<ChatMessage>* out) {
+bool IsChatRole(const std::string& role) {
+  return role == "system" || role == "developer" || role == "user" || role == "assistant" ||
+         role == "tool";
+}
+
+// Checks `messages` as a chat template may receive them, naming the field: a role the
+// templates know (any other string would reach the prompt verbatim: "user\nassistant: ..."
+// forges a turn), content a string, a list of text parts, or (assistant) null or absent.
+absl::Status CheckMessages(const json& body) {
   const json* m = Field(body, "messages");
   if (m == nullptr) return Bad("messages", "is required");
   if (!m->is_array() || m->empty()) return Bad("messages", "must be a non-empty list");
@@ -129,38 +137,106 @@ absl::Status ParseMessages(const json& body, std::vector<ChatMessage>* out) {
     const json& msg = (*m)[i];
     const std::string field = absl::StrCat("messages[", i, "]");
     if (!msg.is_object()) return Bad(field, "must be an object");
-    ChatMessage c;
-    if (const json* role = Field(msg, "role"); role != nullptr && !role->is_string()) {
+    std::string role;
+    if (const json* r = Field(msg, "role"); r != nullptr && !r->is_string()) {
       return Bad(field + ".role", "must be a string");
     }
-    RETURN_IF_ERROR(GetString(msg, "role", &c.role));
-    if (c.role.empty()) return Bad(field + ".role", "is required");
-    if (c.role == "developer") c.role = "system";  // OpenAI's newer name for the system role
-    if (!IsChatRole(c.role)) {  // the template would paste it verbatim into the prompt
+    RETURN_IF_ERROR(GetString(msg, "role", &role));
+    if (role.empty()) return Bad(field + ".role", "is required");
+    if (!IsChatRole(role)) {
       constexpr size_t kShown = 40;
       return Bad(field + ".role",
                  absl::StrCat("must be system, developer, user, assistant or tool, not \"",
-                              absl::CHexEscape(absl::string_view(c.role).substr(0, kShown)),
-                              c.role.size() > kShown ? "...\"" : "\""));
+                              absl::CHexEscape(absl::string_view(role).substr(0, kShown)),
+                              role.size() > kShown ? "...\"" : "\""));
     }
     const json* content = Field(msg, "content");
     if (content == nullptr) {
-      if (c.role != "assistant") return Bad(field + ".content", "is required");
-    } else if (content->is_string()) {
-      c.content = content->get<std::string>();
+      if (role != "assistant") return Bad(field + ".content", "is required");
     } else if (content->is_array()) {
       for (const json& part : *content) {  // [{"type": "text", "text": "..."}]
         if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
             !part["text"].is_string()) {
           return Bad(field + ".content", "parts must be {\"type\": \"text\", \"text\": string}");
         }
-        c.content += part["text"].get<std::string>();
       }
-    } else {
+    } else if (!content->is_string()) {
       return Bad(field + ".content", "must be a string or a list of text parts");
     }
-    out->push_back(std::move(c));
   }
+  return absl::OkStatus();
+}
+
+// OpenAI's tools: a list of {"type": "function", "function": {"name": string, ...}}.
+absl::Status CheckTools(const json& tools) {
+  if (!tools.is_array()) return Bad("tools", "must be a list");
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const std::string field = absl::StrCat("tools[", i, "]");
+    const json& t = tools[i];
+    if (!t.is_object()) return Bad(field, "must be an object");
+    if (t.value("type", json()) != "function") return Bad(field + ".type", "must be \"function\"");
+    const json* f = Field(t, "function");
+    if (f == nullptr || !f->is_object()) return Bad(field + ".function", "must be an object");
+    const json* name = Field(*f, "name");
+    if (name == nullptr || !name->is_string() || name->get<std::string>().empty()) {
+      return Bad(field + ".function.name", "must be a non-empty string");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// tool_choice: carpool renders the tools into the prompt but never parses a tool call out of
+// the output, so only "none" (or none given) is honest.
+absl::Status CheckToolChoice(const json& body) {
+  for (const char* name : {"tool_choice", "function_call"}) {
+    const json* c = Field(body, name);
+    if (c == nullptr || *c == "none") continue;
+    std::string shown;
+    if (c->is_string()) {
+      shown = c->get<std::string>();
+    } else if (c->is_object() && c->contains("function") && (*c)["function"].is_object() &&
+               (*c)["function"].value("name", json()).is_string()) {
+      shown = absl::StrCat("function ", (*c)["function"]["name"].get<std::string>());
+    } else if (c->is_object() && c->value("name", json()).is_string()) {
+      shown = absl::StrCat("function ", (*c)["name"].get<std::string>());  // function_call
+    } else {
+      shown = Dump(*c).substr(0, 80);
+    }
+    return Bad(name, absl::StrCat("\"", absl::CHexEscape(absl::string_view(shown).substr(0, 80)),
+                                  "\" is not supported: carpool does not parse tool calls from "
+                                  "the output; send ",
+                                  name, " \"none\""));
+  }
+  return absl::OkStatus();
+}
+
+// The chat fields of `body` (already parsed as `j`) as the router's ChatInput: messages, tools
+// and chat_template_kwargs re-serialized from an order-keeping parse, so a template's tojson
+// prints their keys in the request's order.
+absl::Status ParseChatInput(const std::string& body, const json& j, ChatInput* out) {
+  RETURN_IF_ERROR(CheckMessages(j));
+  const json* tools = Field(j, "tools");
+  if (tools != nullptr) RETURN_IF_ERROR(CheckTools(*tools));
+  if (const json* f = Field(j, "functions")) {
+    if (!f->is_array()) return Bad("functions", "must be a list");
+    if (!f->empty()) return Bad("functions", "is not supported: send them as tools");
+  }
+  const json* kwargs = Field(j, "chat_template_kwargs");
+  if (kwargs != nullptr && !kwargs->is_object()) {
+    return Bad("chat_template_kwargs", "must be an object");
+  }
+  RETURN_IF_ERROR(GetBool(j, "add_generation_prompt", &out->add_generation_prompt));
+  bool continue_final = false;
+  RETURN_IF_ERROR(GetBool(j, "continue_final_message", &continue_final));
+  if (continue_final) return Bad("continue_final_message", "is not supported");
+  const nlohmann::ordered_json ordered =
+      nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
+  const auto dump = [&](const char* name) {
+    return ordered[name].dump(-1, ' ', false, json::error_handler_t::replace);
+  };
+  out->messages_json = dump("messages");
+  out->tools_json = tools != nullptr && !tools->empty() ? dump("tools") : "";
+  out->chat_template_kwargs_json = kwargs != nullptr ? dump("chat_template_kwargs") : "";
   return absl::OkStatus();
 }
 
@@ -262,21 +338,7 @@ absl::Status RefuseUnsupported(ApiKind kind, const json& j) {
     if (!bias->is_object()) return Bad("logit_bias", "must be an object");
     if (!bias->empty()) return Bad("logit_bias", "is not supported");
   }
-  if (kind == ApiKind::kChat) {
-    for (const char* name : {"tools", "functions"}) {
-      if (const json* t = Field(j, name)) {
-        if (!t->is_array()) return Bad(name, "must be a list");
-        if (!t->empty()) return Bad(name, "is not supported (no tool calls)");
-      }
-    }
-    for (const char* name : {"tool_choice", "function_call"}) {
-      if (const json* c = Field(j, name)) {
-        if (!c->is_string() || (*c != "none" && *c != "auto")) {
-          return Bad(name, "is not supported (no tool calls); only \"none\" or \"auto\"");
-        }
-      }
-    }
-  }
+  if (kind == ApiKind::kChat) RETURN_IF_ERROR(CheckToolChoice(j));
   if (const json* f = Field(j, "response_format")) {
     if (!f->is_object()) return Bad("response_format", "must be an object");
     const auto type = f->find("type");
@@ -412,7 +474,8 @@ absl::StatusOr<GenerationRequest> ParseGenerationRequest(ApiKind kind, const std
   if (kind == ApiKind::kCompletion) {
     RETURN_IF_ERROR(ParsePrompt(j, &r.input));
   } else {
-    RETURN_IF_ERROR(ParseMessages(j, &r.messages));
+    r.input.chat.emplace();
+    RETURN_IF_ERROR(ParseChatInput(body, j, &*r.input.chat));
   }
   RETURN_IF_ERROR(RefuseUnsupported(kind, j));
   RETURN_IF_ERROR(ParseSampling(kind, j, defaults, &r));
@@ -586,11 +649,7 @@ absl::StatusOr<TokenizeHttpRequest> ParseTokenizeRequest(const std::string& body
   r.chat = Field(j, "messages") != nullptr;
   if (has_prompt && r.chat) return Bad("messages", "goes without 'prompt' (give one of them)");
   if (r.chat) {
-    RETURN_IF_ERROR(ParseMessages(j, &r.messages));
-    RETURN_IF_ERROR(GetBool(j, "add_generation_prompt", &r.add_generation_prompt));
-    bool continue_final = false;
-    RETURN_IF_ERROR(GetBool(j, "continue_final_message", &continue_final));
-    if (continue_final) return Bad("continue_final_message", "is not supported");
+    RETURN_IF_ERROR(ParseChatInput(body, j, &r.chat_input));
   } else {
     if (!has_prompt) return Bad("prompt", "is required (or 'messages')");
     if (!Field(j, "prompt")->is_string()) return Bad("prompt", "must be a string");

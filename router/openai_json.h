@@ -15,7 +15,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/messages.h"
-#include "router/chat_template.h"
 
 namespace carpool::router {
 
@@ -54,10 +53,11 @@ enum class ApiKind { kCompletion, kChat };
 struct GenerationRequest {
   ApiKind kind = ApiKind::kCompletion;
   std::string model;                  // "" when the request names none
-  // prompt (completions), sampling, priority, deadline, stream, and the text options: stop,
-  // include_stop_str_in_output, skip_special_tokens (vLLM's extra fields; default true)
+  // prompt (completions) or chat (input.chat: messages, tools, chat_template_kwargs,
+  // add_generation_prompt, rendered by the router with the model's chat template), sampling,
+  // priority, deadline, stream, and the text options: stop, include_stop_str_in_output,
+  // skip_special_tokens (vLLM's extra fields; default true)
   GenerateInput input;
-  std::vector<ChatMessage> messages;  // chat only; rendered into input.text by the gateway
   std::vector<std::string> stop;      // as input.stop
   bool stream = false;
   bool include_usage = false;         // stream_options.include_usage
@@ -72,7 +72,13 @@ struct RequestDefaults {
 
 // INVALID_ARGUMENT naming the field (in the message and as ErrorParam) for bad JSON, wrong types
 // and options carpool cannot honour: n, best_of other than 1, echo, suffix, non-empty logit_bias,
-// tools / functions, a tool_choice other than "none"/"auto", a response_format other than text.
+// functions, a tool_choice other than "none" (carpool parses no tool calls from the output),
+// continue_final_message, a response_format other than text. Chat messages are checked as the
+// templates need them: a role of system, developer, user, assistant or tool; content a string,
+// a list of {"type": "text", "text": string} parts, or (assistant only) null; tools a list of
+// {"type": "function", "function": {"name", ...}}; chat_template_kwargs an object. They go to the
+// router as JSON in the request's key order (ChatInput), every other message field (name,
+// tool_calls, tool_call_id, reasoning_content, ...) kept.
 // Null fields count as absent; unknown fields are ignored. Ranges the router and the worker check
 // (temperature, top_p, penalties, max_tokens against the model) are left to them.
 absl::StatusOr<GenerationRequest> ParseGenerationRequest(ApiKind kind, const std::string& body,
@@ -118,16 +124,16 @@ inline constexpr char kSseDone[] = "data: [DONE]\n\n";
 
 struct TokenizeHttpRequest {
   std::string model;
-  bool chat = false;                  // "messages" rather than "prompt"
-  std::string prompt;                 // !chat
-  std::vector<ChatMessage> messages;  // chat: rendered by the gateway's chat template
-  // add_special_tokens as given; unset: true for a prompt (Hugging Face encode), and for
-  // messages what /v1/chat/completions adds (the template's BOS choice).
+  bool chat = false;     // "messages" rather than "prompt"
+  std::string prompt;    // !chat
+  ChatInput chat_input;  // chat: rendered by the router with the model's chat template
+  // add_special_tokens as given; unset: true for a prompt (Hugging Face encode), false for
+  // messages (the template writes the special tokens: the ids /v1/chat/completions uses).
   std::optional<bool> add_special_tokens;
-  bool add_generation_prompt = true;  // chat: open the assistant's turn
 };
 
-// {"model", "prompt": string} or {"model", "messages": [...], "add_generation_prompt"};
+// {"model", "prompt": string} or vLLM's {"model", "messages": [...], "add_generation_prompt",
+// "tools", "chat_template_kwargs"}, checked as ParseGenerationRequest checks chat;
 // "add_special_tokens" either way. continue_final_message and return_token_strs true are
 // refused (not supported); INVALID_ARGUMENT naming the field, as ParseGenerationRequest.
 absl::StatusOr<TokenizeHttpRequest> ParseTokenizeRequest(const std::string& body);

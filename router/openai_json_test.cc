@@ -67,9 +67,16 @@ TEST(OpenAiParseTest, ChatFields) {
           {"role": "assistant", "content": null}],
           "max_completion_tokens": 5, "logprobs": true, "top_logprobs": 3})");
   ASSERT_TRUE(r.ok()) << r.status();
-  ASSERT_EQ(r->messages.size(), 3u);
-  EXPECT_EQ(r->messages[1].content, "AB");
-  EXPECT_EQ(r->messages[2].content, "");
+  // The messages go to the router as given, for the model's chat template.
+  ASSERT_TRUE(r->input.chat.has_value());
+  EXPECT_FALSE(r->input.has_text);
+  EXPECT_EQ(json::parse(r->input.chat->messages_json),
+            json::parse(R"([{"role": "system", "content": "S"},
+          {"role": "user", "content": [{"type": "text", "text": "A"}, {"type": "text", "text": "B"}]},
+          {"role": "assistant", "content": null}])"));
+  EXPECT_TRUE(r->input.chat->add_generation_prompt);
+  EXPECT_EQ(r->input.chat->tools_json, "");
+  EXPECT_EQ(r->input.chat->chat_template_kwargs_json, "");
   EXPECT_EQ(r->input.sampling.max_tokens, 5);
   EXPECT_TRUE(r->logprobs);
   EXPECT_EQ(r->input.sampling.logprobs, 3);
@@ -146,7 +153,8 @@ TEST(OpenAiParseTest, ChatRolesOutsideTheTemplatesAreRefusedNamingIndexAndRole) 
                                            R"(", "content": "x"}]})"));
   EXPECT_LT(long_role.message().size(), 200u);
   EXPECT_THAT(long_role.message(), HasSubstr("...\""));
-  // Every role the templates know is accepted; developer becomes system.
+  // Every role the templates know is accepted and passed on as given (transformers gives the
+  // template the role as sent: developer stays developer).
   auto ok = ParseGenerationRequest(
       ApiKind::kChat,
       R"({"messages": [{"role": "developer", "content": "d"}, {"role": "system", "content": "s"},
@@ -154,8 +162,8 @@ TEST(OpenAiParseTest, ChatRolesOutsideTheTemplatesAreRefusedNamingIndexAndRole) 
           {"role": "tool", "content": "t", "tool_call_id": "c1"}]})");
   ASSERT_TRUE(ok.ok()) << ok.status();
   std::vector<std::string> roles;
-  for (const ChatMessage& m : ok->messages) roles.push_back(m.role);
-  EXPECT_THAT(roles, ElementsAre("system", "system", "user", "assistant", "tool"));
+  for (const json& m : json::parse(ok->input.chat->messages_json)) roles.push_back(m["role"]);
+  EXPECT_THAT(roles, ElementsAre("developer", "system", "user", "assistant", "tool"));
 }
 
 absl::Status ServerError(absl::StatusCode code, const char* why, int64_t retry_after_ms = 0) {
@@ -423,7 +431,8 @@ TEST(OpenAiParseTest, NullFieldsAreAbsentAndKnownExtrasAreAccepted) {
           "logprobs": false, "top_logprobs": null, "user": "u"})");
   ASSERT_TRUE(chat.ok()) << chat.status();
   EXPECT_EQ(chat->input.sampling.max_tokens, 9);
-  EXPECT_EQ(chat->messages[0].role, "system");  // OpenAI's "developer" is the system role
+  EXPECT_EQ(json::parse(chat->input.chat->messages_json)[1]["name"], "bob");
+  EXPECT_EQ(chat->input.chat->tools_json, "");  // an empty list: no tools
   auto both =
       ParseGenerationRequest(ApiKind::kChat,
                              R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 9,
@@ -453,7 +462,18 @@ TEST(OpenAiParseTest, UnsupportedOptionsAreRefusedNamingTheParam) {
       {ApiKind::kChat, R"({"messages": [{"role": "user", "content": "x"}], "n": 3})", "n"},
       {ApiKind::kChat,
        R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})",
+       "tools[0].function"},
+      {ApiKind::kChat, R"({"messages": [{"role": "user", "content": "x"}], "tools": {}})",
        "tools"},
+      {ApiKind::kChat,
+       R"({"messages": [{"role": "user", "content": "x"}], "functions": [{"name": "f"}]})",
+       "functions"},
+      {ApiKind::kChat,
+       R"({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": [1]})",
+       "chat_template_kwargs"},
+      {ApiKind::kChat,
+       R"({"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": "no"})",
+       "add_generation_prompt"},
       {ApiKind::kChat,
        R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})",
        "tool_choice"},
@@ -518,9 +538,21 @@ TEST(OpenAiTextTest, TokenizeRequests) {
           "add_special_tokens": true})");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_TRUE(c->chat);
-  ASSERT_EQ(c->messages.size(), 1u);
-  EXPECT_FALSE(c->add_generation_prompt);
+  EXPECT_EQ(json::parse(c->chat_input.messages_json),
+            json::parse(R"([{"role": "user", "content": "hi"}])"));
+  EXPECT_FALSE(c->chat_input.add_generation_prompt);
   EXPECT_EQ(c->add_special_tokens, true);
+  // vLLM's shape: tools and chat_template_kwargs go to the template too.
+  auto t = ParseTokenizeRequest(
+      R"({"messages": [{"role": "user", "content": "hi"}],
+          "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+          "chat_template_kwargs": {"enable_thinking": false}})");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_TRUE(t->chat_input.add_generation_prompt);
+  EXPECT_FALSE(t->add_special_tokens.has_value());
+  EXPECT_EQ(t->chat_input.tools_json,
+            R"([{"type":"function","function":{"name":"f","parameters":{}}}])");
+  EXPECT_EQ(t->chat_input.chat_template_kwargs_json, R"({"enable_thinking":false})");
   const auto param = [](const std::string& body) {
     return ErrorParam(ParseTokenizeRequest(body).status());
   };
@@ -549,6 +581,87 @@ TEST(OpenAiTextTest, DetokenizeRequests) {
   EXPECT_EQ(ErrorParam(ParseDetokenizeRequest(R"({"tokens": "12"})").status()), "tokens");
   EXPECT_EQ(json::parse(DetokenizeBody("caf\xc3\xa9 \xff")),
             json::parse("{\"prompt\": \"caf\xc3\xa9 \xef\xbf\xbd\"}"));
+}
+
+// ---- chat (issue 14): messages, tools, tool_choice and kwargs for the model's chat template
+
+TEST(OpenAiChatTest, MessagesToolsAndKwargsKeepTheRequestsKeyOrder) {
+  // A template's tojson prints keys in the order it got them: the request's, not sorted.
+  auto r = ParseGenerationRequest(
+      ApiKind::kChat,
+      R"({"messages": [{"role": "user", "content": "caf\u00e9", "name": "zed"},
+                       {"role": "assistant", "content": null, "tool_calls": [{"id": "c1",
+                        "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                       {"role": "tool", "tool_call_id": "c1", "content": "42"}],
+          "tools": [{"type": "function", "function": {"name": "f", "description": "d",
+                     "parameters": {"type": "object", "properties": {"z": {}, "a": {}}}}}],
+          "tool_choice": "none", "add_generation_prompt": false,
+          "chat_template_kwargs": {"zeta": 1, "alpha": [true, null], "enable_thinking": false}})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  const ChatInput& c = *r->input.chat;
+  EXPECT_EQ(c.messages_json,
+            "[{\"role\":\"user\",\"content\":\"caf\xc3\xa9\",\"name\":\"zed\"},"
+            R"({"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function",)"
+            R"("function":{"name":"f","arguments":"{}"}}]},)"
+            R"({"role":"tool","tool_call_id":"c1","content":"42"}])");
+  EXPECT_EQ(c.tools_json,
+            R"([{"type":"function","function":{"name":"f","description":"d",)"
+            R"("parameters":{"type":"object","properties":{"z":{},"a":{}}}}}])");
+  EXPECT_EQ(c.chat_template_kwargs_json,
+            R"({"zeta":1,"alpha":[true,null],"enable_thinking":false})");
+  EXPECT_FALSE(c.add_generation_prompt);
+}
+
+TEST(OpenAiChatTest, ToolChoiceOtherThanNoneIsRefusedNamingIt) {
+  const std::string messages = R"("messages": [{"role": "user", "content": "x"}])";
+  for (const char* ok : {"", R"(, "tool_choice": "none")", R"(, "tool_choice": null)"}) {
+    auto r = ParseGenerationRequest(ApiKind::kChat, absl::StrCat("{", messages, ok, "}"));
+    EXPECT_TRUE(r.ok()) << ok << ": " << r.status();
+  }
+  struct Case {
+    const char* field;
+    const char* shown;
+  };
+  const std::vector<std::pair<std::string, Case>> refused = {
+      {R"("tool_choice": "auto")", {"tool_choice", "\"auto\""}},
+      {R"("tool_choice": "required")", {"tool_choice", "\"required\""}},
+      {R"("tool_choice": {"type": "function", "function": {"name": "get_weather"}})",
+       {"tool_choice", "\"function get_weather\""}},
+      {R"("function_call": "auto")", {"function_call", "\"auto\""}},
+  };
+  for (const auto& [field, c] : refused) {
+    absl::Status s = Rejects(ApiKind::kChat, absl::StrCat("{", messages, ", ", field, "}"));
+    ASSERT_TRUE(absl::IsInvalidArgument(s)) << field;
+    EXPECT_EQ(ErrorParam(s), c.field) << field;
+    EXPECT_THAT(s.message(), HasSubstr(absl::StrCat(c.shown, " is not supported: carpool does "
+                                                    "not parse tool calls from the output")))
+        << s;
+    EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("send ", c.field, " \"none\"")));
+  }
+}
+
+TEST(OpenAiChatTest, BadToolsAndMessagesNameTheField) {
+  const auto param = [](const std::string& extra) {
+    return ErrorParam(Rejects(
+        ApiKind::kChat, absl::StrCat(R"({"messages": [{"role": "user", "content": "x"}])", extra,
+                                     "}")));
+  };
+  EXPECT_EQ(param(R"(, "tools": [1])"), "tools[0]");
+  EXPECT_EQ(param(R"(, "tools": [{"type": "retrieval"}])"), "tools[0].type");
+  EXPECT_EQ(param(R"(, "tools": [{"type": "function", "function": {"name": ""}}])"),
+            "tools[0].function.name");
+  EXPECT_EQ(param(R"(, "chat_template_kwargs": "x")"), "chat_template_kwargs");
+  EXPECT_EQ(param(R"(, "continue_final_message": true)"), "continue_final_message");
+  EXPECT_EQ(ErrorParam(Rejects(ApiKind::kChat, R"({"messages": [{"role": "user"}]})")),
+            "messages[0].content");
+  EXPECT_EQ(ErrorParam(Rejects(ApiKind::kChat, R"({"messages": [7]})")), "messages[0]");
+  // An assistant turn may have no content (tool calls only).
+  EXPECT_TRUE(ParseGenerationRequest(
+                  ApiKind::kChat,
+                  R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant",
+                      "tool_calls": [{"id": "1", "type": "function",
+                      "function": {"name": "f", "arguments": "{}"}}]}]})")
+                  .ok());
 }
 
 }  // namespace

@@ -37,7 +37,15 @@ absl::Status CheckRequestId(const std::string& id, const RequestLimits& limits) 
 
 absl::Status ValidateShape(const GenerateInput& r, const RequestLimits& limits) {
   if (absl::Status s = CheckRequestId(r.request_id, limits); !s.ok()) return s;
-  if (r.has_text) {
+  if (r.chat.has_value()) {
+    if (r.chat->messages_json.empty()) {
+      return absl::InvalidArgumentError("chat.messages_json is empty: send a JSON array");
+    }
+    if (ChatBytes(*r.chat) > limits.max_prompt_bytes) {
+      return PromptTooLong(absl::StrCat("the chat input is ", ChatBytes(*r.chat),
+                                        " bytes; the limit is ", limits.max_prompt_bytes));
+    }
+  } else if (r.has_text) {
     if (r.text.empty()) return absl::InvalidArgumentError("prompt text is empty");
     if (static_cast<int64_t>(r.text.size()) > limits.max_prompt_bytes) {
       return PromptTooLong(absl::StrCat("prompt text is ", r.text.size(),
@@ -78,6 +86,10 @@ absl::Status ValidateShape(const GenerateInput& r, const RequestLimits& limits) 
 absl::StatusOr<ValidatedPrompt> ValidateGenerate(const GenerateInput& r, const ModelLimits& model,
                                                  const RequestLimits& limits) {
   RETURN_IF_ERROR(ValidateShape(r, limits));
+  if (r.chat.has_value()) {
+    return absl::InvalidArgumentError(
+        "a chat prompt is rendered by the router with the model's chat template");
+  }
   EncodedTexts encoded;
   if (r.has_text) {
     if (model.tokenizer == nullptr) return NoTokenizer("");
@@ -95,7 +107,7 @@ absl::StatusOr<ValidatedPrompt> ValidateGenerate(const GenerateInput& r,
                                                  const ModelLimits& model,
                                                  const RequestLimits& /*limits*/) {
   ValidatedPrompt out;
-  if (r.has_text) {
+  if (r.has_text || r.chat.has_value()) {
     if (encoded.size() != 1) return absl::InternalError("the prompt text was not tokenized");
     out.tokens = encoded[0];
     if (out.tokens.empty()) return absl::InvalidArgumentError("the prompt text has no tokens");
@@ -268,10 +280,25 @@ absl::StatusOr<EncodedTexts> EncodeTexts(const Tokenizer& tokenizer, const Promp
   return out;
 }
 
+int64_t ChatBytes(const ChatInput& chat) {
+  return static_cast<int64_t>(chat.messages_json.size() + chat.tools_json.size() +
+                              chat.chat_template_kwargs_json.size());
+}
+
+int64_t PromptBytes(const PromptTexts& texts) {
+  int64_t bytes = texts.chat.has_value() ? ChatBytes(*texts.chat) : 0;
+  for (const std::string& t : texts.texts) bytes += static_cast<int64_t>(t.size());
+  return bytes;
+}
+
 PromptTexts TakeTexts(GenerateInput* r) {
   PromptTexts t;
   t.add_special_tokens = r->add_bos;
-  if (r->has_text) {
+  if (r->chat.has_value()) {
+    t.chat = std::move(r->chat);
+    r->chat.emplace();  // still a chat prompt (ValidateGenerate), its fields moved out
+    t.add_special_tokens = false;
+  } else if (r->has_text) {
     t.texts.push_back(std::move(r->text));
     t.labels.emplace_back();
     r->text.clear();

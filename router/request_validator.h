@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,12 +26,18 @@ struct ModelLimits {
 };
 
 // Text a request asks the router to tokenize, and each text's label in errors ("" for a
-// generate prompt, "inputs[3]: " for an embed input).
+// generate prompt, "inputs[3]: " for an embed input). `chat`, when set, is a conversation the
+// pool first renders with the model's chat template into the first text (router_text.cc).
 struct PromptTexts {
   std::vector<std::string> texts;
   std::vector<std::string> labels;
   bool add_special_tokens = true;
+  std::optional<ChatInput> chat;
 };
+// The bytes a PromptTexts holds (its texts and chat fields): what it costs the tokenizer pool.
+int64_t PromptBytes(const PromptTexts& texts);
+// The bytes of a chat input's JSON fields together (bounded by max_prompt_bytes).
+int64_t ChatBytes(const ChatInput& chat);
 // One token-id list per PromptTexts text, in order.
 using EncodedTexts = std::vector<std::vector<int32_t>>;
 
@@ -70,8 +77,9 @@ struct ValidatedPrompt {
 absl::StatusOr<ValidatedPrompt> ValidateGenerate(const GenerateInput& request,
                                                  const ModelLimits& model,
                                                  const RequestLimits& limits);
-// The same with its text already tokenized: `encoded` holds one list when request.has_text
-// (the router tokenizes on its pool and validates on the loop). REQUIRES: ValidateShape passed
+// A chat prompt is refused here: only the router's tokenizer pool renders chat templates.
+// The same with its text already tokenized: `encoded` holds one list when request.has_text or
+// request.chat (the router renders and tokenizes on its pool and validates on the loop). REQUIRES: ValidateShape passed
 // (at arrival; the text may since have been moved out).
 absl::StatusOr<ValidatedPrompt> ValidateGenerate(const GenerateInput& request,
                                                  const EncodedTexts& encoded,
@@ -104,7 +112,8 @@ absl::StatusOr<ValidatedEmbed> ValidateEmbed(const EmbedInput& request,
 // The embed checks that need no model; run at arrival.
 absl::Status ValidateEmbedShape(const EmbedInput& request, const RequestLimits& limits);
 
-// The texts of a request to tokenize (moved out of it).
+// The texts of a request to tokenize (moved out of it). A chat prompt moves into
+// PromptTexts::chat, with add_special_tokens false (the template writes the special tokens).
 PromptTexts TakeTexts(GenerateInput* request);
 PromptTexts TakeTexts(EmbedInput* request);
 

@@ -68,6 +68,12 @@ absl::Status RouterOptions::Validate() const {
   if (tokenizer_threads < 1 || tokenizer_threads > 256) {
     return absl::InvalidArgumentError("--tokenizer-threads must be in [1, 256]");
   }
+  if (chat_render.limits.max_output_bytes < 1) {
+    return absl::InvalidArgumentError("--chat-template-max-output-bytes must be >= 1");
+  }
+  if (chat_render.limits.max_run_time_us < 1000) {
+    return absl::InvalidArgumentError("--chat-template-timeout-ms must be >= 1");
+  }
   if (max_tokenizing_bytes < max_request_bytes) {
     return absl::InvalidArgumentError("max_tokenizing_bytes must be >= --max-request-bytes");
   }
@@ -81,7 +87,10 @@ absl::Status RouterOptions::Validate() const {
 }
 
 Router::Impl::Impl(const RouterOptions& o)
-    : options_(o), clock_(o.clock ? o.clock : Clock::Real()), stats_(o) {
+    : options_(o),
+      clock_(o.clock ? o.clock : Clock::Real()),
+      stats_(o),
+      models_(ByteModelsChatTemplate(o.chat_template)) {
   options_.admission.clock = clock_;
   admission_ = std::make_unique<AdmissionController>(options_.admission, options_.tenants);
   admission_->SetWorkersAvailable(false);  // none has registered yet

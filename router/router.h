@@ -23,6 +23,8 @@
 #include "router/placement.h"
 #include "router/request_validator.h"
 #include "router/tenants.h"
+#include "text/chat_template.h"
+#include "text/jinja/template.h"
 
 namespace zmq {
 class context_t;
@@ -97,6 +99,16 @@ struct RouterOptions {
   std::function<absl::StatusOr<std::shared_ptr<const Tokenizer>>(
       const std::string& tokenizer_json, const std::string& tokenizer_config_json)>
       load_tokenizer;
+  // The chat template override (--chat-template FILE|NAME, text::ChatTemplateOptionsFromFlag):
+  // a template's source replaces every model's; a name picks one of a model's named templates
+  // (byte-tokenizer models, which have none, keep the built-in one). Default: none (each
+  // model's own template).
+  text::ChatTemplateOptions chat_template;
+  // Bounds of one chat template render: limits.max_output_bytes
+  // (--chat-template-max-output-bytes, Default: 8 MiB) and limits.max_run_time_us
+  // (--chat-template-timeout-ms, Default: 2 s); past either the request is refused
+  // INVALID_ARGUMENT. The renders run on the tokenizer threads.
+  text::jinja::RenderOptions chat_render;
   // Not owned; defaults to Clock::Real().
   Clock* clock = nullptr;
 

@@ -7,14 +7,19 @@
 #include <algorithm>
 #include <atomic>
 #include <csignal>
+#include <cstdint>
 #include <cstdlib>
 #include <iostream>
+#include <string>
 
+#include "absl/strings/str_cat.h"
 #include "cluster/router_launch.h"
 #include "common/flags.h"
 #include "router/http_gateway.h"
 #include "router/router.h"
+#include "router/served_models.h"
 #include "router/zap_handler.h"
+#include "text/chat_template.h"
 
 namespace {
 
@@ -55,7 +60,8 @@ int main(int argc, char** argv) {
   std::string tenants_file, curve_secret_file, curve_allow_file, admin_key_file;
   carpool::router::HttpGatewayOptions http;
   http.listen.clear();
-  std::string chat_template = "auto";
+  std::string chat_template;
+  int64_t chat_template_timeout_ms = options.chat_render.limits.max_run_time_us / 1000;
   bool help = false;
   carpool::FlagParser flags;
   flags.AddString("frontend", &options.frontend, "client endpoint");
@@ -126,7 +132,13 @@ int main(int argc, char** argv) {
   flags.AddInt64("http-request-timeout-ms", &http.request_timeout_ms,
                  "longest an HTTP generation may take without deadline_ms");
   flags.AddString("chat-template", &chat_template,
-                  "llama3 | chatml | plain | auto: by the served model's name");
+                  "FILE: a Jinja chat template used instead of every model's own; NAME: the "
+                  "named template of a model's tokenizer_config.json list; default: each "
+                  "model's own (docs/chat_templates.md)");
+  flags.AddBytes("chat-template-max-output-bytes", &options.chat_render.limits.max_output_bytes,
+                 "largest prompt a chat template render may write; past it the request gets 400");
+  flags.AddInt64("chat-template-timeout-ms", &chat_template_timeout_ms,
+                 "longest one chat template render may run; past it the request gets 400");
   flags.AddBool("help", &help, "show this help");
   if (absl::Status s = flags.Parse(argc, argv, 1); !s.ok()) {
     std::cerr << "carpool-router: " << s.message() << "\n";
@@ -141,9 +153,23 @@ int main(int argc, char** argv) {
     std::cerr << "carpool-router: " << s.message() << "\n";
     return code;
   };
-  auto tmpl = carpool::router::ParseChatTemplate(chat_template);
-  if (!tmpl.ok()) return fail(tmpl.status(), 2);
-  http.chat_template = *tmpl;
+  auto chat_options = carpool::text::ChatTemplateOptionsFromFlag(chat_template);
+  if (!chat_options.ok()) return fail(chat_options.status(), 2);
+  options.chat_template = std::move(*chat_options);
+  if (!options.chat_template.override_source.empty()) {
+    // A template file carpool cannot run is refused now, naming the construct and its line.
+    carpool::router::ChatTemplateLoad t =
+        carpool::router::ByteModelsChatTemplate(options.chat_template);
+    if (t.chat_template == nullptr) {
+      return fail(absl::InvalidArgumentError(
+                      absl::StrCat("--chat-template ", chat_template, ": ", t.status.message())),
+                  2);
+    }
+  }
+  if (chat_template_timeout_ms < 1 || chat_template_timeout_ms > INT64_MAX / 1000) {
+    return fail(absl::InvalidArgumentError("--chat-template-timeout-ms must be >= 1"), 2);
+  }
+  options.chat_render.limits.max_run_time_us = chat_template_timeout_ms * 1000;
   auto policy = carpool::router::ParsePlacementPolicy(placement);
   if (!policy.ok()) return fail(policy.status(), 2);
   options.placement = *policy;
@@ -174,8 +200,8 @@ int main(int argc, char** argv) {
   auto mpi = carpool::cluster::RouterMpiSession::JoinIfLaunched(&argc, &argv, std::getenv);
   if (!mpi.ok()) return fail(mpi.status(), 1);
   if (*mpi != nullptr && !flags.WasSet("backend")) options.backend = (*mpi)->backend();
-  // The gateway forwards rendered prompts over inproc: they never reach 4x its body limit
-  // (a chat message's template lines are shorter than its JSON), so neither may that path's.
+  // The gateway forwards its requests' prompts and chat messages over inproc: they never reach
+  // 4x its body limit, so neither may that path's.
   if (!http.listen.empty()) {
     options.max_inproc_request_bytes =
         std::max(options.max_inproc_request_bytes, 4 * http.server.max_body_bytes);
@@ -194,6 +220,13 @@ int main(int argc, char** argv) {
   std::cerr << "carpool-router: placement " << placement << ", "
             << (options.tenants.enabled() ? std::to_string(options.tenants.size()) + " tenant(s)"
                                           : std::string("no tenants"))
+            << "\n";
+  std::cerr << "carpool-router: chat template: "
+            << (!options.chat_template.override_source.empty()
+                    ? "the file " + chat_template + " for every model"
+                : !options.chat_template.override_name.empty()
+                    ? "the one named " + chat_template + " of each model's list"
+                    : std::string("each model's own"))
             << "\n";
   std::cerr << "carpool-router: frontend " << (*router)->frontend_endpoint() << ", backend "
             << (*router)->backend_endpoint() << std::endl;
@@ -223,8 +256,7 @@ int main(int argc, char** argv) {
     gateway = std::move(*started);
     const std::string host = http.listen.substr(0, http.listen.rfind(':'));
     std::cerr << "carpool-router: http gateway listening on http://" << host << ":"
-              << gateway->port() << " (chat template "
-              << carpool::router::ChatTemplateName(http.chat_template) << ")" << std::endl;
+              << gateway->port() << std::endl;
   }
   absl::Status s = (*router)->Run();
   gateway.reset();  // its client socket lives in the router's context

@@ -1,7 +1,8 @@
 // Router::Impl, the tokenizer side: a request's text goes to the tokenizer pool and its tokens
-// come back to the loop (OnTokenized), the models' tokenizers are built there from the files
-// their workers hand over, and Tokenize / Detokenize requests are answered from there. Nothing
-// here tokenizes on the loop.
+// come back to the loop (OnTokenized), the models' tokenizers and chat templates are built there
+// from the files their workers hand over, chat prompts are rendered there right before they are
+// tokenized, and Tokenize / Detokenize requests are answered from there. Nothing here renders or
+// tokenizes on the loop.
 #include <algorithm>
 #include <iostream>
 #include <utility>
@@ -19,6 +20,42 @@ absl::StatusOr<std::shared_ptr<const Tokenizer>> LoadHf(const std::string& json,
   absl::StatusOr<std::unique_ptr<text::HfTokenizer>> t = text::HfTokenizer::FromJson(json, config);
   if (!t.ok()) return t.status();
   return std::shared_ptr<const Tokenizer>(std::move(*t));
+}
+
+// A chat template's result: the template when it parsed, else why not.
+ChatTemplateLoad LoadChatTemplate(const TokenizerLoad& load,
+                                  const text::ChatTemplateOptions& options) {
+  absl::StatusOr<std::shared_ptr<const text::ChatTemplate>> t = text::ChatTemplate::FromModelFiles(
+      load.tokenizer_config_json, load.chat_template_jinja, options);
+  if (!t.ok()) return {nullptr, t.status()};
+  return {*std::move(t), absl::OkStatus()};
+}
+
+// Renders texts.chat (when set) with `chat` into the first text, then tokenizes every text.
+// Thread-safe: the pool runs it.
+absl::StatusOr<EncodedTexts> RenderAndEncode(const Tokenizer& tokenizer,
+                                             const text::ChatTemplate* chat,
+                                             const text::jinja::RenderOptions& options,
+                                             PromptTexts texts) {
+  if (texts.chat.has_value()) {
+    if (chat == nullptr) {
+      return absl::InternalError("a chat prompt reached a model without a template");
+    }
+    text::ChatRequest request;
+    request.messages_json = std::move(texts.chat->messages_json);
+    request.tools_json = std::move(texts.chat->tools_json);
+    request.add_generation_prompt = texts.chat->add_generation_prompt;
+    request.chat_template_kwargs_json = std::move(texts.chat->chat_template_kwargs_json);
+    absl::StatusOr<std::string> rendered = chat->Render(request, options);
+    if (!rendered.ok()) {
+      // Bad messages, raise_exception, a limit: the request's fault, never the router's.
+      return absl::InvalidArgumentError(
+          absl::StrCat("chat template: ", rendered.status().message()));
+    }
+    texts.texts.insert(texts.texts.begin(), *std::move(rendered));
+    texts.labels.insert(texts.labels.begin(), "");
+  }
+  return EncodeTexts(tokenizer, texts);
 }
 
 std::string NoTokenizerMessage(const std::string& model) {
@@ -49,8 +86,12 @@ void Router::Impl::StartTokenizing(Request& r) {
     return;
   }
   PromptTexts texts = r.kind->TakeTexts(r);
-  int64_t bytes = 0;
-  for (const std::string& t : texts.texts) bytes += static_cast<int64_t>(t.size());
+  if (texts.chat.has_value() && m->chat_template == nullptr) {
+    Fail(router_id, absl::StatusCode::kInvalidArgument, reason::kInvalidArgument,
+         m->chat_template_error);
+    return;
+  }
+  const int64_t bytes = PromptBytes(texts);
   if (tokenizing_bytes_ > 0 && tokenizing_bytes_ + bytes > options_.max_tokenizing_bytes) {
     const std::string client = r.client;
     const std::string request_id = r.request_id;
@@ -65,8 +106,11 @@ void Router::Impl::StartTokenizing(Request& r) {
   tokenizing_bytes_ += bytes;
   r.stage = Stage::kTokenizing;
   pool_->Submit([this, router_id, bytes, tokenizer = m->limits.tokenizer,
+                 chat = texts.chat.has_value() ? m->chat_template : nullptr,
+                 render = options_.chat_render,
                  texts = std::move(texts)]() mutable -> TokenizerPool::Completion {
-    absl::StatusOr<EncodedTexts> encoded = EncodeTexts(*tokenizer, texts);
+    absl::StatusOr<EncodedTexts> encoded =
+        RenderAndEncode(*tokenizer, chat.get(), render, std::move(texts));
     return [this, router_id, bytes, encoded = std::move(encoded)]() mutable {
       OnTokenized(router_id, bytes, std::move(encoded));
     };
@@ -149,18 +193,26 @@ void Router::Impl::ResumeTextCalls(int64_t now, bool expire_only) {
 
 void Router::Impl::StartTokenizerLoad(TokenizerLoad load) {
   auto build = options_.load_tokenizer ? options_.load_tokenizer : LoadHf;
-  pool_->Submit([this, load = std::move(load),
-                 build = std::move(build)]() mutable -> TokenizerPool::Completion {
+  pool_->Submit([this, load = std::move(load), build = std::move(build),
+                 chat_options = options_.chat_template]() mutable -> TokenizerPool::Completion {
     absl::StatusOr<std::shared_ptr<const Tokenizer>> t =
         build(load.tokenizer_json, load.tokenizer_config_json);
-    return [this, load = std::move(load), t = std::move(t)]() mutable {
+    // The template with the tokenizer, so a template carpool cannot run is reported now, at
+    // load, not at the first chat request.
+    ChatTemplateLoad chat = LoadChatTemplate(load, chat_options);
+    return [this, load = std::move(load), t = std::move(t), chat = std::move(chat)]() mutable {
       if (t.ok()) {
         std::cerr << "carpool-router: model " << load.model << ": tokenizer loaded\n";
+        if (chat.chat_template != nullptr) {
+          std::cerr << "carpool-router: model " << load.model << ": chat template loaded\n";
+        } else {
+          std::cerr << "carpool-router: " << ChatTemplateError(load.model, chat.status) << "\n";
+        }
       } else {
         std::cerr << "carpool-router: model " << load.model
                   << ": its tokenizer did not load: " << t.status().message() << "\n";
       }
-      models_.SetTokenizer(load, std::move(t));
+      models_.SetTokenizer(load, std::move(t), std::move(chat));
       ResumeWaiting();
     };
   });
@@ -221,9 +273,33 @@ void Router::Impl::OnTokenize(const std::string& client, TokenizeInput in) {
     shape = absl::InvalidArgumentError(
         absl::StrCat("text is ", in.text.size(), " bytes; the limit is ", limits.max_prompt_bytes));
   }
+  if (shape.ok() && in.chat.has_value()) {
+    if (!in.text.empty()) {
+      shape = absl::InvalidArgumentError("a tokenize request has text or chat, not both");
+    } else if (in.chat->messages_json.empty()) {
+      shape = absl::InvalidArgumentError("chat.messages_json is empty: send a JSON array");
+    } else if (ChatBytes(*in.chat) > limits.max_prompt_bytes) {
+      shape = absl::InvalidArgumentError(absl::StrCat("the chat input is ", ChatBytes(*in.chat),
+                                                      " bytes; the limit is ",
+                                                      limits.max_prompt_bytes));
+    }
+  }
   const ServedModel* m = AcceptTextCall(client, in, std::move(shape));
   if (m == nullptr) return;
-  const auto bytes = static_cast<int64_t>(in.text.size());
+  if (in.chat.has_value() && m->chat_template == nullptr) {
+    SendError(client, in.request_id, absl::StatusCode::kInvalidArgument, reason::kInvalidArgument,
+              m->chat_template_error);
+    return;
+  }
+  PromptTexts texts;
+  if (in.chat.has_value()) {
+    texts.chat = std::move(in.chat);
+  } else {
+    texts.texts.push_back(std::move(in.text));
+    texts.labels.emplace_back();
+  }
+  texts.add_special_tokens = in.add_special_tokens;
+  const int64_t bytes = PromptBytes(texts);
   if (tokenizing_bytes_ > 0 && tokenizing_bytes_ + bytes > options_.max_tokenizing_bytes) {
     SendError(client, in.request_id, absl::StatusCode::kUnavailable, reason::kQueueFull,
               absl::StrCat("the tokenizer threads hold ", tokenizing_bytes_,
@@ -234,14 +310,13 @@ void Router::Impl::OnTokenize(const std::string& client, TokenizeInput in) {
   }
   tokenizing_bytes_ += bytes;
   text_calls_.insert({client, in.request_id});
-  PromptTexts texts;
-  texts.texts.push_back(std::move(in.text));
-  texts.labels.emplace_back();
-  texts.add_special_tokens = in.add_special_tokens;
   pool_->Submit([this, client, request_id = std::move(in.request_id), bytes,
                  max_model_len = m->limits.max_model_len, tokenizer = m->limits.tokenizer,
+                 chat = texts.chat.has_value() ? m->chat_template : nullptr,
+                 render = options_.chat_render,
                  texts = std::move(texts)]() mutable -> TokenizerPool::Completion {
-    absl::StatusOr<EncodedTexts> encoded = EncodeTexts(*tokenizer, texts);
+    absl::StatusOr<EncodedTexts> encoded =
+        RenderAndEncode(*tokenizer, chat.get(), render, std::move(texts));
     return [this, client = std::move(client), request_id = std::move(request_id), bytes,
             max_model_len, encoded = std::move(encoded)]() mutable {
       tokenizing_bytes_ -= bytes;

@@ -215,9 +215,10 @@ def test_penalties_reach_the_sampler(cluster):
     ("/v1/completions", {"stop": [1, 2]}, "stop"),
     ("/v1/chat/completions", {"n": 2}, "n"),
     ("/v1/chat/completions", {"logit_bias": {"1": 5}}, "logit_bias"),
-    ("/v1/chat/completions",
-     {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+    ("/v1/chat/completions", {"tools": [{"type": "function"}]}, "tools[0].function"),
     ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice"),
+    ("/v1/chat/completions", {"tool_choice": "auto"}, "tool_choice"),
+    ("/v1/chat/completions", {"chat_template_kwargs": "x"}, "chat_template_kwargs"),
     ("/v1/chat/completions", {"response_format": {"type": "json_object"}},
      "response_format.type"),
     ("/v1/chat/completions", {"max_completion_tokens": 0}, "max_completion_tokens"),
@@ -230,6 +231,21 @@ def test_unsupported_options_are_400_naming_the_param(cluster, path, extra, para
     else:
         body["messages"] = [{"role": "user", "content": "x"}]
     param_error(post(cluster, path, body), param)
+
+
+def test_chat_tools_and_kwargs_reach_the_template(cluster):
+    # Tools and chat_template_kwargs go to the model's template (the synthetic model's built-in
+    # one ignores them); tool_choice "none" is accepted, and /tokenize with the same fields
+    # gives the prompt the completion used.
+    fields = dict(messages=[{"role": "user", "content": "x"}],
+                  tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
+                  chat_template_kwargs={"enable_thinking": False})
+    r = post(cluster, "/v1/chat/completions", greedy(tool_choice="none", max_tokens=2, **fields))
+    assert r.status_code == 200, r.text
+    tok = post(cluster, "/tokenize", dict(model=MODEL, **fields))
+    assert tok.status_code == 200, tok.text
+    assert tok.json()["count"] == r.json()["usage"]["prompt_tokens"]
+    assert bytes(tok.json()["tokens"]) == b"user: x\nassistant:"
 
 
 def test_error_params(cluster):
