@@ -161,9 +161,9 @@ int main(int argc, char** argv) {
     carpool::router::ChatTemplateLoad t =
         carpool::router::ByteModelsChatTemplate(options.chat_template);
     if (t.chat_template == nullptr) {
-      return fail(absl::InvalidArgumentError(
-                      absl::StrCat("--chat-template ", chat_template, ": ", t.status.message())),
-                  2);
+      return fail(
+          absl::InvalidArgumentError(absl::StrCat(t.status.message(), " (", chat_template, ")")),
+          2);
     }
   }
   if (chat_template_timeout_ms < 1 || chat_template_timeout_ms > INT64_MAX / 1000) {

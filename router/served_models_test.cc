@@ -64,5 +64,69 @@ TEST(ServedModelsTest, HandedOverFilesLoadOncePerContentAndAFailureIsRetried) {
   EXPECT_TRUE(m.Register(Info("d", 64, TokenizerKind::kHuggingFace, "{2}")).has_value());
 }
 
+TEST(ServedModelsTest, ChatTemplatesComeWithTheTokenizerAndTheirErrorsNameEachModel) {
+  ServedModels m;
+  // Byte models: the built-in template.
+  m.Register(Info("bytes", 64, TokenizerKind::kByte));
+  EXPECT_EQ(m.Find("bytes")->chat_template, text::ChatTemplate::Builtin());
+  // Token-id models have none (and no tokenizer either).
+  m.Register(Info("ids", 64, TokenizerKind::kNone));
+  EXPECT_EQ(m.Find("ids")->chat_template, nullptr);
+  // An hf model's: the load's, shared with a later model of the same files through the cache.
+  RegisterInfo a = Info("a", 64, TokenizerKind::kHuggingFace, "{1}");
+  a.chat_template_jinja = "{{ messages[0].content }}";
+  std::optional<TokenizerLoad> load = m.Register(a);
+  ASSERT_TRUE(load.has_value());
+  EXPECT_EQ(load->chat_template_jinja, a.chat_template_jinja);
+  auto tmpl = text::ChatTemplate::FromModelFiles("", a.chat_template_jinja, {});
+  ASSERT_TRUE(tmpl.ok()) << tmpl.status();
+  m.SetTokenizer(*load, std::shared_ptr<const Tokenizer>(std::make_shared<ByteTokenizer>()),
+                 ChatTemplateLoad{*tmpl, absl::OkStatus()});
+  EXPECT_EQ(m.Find("a")->chat_template, *tmpl);
+  RegisterInfo a2 = a;
+  a2.model = "a2";
+  EXPECT_FALSE(m.Register(a2).has_value());
+  EXPECT_EQ(m.Find("a2")->chat_template, *tmpl);
+  // Another chat_template.jinja with the same tokenizer files is another load.
+  RegisterInfo b = Info("b", 64, TokenizerKind::kHuggingFace, "{1}");
+  load = m.Register(b);
+  ASSERT_TRUE(load.has_value());
+  EXPECT_EQ(load->chat_template_jinja, "");
+  m.SetTokenizer(*load, std::shared_ptr<const Tokenizer>(std::make_shared<ByteTokenizer>()),
+                 ChatTemplateLoad{nullptr, absl::NotFoundError("the model has no chat template")});
+  EXPECT_EQ(m.Find("b")->chat_template, nullptr);
+  EXPECT_THAT(m.Find("b")->chat_template_error,
+              HasSubstr("model 'b' has no chat template (tokenizer_config.json has no "
+                        "chat_template and the folder no chat_template.jinja): start the router "
+                        "with --chat-template FILE"));
+  RegisterInfo b2 = b;
+  b2.model = "b2";
+  EXPECT_FALSE(m.Register(b2).has_value());
+  EXPECT_THAT(m.Find("b2")->chat_template_error, HasSubstr("model 'b2' has no chat template"));
+  EXPECT_THAT(ChatTemplateError("c", absl::InvalidArgumentError("line 3: unsupported tag 'x'")),
+              HasSubstr("the chat template of model 'c' did not load (line 3: unsupported tag "
+                        "'x')"));
+}
+
+TEST(ServedModelsTest, ByteModelsTakeTheRoutersTemplateFile) {
+  text::ChatTemplateOptions file;
+  file.override_source = "{{ messages | length }}";
+  ChatTemplateLoad t = ByteModelsChatTemplate(file);
+  ASSERT_NE(t.chat_template, nullptr) << t.status;
+  EXPECT_EQ(t.chat_template->source(), file.override_source);
+  ServedModels m(t);
+  m.Register(Info("bytes", 64, TokenizerKind::kByte));
+  EXPECT_EQ(m.Find("bytes")->chat_template, t.chat_template);
+  // A name picks from a model's list, which byte models have not: they keep the built-in one.
+  text::ChatTemplateOptions name;
+  name.override_name = "tool_use";
+  EXPECT_EQ(ByteModelsChatTemplate(name).chat_template, text::ChatTemplate::Builtin());
+  text::ChatTemplateOptions bad;
+  bad.override_source = "{% include 'x' %}";
+  ChatTemplateLoad b = ByteModelsChatTemplate(bad);
+  EXPECT_EQ(b.chat_template, nullptr);
+  EXPECT_TRUE(absl::IsInvalidArgument(b.status)) << b.status;
+}
+
 }  // namespace
 }  // namespace carpool::router
