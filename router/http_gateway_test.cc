@@ -547,6 +547,15 @@ TEST_F(HttpGatewayTest, ChatAndTokenizeOfASyntheticModelUseTheBuiltInTemplate) {
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 400) << res->body;
   EXPECT_EQ(json::parse(res->body)["error"]["code"], "invalid_argument");
+  // Streamed too: the router's refusal comes before the first chunk, so it keeps its status.
+  res = c.Post("/v1/chat/completions",
+               R"({"messages": [{"role": "user", "content": "a"}], "max_tokens": 2,
+                   "stream": true, "chat_template_kwargs": {"tools": []}})",
+               "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400) << res->body;
+  EXPECT_THAT(json::parse(res->body)["error"]["message"].get<std::string>(),
+              ::testing::HasSubstr("chat_template_kwargs"));
 }
 
 }  // namespace
