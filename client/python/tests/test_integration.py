@@ -306,3 +306,40 @@ def test_stop_strings_end_the_output_at_the_router(cluster):
     assert kept.text_bytes == whole.text_bytes[:at + 1]
     assert streamed.result.stop_string == stop
     assert b"".join(c.text_bytes for c in chunks) == whole.text_bytes[:at]
+
+
+CONVERSATION = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Where does the carpool leave from?"}]
+
+
+def test_chat_prompt_is_the_tokenized_conversation(cluster):
+    # The byte models' built-in template renders the conversation in the router; whatever it
+    # writes, chat() must reach the model as exactly the ids tokenize(messages=...) gives.
+    with carpool.Client(cluster.frontend, api_key=KEY, timeout=60) as client:
+        ids = client.tokenize(messages=CONVERSATION).token_ids
+        text = client.detokenize(ids, skip_special_tokens=True)
+        assert "Where does the carpool leave from?" in text, text
+        ref = client.generate(token_ids=ids, **greedy())
+        whole = client.chat(CONVERSATION, **greedy())
+        stream = client.chat(CONVERSATION, stream=True, **greedy())
+        chunks = list(stream)
+        no_prompt = client.tokenize(messages=CONVERSATION, add_generation_prompt=False).token_ids
+        with pytest.raises(carpool.InvalidArgument):
+            client.chat([{"role": "wizard", "content": "x"}], **greedy())
+    assert whole.usage.prompt_tokens == len(ids)
+    assert whole.token_ids == ref.token_ids
+    assert sum((c.token_ids for c in chunks), []) == ref.token_ids
+    assert stream.result.usage.prompt_tokens == len(ids)
+    assert no_prompt != ids and len(no_prompt) < len(ids)
+
+
+def test_async_chat(cluster):
+    async def main():
+        async with carpool.AsyncClient(cluster.frontend, api_key=KEY, timeout=60) as client:
+            ids = (await client.tokenize(messages=CONVERSATION)).token_ids
+            ref = await client.generate(token_ids=ids, **greedy())
+            got = await client.chat(CONVERSATION, **greedy())
+            return ref, got
+
+    ref, got = asyncio.run(asyncio.wait_for(main(), 60))
+    assert got.token_ids == ref.token_ids
