@@ -337,8 +337,7 @@ std::shared_ptr<const ChatTemplate> ChatTemplate::Builtin() {
   return builtin;
 }
 
-absl::StatusOr<std::string> ChatTemplate::Render(const ChatRequest& request,
-                                                 const jinja::RenderOptions& options) const {
+absl::StatusOr<ChatTemplate::Prepared> ChatTemplate::Prepare(const ChatRequest& request) const {
   jinja::Dict context;
   ASSIGN_OR_RETURN(Value messages, Messages(request.messages_json));
   ASSIGN_OR_RETURN(Value tools, Tools(request.tools_json));
@@ -349,9 +348,15 @@ absl::StatusOr<std::string> ChatTemplate::Render(const ChatRequest& request,
   context.Set(Value::String("add_generation_prompt"), Value::Bool(request.add_generation_prompt));
   for (const auto& [name, token] : special_tokens_.entries) context.Set(name, token);
   RETURN_IF_ERROR(AddKwargs(request.chat_template_kwargs_json, context));
-  const jinja::Template& program =
-      has_tools && tool_use_program_ != nullptr ? *tool_use_program_ : *program_;
-  return program.Render(Value::MakeDict(std::move(context)), options);
+  const jinja::Template* program =
+      has_tools && tool_use_program_ != nullptr ? tool_use_program_.get() : program_.get();
+  return Prepared{Value::MakeDict(std::move(context)), program};
+}
+
+absl::StatusOr<std::string> ChatTemplate::Render(const ChatRequest& request,
+                                                 const jinja::RenderOptions& options) const {
+  ASSIGN_OR_RETURN(Prepared prepared, Prepare(request));
+  return prepared.program->Render(prepared.context, options);
 }
 
 }  // namespace carpool::text

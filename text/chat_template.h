@@ -103,6 +103,16 @@ class ChatTemplate {
   absl::StatusOr<std::string> Render(const ChatRequest& request,
                                      const jinja::RenderOptions& options = {}) const;
 
+  // Render in two steps, for callers that time them apart (carpool-bench-tokenizer): Prepare
+  // checks the request and builds the template's context (the JSON parsed into values), then
+  // program->Render(context, options) runs the template. Prepare's errors are Render's bad-input
+  // errors; `program` is owned by this ChatTemplate.
+  struct Prepared {
+    jinja::Value context;
+    const jinja::Template* program;
+  };
+  absl::StatusOr<Prepared> Prepare(const ChatRequest& request) const;
+
   // The source of the template a request without tools renders.
   const std::string& source() const { return source_; }
 

@@ -7,6 +7,9 @@
 // driver (bench/tokenizer_bench.py) can check that another implementation did the same work.
 // --threads N (N > 1) then also times N threads encoding every document at once with the same
 // tokenizer object (as the router's tokenizer threads share one), and prints the aggregate rate.
+// --chat-messages FILE (with --tokenizer DIR, a model folder, instead of --inputs-file) times
+// rendering that conversation with the folder's chat template against encoding the prompt it
+// renders (text/chat_template_bench.h).
 #include <time.h>
 
 #include <algorithm>
@@ -20,6 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "common/flags.h"
 #include "nlohmann/json.hpp"
+#include "text/chat_template_bench.h"
 #include "text/tokenizer_factory.h"
 
 namespace {
@@ -39,7 +43,7 @@ double ProcessCpuSeconds() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string tokenizer_path, inputs_file, ids_out;
+  std::string tokenizer_path, inputs_file, ids_out, chat_messages;
   int passes = 3, threads = 1;
   bool json = false;
   carpool::FlagParser parser;
@@ -50,9 +54,14 @@ int main(int argc, char** argv) {
                    "write {\"ids\": [...], \"text\": decode} per document to this file");
   parser.AddBool("json", &json, "print the result as one JSON object");
   parser.AddInt("threads", &threads, "also time this many threads encoding at once (> 1)");
+  parser.AddString("chat-messages", &chat_messages,
+                   "a JSON array of chat messages: time the --tokenizer folder's chat template "
+                   "on it against encoding its output");
   if (absl::Status s = parser.Parse(argc, argv, 1);
-      !s.ok() || tokenizer_path.empty() || inputs_file.empty() || passes < 1 || threads < 1) {
-    std::cerr << "usage: carpool-bench-tokenizer --tokenizer PATH --inputs-file FILE\n"
+      !s.ok() || tokenizer_path.empty() || (inputs_file.empty() == chat_messages.empty()) ||
+      passes < 1 || threads < 1) {
+    std::cerr << "usage: carpool-bench-tokenizer --tokenizer PATH "
+                 "(--inputs-file FILE | --chat-messages FILE)\n"
               << parser.Help();
     return 2;
   }
@@ -63,6 +72,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   const double load_s = Seconds(load_start);
+  if (!chat_messages.empty()) {
+    return carpool::text::RunChatTemplateBench(
+        **tokenizer, {.model_dir = tokenizer_path, .messages_file = chat_messages,
+                      .passes = passes, .json = json});
+  }
   std::vector<std::string> docs;
   size_t bytes = 0;
   std::ifstream in(inputs_file);
