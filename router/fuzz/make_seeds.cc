@@ -37,6 +37,12 @@ int main(int argc, char** argv) {
   text.text = "Hello, \xe4\xb8\x96\xe7\x95\x8c";
   text.add_bos = true;
   write("generate_text", Encode(ClientMessage(text)));
+  GenerateInput chat;
+  chat.request_id = "c";
+  chat.chat = ChatInput{R"([{"role":"user","content":"hi"}])",
+                        R"([{"type":"function","function":{"name":"f"}}])", false,
+                        R"({"enable_thinking":false})"};
+  write("generate_chat", Encode(ClientMessage(chat)));
   write("cancel", Encode(ClientMessage(CancelInput{"r1"})));
   write("stats_query", Encode(ClientMessage(StatsQuery{})));
   RegisterInfo reg;
