@@ -1,9 +1,10 @@
 """Small templates, each exercising one construct, for test_constructs.py.
 
-A case is {"name", "template", "context", "extra"}: test_constructs.py renders it with Jinja2 (as
-transformers configures it) and with carpool, and asserts the same output or that both raise.
-"extra" marks what goes beyond the constructs issue 14 lists: for those carpool may instead
-refuse the template at parse time as unsupported (the issue's rule for a construct it lacks).
+A case is {"name", "template", "context", "extra", "divergence"?}: test_constructs.py renders it
+with Jinja2 (as transformers configures it) and with carpool, and asserts the same output or that
+both raise. "extra" marks what goes beyond the constructs issue 14 lists: for those carpool may
+instead refuse the template at parse time as unsupported (the issue's rule for a construct it
+lacks). "divergence" marks a deliberate difference (carpool must raise, matching its regex).
 
 Everything here is deterministic: strftime_now runs at a fixed time (NOW_UNIX_MICROS, TZ=UTC),
 and nothing prints an object's address.
@@ -34,10 +35,15 @@ _CTX = {
 }
 
 
-def add(group, template, context=None, extra=False):
+def add(group, template, context=None, extra=False, divergence=None):
+    """divergence: (regex, why) for a deliberate difference from Jinja2: carpool must raise an
+    error matching regex (why says what Jinja2 does and why carpool does not)."""
     n = sum(1 for c in CASES if c["name"].startswith(group + "-")) + 1
-    CASES.append({"name": f"{group}-{n:02d}", "template": template,
-                  "context": dict(_CTX, **(context or {})), "extra": extra})
+    case = {"name": f"{group}-{n:02d}", "template": template, "context": dict(_CTX, **(context or {})),
+            "extra": extra}
+    if divergence:
+        case["divergence"] = {"carpool_error": divergence[0], "why": divergence[1]}
+    CASES.append(case)
 
 
 # ---- output, comments, literals --------------------------------------------------------------
@@ -492,7 +498,9 @@ add("dict", "{{ d.pop('a') }}")
 add("dict", "{{ d.setdefault('z', 1) }}")
 add("dict", "{{ d.clear() }}")
 add("dict", "{{ l.append(4) }}")
-add("dict", "{{ l.pop() }}")
+add("dict", "{{ l.pop() }}", divergence=(r"unsafe", "Jinja2 3.1.2's ImmutableSandboxedEnvironment lets list.pop "
+                                           "through (it is missing from its list of mutating methods); carpool's "
+                                           "values are immutable, so it refuses every mutating method"))
 add("dict", "{{ l.sort() }}")
 add("dict", "{{ l.index(1) }} {{ l.count(3) }}", extra=True)
 

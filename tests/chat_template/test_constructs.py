@@ -6,11 +6,13 @@ strftime_now, operators, tests, lookups, undefined, slicing, filters, string and
 syntax errors) renders through Jinja2 configured as transformers configures it
 (jinja_reference.py) and through carpool-jinja-render; each must give the same output, or both
 must raise (carpool's error then carries raise_exception's message). A case marked "extra" goes
-beyond what the issue lists, and carpool may refuse it at parse time as unsupported instead.
+beyond what the issue lists, and carpool may refuse it at parse time as unsupported instead; a
+case marked "divergence" is a deliberate difference, where carpool must raise the error it names.
 Every mismatch is written to $CARPOOL_CHAT_TEMPLATE_REPORT_DIR/constructs.jsonl.
 """
 
 import os
+import re
 import sys
 
 import pytest
@@ -35,7 +37,12 @@ def results():
     out = {}
     report = []
     for c, ref, got in zip(CASES, reference, carpool):
-        ok, why = harness.same(ref, got, allow_unsupported=c["extra"])
+        if "divergence" in c:
+            div = c["divergence"]
+            ok = not got["ok"] and not got.get("crashed") and re.search(div["carpool_error"], got["error"]) is not None
+            why = "deliberate divergence" if ok else f"carpool must raise /{div['carpool_error']}/ here ({div['why']})"
+        else:
+            ok, why = harness.same(ref, got, allow_unsupported=c["extra"])
         out[c["name"]] = (ok, why, ref, got)
         if not ok:
             report.append({"name": c["name"], "why": why, "template": c["template"], "jinja2": ref, "carpool": got})
