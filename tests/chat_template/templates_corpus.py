@@ -224,6 +224,8 @@ add("strftime", "{{ strftime_now('%Y-%m-%d %H:%M:%S') }}")
 add("strftime", "{{ strftime_now('%d %b %Y') }}|{{ strftime_now('%B %-d') }}|{{ strftime_now('%A %a %j %p %I %y') }}")
 add("strftime", "{{ strftime_now('%%literal%% %m/%d') }}")
 add("strftime", "Today Date: {{ strftime_now('%d %b %Y') }}")
+add("strftime", "{{ strftime_now('%Z|%z|%f') }}")
+add("strftime", "{{ strftime_now('%c|%x|%X|%U|%W|%G|%V|%u|%w|%e|%C|%D|%F|%T|%R|%h|%n|%t') }}")
 
 # ---- arithmetic and operators -----------------------------------------------------------------
 add("arith", "{{ 1 + 2 }} {{ 5 - 8 }} {{ 3 * 4 }} {{ 7 / 2 }} {{ 6 / 2 }} {{ 7 // 2 }} {{ -7 // 2 }} {{ 7 % 3 }} {{ -7 % 3 }}")
@@ -293,6 +295,7 @@ add("is", "{{ 'a' is in 'abc' }} {{ 3 is in l }} {{ 'q' is in d }}")
 add("is", "{{ 'abc' is lower }} {{ 'ABC' is upper }} {{ 'aBc' is lower }}", extra=True)
 add("is", "{{ no is sameas none }} {{ t is sameas true }}", extra=True)
 add("is", "{{ s.upper is callable }} {{ s is callable }}", extra=True)
+add("is", "{{ (5).real }}|{{ 1.5.is_integer() }}|{{ true.real }}", extra=True)
 add("is", "{{ 'upper' is filter }} {{ 'nope' is filter }} {{ 'odd' is test }}", extra=True)
 add("is", "{{ n is not odd }} {{ not n is odd }} {{ s is not string }}")
 add("is", "{{ n is divisibleby 0 }}")
@@ -335,7 +338,9 @@ add("undef", "{{ undefined_var * 2 }}")
 add("undef", "{{ -undefined_var }}")
 add("undef", "{{ undefined_var() }}")
 add("undef", "{{ undefined_var|tojson }}")
-add("undef", "{{ undefined_var|int }} {{ undefined_var|string }}|{{ undefined_var ~ '' }}|")
+add("undef", "{{ undefined_var|int }}")
+add("undef", "{{ undefined_var|float }}", extra=True)
+add("undef", "{{ undefined_var|string }}|{{ undefined_var ~ '' }}|")
 add("undef", "{{ undefined_var == undefined_var }} {{ undefined_var != 1 }} {{ not undefined_var }}")
 add("undef", "{{ undefined_var < 1 }}")
 add("undef", "{{ [undefined_var] }}")
@@ -371,6 +376,7 @@ add("ternary", "{% set v = messages[0].content if messages[0].role == 'system' e
 # ---- calls of globals -------------------------------------------------------------------------
 add("global", "{{ range(4)|list }} {{ range(2, 5)|list }} {{ range(10, 0, -3)|list }} {{ range(0)|list }}")
 add("global", "{{ range(3)|length }} {{ range(5)[1] }}", extra=True)
+add("global", "{{ range(3) }} {{ range(1, 9, 2) }}", extra=True)
 add("global", "{{ range(0, 10, 0)|list }}")
 add("global", "{{ dict(a=1, b='x') }} {{ dict() }}", extra=True)
 add("global", "{{ namespace(a=1).a }}")
@@ -393,7 +399,8 @@ add("filter", "{{ 1.0|tojson }} {{ 1e20|tojson }} {{ 0.1|tojson }} {{ 10|tojson 
 add("filter", "{{ none|tojson }} {{ true|tojson }} {{ ''|tojson }} {{ (1, 2)|tojson }}")
 add("filter", "{{ {1: 'int key', none: 'none key', true: 'bool key', 1.5: 'float key'}|tojson }}")
 add("filter", "{{ {'b': 1, 'a': 2}|tojson(sort_keys=true) }}")
-add("filter", "{{ 'é'|tojson(ensure_ascii=true) }}", extra=True)
+add("filter", "{{ 'é'|tojson(ensure_ascii=true) }} {{ 'é'|tojson(ensure_ascii=false) }}")
+add("filter", "{{ users[1]|tojson(2) }}")  # transformers' tojson: the first positional is ensure_ascii
 add("filter", "{{ messages|tojson }}")
 add("filter", "{{ namespace(a=1)|tojson }}")
 add("filter", "{{ l|length }} {{ s|length }} {{ d|length }} {{ e|length }} {{ u|length }} {{ l|count }}")
@@ -413,6 +420,11 @@ add("filter", "{{ l|map('string')|join('') }} {{ ['a', 'b']|map('upper')|list }}
 add("filter", "{{ users|selectattr('admin')|map(attribute='name')|list }} {{ users|rejectattr('admin')|map(attribute='name')|list }}")
 add("filter", "{{ messages|selectattr('role', 'equalto', 'user')|map(attribute='content')|list }}")
 add("filter", "{{ messages|selectattr('role', 'eq', 'user')|list|length }} {{ messages|rejectattr('role', 'in', ['user', 'system'])|list }}")
+add("filter", "{{ users|map(attribute='name')|length }}")  # a generator has no len() in Jinja2
+add("filter", "{{ users|map(attribute='name')|last }}")
+add("filter", "[{{ (users|map(attribute='name'))[0] }}]")
+add("filter", "{{ users|selectattr('admin')|length }}")
+add("filter", "{{ users|rejectattr('admin')|last }}")
 add("filter", "{{ users|selectattr('address', 'defined')|map(attribute='name')|first }} {{ users|selectattr('age', 'gt', 30)|list|length }}")
 add("filter", "{{ users|selectattr('address.city')|list|length }} {{ users|selectattr('tags')|list|length }}")
 add("filter", "{{ users|selectattr('age', 'nosuchtest')|list }}")
@@ -465,8 +477,16 @@ add("str", "{{ ', '.join(['a', 'b']) }} {{ '12'.isdigit() }} {{ 'ab'.isalpha() }
            "{{ 'AB'.isupper() }}", extra=True)
 add("str", "{{ 'ab'.center(6, '*') }} {{ '7'.zfill(3) }} {{ 'a\\nb\\r\\nc'.splitlines() }} {{ 'a=b=c'.partition('=') }} "
            "{{ 'a=b=c'.rsplit('=', 1) }}", extra=True)
-add("str", "{{ 'AbC'.swapcase() }} {{ 'ß'.casefold() }} {{ 'ab'.ljust(4, '.') }} {{ 'ab'.rjust(4, '.') }} "
-           "{{ 'prefix-x'.removeprefix('prefix-') }} {{ 'x.txt'.removesuffix('.txt') }}", extra=True)
+add("str", "{{ 'ab'.ljust(4, '.') }} {{ 'ab'.rjust(4, '.') }} {{ 'prefix-x'.removeprefix('prefix-') }} "
+           "{{ 'x.txt'.removesuffix('.txt') }} {{ 'a=b=c'.rpartition('=') }} {{ 'abc'.rfind('c') }}", extra=True)
+add("str", "{{ 'AbC'.swapcase() }}", extra=True)
+add("str", "{{ 'ß'.casefold() }}", extra=True)
+add("str", "{{ 'a\tb'.expandtabs(4) }}", extra=True)
+add("str", "{{ 'x'.isidentifier() }} {{ 'Ab1'.isalnum() }} {{ 'A b'.istitle() }} {{ '12'.isnumeric() }} {{ '12'.isdecimal() }} "
+           "{{ 'x'.isprintable() }} {{ 'x'.isascii() }}", extra=True)
+add("str", "{{ 'abc'.translate({}) }}", extra=True)
+add("str", "{{ 'abc'.encode('utf-8') }}", extra=True)
+add("str", "{{ '\\N{BULLET}' }}", extra=True)
 add("str", "{{ s.split(' ')|length }} {{ s.lower().split()|join('_') }} {{ s.strip().lower().replace(' ', '') }}")
 add("str", "{{ s.nosuchmethod() }}")
 add("str", "{{ s.split(1) }}")
@@ -576,3 +596,48 @@ add("idiom", "{%- if enable_thinking is defined and enable_thinking is false %}o
 add("idiom", "{{ (messages|selectattr('role', 'equalto', 'system')|list|length) > 0 }}")
 add("idiom", "{% for m in messages %}{% if loop.first and m.role != 'system' %}{{ 'default system\\n' }}{% endif %}"
              "{{ m.role|upper }}: {{ m.content }}\n{% endfor %}")
+
+
+# ---- random whitespace control ----------------------------------------------------------------
+# Text with spaces, tabs, newlines and CRLF around if/else/for/set-block tags, {{ }} and {# #},
+# each tag with a random -, + or no marker on either side: how trim_blocks, lstrip_blocks and the
+# markers combine. Deterministic (a fixed seed).
+def _random_whitespace_templates(count, seed=1401):
+    import random
+    rng = random.Random(seed)
+    texts = ["a", "b c", " ", "  ", "\t", "\n", "\n\n", "  \n", "\n  ", " \t \n", "x\n  ", "\r\n", "y "]
+
+    def tag(body):
+        return "{%" + rng.choice(["", "-", "+", ""]) + " " + body + " " + rng.choice(["", "-", "+", ""]) + "%}"
+
+    def var(expr):
+        return "{{" + rng.choice(["", "-"]) + " " + expr + " " + rng.choice(["", "-"]) + "}}"
+
+    def block(depth):
+        out = []
+        for _ in range(rng.randint(1, 4)):
+            k = rng.random()
+            if k < 0.35 or depth >= 3:
+                out.append(rng.choice(texts))
+            elif k < 0.5:
+                out.append(var(rng.choice(["1", "'s'", "x"])))
+            elif k < 0.58:
+                out.append("{#" + rng.choice(["", "-"]) + " c " + rng.choice(["", "-"]) + "#}")
+            elif k < 0.75:
+                body = tag("if true") + block(depth + 1)
+                if rng.random() < 0.3:
+                    body += tag("else") + block(depth + 1)
+                out.append(body + tag("endif"))
+            elif k < 0.88:
+                out.append(tag("for i in [1, 2]") + block(depth + 1) + tag("endfor"))
+            else:
+                out.append(tag("set y") + block(depth + 1) + tag("endset") + var("y"))
+            if rng.random() < 0.4:
+                out.append(rng.choice(texts))
+        return "".join(out)
+
+    return [block(0) for _ in range(count)]
+
+
+for _t in _random_whitespace_templates(80):
+    add("ws_random", _t, {"x": "X"})
