@@ -266,3 +266,20 @@ def test_deep_context_values():
         got, wall, _ = render_alone(template, context_json=deep)
         assert not got.get("crashed"), f"{template}: {got['error']}"
         assert wall < MAX_WALL_S
+
+
+def test_chat_request_with_many_keys_is_bounded():
+    """A conversation under 1 MiB (the HTTP body limit) whose message holds 70,000 keys: Render
+    (parsing messages_json included) answers within its 2 s run-time limit, or stops with an
+    error; never seconds past it."""
+    message = {"role": "user", "content": "hi"}
+    for i in range(70_000):
+        message[f"k{i}"] = 0
+    config = {"chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}"}
+    request = {"tokenizer_config": config, "messages": [message], "add_generation_prompt": False}
+    assert len(json.dumps(request["messages"], separators=(",", ":"))) < 1 << 20
+    answer = harness.run_driver([request], chat=True, timeout_per_case_s=60)[0]
+    assert not answer.get("crashed"), answer["error"]
+    assert answer["render_us"] < 2_500_000, (
+        f"Render took {answer['render_us'] / 1e6:.1f} s (limit 2 s): "
+        f"{answer.get('output', answer.get('error'))[:100]!r}")
