@@ -936,7 +936,7 @@ absl::StatusOr<Value> FFormat(const Value& v, const CallArgs& args, Budget& budg
     if (!precision.empty()) spec += "." + precision;
     if (conv != 's' && conv != 'r' && conv != 'a' && conv != 'i' && conv != 'u') spec.push_back(conv);
     if (conv == 'i' || conv == 'u') spec.push_back('d');
-    ASSIGN_OR_RETURN(std::string piece, FormatValue(value, spec));
+    ASSIGN_OR_RETURN(std::string piece, FormatValue(value, spec, budget));
     out += piece;
     RETURN_IF_ERROR(budget.CheckSize(static_cast<int64_t>(out.size())));
   }

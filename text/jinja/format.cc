@@ -66,7 +66,6 @@ absl::StatusOr<Spec> ParseSpec(absl::string_view text) {
   if (i < s.size()) spec.type = static_cast<char>(s[i++]);
   if (i < s.size() || spec.type < 0) return ValueError("Invalid format specifier");
   if (spec.zero && !spec.fill_given) spec.fill.assign(1, '0');
-  if (spec.width > (int64_t{1} << 24)) return ValueError("Too many decimal digits in format string");
   return spec;
 }
 
@@ -248,8 +247,8 @@ absl::StatusOr<Value> LookupField(absl::string_view name, const CallArgs& args,
       index = std::stoll(std::string(first));
     }
     if (index >= static_cast<int64_t>(args.positional.size())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Replacement index ", index, " out of range for positional args tuple"));
+      // Jinja2's sandboxed formatter looks the index up itself: IndexError's message.
+      return absl::InvalidArgumentError("tuple index out of range");
     }
     obj = args.positional[static_cast<size_t>(index)];
   } else {
@@ -263,6 +262,9 @@ absl::StatusOr<Value> LookupField(absl::string_view name, const CallArgs& args,
     if (!found) return absl::InvalidArgumentError(py::StrRepr(first));
   }
   while (i < name.size()) {
+    // Looking into an Undefined (an unsafe attribute's included) raises its error, as Jinja2's
+    // sandboxed formatter does.
+    RETURN_IF_ERROR(CheckDefined(obj));
     if (name[i] == '.') {
       size_t j = i + 1;
       while (j < name.size() && name[j] != '.' && name[j] != '[') ++j;
@@ -321,7 +323,7 @@ absl::StatusOr<std::string> FormatField(absl::string_view field, const CallArgs&
   } else if (conversion != 0) {
     return ValueError(absl::StrCat("Unknown conversion specifier ", std::string(1, conversion)));
   }
-  return FormatValue(value, spec_text);
+  return FormatValue(value, spec_text, budget);
 }
 
 absl::StatusOr<std::string> FormatImpl(absl::string_view fmt, const CallArgs& args,
@@ -348,6 +350,7 @@ absl::StatusOr<std::string> FormatImpl(absl::string_view fmt, const CallArgs& ar
       i += 2;
       continue;
     }
+    if (i + 1 == fmt.size()) return ValueError("Single '{' encountered in format string");
     size_t j = i + 1;
     int open = 1;
     while (j < fmt.size()) {
@@ -376,7 +379,12 @@ absl::StatusOr<std::string> FormatImpl(absl::string_view fmt, const CallArgs& ar
 
 }  // namespace
 
-absl::StatusOr<std::string> FormatValue(const Value& value, absl::string_view spec_text) {
+absl::StatusOr<std::string> FormatValue(const Value& value, absl::string_view spec_text,
+                                        Budget& budget) {
+  if (!spec_text.empty()) {
+    ASSIGN_OR_RETURN(Spec spec, ParseSpec(spec_text));
+    RETURN_IF_ERROR(budget.CheckSize(spec.width * static_cast<int64_t>(spec.fill.size())));
+  }
   switch (value.kind()) {
     case Kind::kString: {
       ASSIGN_OR_RETURN(Spec spec, ParseSpec(spec_text));

@@ -16,8 +16,9 @@ namespace carpool::text::jinja {
 
 // fmt.format(*args.positional, **args.keyword).
 absl::StatusOr<std::string> StrFormat(absl::string_view fmt, const CallArgs& args, Budget& budget);
-// format(value, spec).
-absl::StatusOr<std::string> FormatValue(const Value& value, absl::string_view spec);
+// format(value, spec). The padding a width asks for is charged to `budget`.
+absl::StatusOr<std::string> FormatValue(const Value& value, absl::string_view spec,
+                                        Budget& budget);
 
 }  // namespace carpool::text::jinja
 

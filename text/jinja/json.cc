@@ -153,7 +153,9 @@ absl::StatusOr<std::string> Dumps(const Value& v, const Value& indent, const Val
   e.budget = &budget;
   e.sort_keys = sort_keys;
   if (indent.kind() == Kind::kInt || indent.kind() == Kind::kBool) {
-    e.indent = std::string(static_cast<size_t>(std::max<int64_t>(0, std::min<int64_t>(indent.int_value(), 1 << 16))), ' ');
+    const int64_t width = std::max<int64_t>(0, indent.int_value());
+    RETURN_IF_ERROR(budget.CheckSize(width));
+    e.indent = std::string(static_cast<size_t>(width), ' ');
   } else if (indent.is_string()) {
     e.indent = indent.string_value();
   } else if (!indent.is_none() && !indent.is_undefined()) {

@@ -21,6 +21,13 @@ absl::StatusOr<BoundArgs> BoundArgs::Bind(absl::string_view function, const Call
   out.values_.resize(names.size());
   out.given_.assign(names.size(), false);
   if (args.positional.size() > names.size()) {
+    if (!keywords) {  // a builtin method: "strip expected at most 1 argument, got 2"
+      const size_t dot = function.rfind('.');
+      return absl::InvalidArgumentError(absl::StrCat(
+          dot == absl::string_view::npos ? function : function.substr(dot + 1),
+          " expected at most ", names.size(), " argument", names.size() == 1 ? "" : "s",
+          ", got ", args.positional.size()));
+    }
     return absl::InvalidArgumentError(absl::StrCat(function, "() takes at most ", names.size(),
                                                    " argument", names.size() == 1 ? "" : "s",
                                                    " (", args.positional.size(), " given)"));
@@ -183,7 +190,7 @@ int64_t CodePointIndex(const std::vector<size_t>& offsets, size_t byte) {
 
 // find / rfind / index / rindex / count.
 absl::StatusOr<Value> Search(absl::string_view method, const std::string& s, const CallArgs& args) {
-  ASSIGN_OR_RETURN(BoundArgs a, BoundArgs::Bind(method, args, {"sub", "start", "end"}, false));
+  ASSIGN_OR_RETURN(BoundArgs a, BoundArgs::Bind(absl::StrCat("str.", method), args, {"sub", "start", "end"}, false));
   if (!a.Has(0)) {
     return TypeError(absl::StrCat(method, " expected at least 1 argument, got 0"));
   }
@@ -222,7 +229,7 @@ absl::StatusOr<Value> Search(absl::string_view method, const std::string& s, con
 
 // startswith / endswith.
 absl::StatusOr<Value> Affix(absl::string_view method, const std::string& s, const CallArgs& args) {
-  ASSIGN_OR_RETURN(BoundArgs a, BoundArgs::Bind(method, args, {"prefix", "start", "end"}, false));
+  ASSIGN_OR_RETURN(BoundArgs a, BoundArgs::Bind(absl::StrCat("str.", method), args, {"prefix", "start", "end"}, false));
   if (!a.Has(0)) return TypeError(absl::StrCat(method, " expected at least 1 argument, got 0"));
   std::vector<std::string> candidates;
   const Value& p = *a.Get(0);
@@ -338,7 +345,7 @@ absl::StatusOr<Value> SplitLines(const std::string& s, const CallArgs& args) {
 // center / ljust / rjust.
 absl::StatusOr<Value> Pad(absl::string_view method, const std::string& s, const CallArgs& args,
                           Budget& budget) {
-  ASSIGN_OR_RETURN(BoundArgs a, BoundArgs::Bind(method, args, {"width", "fillchar"}, false));
+  ASSIGN_OR_RETURN(BoundArgs a, BoundArgs::Bind(absl::StrCat("str.", method), args, {"width", "fillchar"}, false));
   if (!a.Has(0)) return TypeError(absl::StrCat(method, " expected at least 1 argument, got 0"));
   ASSIGN_OR_RETURN(int64_t width, internal::ToInt(*a.Get(0), "width"));
   std::string fill = " ";
@@ -370,7 +377,7 @@ absl::StatusOr<Value> Pad(absl::string_view method, const std::string& s, const 
 }
 
 absl::StatusOr<Value> ZFill(const std::string& s, const CallArgs& args, Budget& budget) {
-  ASSIGN_OR_RETURN(BoundArgs a, BoundArgs::Bind("zfill", args, {"width"}, false));
+  ASSIGN_OR_RETURN(BoundArgs a, BoundArgs::Bind("str.zfill", args, {"width"}, false));
   if (!a.Has(0)) return TypeError("zfill() takes exactly one argument (0 given)");
   ASSIGN_OR_RETURN(int64_t width, internal::ToInt(*a.Get(0), "width"));
   const int64_t length = py::CodePointCount(s);
@@ -429,7 +436,7 @@ Value Predicate(absl::string_view method, const std::string& s) {
 }
 
 absl::StatusOr<Value> Join(const std::string& sep, const CallArgs& args, Budget& budget) {
-  ASSIGN_OR_RETURN(BoundArgs a, BoundArgs::Bind("join", args, {"iterable"}, false));
+  ASSIGN_OR_RETURN(BoundArgs a, BoundArgs::Bind("str.join", args, {"iterable"}, false));
   if (!a.Has(0)) return TypeError("str.join() takes exactly one argument (0 given)");
   if (a.Get(0)->is_undefined()) RETURN_IF_ERROR(CheckDefined(*a.Get(0)));
   absl::StatusOr<List> items = Iterate(*a.Get(0));
@@ -451,7 +458,7 @@ absl::StatusOr<Value> Join(const std::string& sep, const CallArgs& args, Budget&
 
 absl::StatusOr<Value> Partition(absl::string_view method, const std::string& s,
                                 const CallArgs& args) {
-  ASSIGN_OR_RETURN(BoundArgs a, BoundArgs::Bind(method, args, {"sep"}, false));
+  ASSIGN_OR_RETURN(BoundArgs a, BoundArgs::Bind(absl::StrCat("str.", method), args, {"sep"}, false));
   if (!a.Has(0)) return TypeError(absl::StrCat(method, "() takes exactly one argument (0 given)"));
   ASSIGN_OR_RETURN(std::string sep, internal::ToStr(*a.Get(0), "must be str, not"));
   if (sep.empty()) return absl::InvalidArgumentError("empty separator");
@@ -477,7 +484,7 @@ std::optional<Function> StrMethod(const std::string& s, absl::string_view name) 
   };
   if (n == "strip" || n == "lstrip" || n == "rstrip") {
     return [s, n](const CallArgs& args, Budget&) -> absl::StatusOr<Value> {
-      ASSIGN_OR_RETURN(BoundArgs a, BoundArgs::Bind(n, args, {"chars"}, false));
+      ASSIGN_OR_RETURN(BoundArgs a, BoundArgs::Bind(absl::StrCat("str.", n), args, {"chars"}, false));
       std::optional<std::string> chars;
       if (a.Has(0) && !a.Get(0)->is_none()) {
         if (!a.Get(0)->is_string()) return TypeError(absl::StrCat(n, " arg must be None or str"));
@@ -509,7 +516,7 @@ std::optional<Function> StrMethod(const std::string& s, absl::string_view name) 
   }
   if (n == "replace") {
     return [s](const CallArgs& args, Budget& budget) -> absl::StatusOr<Value> {
-      ASSIGN_OR_RETURN(BoundArgs a, BoundArgs::Bind("replace", args, {"old", "new", "count"}, false));
+      ASSIGN_OR_RETURN(BoundArgs a, BoundArgs::Bind("str.replace", args, {"old", "new", "count"}, false));
       if (!a.Has(1)) {
         return TypeError(absl::StrCat("replace expected at least 2 arguments, got ",
                                       args.positional.size()));
@@ -554,7 +561,7 @@ std::optional<Function> StrMethod(const std::string& s, absl::string_view name) 
   }
   if (n == "removeprefix" || n == "removesuffix") {
     return [s, n](const CallArgs& args, Budget&) -> absl::StatusOr<Value> {
-      ASSIGN_OR_RETURN(BoundArgs a, BoundArgs::Bind(n, args, {"affix"}, false));
+      ASSIGN_OR_RETURN(BoundArgs a, BoundArgs::Bind(absl::StrCat("str.", n), args, {"affix"}, false));
       if (!a.Has(0)) return TypeError(absl::StrCat("str.", n, "() takes exactly one argument (0 given)"));
       ASSIGN_OR_RETURN(std::string affix,
                        internal::ToStr(*a.Get(0), absl::StrCat(n, "() argument")));
@@ -612,7 +619,7 @@ std::optional<Function> SequenceMethod(const Value& seq, absl::string_view name)
   const std::string type = KindName(seq.kind());
   if (n == "index" || n == "count") {
     return [seq, n, type](const CallArgs& args, Budget& budget) -> absl::StatusOr<Value> {
-      ASSIGN_OR_RETURN(BoundArgs a, BoundArgs::Bind(n, args, {"value", "start", "stop"}, false));
+      ASSIGN_OR_RETURN(BoundArgs a, BoundArgs::Bind(absl::StrCat(type, ".", n), args, {"value", "start", "stop"}, false));
       if (!a.Has(0)) {
         return TypeError(absl::StrCat(n, " expected at least 1 argument, got 0"));
       }

@@ -306,6 +306,11 @@ std::vector<int64_t> SliceIndexes(int64_t length, std::optional<int64_t> start,
 
 // ---- Dict ---------------------------------------------------------------------------------
 
+namespace {
+// Dicts smaller than this are searched linearly (faster than hashing, and no index is kept).
+constexpr size_t kIndexFrom = 16;
+}  // namespace
+
 const Value* Dict::Find(const Value& key) const {
   if (key.is_string()) return Find(absl::string_view(key.string_value()));
   for (const auto& [k, v] : entries) {
@@ -315,13 +320,42 @@ const Value* Dict::Find(const Value& key) const {
 }
 
 const Value* Dict::Find(absl::string_view key) const {
-  for (const auto& [k, v] : entries) {
+  size_t from = 0;
+  if (indexed_ > 0 && indexed_ <= entries.size()) {
+    const auto it = index_.find(key);
+    if (it != index_.end() && it->second < entries.size() && entries[it->second].first.is_string() &&
+        entries[it->second].first.string_value() == key) {
+      return &entries[it->second].second;
+    }
+    from = indexed_;  // entries appended since the index was brought up to date
+  }
+  for (size_t i = from; i < entries.size(); ++i) {
+    const auto& [k, v] = entries[i];
     if (k.is_string() && k.string_value() == key) return &v;
   }
   return nullptr;
 }
 
 void Dict::Set(Value key, Value value) {
+  if (key.is_string() && entries.size() >= kIndexFrom) {
+    if (indexed_ > entries.size()) {
+      index_.clear();
+      indexed_ = 0;
+    }
+    for (; indexed_ < entries.size(); ++indexed_) {
+      const Value& k = entries[indexed_].first;
+      if (k.is_string()) index_.try_emplace(k.string_value(), indexed_);
+    }
+    const auto it = index_.find(key.string_value());
+    if (it != index_.end()) {
+      entries[it->second].second = std::move(value);
+      return;
+    }
+    index_.try_emplace(key.string_value(), entries.size());
+    entries.emplace_back(std::move(key), std::move(value));
+    indexed_ = entries.size();
+    return;
+  }
   for (auto& [k, v] : entries) {
     if (Equals(k, key)) {
       v = std::move(value);

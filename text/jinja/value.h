@@ -28,6 +28,7 @@
 #include <variant>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -39,12 +40,19 @@ class Value;
 using List = std::vector<Value>;
 
 // A dict: entries in insertion order; setting an existing key keeps its place (as Python).
+// Set keeps an index of the string keys once a dict has a few entries, so that building a big
+// dict costs O(n); appending to `entries` directly is fine (Set and Find catch the index up), but
+// change or erase a key only through a fresh Dict.
 struct Dict {
   std::vector<std::pair<Value, Value>> entries;
 
   const Value* Find(const Value& key) const;
   const Value* Find(absl::string_view key) const;
   void Set(Value key, Value value);
+
+  // Set's index: string key -> position in `entries`, valid for entries[0, indexed_).
+  absl::flat_hash_map<std::string, size_t> index_;
+  size_t indexed_ = 0;
 };
 
 // What one render may still spend; the evaluator implements it (Limits in template.h). Filters

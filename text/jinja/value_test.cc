@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -359,6 +360,34 @@ TEST(ValueTest, DictSetKeepsThePlaceAndTheFirstKey) {
   d.Set(S("b"), S("b"));
   d.Set(F(1.0), S("c"));  // d = {1: 'a', 'b': 'b'}; d[1.0] = 'c'
   EXPECT_EQ(Value::MakeDict(d).Str(), "{1: 'c', 'b': 'b'}");
+}
+
+TEST(ValueTest, BigDictsAreBuiltInLinearTime) {
+  // 200,000 distinct keys through Set: quadratic would take minutes.
+  Dict d;
+  for (int i = 0; i < 200000; ++i) d.Set(Value::String(absl::StrCat("k", i)), I(i));
+  d.Set(S("k7"), S("again"));  // replaces in place
+  ASSERT_EQ(d.entries.size(), 200000u);
+  EXPECT_EQ(d.Find("k7")->Str(), "again");
+  EXPECT_EQ(d.entries[7].second.Str(), "again");
+  EXPECT_EQ(d.Find("k199999")->Str(), "199999");
+  EXPECT_EQ(d.Find("nope"), nullptr);
+  // Entries appended directly are found, and Set sees them.
+  d.entries.emplace_back(S("direct"), I(1));
+  EXPECT_EQ(d.Find("direct")->Str(), "1");
+  d.Set(S("direct"), I(2));
+  EXPECT_EQ(d.entries.size(), 200001u);
+  EXPECT_EQ(d.Find(S("direct"))->Str(), "2");
+  // Non-string keys keep Python's equality (1 == 1.0 == True).
+  d.Set(I(1), S("one"));
+  d.Set(F(1.0), S("uno"));
+  EXPECT_EQ(d.entries.size(), 200002u);
+  EXPECT_EQ(d.Find(Value::Bool(true))->Str(), "uno");
+  // A copy has its own index.
+  Dict copy = d;
+  copy.Set(S("k0"), S("changed"));
+  EXPECT_EQ(d.Find("k0")->Str(), "0");
+  EXPECT_EQ(copy.Find("k0")->Str(), "changed");
 }
 
 }  // namespace
