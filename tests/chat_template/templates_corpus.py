@@ -152,6 +152,11 @@ add("for", "{% for x in l %}{{ loop.depth }}{{ loop.depth0 }}{% endfor %}", extr
 add("for", "{% for n in [{'v': 1, 'c': [{'v': 2, 'c': []}]}] recursive %}{{ n.v }}({{ loop(n.c) }}){% endfor %}",
     extra=True)
 add("for", "{% for x in (1, 2) %}{{ x }}{% endfor %}")
+add("for", "{% for x in [1, 2] %}{% set loop = 5 %}{{ loop }}{% endfor %}")
+add("for", "{% for x in [[1, [2, 3]]] %}{% for a, (b, c) in [x] %}{{ a }}{{ b }}{{ c }}{% endfor %}{% endfor %}")
+add("for", "{% for x in [] %}{% else %}{{ loop is defined }}{% endfor %}{% for x in [1] %}{% endfor %}{{ loop is defined }}")
+add("for", "{% for i in [1, 2] %}{% if i == 1 %}{% set x = 'one' %}{% endif %}[{{ x }}]{% endfor %}")
+add("for", "{% set x = 0 %}{% for i in [1, 2] %}{% set x = x + i %}{{ x }}{% endfor %}|{{ x }}")
 add("for", "{% for x in l|sort %}{{ x }}{% endfor %}", extra=True)
 add("for", "{% for m in messages[1:] %}{{ m.content }}{% endfor %}")
 add("for", "{% for m in messages[::-1] %}{{ m.role[0] }}{% endfor %}")
@@ -213,6 +218,13 @@ add("macro", "{% macro render_tool(t) %}{{ t.function.name }}({{ t.function.para
 add("macro", "{% macro m() %}{{ caller() }}{% endmacro %}{{ m() }}")
 add("macro", "{{ later() }}{% macro later() %}defined after use{% endmacro %}")
 add("macro", "{% macro outer() %}{% macro inner() %}in{% endmacro %}{{ inner() }}{% endmacro %}{{ outer() }}")
+add("macro", "{% set x = 1 %}{% macro m() %}{% set x = 2 %}{{ x }}{% endmacro %}{{ m() }}{{ x }}")
+add("macro", "{% macro m() %}{{ y }}{% endmacro %}{% for y in [7] %}{{ m() }}{% endfor %}|{% set y = 8 %}{{ m() }}")
+add("macro", "{% set ns = namespace(v=0) %}{% macro inc() %}{% set ns.v = ns.v + 1 %}{% endmacro %}{{ inc() }}{{ inc() }}{{ ns.v }}")
+add("macro", "{% macro m(a) %}{{ caller(a * 2) }}{% endmacro %}{% call(v) m(3) %}{% call(w) m(v) %}{{ w }}{% endcall %}{% endcall %}")
+add("macro", "{% macro m(a, b) %}{{ a }}-{{ b }}{% endmacro %}{{ m(b=2, a=1) }}")
+add("macro", "{% macro m(a, b) %}{{ a }}-{{ b }}{% endmacro %}{{ m(1, a=2) }}")
+add("macro", "{% macro m() %}{{ m.name }}{{ m.arguments }}{% endmacro %}{{ m() }}", extra=True)
 
 # ---- raise_exception, strftime_now ------------------------------------------------------------
 add("raise", "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}")
