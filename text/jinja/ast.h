@@ -59,16 +59,16 @@ struct CallSpec {
 struct Expr {
   ExprKind kind = ExprKind::kConst;
   int line = 0;
-  int depth = 1;  // of this subtree (the parser bounds it)
-  Value value;      // kConst
-  int name = -1;    // kName: the interned name
-  std::string str;  // kGetAttr: the attribute; kFilter, kTest: the name
-  BinaryOp op = BinaryOp::kAdd;            // kBinary
-  std::vector<CmpOp> compare_ops;          // kCompare
-  FastTest fast_test = FastTest::kNone;    // kTest
-  bool known = true;                       // kFilter, kTest: false = "No filter named" at run
-  std::vector<ExprPtr> a;                  // operands (see ExprKind)
-  CallSpec call;                           // kCall, kFilter, kTest
+  int depth = 1;                         // of this subtree (the parser bounds it)
+  Value value;                           // kConst
+  int name = -1;                         // kName: the interned name
+  std::string str;                       // kGetAttr: the attribute; kFilter, kTest: the name
+  BinaryOp op = BinaryOp::kAdd;          // kBinary
+  std::vector<CmpOp> compare_ops;        // kCompare
+  FastTest fast_test = FastTest::kNone;  // kTest
+  bool known = true;                     // kFilter, kTest: false = "No filter named" at run
+  std::vector<ExprPtr> a;                // operands (see ExprKind)
+  CallSpec call;                         // kCall, kFilter, kTest
 };
 
 // What `set` or `for` assigns to.
@@ -105,7 +105,7 @@ enum class StmtKind : uint8_t {
   kWith,         // with_targets = with_values, body
   kBreak,
   kContinue,
-  kScope,        // body as is ({% generation %})
+  kScope,  // body as is ({% generation %})
 };
 
 struct Stmt {
@@ -139,10 +139,10 @@ enum class Global : uint8_t {
 
 struct Program {
   Body body;
-  std::vector<std::string> names;            // by id
-  std::vector<Global> globals;               // by id
+  std::vector<std::string> names;             // by id
+  std::vector<Global> globals;                // by id
   absl::flat_hash_map<std::string, int> ids;  // name -> id
-  int loop_id = -1;                          // the id of `loop`
+  int loop_id = -1;                           // the id of `loop`
   int caller_id = -1;
   int varargs_id = -1;
   int kwargs_id = -1;

@@ -6,6 +6,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/attributes.h"
+#include "absl/base/optimization.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
@@ -29,6 +32,9 @@ absl::Status Located(const absl::Status& status, int line) {
   if (status.ok() || status.GetPayload(kAsIs).has_value()) return status;
   return AsIs(absl::Status(status.code(), absl::StrCat("line ", line, ": ", status.message())));
 }
+
+// The deepest nesting of lists, dicts and namespaces a namespace attribute may hold.
+constexpr int kMaxValueDepth = 200;
 
 // Python's sandboxed range() refuses more items than this.
 constexpr int64_t kMaxRange = 100000;
@@ -122,8 +128,8 @@ class Renderer final : public Budget {
     const auto elapsed = std::chrono::duration_cast<std::chrono::microseconds>(
         std::chrono::steady_clock::now() - start_);
     if (elapsed.count() > limits_.max_run_time_us) {
-      return AsIs(absl::InvalidArgumentError(absl::StrCat(
-          "the template ran longer than ", limits_.max_run_time_us, " microseconds")));
+      return AsIs(absl::InvalidArgumentError(
+          absl::StrCat("the template ran longer than ", limits_.max_run_time_us, " microseconds")));
     }
     return absl::OkStatus();
   }
@@ -169,6 +175,10 @@ class Renderer final : public Budget {
     }
   }
   absl::Status Assign(const Target& t, Value v);
+  // What `set ns.attr = v` may store: no value that holds `ns` (Values are reference counted,
+  // so a cycle would outlive the render) and no nesting deeper than kMaxValueDepth (what
+  // prints, serializes or frees a value recurses through it).
+  absl::Status CheckStorable(const Value& v, const Dict* ns, int depth);
   // A copy of every variable the current scopes see (for a closure that may outlive them).
   Frame* Snapshot();
 
@@ -188,22 +198,36 @@ class Renderer final : public Budget {
 
   // ---- expressions ----
   absl::StatusOr<Value> Eval(const Expr& e) {
-    if (++depth_ > kMaxEvalDepth) {
+    if (ABSL_PREDICT_FALSE(++depth_ > kMaxEvalDepth)) {
       --depth_;
-      return AsIs(absl::InvalidArgumentError(absl::StrCat(
-          "the template nested evaluation deeper than ", kMaxEvalDepth, " levels")));
+      return DepthError();
     }
     absl::StatusOr<Value> r = EvalImpl(e);
     --depth_;
-    if (!r.ok()) return Located(r.status(), e.line);
+    if (ABSL_PREDICT_FALSE(!r.ok())) return LocatedError(r.status(), e.line);
     return r;
   }
+  ABSL_ATTRIBUTE_NOINLINE static absl::Status DepthError() {
+    return AsIs(absl::InvalidArgumentError(
+        absl::StrCat("the template nested evaluation deeper than ", kMaxEvalDepth, " levels")));
+  }
+  ABSL_ATTRIBUTE_NOINLINE static absl::Status LocatedError(const absl::Status& status, int line) {
+    return Located(status, line);
+  }
   absl::StatusOr<Value> EvalImpl(const Expr& e);
-  absl::StatusOr<Value> EvalCall(const Expr& e);
+  ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<Value> EvalLookup(const Expr& e);
+  ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<Value> EvalFilter(const Expr& e);
+  ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<Value> EvalTest(const Expr& e);
+  ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<Value> EvalArithmetic(const Expr& e);
+  ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<Value> EvalConcat(const Expr& e);
+  ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<Value> EvalCompare(const Expr& e);
+  ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<Value> EvalCollection(const Expr& e);
+  ABSL_ATTRIBUTE_NOINLINE Value MissingElse(int line);
+  ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<Value> EvalCall(const Expr& e);
   absl::StatusOr<Value> EvalLoopCall(const Expr& e, LoopState& loop);
   absl::Status EvalArgs(const CallSpec& spec, CallArgs* args);
   absl::StatusOr<bool> Compare(CmpOp op, const Value& a, const Value& b);
-  absl::StatusOr<Value> EvalSlice(const Expr& e);
+  ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<Value> EvalSlice(const Expr& e);
 
   Value LoopValue(const LoopState& loop);
   Value LoopAttr(const LoopState& loop, absl::string_view attr);
@@ -278,8 +302,8 @@ absl::Status Renderer::Exec(const Stmt& s) {
       ASSIGN_OR_RETURN(Value callee, Eval(*call.a[0]));
       if (callee.kind() != Kind::kCallable) {
         RETURN_IF_ERROR(Located(CheckDefined(callee), s.line));
-        return Located(absl::InvalidArgumentError(absl::StrCat(
-                           "'", KindName(callee.kind()), "' object is not callable")),
+        return Located(absl::InvalidArgumentError(
+                           absl::StrCat("'", KindName(callee.kind()), "' object is not callable")),
                        s.line);
       }
       CallArgs args;
@@ -363,6 +387,9 @@ absl::Status Renderer::ExecFor(const Stmt& s) {
   loop.items = items;
   loop.length = static_cast<int64_t>(items->size());
   frame.loop = &loop;
+  // As Jinja2: the else body runs unless some iteration reached the end of the body (an
+  // iteration left by break or continue does not count).
+  bool completed = false;
   for (int64_t i = 0; i < loop.length; ++i) {
     RETURN_IF_ERROR(Iterate(1));
     loop.index0 = i;
@@ -373,10 +400,11 @@ absl::Status Renderer::ExecFor(const Stmt& s) {
       control_ = Control::kNone;
       break;
     }
+    if (control_ == Control::kNone) completed = true;
     control_ = Control::kNone;
   }
   frame_ = saved;
-  if (loop.length == 0) return ExecBody(s.else_body);
+  if (!completed) return ExecBody(s.else_body);
   return absl::OkStatus();
 }
 
@@ -405,9 +433,38 @@ absl::Status Renderer::Assign(const Target& t, Value v) {
       if (ns.kind() != Kind::kNamespace) {
         return absl::InvalidArgumentError("cannot assign attribute on non-namespace object");
       }
+      RETURN_IF_ERROR(CheckStorable(v, &ns.namespace_attributes(), 0));
       ns.namespace_attributes().Set(Value::String(t.attr), std::move(v));
       return absl::OkStatus();
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Renderer::CheckStorable(const Value& v, const Dict* ns, int depth) {
+  const Kind k = v.kind();
+  if (k != Kind::kList && k != Kind::kTuple && k != Kind::kDict && k != Kind::kNamespace) {
+    return absl::OkStatus();
+  }
+  if (depth >= kMaxValueDepth) {
+    return AsIs(absl::InvalidArgumentError(
+        absl::StrCat("the template nested lists, dicts and namespaces deeper than ", kMaxValueDepth,
+                     " levels")));
+  }
+  if (++steps_ >= 4096) RETURN_IF_ERROR(CheckTime());
+  if (k == Kind::kNamespace) {
+    if (&v.namespace_attributes() == ns) {
+      return absl::InvalidArgumentError("a namespace cannot hold itself (a reference cycle)");
+    }
+    for (const auto& [key, item] : v.namespace_attributes().entries) {
+      RETURN_IF_ERROR(CheckStorable(item, ns, depth + 1));
+    }
+  } else if (k == Kind::kDict) {
+    for (const auto& [key, item] : v.dict_value().entries) {
+      RETURN_IF_ERROR(CheckStorable(item, ns, depth + 1));
+    }
+  } else {
+    for (const Value& item : v.list_value()) RETURN_IF_ERROR(CheckStorable(item, ns, depth + 1));
   }
   return absl::OkStatus();
 }
@@ -425,24 +482,22 @@ Frame* Renderer::Snapshot() {
 
 Value Renderer::MakeMacro(std::shared_ptr<const MacroDef> def, Frame* closure) {
   std::string name = def->name;
-  return Value::MakeCallable(
-      std::move(name),
-      [this, def = std::move(def), closure](const CallArgs& args, Budget&) {
-        return CallMacro(*def, closure, args);
-      });
+  return Value::MakeCallable(std::move(name),
+                             [this, def = std::move(def), closure](const CallArgs& args, Budget&) {
+                               return CallMacro(*def, closure, args);
+                             });
 }
 
 absl::StatusOr<Value> Renderer::CallMacro(const MacroDef& def, Frame* closure,
                                           const CallArgs& args) {
   if (macro_depth_ >= limits_.max_recursion_depth) {
     return AsIs(absl::InvalidArgumentError(absl::StrCat(
-        "the template nested macro calls deeper than ", limits_.max_recursion_depth,
-        " levels")));
+        "the template nested macro calls deeper than ", limits_.max_recursion_depth, " levels")));
   }
   const size_t n = def.params.size();
   if (args.positional.size() > n && !def.catch_varargs) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "macro '%s' takes not more than %d argument(s)", def.name, n));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("macro '%s' takes not more than %d argument(s)", def.name, n));
   }
   Frame frame;
   frame.parent = closure;
@@ -489,8 +544,8 @@ absl::StatusOr<Value> Renderer::CallMacro(const MacroDef& def, Frame* closure,
     if (used[k]) continue;
     if (!def.catch_kwargs) {
       frame_ = saved;
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "macro '%s' takes no keyword argument '%s'", def.name, args.keyword[k].first));
+      return absl::InvalidArgumentError(absl::StrFormat("macro '%s' takes no keyword argument '%s'",
+                                                        def.name, args.keyword[k].first));
     }
     extra_kwargs.Set(Value::String(args.keyword[k].first), args.keyword[k].second);
   }
@@ -503,8 +558,17 @@ absl::StatusOr<Value> Renderer::CallMacro(const MacroDef& def, Frame* closure,
   std::string out;
   out_ = &out;
   const Control saved_control = control_;
+  // A macro call costs the C++ stack several evaluation levels: count it so.
+  constexpr int kMacroCallDepth = 8;
+  if (depth_ + kMacroCallDepth > kMaxEvalDepth) {
+    frame_ = saved;
+    out_ = saved_out;
+    return DepthError();
+  }
   ++macro_depth_;
+  depth_ += kMacroCallDepth;
   absl::Status st = ExecBody(def.body);
+  depth_ -= kMacroCallDepth;
   --macro_depth_;
   control_ = saved_control;
   frame_ = saved;
@@ -534,8 +598,8 @@ absl::Status Renderer::EvalArgs(const CallSpec& spec, CallArgs* args) {
   if (spec.dyn_kwargs != nullptr) {
     ASSIGN_OR_RETURN(Value v, Eval(*spec.dyn_kwargs));
     if (!v.is_mapping()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "argument after ** must be a mapping, not ", KindName(v.kind())));
+      return absl::InvalidArgumentError(
+          absl::StrCat("argument after ** must be a mapping, not ", KindName(v.kind())));
     }
     for (const auto& [key, value] : v.dict_value().entries) {
       if (!key.is_string()) return absl::InvalidArgumentError("keywords must be strings");
@@ -547,17 +611,24 @@ absl::Status Renderer::EvalArgs(const CallSpec& spec, CallArgs* args) {
 
 absl::StatusOr<bool> Renderer::Compare(CmpOp op, const Value& a, const Value& b) {
   switch (op) {
-    case CmpOp::kEq: return Equals(a, b);
-    case CmpOp::kNe: return !Equals(a, b);
-    case CmpOp::kIn: return Contains(b, a);
+    case CmpOp::kEq:
+      return Equals(a, b);
+    case CmpOp::kNe:
+      return !Equals(a, b);
+    case CmpOp::kIn:
+      return Contains(b, a);
     case CmpOp::kNotIn: {
       ASSIGN_OR_RETURN(bool in, Contains(b, a));
       return !in;
     }
-    case CmpOp::kLt: return jinja::Compare(CompareOp::kLt, a, b);
-    case CmpOp::kLe: return jinja::Compare(CompareOp::kLe, a, b);
-    case CmpOp::kGt: return jinja::Compare(CompareOp::kGt, a, b);
-    case CmpOp::kGe: return jinja::Compare(CompareOp::kGe, a, b);
+    case CmpOp::kLt:
+      return jinja::Compare(CompareOp::kLt, a, b);
+    case CmpOp::kLe:
+      return jinja::Compare(CompareOp::kLe, a, b);
+    case CmpOp::kGt:
+      return jinja::Compare(CompareOp::kGt, a, b);
+    case CmpOp::kGe:
+      return jinja::Compare(CompareOp::kGe, a, b);
   }
   return false;
 }
@@ -583,6 +654,8 @@ absl::StatusOr<Value> Renderer::EvalSlice(const Expr& e) {
 }
 
 absl::StatusOr<Value> Renderer::EvalImpl(const Expr& e) {
+  // The cases that need more than a Value of stack live in functions of their own, so this
+  // frame (one per nesting level) stays small.
   switch (e.kind) {
     case ExprKind::kConst:
       return e.value;
@@ -590,95 +663,27 @@ absl::StatusOr<Value> Renderer::EvalImpl(const Expr& e) {
       return Lookup(e.name);
     case ExprKind::kBlockValue:
       return block_value_;
-    case ExprKind::kGetAttr: {
-      const Expr& obj_expr = *e.a[0];
-      if (obj_expr.kind == ExprKind::kName && obj_expr.name == p_.loop_id) {
-        if (LoopState* loop = FindLoop()) return LoopAttr(*loop, e.str);
-      }
-      ASSIGN_OR_RETURN(Value obj, Eval(obj_expr));
-      RETURN_IF_ERROR(CheckDefined(obj));
-      return GetAttr(obj, e.str);
-    }
-    case ExprKind::kGetItem: {
-      ASSIGN_OR_RETURN(Value obj, Eval(*e.a[0]));
-      RETURN_IF_ERROR(CheckDefined(obj));
-      ASSIGN_OR_RETURN(Value key, Eval(*e.a[1]));
-      return GetItem(obj, key);
-    }
+    case ExprKind::kGetAttr:
+    case ExprKind::kGetItem:
+      return EvalLookup(e);
     case ExprKind::kSlice:
       return EvalSlice(e);
     case ExprKind::kCall:
       return EvalCall(e);
-    case ExprKind::kFilter: {
-      ASSIGN_OR_RETURN(Value input, Eval(*e.a[0]));
-      if (!e.known) return absl::InvalidArgumentError(absl::StrCat("No filter named '", e.str, "'."));
-      CallArgs args;
-      RETURN_IF_ERROR(EvalArgs(e.call, &args));
-      return ApplyFilter(e.str, input, args, *this);
-    }
-    case ExprKind::kTest: {
-      ASSIGN_OR_RETURN(Value input, Eval(*e.a[0]));
-      switch (e.fast_test) {
-        case FastTest::kDefined: return Value::Bool(!input.is_undefined());
-        case FastTest::kUndefined: return Value::Bool(input.is_undefined());
-        case FastTest::kIsNone: return Value::Bool(input.is_none());
-        case FastTest::kString: return Value::Bool(input.is_string());
-        case FastTest::kTrue:
-          return Value::Bool(input.kind() == Kind::kBool && input.bool_value());
-        case FastTest::kFalse:
-          return Value::Bool(input.kind() == Kind::kBool && !input.bool_value());
-        case FastTest::kNone: break;
-      }
-      if (!e.known) return absl::InvalidArgumentError(absl::StrCat("No test named '", e.str, "'."));
-      CallArgs args;
-      RETURN_IF_ERROR(EvalArgs(e.call, &args));
-      ASSIGN_OR_RETURN(bool r, ApplyTest(e.str, input, args, *this));
-      return Value::Bool(r);
-    }
-    case ExprKind::kNeg: {
-      ASSIGN_OR_RETURN(Value v, Eval(*e.a[0]));
-      RETURN_IF_ERROR(CheckDefined(v));
-      return Negate(v);
-    }
-    case ExprKind::kPos: {
-      ASSIGN_OR_RETURN(Value v, Eval(*e.a[0]));
-      RETURN_IF_ERROR(CheckDefined(v));
-      if (v.is_number()) return v;
-      if (v.kind() == Kind::kBool) return Value::Int(v.int_value());
-      return absl::InvalidArgumentError(
-          absl::StrCat("bad operand type for unary +: '", KindName(v.kind()), "'"));
-    }
+    case ExprKind::kFilter:
+      return EvalFilter(e);
+    case ExprKind::kTest:
+      return EvalTest(e);
+    case ExprKind::kNeg:
+    case ExprKind::kPos:
+    case ExprKind::kBinary:
+      return EvalArithmetic(e);
     case ExprKind::kNot: {
       ASSIGN_OR_RETURN(Value v, Eval(*e.a[0]));
       return Value::Bool(!v.Truthy());
     }
-    case ExprKind::kBinary: {
-      ASSIGN_OR_RETURN(Value a, Eval(*e.a[0]));
-      ASSIGN_OR_RETURN(Value b, Eval(*e.a[1]));
-      if (e.op == BinaryOp::kAdd) {
-        if (a.is_string() && b.is_string()) {
-          RETURN_IF_ERROR(CheckSize(static_cast<int64_t>(a.string_value().size() +
-                                                         b.string_value().size())));
-        } else if (a.is_sequence() && b.is_sequence()) {
-          RETURN_IF_ERROR(CheckSize(static_cast<int64_t>(
-              (a.list_value().size() + b.list_value().size()) * sizeof(Value))));
-        }
-      }
-      return Arithmetic(e.op, a, b, *this);
-    }
-    case ExprKind::kConcat: {
-      std::string s;
-      for (const ExprPtr& part : e.a) {
-        ASSIGN_OR_RETURN(Value v, Eval(*part));
-        if (v.is_string()) {
-          s += v.string_value();
-        } else if (!v.is_undefined()) {
-          s += v.Str();
-        }
-        RETURN_IF_ERROR(CheckSize(static_cast<int64_t>(s.size())));
-      }
-      return Value::String(std::move(s));
-    }
+    case ExprKind::kConcat:
+      return EvalConcat(e);
     case ExprKind::kAnd: {
       ASSIGN_OR_RETURN(Value a, Eval(*e.a[0]));
       if (!a.Truthy()) return a;
@@ -689,52 +694,181 @@ absl::StatusOr<Value> Renderer::EvalImpl(const Expr& e) {
       if (a.Truthy()) return a;
       return Eval(*e.a[1]);
     }
-    case ExprKind::kCompare: {
-      ASSIGN_OR_RETURN(Value left, Eval(*e.a[0]));
-      for (size_t i = 0; i < e.compare_ops.size(); ++i) {
-        ASSIGN_OR_RETURN(Value right, Eval(*e.a[i + 1]));
-        ASSIGN_OR_RETURN(bool ok, Compare(e.compare_ops[i], left, right));
-        if (!ok) return Value::Bool(false);
-        left = std::move(right);
-      }
-      return Value::Bool(true);
-    }
+    case ExprKind::kCompare:
+      return EvalCompare(e);
     case ExprKind::kCondExpr: {
       ASSIGN_OR_RETURN(Value c, Eval(*e.a[0]));
       if (c.Truthy()) return Eval(*e.a[1]);
       if (e.a[2] != nullptr) return Eval(*e.a[2]);
-      return Value::Undefined(absl::StrCat("the inline if-expression on line ", e.line,
-                                           " evaluated to false and no else section was "
-                                           "defined."));
+      return MissingElse(e.line);
     }
     case ExprKind::kList:
-    case ExprKind::kTuple: {
-      List items;
-      items.reserve(e.a.size());
-      for (const ExprPtr& item : e.a) {
-        ASSIGN_OR_RETURN(Value v, Eval(*item));
-        items.push_back(std::move(v));
-      }
-      if (e.kind == ExprKind::kList) return Value::MakeList(std::move(items));
-      return Value::MakeTuple(std::move(items));
-    }
-    case ExprKind::kDict: {
-      Dict d;
-      for (size_t i = 0; i + 1 < e.a.size(); i += 2) {
-        ASSIGN_OR_RETURN(Value k, Eval(*e.a[i]));
-        ASSIGN_OR_RETURN(Value v, Eval(*e.a[i + 1]));
-        const Kind kk = k.kind();
-        if (kk == Kind::kList || kk == Kind::kDict || kk == Kind::kNamespace ||
-            kk == Kind::kUndefined) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("unhashable type: '", KindName(kk), "'"));
-        }
-        d.Set(std::move(k), std::move(v));
-      }
-      return Value::MakeDict(std::move(d));
-    }
+    case ExprKind::kTuple:
+    case ExprKind::kDict:
+      return EvalCollection(e);
   }
   return Value::Undefined();
+}
+
+Value Renderer::MissingElse(int line) {
+  return Value::Undefined(absl::StrCat("the inline if-expression on line ", line,
+                                       " evaluated to false and no else section was defined."));
+}
+
+absl::StatusOr<Value> Renderer::EvalLookup(const Expr& e) {
+  const Expr& obj_expr = *e.a[0];
+  if (e.kind == ExprKind::kGetAttr && obj_expr.kind == ExprKind::kName &&
+      obj_expr.name == p_.loop_id) {
+    if (LoopState* loop = FindLoop()) return LoopAttr(*loop, e.str);
+  }
+  ASSIGN_OR_RETURN(Value obj, Eval(obj_expr));
+  RETURN_IF_ERROR(CheckDefined(obj));
+  if (e.kind == ExprKind::kGetAttr) return GetAttr(obj, e.str);
+  ASSIGN_OR_RETURN(Value key, Eval(*e.a[1]));
+  return GetItem(obj, key);
+}
+
+absl::StatusOr<Value> Renderer::EvalFilter(const Expr& e) {
+  ASSIGN_OR_RETURN(Value input, Eval(*e.a[0]));
+  if (!e.known)
+    return absl::InvalidArgumentError(absl::StrCat("No filter named '", e.str, "' found."));
+  CallArgs args;
+  RETURN_IF_ERROR(EvalArgs(e.call, &args));
+  return ApplyFilter(e.str, input, args, *this);
+}
+
+absl::StatusOr<Value> Renderer::EvalTest(const Expr& e) {
+  ASSIGN_OR_RETURN(Value input, Eval(*e.a[0]));
+  switch (e.fast_test) {
+    case FastTest::kDefined:
+      return Value::Bool(!input.is_undefined());
+    case FastTest::kUndefined:
+      return Value::Bool(input.is_undefined());
+    case FastTest::kIsNone:
+      return Value::Bool(input.is_none());
+    case FastTest::kString:
+      return Value::Bool(input.is_string());
+    case FastTest::kTrue:
+      return Value::Bool(input.kind() == Kind::kBool && input.bool_value());
+    case FastTest::kFalse:
+      return Value::Bool(input.kind() == Kind::kBool && !input.bool_value());
+    case FastTest::kNone:
+      break;
+  }
+  if (!e.known)
+    return absl::InvalidArgumentError(absl::StrCat("No test named '", e.str, "' found."));
+  CallArgs args;
+  RETURN_IF_ERROR(EvalArgs(e.call, &args));
+  ASSIGN_OR_RETURN(bool r, ApplyTest(e.str, input, args, *this));
+  return Value::Bool(r);
+}
+
+absl::StatusOr<Value> Renderer::EvalArithmetic(const Expr& e) {
+  ASSIGN_OR_RETURN(Value a, Eval(*e.a[0]));
+  if (e.kind == ExprKind::kNeg) {
+    RETURN_IF_ERROR(CheckDefined(a));
+    return Negate(a);
+  }
+  if (e.kind == ExprKind::kPos) {
+    RETURN_IF_ERROR(CheckDefined(a));
+    if (a.is_number()) return a;
+    if (a.kind() == Kind::kBool) return Value::Int(a.int_value());
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad operand type for unary +: '", KindName(a.kind()), "'"));
+  }
+  ASSIGN_OR_RETURN(Value b, Eval(*e.a[1]));
+  if (e.op == BinaryOp::kAdd) {
+    if (a.is_string() && b.is_string()) {
+      RETURN_IF_ERROR(
+          CheckSize(static_cast<int64_t>(a.string_value().size() + b.string_value().size())));
+    } else if (a.is_sequence() && b.is_sequence()) {
+      RETURN_IF_ERROR(CheckSize(
+          static_cast<int64_t>((a.list_value().size() + b.list_value().size()) * sizeof(Value))));
+    }
+  }
+  return Arithmetic(e.op, a, b, *this);
+}
+
+absl::StatusOr<Value> Renderer::EvalConcat(const Expr& e) {
+  std::string s;
+  for (const ExprPtr& part : e.a) {
+    ASSIGN_OR_RETURN(Value v, Eval(*part));
+    if (v.is_string()) {
+      s += v.string_value();
+    } else if (!v.is_undefined()) {
+      s += v.Str();
+    }
+    RETURN_IF_ERROR(CheckSize(static_cast<int64_t>(s.size())));
+  }
+  return Value::String(std::move(s));
+}
+
+absl::StatusOr<Value> Renderer::EvalCompare(const Expr& e) {
+  ASSIGN_OR_RETURN(Value left, Eval(*e.a[0]));
+  for (size_t i = 0; i < e.compare_ops.size(); ++i) {
+    ASSIGN_OR_RETURN(Value right, Eval(*e.a[i + 1]));
+    ASSIGN_OR_RETURN(bool ok, Compare(e.compare_ops[i], left, right));
+    if (!ok) return Value::Bool(false);
+    left = std::move(right);
+  }
+  return Value::Bool(true);
+}
+
+absl::StatusOr<Value> Renderer::EvalCollection(const Expr& e) {
+  if (e.kind != ExprKind::kDict) {
+    List items;
+    items.reserve(e.a.size());
+    for (const ExprPtr& item : e.a) {
+      ASSIGN_OR_RETURN(Value v, Eval(*item));
+      items.push_back(std::move(v));
+    }
+    if (e.kind == ExprKind::kList) return Value::MakeList(std::move(items));
+    return Value::MakeTuple(std::move(items));
+  }
+  // Python's dict literal: a repeated key keeps its first place and takes the last value.
+  // Keys are indexed by a canonical form (1, 1.0 and True are one key) so a large literal is
+  // linear; tuples, which have no canonical form here, go through Dict::Set.
+  Dict d;
+  absl::flat_hash_map<std::string, size_t> index;
+  for (size_t i = 0; i + 1 < e.a.size(); i += 2) {
+    ASSIGN_OR_RETURN(Value k, Eval(*e.a[i]));
+    ASSIGN_OR_RETURN(Value v, Eval(*e.a[i + 1]));
+    std::string canonical;
+    switch (k.kind()) {
+      case Kind::kString:
+        canonical = absl::StrCat("s", k.string_value());
+        break;
+      case Kind::kNone:
+        canonical.push_back('n');
+        break;
+      case Kind::kBool:
+      case Kind::kInt:
+        canonical = absl::StrCat("i", k.int_value());
+        break;
+      case Kind::kFloat: {
+        const double f = k.float_value();
+        if (f == static_cast<double>(static_cast<int64_t>(f)) && f > -9.2e18 && f < 9.2e18) {
+          canonical = absl::StrCat("i", static_cast<int64_t>(f));
+        } else {
+          canonical = absl::StrCat("f", k.Repr());
+        }
+        break;
+      }
+      case Kind::kTuple:
+        d.Set(std::move(k), std::move(v));
+        continue;
+      default:
+        return absl::InvalidArgumentError(
+            absl::StrCat("unhashable type: '", KindName(k.kind()), "'"));
+    }
+    auto [it, inserted] = index.try_emplace(std::move(canonical), d.entries.size());
+    if (inserted) {
+      d.entries.emplace_back(std::move(k), std::move(v));
+    } else {
+      d.entries[it->second].second = std::move(v);
+    }
+  }
+  return Value::MakeDict(std::move(d));
 }
 
 absl::StatusOr<Value> Renderer::EvalCall(const Expr& e) {
@@ -801,10 +935,12 @@ Value Renderer::LoopAttr(const LoopState& loop, absl::string_view attr) {
     return Value::Undefined("there is no next item");
   }
   if (attr == "cycle") {
-    return Value::MakeCallable("cycle", [i](const CallArgs& args, Budget&) -> absl::StatusOr<Value> {
-      if (args.positional.empty()) return absl::InvalidArgumentError("no items for cycling given");
-      return args.positional[i % static_cast<int64_t>(args.positional.size())];
-    });
+    return Value::MakeCallable(
+        "cycle", [i](const CallArgs& args, Budget&) -> absl::StatusOr<Value> {
+          if (args.positional.empty())
+            return absl::InvalidArgumentError("no items for cycling given");
+          return args.positional[i % static_cast<int64_t>(args.positional.size())];
+        });
   }
   return Value::Undefined(absl::StrCat("'LoopContext' object has no attribute '", attr, "'"));
 }
@@ -812,8 +948,7 @@ Value Renderer::LoopAttr(const LoopState& loop, absl::string_view attr) {
 Value Renderer::LoopValue(const LoopState& loop) {
   Dict d;
   for (absl::string_view attr : {"index", "index0", "first", "last", "length", "revindex",
-                                 "revindex0", "depth", "depth0", "previtem", "nextitem",
-                                 "cycle"}) {
+                                 "revindex0", "depth", "depth0", "previtem", "nextitem", "cycle"}) {
     Value v = LoopAttr(loop, attr);
     if (!v.is_undefined()) d.Set(Value::String(std::string(attr)), std::move(v));
   }
@@ -824,9 +959,8 @@ Value Renderer::GlobalValue(Global g) {
   const size_t k = static_cast<size_t>(g);
   if (global_values_.size() <= k) global_values_.resize(k + 1);
   if (global_values_[k].is_undefined()) {
-    static constexpr const char* kNames[] = {"",        "range",           "namespace",
-                                             "dict",    "raise_exception", "strftime_now",
-                                             "joiner",  "cycler"};
+    static constexpr const char* kNames[] = {
+        "", "range", "namespace", "dict", "raise_exception", "strftime_now", "joiner", "cycler"};
     global_values_[k] = Value::MakeCallable(
         kNames[k], [this, g](const CallArgs& args, Budget&) { return CallGlobal(g, args); });
   }
@@ -844,8 +978,8 @@ absl::StatusOr<int64_t> IntArg(const Value& v) {
 absl::StatusOr<Dict> DictFromArgs(const CallArgs& args, absl::string_view name) {
   Dict d;
   if (args.positional.size() > 1) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s expected at most 1 argument, got %d", name, args.positional.size()));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s expected at most 1 argument, got %d", name, args.positional.size()));
   }
   if (args.positional.size() == 1) {
     const Value& src = args.positional[0];
@@ -868,8 +1002,8 @@ absl::StatusOr<Dict> DictFromArgs(const CallArgs& args, absl::string_view name) 
 }
 
 absl::StatusOr<std::string> StrftimeNow(const std::string& fmt, int64_t micros) {
-  const std::time_t secs = static_cast<std::time_t>(micros >= 0 ? micros / 1000000
-                                                                : (micros - 999999) / 1000000);
+  const std::time_t secs =
+      static_cast<std::time_t>(micros >= 0 ? micros / 1000000 : (micros - 999999) / 1000000);
   const int64_t frac = micros - static_cast<int64_t>(secs) * 1000000;
   std::tm tm{};
   localtime_r(&secs, &tm);
@@ -1024,7 +1158,10 @@ absl::StatusOr<Value> Renderer::CallGlobal(Global g, const CallArgs& args) {
 absl::StatusOr<std::string> Evaluate(const Program& program, const Value& context,
                                      const RenderOptions& options) {
   Renderer renderer(program, options);
-  return renderer.Run(context);
+  absl::StatusOr<std::string> out = renderer.Run(context);
+  // The payloads are the evaluator's bookkeeping: the caller gets the code and the message.
+  if (!out.ok()) return absl::Status(out.status().code(), out.status().message());
+  return out;
 }
 
 }  // namespace carpool::text::jinja

@@ -17,7 +17,7 @@ namespace carpool::text::jinja {
 
 // The deepest nesting of evaluation (expressions, statements and macro calls together) one
 // render may reach: it keeps the C++ stack bounded whatever the template does.
-inline constexpr int kMaxEvalDepth = 2000;
+inline constexpr int kMaxEvalDepth = 1000;
 
 // Renders `program` over `context` (a dict; other kinds are INVALID_ARGUMENT).
 absl::StatusOr<std::string> Evaluate(const Program& program, const Value& context,

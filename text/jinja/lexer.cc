@@ -40,8 +40,8 @@ uint32_t DecodeAt(absl::string_view s, size_t i, size_t* len) {
 
 bool IsPythonSpace(uint32_t c) {
   return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 ||
-         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 ||
-         c == 0x202F || c == 0x205F || c == 0x3000;
+         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
+         c == 0x205F || c == 0x3000;
 }
 
 void AppendUtf8(uint32_t c, std::string* out) {
@@ -344,14 +344,14 @@ bool Lexer::LexNumber(size_t* pos, Token* token, absl::Status* error) {
   if (end == start) {
     if (s_[start] == '0') {
       end = start + 1;
-      while (end < s_.size() && (s_[end] == '0' || (s_[end] == '_' && end + 1 < s_.size() &&
-                                                     s_[end + 1] == '0'))) {
+      while (end < s_.size() &&
+             (s_[end] == '0' || (s_[end] == '_' && end + 1 < s_.size() && s_[end + 1] == '0'))) {
         end += s_[end] == '_' ? 2 : 1;
       }
     } else {
       end = start + 1;
-      while (end < s_.size() && (IsDigit(s_[end]) || (s_[end] == '_' && end + 1 < s_.size() &&
-                                                       IsDigit(s_[end + 1])))) {
+      while (end < s_.size() && (IsDigit(s_[end]) ||
+                                 (s_[end] == '_' && end + 1 < s_.size() && IsDigit(s_[end + 1])))) {
         end += s_[end] == '_' ? 2 : 1;
       }
     }
@@ -382,17 +382,38 @@ absl::Status Lexer::DecodeString(size_t begin, size_t end, std::string* out) {
     const char c = s_[i + 1];
     i += 2;
     switch (c) {
-      case '\n': break;
-      case '\\': out->push_back('\\'); break;
-      case '\'': out->push_back('\''); break;
-      case '"': out->push_back('"'); break;
-      case 'a': out->push_back('\a'); break;
-      case 'b': out->push_back('\b'); break;
-      case 'f': out->push_back('\f'); break;
-      case 'n': out->push_back('\n'); break;
-      case 'r': out->push_back('\r'); break;
-      case 't': out->push_back('\t'); break;
-      case 'v': out->push_back('\v'); break;
+      case '\n':
+        break;
+      case '\\':
+        out->push_back('\\');
+        break;
+      case '\'':
+        out->push_back('\'');
+        break;
+      case '"':
+        out->push_back('"');
+        break;
+      case 'a':
+        out->push_back('\a');
+        break;
+      case 'b':
+        out->push_back('\b');
+        break;
+      case 'f':
+        out->push_back('\f');
+        break;
+      case 'n':
+        out->push_back('\n');
+        break;
+      case 'r':
+        out->push_back('\r');
+        break;
+      case 't':
+        out->push_back('\t');
+        break;
+      case 'v':
+        out->push_back('\v');
+        break;
       case 'x':
       case 'u':
       case 'U': {
@@ -401,8 +422,8 @@ absl::Status Lexer::DecodeString(size_t begin, size_t end, std::string* out) {
         for (int k = 0; k < digits; ++k) {
           const int v = i + k < end ? HexValue(s_[i + k]) : -1;
           if (v < 0) {
-            return Fail(begin, absl::StrFormat("truncated \\%c%s escape", c,
-                                               std::string(digits, 'X')));
+            return Fail(begin,
+                        absl::StrFormat("truncated \\%c%s escape", c, std::string(digits, 'X')));
           }
           cp = cp * 16 + static_cast<uint32_t>(v);
         }
@@ -528,8 +549,8 @@ absl::Status Lexer::LexTag(Tag tag) {
     for (absl::string_view two : kTwoChar) {
       if (StartsAt(pos_, two)) op = std::string(two);
     }
-    if (op.empty() && absl::string_view("+-/*%~[](){}><=.:|,;").find(c) !=
-                          absl::string_view::npos) {
+    if (op.empty() &&
+        absl::string_view("+-/*%~[](){}><=.:|,;").find(c) != absl::string_view::npos) {
       op = std::string(1, c);
     }
     if (op.empty()) {

@@ -41,9 +41,7 @@ struct Token {
   int64_t integer_value = 0;
   double float_value = 0;
 
-  bool IsOperator(absl::string_view op) const {
-    return type == TokenType::kOperator && text == op;
-  }
+  bool IsOperator(absl::string_view op) const { return type == TokenType::kOperator && text == op; }
   bool IsName(absl::string_view name) const { return type == TokenType::kName && text == name; }
 };
 

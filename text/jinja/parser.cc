@@ -6,8 +6,8 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
 #include "text/jinja/builtins.h"
@@ -20,22 +20,26 @@ namespace {
 // always); a name in neither list is "unknown" (refused as Jinja2 refuses it).
 const absl::flat_hash_set<absl::string_view>& Jinja2Filters() {
   static const auto* names = new absl::flat_hash_set<absl::string_view>{
-      "abs", "attr", "batch", "capitalize", "center", "count", "d", "default", "dictsort", "e",
-      "escape", "filesizeformat", "first", "float", "forceescape", "format", "groupby",
-      "indent", "int", "items", "join", "last", "length", "list", "lower", "map", "max", "min",
-      "pprint", "random", "reject", "rejectattr", "replace", "reverse", "round", "safe",
-      "select", "selectattr", "slice", "sort", "string", "striptags", "sum", "title", "tojson",
-      "trim", "truncate", "unique", "upper", "urlencode", "urlize", "wordcount", "wordwrap",
-      "xmlattr"};
+      "abs",    "attr",       "batch",       "capitalize", "center",   "count",
+      "d",      "default",    "dictsort",    "e",          "escape",   "filesizeformat",
+      "first",  "float",      "forceescape", "format",     "groupby",  "indent",
+      "int",    "items",      "join",        "last",       "length",   "list",
+      "lower",  "map",        "max",         "min",        "pprint",   "random",
+      "reject", "rejectattr", "replace",     "reverse",    "round",    "safe",
+      "select", "selectattr", "slice",       "sort",       "string",   "striptags",
+      "sum",    "title",      "tojson",      "trim",       "truncate", "unique",
+      "upper",  "urlencode",  "urlize",      "wordcount",  "wordwrap", "xmlattr"};
   return *names;
 }
 
 const absl::flat_hash_set<absl::string_view>& Jinja2Tests() {
   static const auto* names = new absl::flat_hash_set<absl::string_view>{
-      "!=", "<", "<=", "==", ">", ">=", "boolean", "callable", "defined", "divisibleby", "eq",
-      "equalto", "escaped", "even", "false", "filter", "float", "ge", "greaterthan", "gt", "in",
-      "integer", "iterable", "le", "lessthan", "lower", "lt", "mapping", "ne", "none", "number",
-      "odd", "sameas", "sequence", "string", "test", "true", "undefined", "upper"};
+      "!=",       "<",        "<=",          "==",       ">",           ">=",       "boolean",
+      "callable", "defined",  "divisibleby", "eq",       "equalto",     "escaped",  "even",
+      "false",    "filter",   "float",       "ge",       "greaterthan", "gt",       "in",
+      "integer",  "iterable", "le",          "lessthan", "lower",       "lt",       "mapping",
+      "ne",       "none",     "number",      "odd",      "sameas",      "sequence", "string",
+      "test",     "true",     "undefined",   "upper"};
   return *names;
 }
 
@@ -52,17 +56,27 @@ Global GlobalFor(absl::string_view name) {
 
 std::string Describe(const Token& t) {
   switch (t.type) {
-    case TokenType::kEof: return "end of template";
-    case TokenType::kData: return "template data";
-    case TokenType::kVariableBegin: return "begin of print statement";
-    case TokenType::kVariableEnd: return "end of print statement";
-    case TokenType::kBlockBegin: return "begin of statement block";
-    case TokenType::kBlockEnd: return "end of statement block";
-    case TokenType::kString: return "string";
-    case TokenType::kInteger: return "integer";
-    case TokenType::kFloat: return "float";
+    case TokenType::kEof:
+      return "end of template";
+    case TokenType::kData:
+      return "template data";
+    case TokenType::kVariableBegin:
+      return "begin of print statement";
+    case TokenType::kVariableEnd:
+      return "end of print statement";
+    case TokenType::kBlockBegin:
+      return "begin of statement block";
+    case TokenType::kBlockEnd:
+      return "end of statement block";
+    case TokenType::kString:
+      return "string";
+    case TokenType::kInteger:
+      return "integer";
+    case TokenType::kFloat:
+      return "float";
     case TokenType::kName:
-    case TokenType::kOperator: return t.text;
+    case TokenType::kOperator:
+      return t.text;
   }
   return "token";
 }
@@ -124,15 +138,13 @@ class Parser {
   }
   absl::Status ExpectOp(absl::string_view op) {
     if (!SkipOp(op)) {
-      return Fail(cur().line,
-                  absl::StrCat("expected '", op, "', got '", Describe(cur()), "'"));
+      return Fail(cur().line, absl::StrCat("expected '", op, "', got '", Describe(cur()), "'"));
     }
     return absl::OkStatus();
   }
   absl::Status Expect(TokenType type, absl::string_view what) {
     if (cur().type != type) {
-      return Fail(cur().line,
-                  absl::StrCat("expected ", what, ", got '", Describe(cur()), "'"));
+      return Fail(cur().line, absl::StrCat("expected ", what, ", got '", Describe(cur()), "'"));
     }
     Next();
     return absl::OkStatus();
@@ -173,8 +185,8 @@ class Parser {
     }
     e->depth = depth + 1;
     if (e->depth > kMaxParseDepth) {
-      return Fail(line, absl::StrCat("an expression nests deeper than ", kMaxParseDepth,
-                                     " levels"));
+      return Fail(line,
+                  absl::StrCat("an expression nests deeper than ", kMaxParseDepth, " levels"));
     }
     return e;
   }
@@ -242,9 +254,9 @@ class Parser {
   size_t i_ = 0;
   Program* program_;
   int depth_ = 0;
-  bool soft_ = false;       // inside an `if` or an inline if (Jinja2's soft frame)
-  int loop_depth_ = 0;      // for bodies around (break/continue are legal)
-  std::vector<int> refs_;   // names loaded, in order (macros look for varargs/kwargs/caller)
+  bool soft_ = false;      // inside an `if` or an inline if (Jinja2's soft frame)
+  int loop_depth_ = 0;     // for bodies around (break/continue are legal)
+  std::vector<int> refs_;  // names loaded, in order (macros look for varargs/kwargs/caller)
   std::vector<std::vector<absl::string_view>> end_stack_;
 };
 
@@ -356,9 +368,8 @@ absl::Status Parser::ParseStatement(Body* body) {
     body->push_back(std::move(s));
     return absl::OkStatus();
   }
-  static constexpr absl::string_view kUnsupported[] = {"extends", "block",      "include",
-                                                       "import",  "from",       "autoescape",
-                                                       "raw",     "endraw"};
+  static constexpr absl::string_view kUnsupported[] = {
+      "extends", "block", "include", "import", "from", "autoescape", "raw", "endraw"};
   for (absl::string_view u : kUnsupported) {
     if (tag == u) return Fail(line, absl::StrCat("unsupported tag '", tag, "'"));
   }
@@ -698,8 +709,7 @@ absl::StatusOr<ExprPtr> Parser::ParseMath1() {
     const BinaryOp op = IsOp("+") ? BinaryOp::kAdd : BinaryOp::kSub;
     Next();
     ASSIGN_OR_RETURN(ExprPtr right, ParseConcat());
-    ASSIGN_OR_RETURN(left,
-                     Make(ExprKind::kBinary, line, Ptrs(std::move(left), std::move(right))));
+    ASSIGN_OR_RETURN(left, Make(ExprKind::kBinary, line, Ptrs(std::move(left), std::move(right))));
     left->op = op;
   }
   return left;
@@ -736,8 +746,7 @@ absl::StatusOr<ExprPtr> Parser::ParseMath2() {
     }
     Next();
     ASSIGN_OR_RETURN(ExprPtr right, ParsePow());
-    ASSIGN_OR_RETURN(left,
-                     Make(ExprKind::kBinary, line, Ptrs(std::move(left), std::move(right))));
+    ASSIGN_OR_RETURN(left, Make(ExprKind::kBinary, line, Ptrs(std::move(left), std::move(right))));
     left->op = op;
   }
   return left;
@@ -748,8 +757,7 @@ absl::StatusOr<ExprPtr> Parser::ParsePow() {
   ASSIGN_OR_RETURN(ExprPtr left, ParseUnary(true));
   while (SkipOp("**")) {
     ASSIGN_OR_RETURN(ExprPtr right, ParseUnary(true));
-    ASSIGN_OR_RETURN(left,
-                     Make(ExprKind::kBinary, line, Ptrs(std::move(left), std::move(right))));
+    ASSIGN_OR_RETURN(left, Make(ExprKind::kBinary, line, Ptrs(std::move(left), std::move(right))));
     left->op = BinaryOp::kPow;
   }
   return left;
@@ -870,8 +878,7 @@ absl::StatusOr<ExprPtr> Parser::ParseTuple(bool simplified, bool with_condexpr, 
   if (!is_tuple) {
     if (!args.empty()) return std::move(args[0]);
     if (!explicit_parentheses) {
-      return Fail(cur().line,
-                  absl::StrCat("expected an expression, got '", Describe(cur()), "'"));
+      return Fail(cur().line, absl::StrCat("expected an expression, got '", Describe(cur()), "'"));
     }
   }
   return Make(ExprKind::kTuple, line, std::move(args));
@@ -1031,8 +1038,8 @@ absl::Status Parser::ParseCallArgs(CallSpec* call) {
       ASSIGN_OR_RETURN(ExprPtr value, ParseExpression());
       call->kwargs.emplace_back(std::move(key), std::move(value));
     } else {
-      RETURN_IF_ERROR(ensure(call->dyn_args == nullptr && call->dyn_kwargs == nullptr &&
-                             call->kwargs.empty()));
+      RETURN_IF_ERROR(
+          ensure(call->dyn_args == nullptr && call->dyn_kwargs == nullptr && call->kwargs.empty()));
       ASSIGN_OR_RETURN(ExprPtr value, ParseExpression());
       call->args.push_back(std::move(value));
     }
@@ -1081,8 +1088,8 @@ absl::StatusOr<ExprPtr> Parser::ParseTest(ExprPtr node) {
   if (c.IsOperator("(")) {
     RETURN_IF_ERROR(ParseCallArgs(&t->call));
   } else if ((c.type == TokenType::kName || c.type == TokenType::kString ||
-              c.type == TokenType::kInteger || c.type == TokenType::kFloat ||
-              c.IsOperator("[") || c.IsOperator("{")) &&
+              c.type == TokenType::kInteger || c.type == TokenType::kFloat || c.IsOperator("[") ||
+              c.IsOperator("{")) &&
              !c.IsName("else") && !c.IsName("or") && !c.IsName("and")) {
     if (c.IsName("is")) return Fail(c.line, "you cannot chain multiple tests with is");
     ASSIGN_OR_RETURN(ExprPtr arg, ParsePrimary());
