@@ -49,6 +49,11 @@ Value MakeMethod(absl::string_view type_name, absl::string_view name, Function f
 absl::StatusOr<std::string> Dumps(const Value& v, const Value& indent, const Value& separators,
                                   bool sort_keys, Budget& budget);
 
+// Python's printf-style `fmt % args` (filters.cc): the conversions s r a d i u f F e E g G x X
+// o c and %%, flags, width and precision; %(name)s looks `name` up in args.keyword.
+absl::StatusOr<std::string> PercentFormat(const std::string& fmt, const CallArgs& args,
+                                          Budget& budget);
+
 // String methods (methods.cc) that filters reuse: Python's str.split(sep, maxsplit) and
 // str.replace(old, new, count).
 std::vector<std::string> SplitWhitespace(absl::string_view s, int64_t maxsplit);

@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/status.h"
 #include "text/jinja/builtins.h"
@@ -843,7 +844,16 @@ absl::StatusOr<Value> FFormat(const Value& v, const CallArgs& args, Budget& budg
   if (!args.positional.empty() && !args.keyword.empty()) {
     return Error("can't handle positional and keyword arguments at the same time");
   }
-  const std::string fmt = SoftStr(v);
+  ASSIGN_OR_RETURN(std::string out, internal::PercentFormat(SoftStr(v), args, budget));
+  return Value::String(std::move(out));
+}
+
+}  // namespace
+
+namespace internal {
+
+absl::StatusOr<std::string> PercentFormat(const std::string& fmt, const CallArgs& args,
+                                          Budget& budget) {
   std::string out;
   size_t next = 0;
   bool used_mapping = false;
@@ -880,7 +890,7 @@ absl::StatusOr<Value> FFormat(const Value& v, const CallArgs& args, Budget& budg
       if (precision.empty()) precision.assign(1, '0');
     }
     if (i >= fmt.size()) return Error("incomplete format");
-    const char conv = fmt[i];
+    char conv = fmt[i];
     if (conv == '%') {
       out.push_back('%');
       continue;
@@ -913,7 +923,18 @@ absl::StatusOr<Value> FFormat(const Value& v, const CallArgs& args, Budget& budg
         }
         precision.clear();
         break;
-      case 'x': case 'X': case 'o': case 'c':
+      case 'c':
+        if (arg.is_string()) {
+          if (py::CodePointCount(arg.string_value()) != 1) {
+            return Error("%c requires int or char");
+          }
+          value = arg;
+          spec.assign(1, left ? '<' : '>');
+          conv = 's';
+          break;
+        }
+        [[fallthrough]];
+      case 'x': case 'X': case 'o':
         if (!IntLike(arg)) {
           return Error(absl::StrCat("%", std::string(1, conv), " format: an integer is required, not ",
                                     KindName(arg.kind())));
@@ -929,7 +950,8 @@ absl::StatusOr<Value> FFormat(const Value& v, const CallArgs& args, Budget& budg
         if (precision.empty()) precision.assign(1, '6');
         break;
       default:
-        return Error(absl::StrCat("unsupported format character '", std::string(1, conv), "'"));
+        return Error(absl::StrFormat("unsupported format character '%c' (0x%x) at index %d", conv,
+                                     static_cast<unsigned char>(conv), i));
     }
     if (zero && conv != 's' && conv != 'r' && conv != 'a') spec += "0";
     spec += width;
@@ -940,11 +962,15 @@ absl::StatusOr<Value> FFormat(const Value& v, const CallArgs& args, Budget& budg
     out += piece;
     RETURN_IF_ERROR(budget.CheckSize(static_cast<int64_t>(out.size())));
   }
-  if (!used_mapping && next < args.positional.size()) {
+  if (!used_mapping && args.keyword.empty() && next < args.positional.size()) {
     return Error("not all arguments converted during string formatting");
   }
-  return Value::String(std::move(out));
+  return out;
 }
+
+}  // namespace internal
+
+namespace {
 
 const std::unordered_map<std::string, FilterFn>& Filters() {
   static const auto* filters = new std::unordered_map<std::string, FilterFn>{

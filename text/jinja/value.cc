@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "text/jinja/builtins.h"
+#include "text/jinja/builtins_internal.h"
 #include "text/jinja/pystr.h"
 
 namespace carpool::text::jinja {
@@ -635,6 +636,23 @@ absl::StatusOr<bool> Less(const Value& a, const Value& b) { return Compare(Compa
 // ---- Operators ----------------------------------------------------------------------------
 
 absl::StatusOr<Value> Arithmetic(BinaryOp op, const Value& a, const Value& b, Budget& budget) {
+  if (op == BinaryOp::kMod && a.is_string()) {
+    // printf-style formatting: a tuple gives the arguments, a dict the %(name)s values (and is
+    // also the one argument of a plain %s), anything else is the one argument.
+    CallArgs args;
+    if (b.kind() == Kind::kTuple) {
+      args.positional = b.list_value();
+    } else {
+      args.positional.push_back(b);
+      if (b.kind() == Kind::kDict) {
+        for (const auto& [k, v] : b.dict_value().entries) {
+          if (k.is_string()) args.keyword.emplace_back(k.string_value(), v);
+        }
+      }
+    }
+    ASSIGN_OR_RETURN(std::string out, internal::PercentFormat(a.string_value(), args, budget));
+    return Value::String(std::move(out));
+  }
   RETURN_IF_ERROR(CheckDefined(a));
   RETURN_IF_ERROR(CheckDefined(b));
   if (IsNumeric(a) && IsNumeric(b)) return NumberOp(op, a, b);
@@ -665,10 +683,6 @@ absl::StatusOr<Value> Arithmetic(BinaryOp op, const Value& a, const Value& b, Bu
       return TypeError(absl::StrCat("can't multiply sequence by non-int of type '",
                                     KindName(n.kind()), "'"));
     }
-  }
-  if (op == BinaryOp::kMod && a.is_string()) {
-    return absl::InvalidArgumentError(
-        "printf-style string formatting ('...' % value) is not supported");
   }
   return Unsupported(op, a, b);
 }

@@ -223,6 +223,31 @@ TEST(ValueTest, SequenceArithmetic) {
             "'x' is undefined");  // {{ x + 1 }}
 }
 
+TEST(ValueTest, PrintfStyleFormatting) {
+  Dict mapping;
+  mapping.Set(S("a"), I(1));
+  Value d = Value::MakeDict(mapping);
+  EXPECT_EQ(Op(BinaryOp::kMod, S("%s-%s"), T({I(1), S("a")}))->Str(), "1-a");  // '%s-%s' % (1, 'a')
+  EXPECT_EQ(Op(BinaryOp::kMod, S("%(a)s"), d)->Str(), "1");                    // '%(a)s' % {'a': 1}
+  EXPECT_EQ(Op(BinaryOp::kMod, S("%s"), d)->Str(), "{'a': 1}");                // '%s' % {'a': 1}
+  EXPECT_EQ(Op(BinaryOp::kMod, S("%s"), L({I(1), I(2)}))->Str(), "[1, 2]");
+  EXPECT_EQ(Op(BinaryOp::kMod, S("%d%%"), I(5))->Str(), "5%");
+  EXPECT_EQ(Op(BinaryOp::kMod, S("%s"), Value::Undefined("'x' is undefined"))->Str(), "");
+  // '%05.1f|%-6d|%+.2e|%#x|%c|%c|%3c|' % (2.25, 3, 12345.678, 255, 'a', 66, 'z')
+  EXPECT_EQ(Op(BinaryOp::kMod, S("%05.1f|%-6d|%+.2e|%#x|%c|%c|%3c|"),
+               T({F(2.25), I(3), F(12345.678), I(255), S("a"), I(66), S("z")}))->Str(),
+            "002.2|3     |+1.23e+04|0xff|a|B|  z|");
+  // '%.1s|%5.1s|%-3s|' % ('abc', 'xyz', 'é')
+  EXPECT_EQ(Op(BinaryOp::kMod, S("%.1s|%5.1s|%-3s|"), T({S("abc"), S("xyz"), S("é")}))->Str(),
+            "a|    x|é  |");
+  EXPECT_EQ(Err(Op(BinaryOp::kMod, S("%s %s"), T({I(1)}))), "not enough arguments for format string");
+  EXPECT_EQ(Err(Op(BinaryOp::kMod, S("x"), I(5))),
+            "not all arguments converted during string formatting");
+  EXPECT_EQ(Err(Op(BinaryOp::kMod, S("%z"), I(1))),
+            "unsupported format character 'z' (0x7a) at index 1");
+  EXPECT_EQ(Err(Op(BinaryOp::kMod, S("%d"), S("a"))), "%d format: a real number is required, not str");
+}
+
 TEST(ValueTest, RepetitionIsChargedBeforeAllocating) {
   TestBudget budget;
   budget.max_bytes = 1000;
