@@ -473,7 +473,7 @@ absl::StatusOr<Value> Partition(absl::string_view method, const std::string& s,
 }
 
 // The str methods; nullopt for a name str has no method of (in carpool).
-std::optional<Function> StrMethod(const std::string& s, absl::string_view name) {
+std::optional<Function> StrMethod(const Value& v, absl::string_view name) {
   const std::string n(name);
   auto no_args = [n](const CallArgs& args) -> absl::Status {
     if (!args.positional.empty() || !args.keyword.empty()) {
@@ -483,39 +483,39 @@ std::optional<Function> StrMethod(const std::string& s, absl::string_view name) 
     return absl::OkStatus();
   };
   if (n == "strip" || n == "lstrip" || n == "rstrip") {
-    return [s, n](const CallArgs& args, Budget&) -> absl::StatusOr<Value> {
+    return [v, n](const CallArgs& args, Budget&) -> absl::StatusOr<Value> {
       ASSIGN_OR_RETURN(BoundArgs a, BoundArgs::Bind(absl::StrCat("str.", n), args, {"chars"}, false));
       std::optional<std::string> chars;
       if (a.Has(0) && !a.Get(0)->is_none()) {
         if (!a.Get(0)->is_string()) return TypeError(absl::StrCat(n, " arg must be None or str"));
         chars = a.Get(0)->string_value();
       }
-      return Value::String(internal::Strip(s, chars, n != "rstrip", n != "lstrip"));
+      return Value::String(internal::Strip(v.string_value(), chars, n != "rstrip", n != "lstrip"));
     };
   }
   if (n == "upper" || n == "lower" || n == "title" || n == "capitalize") {
-    return [s, n, no_args](const CallArgs& args, Budget&) -> absl::StatusOr<Value> {
+    return [v, n, no_args](const CallArgs& args, Budget&) -> absl::StatusOr<Value> {
       RETURN_IF_ERROR(no_args(args));
-      if (n == "upper") return Value::String(py::Upper(s));
-      if (n == "lower") return Value::String(py::Lower(s));
-      if (n == "title") return Value::String(py::Title(s));
-      return Value::String(py::Capitalize(s));
+      if (n == "upper") return Value::String(py::Upper(v.string_value()));
+      if (n == "lower") return Value::String(py::Lower(v.string_value()));
+      if (n == "title") return Value::String(py::Title(v.string_value()));
+      return Value::String(py::Capitalize(v.string_value()));
     };
   }
   if (n == "split" || n == "rsplit") {
-    return [s, n](const CallArgs& args, Budget&) { return SplitMethod(n, s, args); };
+    return [v, n](const CallArgs& args, Budget&) { return SplitMethod(n, v.string_value(), args); };
   }
   if (n == "splitlines") {
-    return [s](const CallArgs& args, Budget&) { return SplitLines(s, args); };
+    return [v](const CallArgs& args, Budget&) { return SplitLines(v.string_value(), args); };
   }
   if (n == "startswith" || n == "endswith") {
-    return [s, n](const CallArgs& args, Budget&) { return Affix(n, s, args); };
+    return [v, n](const CallArgs& args, Budget&) { return Affix(n, v.string_value(), args); };
   }
   if (n == "find" || n == "rfind" || n == "index" || n == "rindex" || n == "count") {
-    return [s, n](const CallArgs& args, Budget&) { return Search(n, s, args); };
+    return [v, n](const CallArgs& args, Budget&) { return Search(n, v.string_value(), args); };
   }
   if (n == "replace") {
-    return [s](const CallArgs& args, Budget& budget) -> absl::StatusOr<Value> {
+    return [v](const CallArgs& args, Budget& budget) -> absl::StatusOr<Value> {
       ASSIGN_OR_RETURN(BoundArgs a, BoundArgs::Bind("str.replace", args, {"old", "new", "count"}, false));
       if (!a.Has(1)) {
         return TypeError(absl::StrCat("replace expected at least 2 arguments, got ",
@@ -528,51 +528,51 @@ std::optional<Function> StrMethod(const std::string& s, absl::string_view name) 
     ASSIGN_OR_RETURN(count, internal::ToInt(*a.Get(2), "count"));
   }
       // The result is at most len(s) + (len(s) + 1) * len(new): check that bound first.
-      const int64_t bound = static_cast<int64_t>(s.size()) +
-                            (py::CodePointCount(s) + 1) * static_cast<int64_t>(repl.size());
+      const int64_t bound = static_cast<int64_t>(v.string_value().size()) +
+                            (py::CodePointCount(v.string_value()) + 1) * static_cast<int64_t>(repl.size());
       if (repl.size() > old.size()) RETURN_IF_ERROR(budget.CheckSize(bound));
-      return Value::String(internal::Replace(s, old, repl, count));
+      return Value::String(internal::Replace(v.string_value(), old, repl, count));
     };
   }
   if (n == "format") {
-    return [s](const CallArgs& args, Budget& budget) -> absl::StatusOr<Value> {
-      ASSIGN_OR_RETURN(std::string out, StrFormat(s, args, budget));
+    return [v](const CallArgs& args, Budget& budget) -> absl::StatusOr<Value> {
+      ASSIGN_OR_RETURN(std::string out, StrFormat(v.string_value(), args, budget));
       return Value::String(std::move(out));
     };
   }
   if (n == "join") {
-    return [s](const CallArgs& args, Budget& budget) { return Join(s, args, budget); };
+    return [v](const CallArgs& args, Budget& budget) { return Join(v.string_value(), args, budget); };
   }
   if (n == "center" || n == "ljust" || n == "rjust") {
-    return [s, n](const CallArgs& args, Budget& budget) { return Pad(n, s, args, budget); };
+    return [v, n](const CallArgs& args, Budget& budget) { return Pad(n, v.string_value(), args, budget); };
   }
   if (n == "zfill") {
-    return [s](const CallArgs& args, Budget& budget) { return ZFill(s, args, budget); };
+    return [v](const CallArgs& args, Budget& budget) { return ZFill(v.string_value(), args, budget); };
   }
   if (n == "isdigit" || n == "isdecimal" || n == "isnumeric" || n == "isalpha" ||
       n == "isalnum" || n == "isspace" || n == "isupper" || n == "islower" || n == "istitle") {
-    return [s, n, no_args](const CallArgs& args, Budget&) -> absl::StatusOr<Value> {
+    return [v, n, no_args](const CallArgs& args, Budget&) -> absl::StatusOr<Value> {
       RETURN_IF_ERROR(no_args(args));
-      return Predicate(n, s);
+      return Predicate(n, v.string_value());
     };
   }
   if (n == "partition" || n == "rpartition") {
-    return [s, n](const CallArgs& args, Budget&) { return Partition(n, s, args); };
+    return [v, n](const CallArgs& args, Budget&) { return Partition(n, v.string_value(), args); };
   }
   if (n == "removeprefix" || n == "removesuffix") {
-    return [s, n](const CallArgs& args, Budget&) -> absl::StatusOr<Value> {
+    return [v, n](const CallArgs& args, Budget&) -> absl::StatusOr<Value> {
       ASSIGN_OR_RETURN(BoundArgs a, BoundArgs::Bind(absl::StrCat("str.", n), args, {"affix"}, false));
       if (!a.Has(0)) return TypeError(absl::StrCat("str.", n, "() takes exactly one argument (0 given)"));
       ASSIGN_OR_RETURN(std::string affix,
                        internal::ToStr(*a.Get(0), absl::StrCat(n, "() argument")));
-      if (n == "removeprefix" && s.compare(0, affix.size(), affix) == 0) {
-        return Value::String(s.substr(affix.size()));
+      if (n == "removeprefix" && v.string_value().compare(0, affix.size(), affix) == 0) {
+        return Value::String(v.string_value().substr(affix.size()));
       }
-      if (n == "removesuffix" && !affix.empty() && s.size() >= affix.size() &&
-          s.compare(s.size() - affix.size(), affix.size(), affix) == 0) {
-        return Value::String(s.substr(0, s.size() - affix.size()));
+      if (n == "removesuffix" && !affix.empty() && v.string_value().size() >= affix.size() &&
+          v.string_value().compare(v.string_value().size() - affix.size(), affix.size(), affix) == 0) {
+        return Value::String(v.string_value().substr(0, v.string_value().size() - affix.size()));
       }
-      return Value::String(s);
+      return Value::String(v.string_value());
     };
   }
   return std::nullopt;
@@ -651,7 +651,7 @@ std::optional<Value> BoundMethod(const Value& obj, absl::string_view name) {
   std::optional<Function> fn;
   switch (obj.kind()) {
     case Kind::kString:
-      fn = StrMethod(obj.string_value(), name);
+      fn = StrMethod(obj, name);
       break;
     case Kind::kDict:
       fn = DictMethod(obj, name);
