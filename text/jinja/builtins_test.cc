@@ -137,6 +137,11 @@ TEST(ToJsonTest, FilterArguments) {
             "{\"a\": {\"x\": {}, \"y\": [1, {\"q\": \"é\\\"\\n\\t\\u0001\"}]}, \"e\": [], \"z\": 1}");
   // {{ {'a': 1}|tojson(2) }}
   EXPECT_EQ(Filter("tojson", J(R"({"a": 1})"), Args({I(2)})), "{\n  \"a\": 1\n}");
+  // [1]|tojson(separators=5), [1]|tojson(separators=[','])
+  EXPECT_EQ(Filter("tojson", L({I(1)}), Args({}, {{"separators", I(5)}})),
+            "ERROR: cannot unpack non-iterable int object");
+  EXPECT_EQ(Filter("tojson", L({I(1)}), Args({}, {{"separators", L({S(",")})}})),
+            "ERROR: not enough values to unpack (expected 2, got 1)");
   // {{ {'a': [1]}|tojson(separators=(',', ':')) }}
   EXPECT_EQ(Filter("tojson", J(R"({"a": [1, 2]})"), Args({}, {{"separators", T({S(","), S(":")})}})),
             "{\"a\":[1,2]}");
@@ -193,6 +198,9 @@ TEST(FiltersTest, Indent) {
   EXPECT_EQ(Filter("indent", S("x"), Args({S(">> "), B(true)})), ">> x");
   // "a\r\nb\u2028c"|indent(1): splitlines boundaries become \n
   EXPECT_EQ(Filter("indent", S("a\r\nb\u2028c"), Args({I(1)})), "a\n b\n c");
+  EXPECT_EQ(Filter("indent", S("a"), Args({L({})})),
+            "ERROR: can't multiply sequence by non-int of type 'list'");  // 'a'|indent([])
+  EXPECT_EQ(Filter("indent", L({I(1)})), "ERROR: 'list' object has no attribute 'splitlines'");
   EXPECT_EQ(Filter("indent", S("a\nb"), Args({}, {{"width", I(3)}, {"first", B(true)}})),
             "   a\n   b");
 }
@@ -481,6 +489,7 @@ TEST(MethodsTest, SearchAndReplace) {
   EXPECT_EQ(Call(S("hello"), "index", Args({S("z")})), "ERROR: substring not found");
   EXPECT_EQ(Call(S("aaaa"), "count", Args({S("aa")})), "2");
   EXPECT_EQ(Call(S("abc"), "count", Args({S("")})), "4");
+  EXPECT_EQ(Call(S("abc"), "find", Args({I(1)})), "ERROR: must be str, not int");  // 'abc'.find(1)
   EXPECT_EQ(Call(S("-"), "join", Args({L({S("a"), S("b")})})), "a-b");
   EXPECT_EQ(Call(S("-"), "join", Args({L({I(1)})})),
             "ERROR: sequence item 0: expected str instance, int found");

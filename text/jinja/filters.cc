@@ -407,11 +407,16 @@ absl::StatusOr<Value> FIndent(const Value& v, const CallArgs& args, Budget& budg
   if (width.is_string()) {
     indention = width.string_value();
   } else {
+    if (!IntLike(width)) {  // " " * width
+      return Error(absl::StrCat("can't multiply sequence by non-int of type '",
+                                KindName(width.kind()), "'"));
+    }
     ASSIGN_OR_RETURN(int64_t n, internal::ToInt(width, "width"));
     RETURN_IF_ERROR(budget.CheckSize(n));
     if (n > 0) indention.assign(static_cast<size_t>(n), ' ');
   }
   RETURN_IF_ERROR(CheckDefined(v));
+  if (v.kind() == Kind::kList) return Error("'list' object has no attribute 'splitlines'");
   if (!v.is_string()) {
     return Error(absl::StrCat("unsupported operand type(s) for +=: '", KindName(v.kind()),
                               "' and 'str'"));

@@ -165,9 +165,19 @@ absl::StatusOr<std::string> Dumps(const Value& v, const Value& indent, const Val
   e.item_separator = e.indent ? "," : ", ";
   e.key_separator = ": ";
   if (!separators.is_none() && !separators.is_undefined()) {
-    if (!separators.is_sequence() || separators.list_value().size() != 2 ||
-        !separators.list_value()[0].is_string() || !separators.list_value()[1].is_string()) {
-      return absl::InvalidArgumentError("separators must be a pair of strings (item, key)");
+    // item_separator, key_separator = separators
+    if (!separators.is_sequence()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot unpack non-iterable ", KindName(separators.kind()), " object"));
+    }
+    const size_t n = separators.list_value().size();
+    if (n < 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("not enough values to unpack (expected 2, got ", n, ")"));
+    }
+    if (n > 2) return absl::InvalidArgumentError("too many values to unpack (expected 2)");
+    if (!separators.list_value()[0].is_string() || !separators.list_value()[1].is_string()) {
+      return absl::InvalidArgumentError("separators must be strings");
     }
     e.item_separator = separators.list_value()[0].string_value();
     e.key_separator = separators.list_value()[1].string_value();

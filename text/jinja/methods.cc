@@ -66,7 +66,7 @@ absl::StatusOr<int64_t> ToInt(const Value& v, absl::string_view what) {
 absl::StatusOr<std::string> ToStr(const Value& v, absl::string_view what) {
   if (v.is_string()) return v.string_value();
   return absl::InvalidArgumentError(
-      absl::StrCat(what, " must be str, not ", KindName(v.kind())));
+      absl::StrCat(what, what.empty() ? "" : " ", "must be str, not ", KindName(v.kind())));
 }
 
 Value MakeMethod(absl::string_view type_name, absl::string_view name, Function fn) {
@@ -194,7 +194,7 @@ absl::StatusOr<Value> Search(absl::string_view method, const std::string& s, con
   if (!a.Has(0)) {
     return TypeError(absl::StrCat(method, " expected at least 1 argument, got 0"));
   }
-  ASSIGN_OR_RETURN(std::string sub, internal::ToStr(*a.Get(0), "must be str, not"));
+  ASSIGN_OR_RETURN(std::string sub, internal::ToStr(*a.Get(0), ""));
   const std::vector<size_t> offsets = Offsets(s);
   const int64_t length = static_cast<int64_t>(offsets.size()) - 1;
   int64_t start, end;
@@ -460,7 +460,7 @@ absl::StatusOr<Value> Partition(absl::string_view method, const std::string& s,
                                 const CallArgs& args) {
   ASSIGN_OR_RETURN(BoundArgs a, BoundArgs::Bind(absl::StrCat("str.", method), args, {"sep"}, false));
   if (!a.Has(0)) return TypeError(absl::StrCat(method, "() takes exactly one argument (0 given)"));
-  ASSIGN_OR_RETURN(std::string sep, internal::ToStr(*a.Get(0), "must be str, not"));
+  ASSIGN_OR_RETURN(std::string sep, internal::ToStr(*a.Get(0), ""));
   if (sep.empty()) return absl::InvalidArgumentError("empty separator");
   const size_t hit = method == "partition" ? s.find(sep) : s.rfind(sep);
   if (hit == std::string::npos) {

@@ -679,10 +679,8 @@ absl::StatusOr<Value> Arithmetic(BinaryOp op, const Value& a, const Value& b, Bu
     const Value& seq = IsRepeatable(a) ? a : b;
     const Value& n = IsRepeatable(a) ? b : a;
     if (IsIntLike(n)) return Repeat(seq, n.int_value(), budget);
-    if (IsNumeric(n) || IsRepeatable(n)) {
-      return TypeError(absl::StrCat("can't multiply sequence by non-int of type '",
-                                    KindName(n.kind()), "'"));
-    }
+    return TypeError(absl::StrCat("can't multiply sequence by non-int of type '",
+                                  KindName(n.kind()), "'"));
   }
   return Unsupported(op, a, b);
 }

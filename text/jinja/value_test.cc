@@ -213,6 +213,10 @@ TEST(ValueTest, SequenceArithmetic) {
             "can only concatenate list (not \"tuple\") to list");
   EXPECT_EQ(Err(Op(BinaryOp::kMul, S("a"), F(1.5))),
             "can't multiply sequence by non-int of type 'float'");
+  EXPECT_EQ(Err(Op(BinaryOp::kMul, S("a"), Value::None())),
+            "can't multiply sequence by non-int of type 'NoneType'");  // 'a' * None
+  EXPECT_EQ(Err(Op(BinaryOp::kMul, D({}), L({}))),
+            "can't multiply sequence by non-int of type 'dict'");  // {} * []
   EXPECT_EQ(Err(Op(BinaryOp::kMul, S("a"), S("b"))),
             "can't multiply sequence by non-int of type 'str'");
   EXPECT_EQ(Err(Op(BinaryOp::kSub, I(1), S("a"))),
