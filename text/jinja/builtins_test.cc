@@ -42,11 +42,13 @@ CallArgs Args(List positional = {}, std::vector<std::pair<std::string, Value>> k
   return CallArgs{std::move(positional), std::move(keyword)};
 }
 
-// The filter's result as {{ }} prints it, or "ERROR: message".
+// The filter's result as {{ }} prints it (a generator as `|list` prints it), or
+// "ERROR: message".
 std::string Filter(const char* name, const Value& input, const CallArgs& args = {}) {
   TestBudget budget;
   absl::StatusOr<Value> r = ApplyFilter(name, input, args, budget);
   if (!r.ok()) return "ERROR: " + std::string(r.status().message());
+  if (r->is_generator()) return Value::MakeList(r->list_value()).Str();
   return r->Str();
 }
 
@@ -332,7 +334,7 @@ TEST(FiltersTest, MapAndSelect) {
     TestBudget budget;
     Value users = *ApplyFilter("selectattr", msgs, Args({S("role"), S("equalto"), S("user")}), budget);
     Value contents = *ApplyFilter("map", users, Args({}, {{"attribute", S("content")}}), budget);
-    EXPECT_EQ(contents.Str(), "['U1', 'U2']");
+    EXPECT_EQ(Filter("list", contents), "['U1', 'U2']");
   }
   EXPECT_EQ(Filter("rejectattr", msgs, Args({S("role"), S("in"), L({S("user"), S("system")})})),
             "[{'role': 'assistant', 'content': 'A1'}]");
@@ -356,6 +358,31 @@ TEST(FiltersTest, MapAndSelect) {
   EXPECT_EQ(Filter("select", l, Args({S("nosuchtest")})), "ERROR: No test named 'nosuchtest'.");
   EXPECT_EQ(Filter("map", l, Args({S("nosuch")})), "ERROR: No filter named 'nosuch'.");
   EXPECT_EQ(Filter("map", Undef(), Args({S("nosuch")})), "[]");  // falsy input: nothing to map
+}
+
+TEST(FiltersTest, LazyResultsAreGenerators) {
+  TestBudget budget;
+  const Value l = L({I(1), I(2), I(3)});
+  Value none = *ApplyFilter("select", l, Args({S("gt"), I(5)}), budget);
+  EXPECT_TRUE(none.is_generator());
+  EXPECT_TRUE(none.Truthy());  // {{ 'yes' if l|select('gt', 5) else 'no' }} -> yes
+  EXPECT_EQ(none.Str(), "<generator object>");
+  EXPECT_EQ(Filter("length", none), "ERROR: object of type 'generator' has no len()");
+  EXPECT_EQ(Filter("last", none), "ERROR: 'generator' object is not reversible");
+  EXPECT_EQ(Filter("tojson", none), "ERROR: Object of type generator is not JSON serializable");
+  EXPECT_EQ(Filter("first", none), "");  // l|select('gt', 5)|first is undefined
+  EXPECT_EQ(IsTest("sequence", none), "False");
+  EXPECT_EQ(IsTest("iterable", none), "True");
+  Value as_list = *ApplyFilter("list", none, {}, budget);
+  EXPECT_FALSE(as_list.is_generator());
+  EXPECT_FALSE(as_list.Truthy());  // l|select('gt', 5)|list is false
+  Value mapped = *ApplyFilter("map", l, Args({S("string")}), budget);
+  EXPECT_TRUE(mapped.is_generator());
+  EXPECT_EQ(Filter("join", mapped, Args({S(",")})), "1,2,3");
+  EXPECT_FALSE(ApplyFilter("reverse", mapped, {}, budget)->is_generator());  // a list
+  EXPECT_TRUE(ApplyFilter("reverse", l, {}, budget)->is_generator());        // an iterator
+  EXPECT_FALSE(Equals(mapped, *ApplyFilter("list", mapped, {}, budget)));
+  EXPECT_EQ(GetItem(mapped, I(0)).undefined_hint(), "generator object has no element 0");
 }
 
 TEST(FiltersTest, Attr) {

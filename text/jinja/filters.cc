@@ -1,6 +1,7 @@
 // Jinja2's filters, as jinja2/filters.py defines them with autoescape off (the chat-template
 // configuration), plus transformers' tojson. Results that Jinja2 yields lazily (map, select,
-// reject, selectattr, rejectattr, unique, batch, slice, items, reverse) are lists here.
+// reject, selectattr, rejectattr, unique, batch, slice, items, reverse) are generators
+// (Value::MakeGenerator): always true, without len(), turned into a list by the list filter.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -222,7 +223,7 @@ absl::StatusOr<Value> FBatch(const Value& v, const CallArgs& args, Budget& budge
     }
     out.push_back(Value::MakeList(std::move(batch)));
   }
-  return Value::MakeList(std::move(out));
+  return Value::MakeGenerator(std::move(out));
 }
 
 absl::StatusOr<Value> FSlice(const Value& v, const CallArgs& args, Budget& budget) {
@@ -232,7 +233,7 @@ absl::StatusOr<Value> FSlice(const Value& v, const CallArgs& args, Budget& budge
   const Value fill = a.Or(1, Value::None());
   ASSIGN_OR_RETURN(List seq, Items(v, budget));
   if (slices == 0) return Error("integer division or modulo by zero");
-  if (slices < 0) return Value::MakeList({});
+  if (slices < 0) return Value::MakeGenerator({});
   RETURN_IF_ERROR(budget.Iterate(slices));
   const int64_t length = static_cast<int64_t>(seq.size());
   const int64_t per = length / slices;
@@ -247,7 +248,7 @@ absl::StatusOr<Value> FSlice(const Value& v, const CallArgs& args, Budget& budge
     if (!fill.is_none() && k >= extra) part.push_back(fill);
     out.push_back(Value::MakeList(std::move(part)));
   }
-  return Value::MakeList(std::move(out));
+  return Value::MakeGenerator(std::move(out));
 }
 
 absl::StatusOr<Value> CallStrMethod(const std::string& s, absl::string_view method,
@@ -355,8 +356,9 @@ absl::StatusOr<Value> FLast(const Value& v, const CallArgs& args, Budget&) {
   ASSIGN_OR_RETURN(BoundArgs a, BoundArgs::Bind("do_last", args, {}));
   (void)a;
   absl::StatusOr<List> items = Iterate(v);
-  if (!items.ok()) {
-    return Error(absl::StrCat("'", KindName(v.kind()), "' object is not reversible"));
+  if (!items.ok() || v.is_generator()) {
+    return Error(absl::StrCat("'", v.is_generator() ? "generator" : KindName(v.kind()),
+                              "' object is not reversible"));
   }
   if (items->empty()) return Value::Undefined("No last item, sequence was empty.");
   return items->back();
@@ -446,12 +448,12 @@ absl::StatusOr<Value> FIndent(const Value& v, const CallArgs& args, Budget& budg
 absl::StatusOr<Value> FItems(const Value& v, const CallArgs& args, Budget& budget) {
   ASSIGN_OR_RETURN(BoundArgs a, BoundArgs::Bind("do_items", args, {}));
   (void)a;
-  if (v.is_undefined()) return Value::MakeList({});
+  if (v.is_undefined()) return Value::MakeGenerator({});
   if (v.kind() != Kind::kDict) return Error("Can only get item pairs from a mapping.");
   RETURN_IF_ERROR(budget.Iterate(static_cast<int64_t>(v.dict_value().entries.size())));
   List out;
   for (const auto& [k, val] : v.dict_value().entries) out.push_back(Value::MakeTuple({k, val}));
-  return Value::MakeList(std::move(out));
+  return Value::MakeGenerator(std::move(out));
 }
 
 absl::StatusOr<Value> FJoin(const Value& v, const CallArgs& args, Budget& budget) {
@@ -489,7 +491,7 @@ absl::StatusOr<Value> FUpper(const Value& v, const CallArgs& args, Budget&) {
 }
 
 absl::StatusOr<Value> FMap(const Value& v, const CallArgs& args, Budget& budget) {
-  if (!v.Truthy()) return Value::MakeList({});
+  if (!v.Truthy()) return Value::MakeGenerator({});
   ASSIGN_OR_RETURN(List items, Items(v, budget));
   List out;
   out.reserve(items.size());
@@ -509,7 +511,7 @@ absl::StatusOr<Value> FMap(const Value& v, const CallArgs& args, Budget& budget)
       ASSIGN_OR_RETURN(Value x, Lookup(item, parts, fallback.is_none() ? nullptr : &fallback));
       out.push_back(std::move(x));
     }
-    return Value::MakeList(std::move(out));
+    return Value::MakeGenerator(std::move(out));
   }
   if (args.positional.empty()) return Error("map requires a filter argument");
   const std::string name = SoftStr(args.positional[0]);
@@ -521,12 +523,12 @@ absl::StatusOr<Value> FMap(const Value& v, const CallArgs& args, Budget& budget)
     ASSIGN_OR_RETURN(Value x, ApplyFilter(name, item, rest, budget));
     out.push_back(std::move(x));
   }
-  return Value::MakeList(std::move(out));
+  return Value::MakeGenerator(std::move(out));
 }
 
 absl::StatusOr<Value> SelectOrReject(const Value& v, const CallArgs& args, Budget& budget,
                                      bool select, bool by_attribute) {
-  if (!v.Truthy()) return Value::MakeList({});
+  if (!v.Truthy()) return Value::MakeGenerator({});
   ASSIGN_OR_RETURN(List items, Items(v, budget));
   size_t off = 0;
   std::vector<Value> parts;
@@ -555,7 +557,7 @@ absl::StatusOr<Value> SelectOrReject(const Value& v, const CallArgs& args, Budge
     }
     if (ok == select) out.push_back(item);
   }
-  return Value::MakeList(std::move(out));
+  return Value::MakeGenerator(std::move(out));
 }
 
 absl::StatusOr<Value> FSelect(const Value& v, const CallArgs& args, Budget& budget) {
@@ -625,7 +627,9 @@ absl::StatusOr<Value> FReverse(const Value& v, const CallArgs& args, Budget& bud
   absl::StatusOr<List> items = Items(v, budget);
   if (!items.ok()) return Error("argument must be iterable");
   std::reverse(items->begin(), items->end());
-  return Value::MakeList(*std::move(items));
+  // reversed() of a generator fails, and Jinja2 then reverses list(value): a list.
+  if (v.is_generator()) return Value::MakeList(*std::move(items));
+  return Value::MakeGenerator(*std::move(items));
 }
 
 // Python's round(x, ndigits) for a float: correctly rounded, ties to even on the exact value.
@@ -827,7 +831,7 @@ absl::StatusOr<Value> FUnique(const Value& v, const CallArgs& args, Budget& budg
       out.push_back(item);
     }
   }
-  return Value::MakeList(std::move(out));
+  return Value::MakeGenerator(std::move(out));
 }
 
 absl::StatusOr<Value> FWordCount(const Value& v, const CallArgs& args, Budget&) {

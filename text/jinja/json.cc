@@ -83,6 +83,9 @@ struct Encoder {
       case Kind::kString: String(v.string_value()); break;
       case Kind::kList:
       case Kind::kTuple: {
+        if (v.is_generator()) {
+          return absl::InvalidArgumentError("Object of type generator is not JSON serializable");
+        }
         const List& items = v.list_value();
         if (items.empty()) {
           out += "[]";

@@ -127,6 +127,7 @@ absl::StatusOr<bool> ApplyTest(absl::string_view name, const Value& v, const Cal
            k == Kind::kTuple || k == Kind::kDict;
   }
   if (name == "sequence") {
+    if (v.is_generator()) return false;  // no len()
     return k == Kind::kUndefined || k == Kind::kString || k == Kind::kList ||
            k == Kind::kTuple || k == Kind::kDict;
   }

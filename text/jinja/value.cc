@@ -19,10 +19,13 @@ absl::Status TypeError(absl::string_view message) {
 std::string Quoted(absl::string_view s) { return py::StrRepr(s); }
 
 // object_type_repr(obj) of Jinja2's messages: "None", or "dict object", "str object", ...
+// Python's type name of a value (KindName, but "generator" for a generator).
+const char* TypeName(const Value& v) { return v.is_generator() ? "generator" : KindName(v.kind()); }
+
 std::string ObjectTypeRepr(const Value& v) {
   if (v.is_none()) return "None";
   if (v.kind() == Kind::kNamespace) return "jinja2.utils.Namespace object";
-  return absl::StrCat(KindName(v.kind()), " object");
+  return absl::StrCat(TypeName(v), " object");
 }
 
 // Jinja2's undefined for a missing attribute `name` of `obj`.
@@ -38,7 +41,7 @@ Value NoElement(const Value& obj, const Value& key) {
 
 Value Unsafe(const Value& obj, absl::string_view name) {
   return Value::Undefined(absl::StrCat("access to attribute ", Quoted(name), " of ",
-                                       Quoted(KindName(obj.kind())), " object is unsafe."),
+                                       Quoted(TypeName(obj)), " object is unsafe."),
                           /*unsafe=*/true);
 }
 
@@ -94,7 +97,7 @@ const char* OpSymbol(BinaryOp op) {
 
 absl::Status Unsupported(BinaryOp op, const Value& a, const Value& b) {
   return TypeError(absl::StrCat("unsupported operand type(s) for ", OpSymbol(op), ": '",
-                                KindName(a.kind()), "' and '", KindName(b.kind()), "'"));
+                                TypeName(a), "' and '", TypeName(b), "'"));
 }
 
 absl::Status IntOverflow() {
@@ -399,6 +402,11 @@ Value Value::String(std::string s) {
 Value Value::MakeList(List items) {
   return Value(std::make_shared<const List>(std::move(items)), Kind::kList);
 }
+Value Value::MakeGenerator(List items) {
+  Value v = MakeList(std::move(items));
+  v.generator_ = true;
+  return v;
+}
 Value Value::MakeTuple(List items) {
   return Value(std::make_shared<const List>(std::move(items)), Kind::kTuple);
 }
@@ -496,7 +504,7 @@ bool Value::Truthy() const {
       return !string_value().empty();
     case Kind::kList:
     case Kind::kTuple:
-      return !list_value().empty();
+      return generator_ || !list_value().empty();  // a generator is always true
     case Kind::kDict:
       return !dict_value().entries.empty();
     case Kind::kNamespace:
@@ -533,6 +541,7 @@ std::string Value::Repr() const {
     case Kind::kString:
       return py::StrRepr(string_value());
     case Kind::kList:
+      if (generator_) return "<generator object>";  // Python adds its name and address
       ReprList(list_value(), "[", "]", false, &out);
       return out;
     case Kind::kTuple:
@@ -555,6 +564,9 @@ std::string Value::Repr() const {
 // ---- Comparison ---------------------------------------------------------------------------
 
 bool Equals(const Value& a, const Value& b) {
+  if (a.is_generator() || b.is_generator()) {  // generators compare by identity
+    return a.is_generator() && b.is_generator() && &a.list_value() == &b.list_value();
+  }
   if (IsNumeric(a) && IsNumeric(b)) {
     const std::optional<int> c = CompareNumbers(a, b);
     return c.has_value() && *c == 0;
@@ -656,6 +668,7 @@ absl::StatusOr<Value> Arithmetic(BinaryOp op, const Value& a, const Value& b, Bu
   RETURN_IF_ERROR(CheckDefined(a));
   RETURN_IF_ERROR(CheckDefined(b));
   if (IsNumeric(a) && IsNumeric(b)) return NumberOp(op, a, b);
+  if (a.is_generator() || b.is_generator()) return Unsupported(op, a, b);
   if (op == BinaryOp::kAdd) {
     if (a.is_string() || a.is_sequence()) {
       if (a.kind() != b.kind()) {
@@ -735,6 +748,7 @@ absl::StatusOr<bool> Contains(const Value& container, const Value& item) {
 Value GetAttr(const Value& obj, absl::string_view name) {
   if (obj.is_undefined()) return obj;
   if (IsDunder(name)) return Unsafe(obj, name);
+  if (obj.is_generator()) return NoAttribute(obj, name);
   if (IsMutatingMethod(obj.kind(), name)) return Unsafe(obj, name);
   if (obj.kind() == Kind::kNamespace) {
     const Value* v = obj.dict_value().Find(name);
@@ -759,7 +773,7 @@ Value GetItem(const Value& obj, const Value& key) {
     case Kind::kList:
     case Kind::kTuple:
     case Kind::kString: {
-      if (!IsIntLike(key)) break;
+      if (!IsIntLike(key) || obj.is_generator()) break;
       const int64_t length = obj.is_string() ? py::CodePointCount(obj.string_value())
                                              : static_cast<int64_t>(obj.list_value().size());
       int64_t i = key.int_value();
@@ -781,6 +795,7 @@ Value GetItem(const Value& obj, const Value& key) {
 absl::StatusOr<Value> Slice(const Value& obj, std::optional<int64_t> start,
                             std::optional<int64_t> stop, std::optional<int64_t> step) {
   RETURN_IF_ERROR(CheckDefined(obj));
+  if (obj.is_generator()) return TypeError("'generator' object is not subscriptable");
   if (!obj.is_string() && !obj.is_sequence()) {
     if (obj.kind() == Kind::kDict) return TypeError("unhashable type: 'slice'");
     return TypeError(absl::StrCat("'", KindName(obj.kind()), "' object is not subscriptable"));
@@ -839,6 +854,7 @@ absl::StatusOr<int64_t> Length(const Value& value) {
       return py::CodePointCount(value.string_value());
     case Kind::kList:
     case Kind::kTuple:
+      if (value.is_generator()) return TypeError("object of type 'generator' has no len()");
       return static_cast<int64_t>(value.list_value().size());
     case Kind::kDict:
       return static_cast<int64_t>(value.dict_value().entries.size());

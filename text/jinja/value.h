@@ -109,6 +109,11 @@ class Value {
   static Value Float(double d);
   static Value String(std::string s);
   static Value MakeList(List items);
+  // What Jinja2's lazy filters (map, select, reject, selectattr, rejectattr, unique, batch,
+  // slice, items, reverse) give: a Python generator. It iterates as a list (kind kList) but is
+  // always true, has no len(), no items by index, prints as "<generator object>" and is not
+  // JSON; `|list` turns it into a list.
+  static Value MakeGenerator(List items);
   static Value MakeTuple(List items);
   static Value MakeDict(Dict dict);
   // A namespace with these attributes; its copies share them.
@@ -129,6 +134,8 @@ class Value {
   bool is_sequence() const { return kind() == Kind::kList || kind() == Kind::kTuple; }
   // A dict or a namespace (what has attributes by name).
   bool is_mapping() const { return kind() == Kind::kDict; }
+  // A kList made by MakeGenerator.
+  bool is_generator() const { return generator_; }
 
   // REQUIRES: the matching kind (kBool for bool_value; kInt or kBool for int_value; any number
   // or kBool for float_value).
@@ -165,6 +172,7 @@ class Value {
 
   Storage storage_;
   Kind kind_;
+  bool generator_ = false;
 };
 
 // Python's ==: 1 == 1.0 == True, [1] == [1.0], ('a',) != ['a'], Undefined == Undefined.
