@@ -457,6 +457,7 @@ add("filter_x", "{{ l|sort }} {{ l|sort(reverse=true) }} {{ users|sort(attribute
 add("filter_x", "{{ l|reverse|list }} {{ s|reverse }} {{ [1, 2, 1, 3, 2]|unique|list }}", extra=True)
 add("filter_x", "{{ d|dictsort }} {{ d|dictsort(by='value') }}", extra=True)
 add("filter_x", "{{ l|sum }} {{ users|sum(attribute='age') }} {{ l|min }} {{ l|max }} {{ [1.5, 2]|sum(start=10) }}", extra=True)
+add("filter_x", "{{ (-0.0)|round(1, 'floor') }} {{ -0.00001|round(1, 'ceil') }} {{ -0.04|round(1) }}", extra=True)
 add("filter_x", "{{ -5|abs }} {{ 2.567|round(2) }} {{ 2.5|round }} {{ 2.5|round(0, 'floor') }} {{ 7|float }} {{ 'x'|float }}",
     extra=True)
 add("filter_x", "{{ s|title }} {{ \"they're bill's\"|title }} {{ s|wordcount }} {{ 'ab'|center(6) }}|", extra=True)
@@ -511,6 +512,8 @@ add("str", "[{{ '\u00a0\u2003 x \u3000\n'.strip() }}] {{ 'a\u3000b\x1cc\u2028d'.
 add("str", "{{ 'ÉCOLE Ǆ'.lower() }} {{ 'ǆ straße ﬁ'.upper() }} {{ 'ǆ'.title() }} {{ 'ΣΑΣ'.lower() }} {{ 'İ'.lower()|length }}")
 add("str", "{{ 'a b'.split(' ', -1) }} {{ 'a,b,c'.split(',', 0) }}")
 add("str", "{{ 'abc'.split('') }}")
+add("str", "{{ 'a\\nb'.splitlines('x') }}")
+add("str", "{{ 'a\\nb\\r\\nc\\x85d\\u2028e'.splitlines() }} {{ 'a\\nb\\n'.splitlines(true) }}", extra=True)
 add("str", "{{ '  a  '.strip(' a') }}|{{ 'xyx'.lstrip('') }}|{{ 'aXbXc'.replace('X', '') }}|{{ 'aaa'.replace('a', 'b', 0) }}|"
            "{{ 'aaa'.replace('a', 'b', -1) }}")
 add("str", "{{ '{:d}|{!r}|{:,}|{:5.1f}|{:<4}|{:x}'.format(3, 'a', 1234567, 2.25, 'ab', 255) }}")
