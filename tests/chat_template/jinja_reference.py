@@ -13,6 +13,7 @@ AssistantTracker renders it when it is not tracking (a body is a scope, as any c
 `now_unix_micros` fixes what strftime_now sees (the local time zone; the tests run with TZ=UTC).
 """
 
+import copy
 import datetime
 import json
 
@@ -65,7 +66,9 @@ def render(template, context, now_unix_micros=None):
     """{"ok": True, "output": str} or {"ok": False, "error": "<ExceptionType>: message"}."""
     try:
         env = make_environment(now_unix_micros)
-        out = env.from_string(template).render(**context)
+        # A copy: Jinja2 can change a context's lists in place (list.pop passes its sandbox, and
+        # the indent filter extends a list it is given), which must not reach later renders.
+        out = env.from_string(template).render(**copy.deepcopy(context))
         return {"ok": True, "output": out}
     except RecursionError as e:  # Jinja2 has no depth limit of its own
         return {"ok": False, "error": f"RecursionError: {e}"}

@@ -10,6 +10,8 @@ Everything here is deterministic: strftime_now runs at a fixed time (NOW_UNIX_MI
 and nothing prints an object's address.
 """
 
+import copy
+
 NOW_UNIX_MICROS = 1_764_624_896_123_456  # 2025-12-01 21:34:56.123456 UTC, a Monday
 
 CASES = []
@@ -39,7 +41,8 @@ def add(group, template, context=None, extra=False, divergence=None):
     """divergence: (regex, why) for a deliberate difference from Jinja2: carpool must raise an
     error matching regex (why says what Jinja2 does and why carpool does not)."""
     n = sum(1 for c in CASES if c["name"].startswith(group + "-")) + 1
-    case = {"name": f"{group}-{n:02d}", "template": template, "context": dict(_CTX, **(context or {})),
+    case = {"name": f"{group}-{n:02d}", "template": template,
+            "context": copy.deepcopy(dict(_CTX, **(context or {}))),
             "extra": extra}
     if divergence:
         case["divergence"] = {"carpool_error": divergence[0], "why": divergence[1]}
@@ -449,6 +452,7 @@ add("filter", "[{{ 'a\\nb\\n\\nc'|indent(2, true) }}]")
 add("filter", "[{{ 'a\\nb\\n\\nc\\n'|indent(2, first=true, blank=true) }}]")
 add("filter", "[{{ 'a\\nb'|indent('>> ') }}] [{{ ''|indent(4, true) }}] [{{ 'one'|indent(4) }}]")
 add("filter", "[{{ 'a\\r\\nb'|indent(2) }}]")
+add("filter", "{{ l|indent(2) }}|{{ l }}")  # Jinja2's indent of a list extends the list it is given
 add("filter", "{{ d|items|map('first')|list }}", extra=True)
 
 # ---- more filters (beyond the issue's list) ---------------------------------------------------
