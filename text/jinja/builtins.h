@@ -32,8 +32,8 @@ bool HasTest(absl::string_view name);
 absl::StatusOr<bool> ApplyTest(absl::string_view name, const Value& input, const CallArgs& args,
                                Budget& budget);
 
-// The method `name` of `obj` bound to it (str.strip, dict.items, list.index, ...), or nullopt
-// when carpool has no such method. The sandbox's refusals (mutating methods, _names) are
+// The method `name` of `obj` bound to it (str.strip, dict.items, list.index, ...), for a number
+// also its attribute (`(5).real`), or nullopt when carpool has no such method. The sandbox's refusals (mutating methods, _names) are
 // GetAttr's, not this function's.
 std::optional<Value> BoundMethod(const Value& obj, absl::string_view name);
 

@@ -47,7 +47,7 @@ Value MakeMethod(absl::string_view type_name, absl::string_view name, Function f
 
 // The ToJson body (json.cc), also used by ApplyFilter.
 absl::StatusOr<std::string> Dumps(const Value& v, const Value& indent, const Value& separators,
-                                  bool sort_keys, Budget& budget);
+                                  bool sort_keys, Budget& budget, bool ensure_ascii = false);
 
 // Python's printf-style `fmt % args` (filters.cc): the conversions s r a d i u f F e E g G x X
 // o c and %%, flags, width and precision; %(name)s looks `name` up in args.keyword.
@@ -62,6 +62,12 @@ std::string Replace(absl::string_view s, absl::string_view old, absl::string_vie
 // Python's str.strip(chars) (chars nullopt: whitespace), on each side asked for.
 std::string Strip(absl::string_view s, const std::optional<std::string>& chars, bool left,
                   bool right);
+
+// methods_more.cc: str's swapcase, casefold, expandtabs, translate, isidentifier, isprintable,
+// isascii; and a number's attribute (real, imag, numerator, denominator) or bound method
+// (conjugate, bit_length, is_integer). nullopt for other names.
+std::optional<Function> MoreStrMethod(const Value& v, absl::string_view name);
+std::optional<Value> NumberAttribute(const Value& v, absl::string_view name);
 
 }  // namespace carpool::text::jinja::internal
 

@@ -137,8 +137,13 @@ TEST(ToJsonTest, FilterArguments) {
   // {{ nested|tojson(sort_keys=true) }}
   EXPECT_EQ(Filter("tojson", J(kNested), Args({}, {{"sort_keys", B(true)}})),
             "{\"a\": {\"x\": {}, \"y\": [1, {\"q\": \"é\\\"\\n\\t\\u0001\"}]}, \"e\": [], \"z\": 1}");
-  // {{ {'a': 1}|tojson(2) }}
-  EXPECT_EQ(Filter("tojson", J(R"({"a": 1})"), Args({I(2)})), "{\n  \"a\": 1\n}");
+  // transformers' tojson(x, ensure_ascii=False, indent=None, ...): {{ {'a': 'é'}|tojson(2) }}
+  // sets ensure_ascii, not the indent.
+  EXPECT_EQ(Filter("tojson", J(R"({"a": "é"})"), Args({I(2)})), "{\"a\": \"\\u00e9\"}");
+  EXPECT_EQ(Filter("tojson", J(R"({"a": 1})"), Args({B(false), I(2)})), "{\n  \"a\": 1\n}");
+  // {{ 'é😀'|tojson(ensure_ascii=true) }}
+  EXPECT_EQ(Filter("tojson", S("é\U0001F600\x7f"), Args({}, {{"ensure_ascii", B(true)}})),
+            "\"\\u00e9\\ud83d\\ude00\\u007f\"");
   // [1]|tojson(separators=5), [1]|tojson(separators=[','])
   EXPECT_EQ(Filter("tojson", L({I(1)}), Args({}, {{"separators", I(5)}})),
             "ERROR: cannot unpack non-iterable int object");
@@ -230,7 +235,8 @@ TEST(FiltersTest, Numbers) {
   EXPECT_EQ(Filter("int", Value::None()), "0");
   EXPECT_EQ(Filter("int", B(true)), "1");
   EXPECT_EQ(Filter("int", S("1e3")), "1000");
-  EXPECT_EQ(Filter("int", Undef()), "0");
+  EXPECT_EQ(Filter("int", Undef()), "ERROR: 'x' is undefined");  // {{ undefined_var|int }}
+  EXPECT_EQ(Filter("float", Undef()), "ERROR: 'x' is undefined");
   EXPECT_EQ(Filter("int", S("-9223372036854775808")), "-9223372036854775808");
   EXPECT_THAT(Filter("int", S("9223372036854775808")), HasSubstr("integer overflow"));
   // 'inf'|float, ' 1_0.5 '|float, 'x'|float, '1e400'|float, 'Infinity'|float, '-nan'|float
@@ -253,6 +259,10 @@ TEST(FiltersTest, Numbers) {
   EXPECT_EQ(Filter("round", I(42), Args({I(-1)})), "40");
   EXPECT_EQ(Filter("round", F(45.0), Args({I(-1)})), "40.0");
   EXPECT_EQ(Filter("round", S("abc")), "ERROR: type str doesn't define __round__ method");
+  // (-0.0)|round(1, 'floor'), -0.00001|round(1, 'ceil'), -0.04|round(1)
+  EXPECT_EQ(Filter("round", F(-0.0), Args({I(1), S("floor")})), "0.0");
+  EXPECT_EQ(Filter("round", F(-0.00001), Args({I(1), S("ceil")})), "0.0");
+  EXPECT_EQ(Filter("round", F(-0.04), Args({I(1)})), "-0.0");
   EXPECT_EQ(Filter("abs", I(-5)), "5");
   EXPECT_EQ(Filter("abs", F(-5.5)), "5.5");
   EXPECT_EQ(Filter("abs", S("a")), "ERROR: bad operand type for abs(): 'str'");
@@ -388,7 +398,7 @@ TEST(FiltersTest, LazyResultsAreGenerators) {
 TEST(FiltersTest, Attr) {
   Value d = J(R"({"a": 1})");
   EXPECT_EQ(Filter("attr", d, Args({S("a")})), "");  // d|attr('a') is undefined
-  EXPECT_EQ(Filter("attr", d, Args({S("items")})).substr(0, 9), "<function");
+  EXPECT_EQ(Filter("attr", d, Args({S("items")})), "<built-in method items of dict object>");
   Dict attrs;
   attrs.Set(S("a"), I(1));
   EXPECT_EQ(Filter("attr", Value::Namespace(attrs), Args({S("a")})), "1");
@@ -479,6 +489,8 @@ TEST(MethodsTest, StripSplit) {
   // 'a\nb\r\nc\rd\x0be\u2028f'.splitlines(), 'a\nb\r\n'.splitlines(true)
   EXPECT_EQ(Call(S("a\nb\r\nc\rd\x0b" "e\u2028f"), "splitlines"), "['a', 'b', 'c', 'd', 'e', 'f']");
   EXPECT_EQ(Call(S("a\nb\r\n"), "splitlines", Args({B(true)})), "['a\\n', 'b\\r\\n']");
+  EXPECT_EQ(Call(S("a\nb"), "splitlines", Args({S("x")})),
+            "ERROR: 'str' object cannot be interpreted as an integer");
 }
 
 TEST(MethodsTest, Affixes) {
@@ -587,6 +599,24 @@ TEST(MethodsTest, FormatWidthsAreCharged) {
   EXPECT_EQ(Filter("indent", S("a\nb"), Args({I(1000000000)})), "ERROR: output limit");
 }
 
+TEST(MethodsTest, LessCommonStringMethods) {
+  EXPECT_EQ(Call(S("AbC ß"), "swapcase"), "aBc SS");                  // 'AbC ß'.swapcase()
+  EXPECT_EQ(Call(S("ß ΣΑΣ"), "casefold"), "ss σασ");                   // 'ß ΣΑΣ'.casefold()
+  EXPECT_EQ(Call(S("a\tb\n\tc"), "expandtabs", Args({I(4)})), "a   b\n    c");
+  EXPECT_EQ(Call(S("a\tb"), "expandtabs"), "a       b");
+  EXPECT_EQ(Call(S("_x1"), "isidentifier"), "True");
+  EXPECT_EQ(Call(S("1x"), "isidentifier"), "False");
+  EXPECT_EQ(Call(S(""), "isprintable"), "True");
+  EXPECT_EQ(Call(S("a\n"), "isprintable"), "False");
+  EXPECT_EQ(Call(S("é"), "isascii"), "False");
+  Dict table;
+  table.Set(I('a'), S("xy"));
+  table.Set(I('b'), Value::None());
+  table.Set(I('c'), I('C'));
+  // 'abcd'.translate({97: 'xy', 98: None, 99: 67})
+  EXPECT_EQ(Call(S("abcd"), "translate", Args({Value::MakeDict(table)})), "xyCd");
+}
+
 TEST(MethodsTest, DictAndList) {
   Value d = J(R"({"a": 1, "_p": 2, "items": 3})");
   EXPECT_EQ(Call(d, "items"), "[('a', 1), ('_p', 2), ('items', 3)]");
@@ -602,7 +632,14 @@ TEST(MethodsTest, DictAndList) {
   EXPECT_EQ(Call(l, "index", Args({I(5)})), "ERROR: 5 is not in list");
   EXPECT_EQ(Call(T({I(1)}), "index", Args({I(5)})), "ERROR: tuple.index(x): x not in tuple");
   EXPECT_EQ(Call(l, "append"), "NO METHOD");  // GetAttr gives the sandbox's unsafe Undefined
-  EXPECT_EQ(Call(I(1), "real"), "NO METHOD");
+  EXPECT_EQ(BoundMethod(I(5), "real")->Str(), "5");              // (5).real
+  EXPECT_EQ(BoundMethod(B(true), "real")->Str(), "1");           // true.real
+  EXPECT_EQ(BoundMethod(F(1.5), "imag")->Str(), "0.0");
+  EXPECT_EQ(Call(F(1.5), "is_integer"), "False");                // 1.5.is_integer()
+  EXPECT_EQ(Call(F(2.0), "is_integer"), "True");
+  EXPECT_EQ(Call(I(-5), "bit_length"), "3");
+  EXPECT_EQ(Call(I(5), "is_integer"), "NO METHOD");              // not in Python 3.11
+  EXPECT_EQ(Call(I(5), "upper"), "NO METHOD");
 }
 
 }  // namespace

@@ -367,6 +367,7 @@ absl::StatusOr<Value> FLast(const Value& v, const CallArgs& args, Budget&) {
 absl::StatusOr<Value> FFloat(const Value& v, const CallArgs& args, Budget&) {
   ASSIGN_OR_RETURN(BoundArgs a, BoundArgs::Bind("do_float", args, {"default"}));
   const Value fallback = a.Or(0, Value::Float(0.0));
+  RETURN_IF_ERROR(CheckDefined(v));  // float(Undefined) raises Jinja2's UndefinedError
   if (v.kind() == Kind::kFloat) return v;
   if (IntLike(v)) return Value::Float(static_cast<double>(v.int_value()));
   if (v.is_string()) {
@@ -378,6 +379,7 @@ absl::StatusOr<Value> FFloat(const Value& v, const CallArgs& args, Budget&) {
 absl::StatusOr<Value> FInt(const Value& v, const CallArgs& args, Budget&) {
   ASSIGN_OR_RETURN(BoundArgs a, BoundArgs::Bind("do_int", args, {"default", "base"}));
   const Value fallback = a.Or(0, Value::Int(0));
+  RETURN_IF_ERROR(CheckDefined(v));  // int(Undefined) raises Jinja2's UndefinedError
   if (IntLike(v)) return Value::Int(v.int_value());
   if (v.kind() == Kind::kFloat) {
     if (std::isnan(v.float_value())) return fallback;
@@ -681,7 +683,9 @@ absl::StatusOr<Value> FRound(const Value& v, const CallArgs& args, Budget&) {
   const double x = v.float_value() * scale;
   if (std::isinf(x)) return Error("cannot convert float infinity to integer");
   if (std::isnan(x)) return Error("cannot convert float NaN to integer");
-  const double r = method == "ceil" ? std::ceil(x) : std::floor(x);
+  // math.ceil / math.floor give an int: no negative zero survives them.
+  double r = method == "ceil" ? std::ceil(x) : std::floor(x);
+  if (r == 0) r = 0.0;
   return Value::Float(r / scale);
 }
 
@@ -772,12 +776,14 @@ absl::StatusOr<Value> FTitle(const Value& v, const CallArgs& args, Budget&) {
   return Value::String(std::move(out));
 }
 
+// transformers' tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False).
 absl::StatusOr<Value> FToJson(const Value& v, const CallArgs& args, Budget& budget) {
-  ASSIGN_OR_RETURN(BoundArgs a, BoundArgs::Bind("<lambda>", args,
-                                                {"indent", "separators", "sort_keys"}));
+  ASSIGN_OR_RETURN(BoundArgs a, BoundArgs::Bind("tojson", args,
+                                                {"ensure_ascii", "indent", "separators", "sort_keys"}));
   ASSIGN_OR_RETURN(std::string out,
-                   internal::Dumps(v, a.Or(0, Value::None()), a.Or(1, Value::None()),
-                                   a.Or(2, Value::Bool(false)).Truthy(), budget));
+                   internal::Dumps(v, a.Or(1, Value::None()), a.Or(2, Value::None()),
+                                   a.Or(3, Value::Bool(false)).Truthy(), budget,
+                                   a.Or(0, Value::Bool(false)).Truthy()));
   return Value::String(std::move(out));
 }
 

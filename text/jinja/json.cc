@@ -21,12 +21,31 @@ struct Encoder {
   std::string item_separator;
   std::string key_separator;
   bool sort_keys = false;
+  bool ensure_ascii = false;
   Budget* budget = nullptr;
   std::string out;
 
+  // ensure_ascii: the code point at s[*i] as \uXXXX (a surrogate pair above U+FFFF); advances
+  // *i past it.
+  void AsciiEscape(absl::string_view s, size_t* i) {
+    size_t end = *i + 1;
+    while (end < s.size() && (static_cast<unsigned char>(s[end]) & 0xC0) == 0x80) ++end;
+    const std::u32string cp = py::Decode(s.substr(*i, end - *i));
+    *i = end;
+    for (char32_t c : cp) {
+      if (c >= 0x10000) {
+        const char32_t v = c - 0x10000;
+        out += absl::StrFormat("\\u%04x\\u%04x", 0xD800 + (v >> 10), 0xDC00 + (v & 0x3FF));
+      } else {
+        out += absl::StrFormat("\\u%04x", static_cast<uint32_t>(c));
+      }
+    }
+  }
+
   void String(absl::string_view s) {
     out.push_back('"');
-    for (char c : s) {
+    for (size_t i = 0; i < s.size();) {
+      const char c = s[i];
       const auto u = static_cast<unsigned char>(c);
       switch (c) {
         case '"': out += "\\\""; break;
@@ -37,12 +56,16 @@ struct Encoder {
         case '\b': out += "\\b"; break;
         case '\f': out += "\\f"; break;
         default:
-          if (u < 0x20) {
+          if (u < 0x20 || (u == 0x7F && ensure_ascii)) {
             out += absl::StrFormat("\\u%04x", u);
+          } else if (u >= 0x80 && ensure_ascii) {
+            AsciiEscape(s, &i);
+            continue;
           } else {
             out.push_back(c);
           }
       }
+      ++i;
     }
     out.push_back('"');
   }
@@ -151,10 +174,11 @@ struct Encoder {
 namespace internal {
 
 absl::StatusOr<std::string> Dumps(const Value& v, const Value& indent, const Value& separators,
-                                  bool sort_keys, Budget& budget) {
+                                  bool sort_keys, Budget& budget, bool ensure_ascii) {
   Encoder e;
   e.budget = &budget;
   e.sort_keys = sort_keys;
+  e.ensure_ascii = ensure_ascii;
   if (indent.kind() == Kind::kInt || indent.kind() == Kind::kBool) {
     const int64_t width = std::max<int64_t>(0, indent.int_value());
     RETURN_IF_ERROR(budget.CheckSize(width));

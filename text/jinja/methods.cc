@@ -325,7 +325,7 @@ absl::StatusOr<Value> SplitMethod(absl::string_view method, const std::string& s
 
 absl::StatusOr<Value> SplitLines(const std::string& s, const CallArgs& args) {
   ASSIGN_OR_RETURN(BoundArgs a, BoundArgs::Bind("splitlines", args, {"keepends"}));
-  const bool keep = a.Or(0, Value::Bool(false)).Truthy();
+  ASSIGN_OR_RETURN(const int64_t keep, internal::ToInt(a.Or(0, Value::Bool(false)), "keepends"));
   const std::u32string u = py::Decode(s);
   List out;
   size_t i = 0;
@@ -652,7 +652,12 @@ std::optional<Value> BoundMethod(const Value& obj, absl::string_view name) {
   switch (obj.kind()) {
     case Kind::kString:
       fn = StrMethod(obj, name);
+      if (!fn.has_value()) fn = internal::MoreStrMethod(obj, name);
       break;
+    case Kind::kInt:
+    case Kind::kBool:
+    case Kind::kFloat:
+      return internal::NumberAttribute(obj, name);
     case Kind::kDict:
       fn = DictMethod(obj, name);
       break;

@@ -277,6 +277,35 @@ std::string Capitalize(absl::string_view s) {
   return out;
 }
 
+std::string SwapCase(absl::string_view s) {
+  const std::u32string u = Decode(s);
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < u.size(); ++i) {
+    if (IsUpper(u[i])) {
+      AppendLowerAt(u, i, &out);
+    } else if (IsLower(u[i])) {
+      out += Upper(Encode(u.substr(i, 1)));
+    } else {
+      AppendCodePoint(u[i], &out);
+    }
+  }
+  return out;
+}
+
+std::string CaseFold(absl::string_view s) {
+  icu::UnicodeString u = ToUnicodeString(s);
+  u.foldCase(U_FOLD_CASE_DEFAULT);
+  return FromUnicodeString(u);
+}
+
+bool IsXidStart(char32_t c) {
+  return u_hasBinaryProperty(static_cast<UChar32>(c), UCHAR_XID_START);
+}
+bool IsXidContinue(char32_t c) {
+  return u_hasBinaryProperty(static_cast<UChar32>(c), UCHAR_XID_CONTINUE);
+}
+
 std::string StrRepr(absl::string_view s) {
   const bool has_single = s.find('\'') != absl::string_view::npos;
   const bool has_double = s.find('"') != absl::string_view::npos;

@@ -41,6 +41,10 @@ std::string Upper(absl::string_view s);
 std::string Lower(absl::string_view s);
 std::string Title(absl::string_view s);
 std::string Capitalize(absl::string_view s);
+std::string SwapCase(absl::string_view s);
+std::string CaseFold(absl::string_view s);  // full case folding, as str.casefold()
+bool IsXidStart(char32_t c);
+bool IsXidContinue(char32_t c);
 
 // repr(str): quotes as Python chooses them, escapes as Python writes them.
 std::string StrRepr(absl::string_view s);

@@ -555,8 +555,16 @@ std::string Value::Repr() const {
       ReprDict(dict_value(), &out);
       out.push_back('>');
       return out;
-    case Kind::kCallable:
-      return absl::StrCat("<function ", callable_value().name, ">");
+    case Kind::kCallable: {
+      // Jinja2 prints a macro as <Macro 'name'>; a bound method as Python does, less the
+      // address ("<built-in method upper of str object>"). Other functions print the same way
+      // as macros (Python's repr of them holds an address, never reproducible).
+      const std::string& name = callable_value().name;
+      const size_t dot = name.find('.');
+      if (dot == std::string::npos) return absl::StrCat("<Macro ", py::StrRepr(name), ">");
+      return absl::StrCat("<built-in method ", name.substr(dot + 1), " of ", name.substr(0, dot),
+                          " object>");
+    }
   }
   return out;
 }

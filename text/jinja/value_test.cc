@@ -95,6 +95,9 @@ TEST(ValueTest, ContainerRepr) {
   EXPECT_EQ(Value::Namespace(attrs).Str(), "<Namespace {'a': 1}>");
   EXPECT_EQ(L({Value::Undefined("'x' is undefined")}).Str(), "[Undefined]");
   EXPECT_EQ(Value::Undefined("x").Str(), "");
+  // {% macro m() %}x{% endmacro %}{{ m }}
+  EXPECT_EQ(Value::MakeCallable("m", nullptr).Str(), "<Macro 'm'>");
+  EXPECT_EQ(GetAttr(S("a"), "upper").Str(), "<built-in method upper of str object>");
   EXPECT_EQ(Value::None().Str(), "None");
   EXPECT_EQ(Value::Bool(false).Str(), "False");
   EXPECT_EQ(I(-42).Str(), "-42");
