@@ -49,7 +49,10 @@ Value MakeMethod(absl::string_view type_name, absl::string_view name, Function f
 absl::StatusOr<std::string> Dumps(const Value& v, const Value& indent, const Value& separators,
                                   bool sort_keys, Budget& budget, bool ensure_ascii = false);
 
-// Python's printf-style `fmt % args` (filters.cc): the conversions s r a d i u f F e E g G x X
+// int(d) for a float (filters.cc): an error for infinities and beyond int64.
+absl::StatusOr<Value> FloatToInt(double d);
+
+// Python's printf-style `fmt % args` (format.cc): the conversions s r a d i u f F e E g G x X
 // o c and %%, flags, width and precision; %(name)s looks `name` up in args.keyword.
 absl::StatusOr<std::string> PercentFormat(const std::string& fmt, const CallArgs& args,
                                           Budget& budget);

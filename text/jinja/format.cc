@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status.h"
+#include "text/jinja/builtins_internal.h"
 #include "text/jinja/pystr.h"
 
 namespace carpool::text::jinja {
@@ -425,5 +426,131 @@ absl::StatusOr<std::string> StrFormat(absl::string_view fmt, const CallArgs& arg
   FieldState state;
   return FormatImpl(fmt, args, budget, state, 0);
 }
+
+namespace internal {
+namespace {
+
+absl::Status Error(absl::string_view m) { return absl::InvalidArgumentError(m); }
+bool IntLike(const Value& v) { return v.kind() == Kind::kInt || v.kind() == Kind::kBool; }
+
+}  // namespace
+
+absl::StatusOr<std::string> PercentFormat(const std::string& fmt, const CallArgs& args,
+                                          Budget& budget) {
+  std::string out;
+  size_t next = 0;
+  bool used_mapping = false;
+  for (size_t i = 0; i < fmt.size(); ++i) {
+    if (fmt[i] != '%') {
+      out.push_back(fmt[i]);
+      continue;
+    }
+    ++i;
+    if (i >= fmt.size()) return Error("incomplete format");
+    Value arg;
+    bool have_arg = false;
+    if (fmt[i] == '(') {
+      const size_t close = fmt.find(')', i);
+      if (close == std::string::npos) return Error("incomplete format key");
+      const std::string key = fmt.substr(i + 1, close - i - 1);
+      if (args.keyword.empty()) return Error("format requires a mapping");
+      bool found = false;
+      for (const auto& [k, val] : args.keyword) {
+        if (k == key) arg = val, found = true;
+      }
+      if (!found) return Error(py::StrRepr(key));
+      have_arg = used_mapping = true;
+      i = close + 1;
+    }
+    std::string flags;
+    while (i < fmt.size() && std::string("-+ #0").find(fmt[i]) != std::string::npos) flags.push_back(fmt[i++]);
+    std::string width, precision;
+    while (i < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[i]))) width.push_back(fmt[i++]);
+    if (i < fmt.size() && fmt[i] == '.') {
+      ++i;
+      precision.clear();
+      while (i < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[i]))) precision.push_back(fmt[i++]);
+      if (precision.empty()) precision.assign(1, '0');
+    }
+    if (i >= fmt.size()) return Error("incomplete format");
+    char conv = fmt[i];
+    if (conv == '%') {
+      out.push_back('%');
+      continue;
+    }
+    if (!have_arg) {
+      if (next >= args.positional.size()) return Error("not enough arguments for format string");
+      arg = args.positional[next++];
+    }
+    const bool left = flags.find('-') != std::string::npos;
+    std::string spec;
+    spec.push_back(left ? '<' : '>');
+    if (flags.find('+') != std::string::npos) spec.push_back('+');
+    else if (flags.find(' ') != std::string::npos) spec.push_back(' ');
+    if (flags.find('#') != std::string::npos) spec.push_back('#');
+    const bool zero = !left && flags.find('0') != std::string::npos;
+    Value value;
+    switch (conv) {
+      case 's': case 'r': case 'a':
+        value = Value::String(conv == 's' ? arg.Str() : arg.Repr());
+        spec.assign(1, left ? '<' : '>');
+        break;
+      case 'd': case 'i': case 'u':
+        if (arg.kind() == Kind::kFloat) {
+          ASSIGN_OR_RETURN(value, FloatToInt(arg.float_value()));
+        } else if (IntLike(arg)) {
+          value = Value::Int(arg.int_value());
+        } else {
+          return Error(absl::StrCat("%", std::string(1, conv), " format: a real number is required, not ",
+                                    KindName(arg.kind())));
+        }
+        precision.clear();
+        break;
+      case 'c':
+        if (arg.is_string()) {
+          if (py::CodePointCount(arg.string_value()) != 1) {
+            return Error("%c requires int or char");
+          }
+          value = arg;
+          spec.assign(1, left ? '<' : '>');
+          conv = 's';
+          break;
+        }
+        [[fallthrough]];
+      case 'x': case 'X': case 'o':
+        if (!IntLike(arg)) {
+          return Error(absl::StrCat("%", std::string(1, conv), " format: an integer is required, not ",
+                                    KindName(arg.kind())));
+        }
+        value = Value::Int(arg.int_value());
+        precision.clear();
+        break;
+      case 'f': case 'F': case 'e': case 'E': case 'g': case 'G':
+        if (!arg.is_number() && arg.kind() != Kind::kBool) {
+          return Error(absl::StrCat("must be real number, not ", KindName(arg.kind())));
+        }
+        value = Value::Float(arg.float_value());
+        if (precision.empty()) precision.assign(1, '6');
+        break;
+      default:
+        return Error(absl::StrFormat("unsupported format character '%c' (0x%x) at index %d", conv,
+                                     static_cast<unsigned char>(conv), i));
+    }
+    if (zero && conv != 's' && conv != 'r' && conv != 'a') spec += "0";
+    spec += width;
+    if (!precision.empty()) spec += "." + precision;
+    if (conv != 's' && conv != 'r' && conv != 'a' && conv != 'i' && conv != 'u') spec.push_back(conv);
+    if (conv == 'i' || conv == 'u') spec.push_back('d');
+    ASSIGN_OR_RETURN(std::string piece, FormatValue(value, spec, budget));
+    out += piece;
+    RETURN_IF_ERROR(budget.CheckSize(static_cast<int64_t>(out.size())));
+  }
+  if (!used_mapping && args.keyword.empty() && next < args.positional.size()) {
+    return Error("not all arguments converted during string formatting");
+  }
+  return out;
+}
+
+}  // namespace internal
 
 }  // namespace carpool::text::jinja
