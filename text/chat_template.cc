@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
+#include "text/jinja/json_value.h"
 
 namespace carpool::text {
 namespace {
@@ -34,29 +35,16 @@ absl::Status Bad(const std::string& field, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(field, " ", what));
 }
 
-// Whether `j` nests arrays and objects more than `limit` deep ([] is 1, [[1]] 2). Iterative:
-// the document comes from a request and may nest without bound.
-bool NestsDeeperThan(const Json& j, int limit) {
-  std::vector<std::pair<const Json*, int>> stack = {{&j, 0}};
-  while (!stack.empty()) {
-    const auto [node, depth] = stack.back();
-    stack.pop_back();
-    if (!node->is_structured()) continue;
-    if (depth + 1 > limit) return true;
-    for (const Json& child : *node) stack.emplace_back(&child, depth + 1);
-  }
-  return false;
-}
-
-// Parses one JSON field of a request; errors name it.
-absl::StatusOr<Json> ParseField(const std::string& text, const std::string& field) {
-  Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return Bad(field, "is not valid JSON");
-  if (NestsDeeperThan(j, kMaxChatJsonDepth)) {
+// Parses one JSON field of a request straight into values; errors name it.
+absl::StatusOr<Value> ParseField(const std::string& text, const std::string& field) {
+  jinja::JsonErrorKind kind = jinja::JsonErrorKind::kSyntax;
+  absl::StatusOr<Value> value = jinja::ParseJsonValue(text, kMaxChatJsonDepth, &kind);
+  if (value.ok()) return value;
+  if (kind == jinja::JsonErrorKind::kTooDeep) {
     return Bad(field, absl::StrCat("nests arrays and objects deeper than ", kMaxChatJsonDepth,
                                    " levels"));
   }
-  return j;
+  return Bad(field, absl::StrCat("is not valid JSON: ", value.status().message()));
 }
 
 // A token value of tokenizer_config.json as transformers' special_tokens_map gives it: a string,
@@ -150,52 +138,60 @@ std::string ShowRole(const std::string& role) {
                       role.size() > kShown ? "...\"" : "\"");
 }
 
-absl::Status CheckContent(const Json& content, const std::string& field) {
-  if (content.is_string() || content.is_null()) return absl::OkStatus();
-  if (!content.is_array()) return Bad(field, "must be a string, null or a list of content parts");
-  for (size_t j = 0; j < content.size(); ++j) {
-    const Json& part = content[j];
-    const std::string where = absl::StrCat(field, "[", j, "]");
-    if (!part.is_object()) return Bad(where, "must be an object");
-    auto type = part.find("type");
-    if (type == part.end() || !type->is_string()) return Bad(where + ".type", "must be a string");
-    if (type->get<std::string>() != "text") continue;
-    auto text = part.find("text");
-    if (text == part.end() || !text->is_string()) return Bad(where + ".text", "must be a string");
+bool IsList(const Value& v) { return v.kind() == jinja::Kind::kList; }
+bool IsDict(const Value& v) { return v.kind() == jinja::Kind::kDict; }
+
+// messages[i].content; the field names of errors are built only for errors.
+absl::Status CheckContent(const Value& content, size_t i) {
+  if (content.is_string() || content.is_none()) return absl::OkStatus();
+  const auto field = [i] { return absl::StrCat("messages[", i, "].content"); };
+  if (!IsList(content)) return Bad(field(), "must be a string, null or a list of content parts");
+  const jinja::List& parts = content.list_value();
+  for (size_t j = 0; j < parts.size(); ++j) {
+    const Value& part = parts[j];
+    const auto where = [&] { return absl::StrCat(field(), "[", j, "]"); };
+    if (!IsDict(part)) return Bad(where(), "must be an object");
+    const Value* type = part.dict_value().Find("type");
+    if (type == nullptr || !type->is_string()) return Bad(where() + ".type", "must be a string");
+    if (type->string_value() != "text") continue;
+    const Value* text = part.dict_value().Find("text");
+    if (text == nullptr || !text->is_string()) return Bad(where() + ".text", "must be a string");
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<Value> Messages(const std::string& text) {
-  ASSIGN_OR_RETURN(Json messages, ParseField(text, "messages"));
-  if (!messages.is_array()) return Bad("messages", "must be a JSON array");
-  for (size_t i = 0; i < messages.size(); ++i) {
-    const Json& m = messages[i];
-    const std::string field = absl::StrCat("messages[", i, "]");
-    if (!m.is_object()) return Bad(field, "must be an object");
-    auto role = m.find("role");
-    if (role == m.end() || role->is_null()) return Bad(field + ".role", "is required");
-    if (!role->is_string()) return Bad(field + ".role", "must be a string");
-    if (!IsRole(role->get<std::string>())) {
-      return Bad(field + ".role", "must be system, user, assistant, tool or developer, not " +
-                                      ShowRole(role->get<std::string>()));
+  ASSIGN_OR_RETURN(Value messages, ParseField(text, "messages"));
+  if (!IsList(messages)) return Bad("messages", "must be a JSON array");
+  const jinja::List& list = messages.list_value();
+  for (size_t i = 0; i < list.size(); ++i) {
+    const Value& m = list[i];
+    const auto field = [i] { return absl::StrCat("messages[", i, "]"); };
+    if (!IsDict(m)) return Bad(field(), "must be an object");
+    const Value* role = m.dict_value().Find("role");
+    if (role == nullptr || role->is_none()) return Bad(field() + ".role", "is required");
+    if (!role->is_string()) return Bad(field() + ".role", "must be a string");
+    if (!IsRole(role->string_value())) {
+      return Bad(field() + ".role", "must be system, user, assistant, tool or developer, not " +
+                                        ShowRole(role->string_value()));
     }
-    if (auto content = m.find("content"); content != m.end()) {
-      RETURN_IF_ERROR(CheckContent(*content, field + ".content"));
+    if (const Value* content = m.dict_value().Find("content")) {
+      RETURN_IF_ERROR(CheckContent(*content, i));
     }
   }
-  return Value::FromJson(messages);
+  return messages;
 }
 
 absl::StatusOr<Value> Tools(const std::string& text) {
   if (text.empty()) return Value::None();
-  ASSIGN_OR_RETURN(Json tools, ParseField(text, "tools"));
-  if (tools.is_null()) return Value::None();
-  if (!tools.is_array()) return Bad("tools", "must be a JSON array");
-  for (size_t i = 0; i < tools.size(); ++i) {
-    if (!tools[i].is_object()) return Bad(absl::StrCat("tools[", i, "]"), "must be an object");
+  ASSIGN_OR_RETURN(Value tools, ParseField(text, "tools"));
+  if (tools.is_none()) return Value::None();
+  if (!IsList(tools)) return Bad("tools", "must be a JSON array");
+  const jinja::List& list = tools.list_value();
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (!IsDict(list[i])) return Bad(absl::StrCat("tools[", i, "]"), "must be an object");
   }
-  return Value::FromJson(tools);
+  return tools;
 }
 
 // Adds each key of chat_template_kwargs to `context`.
@@ -205,15 +201,16 @@ absl::Status AddKwargs(const std::string& text, jinja::Dict& context) {
     return Bad("chat_template_kwargs", absl::StrCat("is ", text.size(), " bytes, more than the ",
                                                     kMaxChatTemplateKwargsBytes, " allowed"));
   }
-  ASSIGN_OR_RETURN(Json kwargs, ParseField(text, "chat_template_kwargs"));
-  if (kwargs.is_null()) return absl::OkStatus();
-  if (!kwargs.is_object()) return Bad("chat_template_kwargs", "must be a JSON object");
-  for (const auto& [key, value] : kwargs.items()) {
-    if (key == "messages" || key == "tools" || key == "add_generation_prompt") {
-      return Bad("chat_template_kwargs", absl::StrCat("may not set '", key,
+  ASSIGN_OR_RETURN(Value kwargs, ParseField(text, "chat_template_kwargs"));
+  if (kwargs.is_none()) return absl::OkStatus();
+  if (!IsDict(kwargs)) return Bad("chat_template_kwargs", "must be a JSON object");
+  for (const auto& [key, value] : kwargs.dict_value().entries) {
+    const std::string& name = key.string_value();  // JSON keys are strings
+    if (name == "messages" || name == "tools" || name == "add_generation_prompt") {
+      return Bad("chat_template_kwargs", absl::StrCat("may not set '", name,
                                                       "': send it as the request's own field"));
     }
-    context.Set(Value::String(key), Value::FromJson(value));
+    context.Set(key, value);
   }
   return absl::OkStatus();
 }

@@ -276,6 +276,16 @@ TEST(ChatTemplateContextTest, KwargsAreDataNeverCode) {
             "{{ 7*7 }} two");
 }
 
+// The request's JSON as Python's json.loads reads it: a repeated key keeps its first place and
+// its last value, escapes and pairs decoded, integers past int64 floats.
+TEST(ChatTemplateContextTest, JsonReadAsPythonReadsIt) {
+  EXPECT_EQ(*Render(WithTemplate("{{ messages[0] | tojson }} {{ x }} {{ y }}"),
+                    R"([{"role": "user", "content": "a\u00e9\ud83d\ude00\n", "role": "assistant"}])",
+                    true, "", R"({"x": 9223372036854775808, "y": [1.5e3, -0, 7]})"),
+            "{\"role\": \"assistant\", \"content\": \"a\u00e9\U0001f600\\n\"} 9.223372036854776e+18 "
+            "[1500.0, 0, 7]");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Bad input
 
@@ -288,6 +298,12 @@ TEST(ChatTemplateRenderTest, BadMessagesNameTheField) {
   for (const Case& c : {
            Case{"", "messages is not valid JSON"},
            Case{"[{]", "messages is not valid JSON"},
+           Case{R"([{"role": "user"} {"role": "user"}])",
+                "messages is not valid JSON: expected ',' or ']' at byte 18, found '{'"},
+           Case{"[{\"role\": \"user\", \"content\": \"\xff\"}]",
+                "messages is not valid JSON: invalid UTF-8 at byte 30"},
+           Case{R"([{"role": "user", "content": "\ud800"}])",
+                "messages is not valid JSON: lone surrogate \\ud800 at byte 30"},
            Case{R"({"role": "user"})", "messages must be a JSON array"},
            Case{R"([{"role": "user", "content": "x"}, 3])", "messages[1] must be an object"},
            Case{R"([{"content": "x"}])", "messages[0].role is required"},
