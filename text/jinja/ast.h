@@ -67,6 +67,7 @@ struct Expr {
   std::vector<CmpOp> compare_ops;        // kCompare
   FastTest fast_test = FastTest::kNone;  // kTest
   bool known = true;                     // kFilter, kTest: false = "No filter named" at run
+  bool dict_method = false;              // kGetAttr: str names a dict method (items, get...)
   std::vector<ExprPtr> a;                // operands (see ExprKind)
   CallSpec call;                         // kCall, kFilter, kTest
 };

@@ -1,14 +1,17 @@
 #include "text/jinja/evaluator.h"
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/base/attributes.h"
 #include "absl/base/optimization.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
@@ -36,6 +39,16 @@ absl::Status Located(const absl::Status& status, int line) {
 // The deepest nesting of lists, dicts and namespaces a namespace attribute may hold.
 constexpr int kMaxValueDepth = 200;
 
+// Evaluates `expr` into `const Value* ptr`, through `tmp` when it is not a stored value.
+// (An optional, since a default Value is an Undefined that allocates.)
+#define CARPOOL_JINJA_EVAL_REF(ptr, tmp, expr) \
+  const Value* ptr = TryRef(expr);             \
+  std::optional<Value> tmp;                    \
+  if (ptr == nullptr) {                        \
+    ASSIGN_OR_RETURN(tmp, Eval(expr));         \
+    ptr = &*tmp;                               \
+  }
+
 // Python's sandboxed range() refuses more items than this.
 constexpr int64_t kMaxRange = 100000;
 
@@ -44,7 +57,7 @@ struct LoopState {
   int64_t index0 = 0;
   int64_t length = 0;
   bool has_changed = false;
-  Value last_changed;
+  Value last_changed = Value::None();
 };
 
 // One scope: a for iteration, a macro call, a block. The root scope is Renderer::root_.
@@ -74,7 +87,8 @@ class Renderer final : public Budget {
  public:
   Renderer(const Program& program, const RenderOptions& options)
       : p_(program), limits_(options.limits), now_(options.now_unix_micros) {
-    root_.resize(p_.names.size());
+    // (None placeholders: a default Value is an Undefined, which allocates.)
+    root_.resize(p_.names.size(), Value::None());
     root_set_.resize(p_.names.size(), 0);
     start_ = std::chrono::steady_clock::now();
   }
@@ -159,6 +173,40 @@ class Renderer final : public Budget {
     if (g != Global::kNone) return GlobalValue(g);
     return Value::Undefined(absl::StrCat("'", p_.names[id], "' is undefined"));
   }
+  // The variable `id` where it is stored (a scope or the root), or nullptr when it is a global,
+  // the loop object or undefined. Valid while the expression being evaluated runs (no statement
+  // assigns to the scopes around an expression meanwhile).
+  const Value* LookupRef(int id) const {
+    for (const Frame* f = frame_; f != nullptr; f = f->parent) {
+      if (const Value* v = f->Find(id)) return v;
+      if (id == p_.loop_id && f->loop != nullptr) return nullptr;
+    }
+    if (root_set_[id]) return &root_[id];
+    return nullptr;
+  }
+  // `e`'s value without a copy when it is a constant or a stored variable; nullptr otherwise.
+  const Value* TryRef(const Expr& e) const {
+    if (e.kind == ExprKind::kConst) return &e.value;
+    if (e.kind == ExprKind::kName) return LookupRef(e.name);
+    if (e.kind == ExprKind::kGetAttr) {
+      const Value* found = nullptr;
+      if (ProbeAttr(e, &found) == Probe::kFound) return found;
+    }
+    return nullptr;
+  }
+  // `obj.name` on a stored dict without building anything: kFound (*out is the item, which
+  // GetAttr would return), kMissing (GetAttr would return an Undefined), or kSlow (ask GetAttr).
+  enum class Probe { kFound, kMissing, kSlow };
+  Probe ProbeAttr(const Expr& e, const Value** out) const {
+    if (e.dict_method) return Probe::kSlow;
+    const Expr& obj_expr = *e.a[0];
+    const Value* obj = obj_expr.kind == ExprKind::kName      ? LookupRef(obj_expr.name)
+                       : obj_expr.kind == ExprKind::kGetAttr ? TryRef(obj_expr)
+                                                             : nullptr;
+    if (obj == nullptr || obj->kind() != Kind::kDict) return Probe::kSlow;
+    *out = obj->dict_value().Find(absl::string_view(e.str));
+    return *out != nullptr ? Probe::kFound : Probe::kMissing;
+  }
   LoopState* FindLoop() {
     for (Frame* f = frame_; f != nullptr; f = f->parent) {
       if (f->Find(p_.loop_id) != nullptr) return nullptr;
@@ -193,6 +241,7 @@ class Renderer final : public Budget {
   absl::Status Exec(const Stmt& s);
   absl::Status ExecFor(const Stmt& s);
   absl::Status ExecScoped(const Body& body, std::string* capture);
+  absl::Status PrintSum(const Expr& e);
   absl::StatusOr<Value> CallMacro(const MacroDef& def, Frame* closure, const CallArgs& args);
   Value MakeMacro(std::shared_ptr<const MacroDef> def, Frame* closure);
 
@@ -247,7 +296,7 @@ class Renderer final : public Budget {
   int depth_ = 0;
   int macro_depth_ = 0;
   std::chrono::steady_clock::time_point start_;
-  Value block_value_;
+  Value block_value_ = Value::None();
   std::vector<Value> global_values_;
   std::vector<std::unique_ptr<Frame>> snapshots_;
   std::vector<Value> namespaces_;
@@ -262,13 +311,20 @@ absl::Status Renderer::Exec(const Stmt& s) {
     case StmtKind::kText:
       return Append(s.text);
     case StmtKind::kPrint: {
-      ASSIGN_OR_RETURN(Value v, Eval(*s.expr));
-      return AppendValue(v);
+      if (s.expr->kind == ExprKind::kBinary && s.expr->op == BinaryOp::kAdd) {
+        return Located(PrintSum(*s.expr), s.line);
+      }
+      CARPOOL_JINJA_EVAL_REF(v, tmp, *s.expr);
+      return AppendValue(*v);
     }
     case StmtKind::kIf:
       for (const auto& [cond, body] : s.branches) {
-        ASSIGN_OR_RETURN(Value c, Eval(*cond));
-        if (c.Truthy()) return ExecBody(body);
+        const Value* found = nullptr;
+        if (cond->kind == ExprKind::kGetAttr && ProbeAttr(*cond, &found) == Probe::kMissing) {
+          continue;  // an Undefined is false
+        }
+        CARPOOL_JINJA_EVAL_REF(c, tmp, *cond);
+        if (c->Truthy()) return ExecBody(body);
       }
       return ExecBody(s.else_body);
     case StmtKind::kFor:
@@ -340,6 +396,63 @@ absl::Status Renderer::Exec(const Stmt& s) {
     case StmtKind::kScope:
       return ExecScoped(s.body, nullptr);
   }
+  return absl::OkStatus();
+}
+
+// {{ a + b + c }}: while the operands are strings, writes them without building the sum
+// (Python would only concatenate them); from the first other operand on, computes as Python.
+absl::Status Renderer::PrintSum(const Expr& e) {
+  absl::InlinedVector<const Expr*, 16> terms;
+  const Expr* left = &e;
+  while (left->kind == ExprKind::kBinary && left->op == BinaryOp::kAdd && terms.size() < 64) {
+    terms.push_back(left->a[1].get());
+    left = left->a[0].get();
+  }
+  terms.push_back(left);
+  std::reverse(terms.begin(), terms.end());
+  // Stored values are pointed to; computed ones live in `temps` (sized up front: no moves).
+  absl::InlinedVector<std::optional<Value>, 16> temps(terms.size());
+  absl::InlinedVector<const Value*, 16> pieces;
+  size_t bytes = 0;
+  for (size_t k = 0; k < terms.size(); ++k) {
+    const Value* v = TryRef(*terms[k]);
+    if (v == nullptr) {
+      ASSIGN_OR_RETURN(temps[k], Eval(*terms[k]));
+      v = &*temps[k];
+    }
+    if (v->is_string()) {
+      bytes += v->string_value().size();
+      pieces.push_back(v);
+      continue;
+    }
+    // Not all strings: the sum so far (strings), then Python's + for the rest.
+    Value current = *v;
+    if (!pieces.empty()) {
+      RETURN_IF_ERROR(Located(CheckSize(static_cast<int64_t>(bytes)), terms[k]->line));
+      std::string prefix;
+      prefix.reserve(bytes);
+      for (const Value* piece : pieces) prefix += piece->string_value();
+      absl::StatusOr<Value> r =
+          Arithmetic(BinaryOp::kAdd, Value::String(std::move(prefix)), current, *this);
+      if (!r.ok()) return Located(r.status(), terms[k]->line);
+      current = *std::move(r);
+    }
+    for (size_t m = k + 1; m < terms.size(); ++m) {
+      const Expr& next = *terms[m];
+      CARPOOL_JINJA_EVAL_REF(w, wtmp, next);
+      if (current.is_string() && w->is_string()) {
+        RETURN_IF_ERROR(Located(CheckSize(static_cast<int64_t>(current.string_value().size() +
+                                                               w->string_value().size())),
+                                next.line));
+      }
+      absl::StatusOr<Value> r = Arithmetic(BinaryOp::kAdd, current, *w, *this);
+      if (!r.ok()) return Located(r.status(), next.line);
+      current = *std::move(r);
+    }
+    return AppendValue(current);
+  }
+  RETURN_IF_ERROR(CheckSize(static_cast<int64_t>(bytes)));
+  for (const Value* piece : pieces) RETURN_IF_ERROR(Append(piece->string_value()));
   return absl::OkStatus();
 }
 
@@ -721,15 +834,16 @@ absl::StatusOr<Value> Renderer::EvalLookup(const Expr& e) {
       obj_expr.name == p_.loop_id) {
     if (LoopState* loop = FindLoop()) return LoopAttr(*loop, e.str);
   }
-  ASSIGN_OR_RETURN(Value obj, Eval(obj_expr));
-  RETURN_IF_ERROR(CheckDefined(obj));
-  if (e.kind == ExprKind::kGetAttr) return GetAttr(obj, e.str);
-  ASSIGN_OR_RETURN(Value key, Eval(*e.a[1]));
-  return GetItem(obj, key);
+  CARPOOL_JINJA_EVAL_REF(obj, tmp, obj_expr);
+  RETURN_IF_ERROR(CheckDefined(*obj));
+  if (e.kind == ExprKind::kGetAttr) return GetAttr(*obj, e.str);
+  CARPOOL_JINJA_EVAL_REF(key, key_tmp, *e.a[1]);
+  return GetItem(*obj, *key);
 }
 
 absl::StatusOr<Value> Renderer::EvalFilter(const Expr& e) {
-  ASSIGN_OR_RETURN(Value input, Eval(*e.a[0]));
+  CARPOOL_JINJA_EVAL_REF(input_ref, input_tmp, *e.a[0]);
+  const Value& input = *input_ref;
   if (!e.known)
     return absl::InvalidArgumentError(absl::StrCat("No filter named '", e.str, "' found."));
   CallArgs args;
@@ -738,7 +852,15 @@ absl::StatusOr<Value> Renderer::EvalFilter(const Expr& e) {
 }
 
 absl::StatusOr<Value> Renderer::EvalTest(const Expr& e) {
-  ASSIGN_OR_RETURN(Value input, Eval(*e.a[0]));
+  if (e.fast_test != FastTest::kNone && e.a[0]->kind == ExprKind::kGetAttr) {
+    // `message.tool_calls is defined` on a message without one: no Undefined to build.
+    const Value* found = nullptr;
+    if (ProbeAttr(*e.a[0], &found) == Probe::kMissing) {
+      return Value::Bool(e.fast_test == FastTest::kUndefined);
+    }
+  }
+  CARPOOL_JINJA_EVAL_REF(input_ref, input_tmp, *e.a[0]);
+  const Value& input = *input_ref;
   switch (e.fast_test) {
     case FastTest::kDefined:
       return Value::Bool(!input.is_undefined());
@@ -764,7 +886,8 @@ absl::StatusOr<Value> Renderer::EvalTest(const Expr& e) {
 }
 
 absl::StatusOr<Value> Renderer::EvalArithmetic(const Expr& e) {
-  ASSIGN_OR_RETURN(Value a, Eval(*e.a[0]));
+  CARPOOL_JINJA_EVAL_REF(a_ref, a_tmp, *e.a[0]);
+  const Value& a = *a_ref;
   if (e.kind == ExprKind::kNeg) {
     RETURN_IF_ERROR(CheckDefined(a));
     return Negate(a);
@@ -776,7 +899,8 @@ absl::StatusOr<Value> Renderer::EvalArithmetic(const Expr& e) {
     return absl::InvalidArgumentError(
         absl::StrCat("bad operand type for unary +: '", KindName(a.kind()), "'"));
   }
-  ASSIGN_OR_RETURN(Value b, Eval(*e.a[1]));
+  CARPOOL_JINJA_EVAL_REF(b_ref, b_tmp, *e.a[1]);
+  const Value& b = *b_ref;
   if (e.op == BinaryOp::kAdd) {
     if (a.is_string() && b.is_string()) {
       RETURN_IF_ERROR(
@@ -804,7 +928,13 @@ absl::StatusOr<Value> Renderer::EvalConcat(const Expr& e) {
 }
 
 absl::StatusOr<Value> Renderer::EvalCompare(const Expr& e) {
-  ASSIGN_OR_RETURN(Value left, Eval(*e.a[0]));
+  CARPOOL_JINJA_EVAL_REF(first, first_tmp, *e.a[0]);
+  if (e.compare_ops.size() == 1) {
+    CARPOOL_JINJA_EVAL_REF(right, right_tmp, *e.a[1]);
+    ASSIGN_OR_RETURN(bool ok, Compare(e.compare_ops[0], *first, *right));
+    return Value::Bool(ok);
+  }
+  Value left = *first;
   for (size_t i = 0; i < e.compare_ops.size(); ++i) {
     ASSIGN_OR_RETURN(Value right, Eval(*e.a[i + 1]));
     ASSIGN_OR_RETURN(bool ok, Compare(e.compare_ops[i], left, right));
@@ -957,8 +1087,8 @@ Value Renderer::LoopValue(const LoopState& loop) {
 
 Value Renderer::GlobalValue(Global g) {
   const size_t k = static_cast<size_t>(g);
-  if (global_values_.size() <= k) global_values_.resize(k + 1);
-  if (global_values_[k].is_undefined()) {
+  if (global_values_.size() <= k) global_values_.resize(k + 1, Value::None());
+  if (global_values_[k].is_none()) {
     static constexpr const char* kNames[] = {
         "", "range", "namespace", "dict", "raise_exception", "strftime_now", "joiner", "cycler"};
     global_values_[k] = Value::MakeCallable(
@@ -1007,12 +1137,14 @@ absl::StatusOr<std::string> StrftimeNow(const std::string& fmt, int64_t micros) 
   const int64_t frac = micros - static_cast<int64_t>(secs) * 1000000;
   std::tm tm{};
   localtime_r(&secs, &tm);
-  // Python's %f (microseconds) is not C's: expand it first.
+  // Python's %f (microseconds), %z and %Z (empty for a naive datetime) are not C's: expand them.
   std::string f;
   for (size_t i = 0; i < fmt.size(); ++i) {
     if (fmt[i] == '%' && i + 1 < fmt.size()) {
       if (fmt[i + 1] == 'f') {
         absl::StrAppendFormat(&f, "%06d", frac);
+      } else if (fmt[i + 1] == 'z' || fmt[i + 1] == 'Z') {
+        // datetime.now() is naive: it has no offset or zone name to print.
       } else {
         f.push_back('%');
         f.push_back(fmt[i + 1]);

@@ -223,6 +223,8 @@ class Parser {
   absl::Status ParseSignature(MacroDef* def);
   absl::StatusOr<Target> ToTarget(const Expr& e);
   absl::StatusOr<Target> ParseAssignTarget(bool with_namespace, Ends extra_end);
+  // Whether `t` assigns the name `loop` (Jinja2 refuses that in a for body and as a for target).
+  bool NamesLoop(const Target& t) const;
 
   // ---- expressions ----
   absl::StatusOr<ExprPtr> ParseExpression(bool with_condexpr = true);
@@ -402,6 +404,14 @@ absl::StatusOr<Target> Parser::ToTarget(const Expr& e) {
   return Fail(e.line, "can't assign to this expression");
 }
 
+bool Parser::NamesLoop(const Target& t) const {
+  if (t.kind == Target::Kind::kName) return t.name == program_->loop_id;
+  for (const Target& item : t.items) {
+    if (NamesLoop(item)) return true;
+  }
+  return false;
+}
+
 absl::StatusOr<Target> Parser::ParseAssignTarget(bool with_namespace, Ends extra_end) {
   if (with_namespace && cur().type == TokenType::kName && peek().IsOperator(".")) {
     Target t;
@@ -422,6 +432,9 @@ absl::Status Parser::ParseFor(Body* body, int line) {
   s->kind = StmtKind::kFor;
   s->line = line;
   ASSIGN_OR_RETURN(s->target, ParseAssignTarget(false, {"in"}));
+  if (NamesLoop(s->target)) {
+    return Fail(line, "can't assign to special loop variable in for-loop target");
+  }
   if (!SkipName("in")) {
     return Fail(cur().line, absl::StrCat("expected 'in', got '", Describe(cur()), "'"));
   }
@@ -472,6 +485,9 @@ absl::Status Parser::ParseSet(Body* body, int line) {
   auto s = std::make_unique<Stmt>();
   s->line = line;
   ASSIGN_OR_RETURN(s->target, ParseAssignTarget(true, {}));
+  if (loop_depth_ > 0 && NamesLoop(s->target)) {
+    return Fail(line, "can't assign to special loop variable in for-loop target");
+  }
   if (SkipOp("=")) {
     s->kind = StmtKind::kSet;
     ASSIGN_OR_RETURN(s->expr, ParseTuple(false, true, {}, false));
@@ -955,6 +971,9 @@ absl::StatusOr<ExprPtr> Parser::ParseSubscript(ExprPtr node) {
     Next();
     if (attr.type == TokenType::kName) {
       ASSIGN_OR_RETURN(ExprPtr e, Make(ExprKind::kGetAttr, t.line, Ptrs(std::move(node))));
+      static const Value* const kEmptyDict = new Value(Value::MakeDict(Dict()));
+      // (`_names` too: the sandbox answers those, never the item.)
+      e->dict_method = BoundMethod(*kEmptyDict, attr.text).has_value() || attr.text[0] == '_';
       e->str = attr.text;
       return e;
     }

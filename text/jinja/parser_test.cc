@@ -153,6 +153,11 @@ TEST(ParserTest, RefusesSyntaxErrorsWithTheirLine) {
       {"{% for x in y %}{% endif %}", "line 1: unexpected 'endif'"},
       {"{% macro m() %}{% break %}{% endmacro %}", "line 1: 'break' outside of a loop"},
       {"{{ x | abs | wordwrap }}", "line 1: unsupported filter 'wordwrap'"},
+      // Jinja2: "Can't assign to special loop variable in for-loop target".
+      {"{% for loop in x %}{% endfor %}",
+       "line 1: can't assign to special loop variable in for-loop target"},
+      {"{% for x in y %}\n{% if x %}{% set a, loop = 1, 2 %}{% endif %}{% endfor %}",
+       "line 2: can't assign to special loop variable in for-loop target"},
   };
   for (const auto& [source, message] : refused) {
     absl::StatusOr<std::unique_ptr<Program>> p = ParseProgram(source);

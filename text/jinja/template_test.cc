@@ -114,6 +114,16 @@ TEST(TemplateTest, UnknownFilterInsideAnIfFailsOnlyWhenItRuns) {
   EXPECT_EQ(out.status().message(), "line 1: No filter named 'nosuch' found.");
 }
 
+TEST(TemplateTest, SetLoopOutsideAForBodyIsAVariable) {
+  // Jinja2: "{% set loop = 5 %}{{ loop }}" is "5"; a macro body is not the loop's body.
+  absl::StatusOr<std::string> out = Render(
+      "{% set loop = 5 %}{{ loop }}{% macro m() %}{% set loop = 1 %}{{ loop }}{% endmacro %}"
+      "{% for x in [1] %}{{ m() }}{{ loop.index }}{% endfor %}",
+      "{}");
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, "511");
+}
+
 TEST(TemplateTest, ContextOverridesGlobalsAndSetOverridesContext) {
   // Jinja2: render args shadow globals; a top-level set shadows the render args.
   absl::StatusOr<std::string> out =
@@ -132,6 +142,10 @@ TEST(TemplateTest, StrftimeNowFormatsTheInjectedClockInLocalTime) {
       Render("{{ strftime_now('%Y-%m-%d %H:%M:%S.%f %d %B %Y') }}", "{}", options);
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(*out, "2023-11-14 22:13:20.123456 14 November 2023");
+  // datetime.now() is naive: Jinja2 renders "{{ strftime_now('%Z|%z|%%z') }}" as "||%z".
+  out = Render("{{ strftime_now('%Z|%z|%%z') }}", "{}", options);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, "||%z");
 }
 
 TEST(TemplateTest, ParseRefusesNamingTheConstructAndLine) {
