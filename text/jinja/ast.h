@@ -114,8 +114,9 @@ struct Stmt {
   int line = 0;
   std::string text;
   ExprPtr expr;
-  ExprPtr test;    // kFor: the `if` filter
-  ExprPtr filter;  // kSetBlock, kFilterBlock: a filter chain over a kBlockValue
+  ExprPtr test;            // kFor: the `if` filter
+  bool recursive = false;  // kFor: `recursive` (the body may call loop(items))
+  ExprPtr filter;          // kSetBlock, kFilterBlock: a filter chain over a kBlockValue
   Target target;
   std::vector<std::pair<ExprPtr, Body>> branches;
   Body body;

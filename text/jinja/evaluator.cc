@@ -52,7 +52,12 @@ constexpr int kMaxValueDepth = 200;
 // Python's sandboxed range() refuses more items than this.
 constexpr int64_t kMaxRange = 100000;
 
+struct Frame;
+
 struct LoopState {
+  const Stmt* stmt = nullptr;  // the for statement (loop(items) reruns it when recursive)
+  Frame* outer = nullptr;      // the scope around the for statement
+  int64_t depth = 1;           // loop.depth: 1, and one more in each loop(items)
   const List* items = nullptr;
   int64_t index0 = 0;
   int64_t length = 0;
@@ -240,6 +245,7 @@ class Renderer final : public Budget {
   }
   absl::Status Exec(const Stmt& s);
   absl::Status ExecFor(const Stmt& s);
+  absl::Status RunLoop(const Stmt& s, const Value& iterable, int64_t depth, Frame* outer);
   absl::Status ExecScoped(const Body& body, std::string* capture);
   absl::Status PrintSum(const Expr& e);
   absl::StatusOr<Value> CallMacro(const MacroDef& def, Frame* closure, const CallArgs& args);
@@ -274,6 +280,7 @@ class Renderer final : public Budget {
   ABSL_ATTRIBUTE_NOINLINE Value MissingElse(int line);
   ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<Value> EvalCall(const Expr& e);
   absl::StatusOr<Value> EvalLoopCall(const Expr& e, LoopState& loop);
+  absl::StatusOr<Value> EvalRecursiveLoop(const Expr& e, const LoopState& loop);
   absl::Status EvalArgs(const CallSpec& spec, CallArgs* args);
   absl::StatusOr<bool> Compare(CmpOp op, const Value& a, const Value& b);
   ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<Value> EvalSlice(const Expr& e);
@@ -471,6 +478,10 @@ absl::Status Renderer::ExecScoped(const Body& body, std::string* capture) {
 
 absl::Status Renderer::ExecFor(const Stmt& s) {
   ASSIGN_OR_RETURN(Value iterable, Eval(*s.expr));
+  return RunLoop(s, iterable, 1, frame_);
+}
+
+absl::Status Renderer::RunLoop(const Stmt& s, const Value& iterable, int64_t depth, Frame* outer) {
   List storage;
   const List* items;
   if (iterable.is_sequence()) {
@@ -482,7 +493,7 @@ absl::Status Renderer::ExecFor(const Stmt& s) {
     items = &storage;
   }
   Frame frame;
-  frame.parent = frame_;
+  frame.parent = outer;
   Frame* saved = frame_;
   frame_ = &frame;
   List filtered;
@@ -497,6 +508,9 @@ absl::Status Renderer::ExecFor(const Stmt& s) {
     items = &filtered;
   }
   LoopState loop;
+  loop.stmt = &s;
+  loop.outer = outer;
+  loop.depth = depth;
   loop.items = items;
   loop.length = static_cast<int64_t>(items->size());
   frame.loop = &loop;
@@ -1008,6 +1022,9 @@ absl::StatusOr<Value> Renderer::EvalCall(const Expr& e) {
       (callee_expr.str == "cycle" || callee_expr.str == "changed")) {
     if (LoopState* loop = FindLoop()) return EvalLoopCall(e, *loop);
   }
+  if (callee_expr.kind == ExprKind::kName && callee_expr.name == p_.loop_id) {
+    if (LoopState* loop = FindLoop()) return EvalRecursiveLoop(e, *loop);
+  }
   if (callee_expr.kind == ExprKind::kName && p_.globals[callee_expr.name] != Global::kNone) {
     const int id = callee_expr.name;
     bool shadowed = root_set_[id] != 0;
@@ -1045,6 +1062,40 @@ absl::StatusOr<Value> Renderer::EvalLoopCall(const Expr& e, LoopState& loop) {
   return Value::Bool(changed);
 }
 
+// loop(items) in a recursive for: the loop over `items` one level deeper, as a string.
+absl::StatusOr<Value> Renderer::EvalRecursiveLoop(const Expr& e, const LoopState& loop) {
+  if (!loop.stmt->recursive) {
+    return absl::InvalidArgumentError(
+        "The loop must have the 'recursive' marker to be called recursively.");
+  }
+  CallArgs args;
+  RETURN_IF_ERROR(EvalArgs(e.call, &args));
+  if (args.positional.size() != 1 || !args.keyword.empty()) {
+    return absl::InvalidArgumentError("loop() takes exactly one argument (the items)");
+  }
+  if (macro_depth_ >= limits_.max_recursion_depth) {
+    return AsIs(absl::InvalidArgumentError(absl::StrCat(
+        "the template nested macro calls deeper than ", limits_.max_recursion_depth, " levels")));
+  }
+  constexpr int kLoopCallDepth = 8;  // as a macro call
+  if (depth_ + kLoopCallDepth > kMaxEvalDepth) return DepthError();
+  std::string out;
+  std::string* saved_out = out_;
+  Frame* saved_frame = frame_;
+  const Control saved_control = control_;
+  out_ = &out;
+  ++macro_depth_;
+  depth_ += kLoopCallDepth;
+  absl::Status st = RunLoop(*loop.stmt, args.positional[0], loop.depth + 1, loop.outer);
+  depth_ -= kLoopCallDepth;
+  --macro_depth_;
+  out_ = saved_out;
+  frame_ = saved_frame;
+  control_ = saved_control;
+  RETURN_IF_ERROR(st);
+  return Value::String(std::move(out));
+}
+
 Value Renderer::LoopAttr(const LoopState& loop, absl::string_view attr) {
   const int64_t i = loop.index0, n = loop.length;
   if (attr == "index") return Value::Int(i + 1);
@@ -1054,8 +1105,8 @@ Value Renderer::LoopAttr(const LoopState& loop, absl::string_view attr) {
   if (attr == "length") return Value::Int(n);
   if (attr == "revindex") return Value::Int(n - i);
   if (attr == "revindex0") return Value::Int(n - i - 1);
-  if (attr == "depth") return Value::Int(1);
-  if (attr == "depth0") return Value::Int(0);
+  if (attr == "depth") return Value::Int(loop.depth);
+  if (attr == "depth0") return Value::Int(loop.depth - 1);
   if (attr == "previtem") {
     if (i > 0) return (*loop.items)[i - 1];
     return Value::Undefined("there is no previous item");

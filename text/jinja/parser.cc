@@ -260,6 +260,9 @@ class Parser {
   int loop_depth_ = 0;     // for bodies around (break/continue are legal)
   std::vector<int> refs_;  // names loaded, in order (macros look for varargs/kwargs/caller)
   std::vector<std::vector<absl::string_view>> end_stack_;
+  // Unknown filters and tests outside an `if`: refused once their statement is parsed (an inline
+  // if around them, which Jinja2 treats as an `if`, is known only then).
+  std::vector<absl::Status> pending_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -290,6 +293,7 @@ absl::StatusOr<Body> Parser::Subparse(Ends ends) {
       s->line = line;
       ASSIGN_OR_RETURN(s->expr, ParseTuple(false, true, {}, false));
       RETURN_IF_ERROR(Expect(TokenType::kVariableEnd, "end of print statement"));
+      if (!pending_.empty()) return pending_.front();
       body.push_back(std::move(s));
     } else if (t.type == TokenType::kBlockBegin) {
       Next();
@@ -300,6 +304,7 @@ absl::StatusOr<Body> Parser::Subparse(Ends ends) {
       }
       RETURN_IF_ERROR(ParseStatement(&body));
       RETURN_IF_ERROR(Expect(TokenType::kBlockEnd, "end of statement block"));
+      if (!pending_.empty()) return pending_.front();
     } else {
       return Unexpected(t);
     }
@@ -318,6 +323,7 @@ absl::StatusOr<Body> Parser::Subparse(Ends ends) {
 absl::StatusOr<Body> Parser::ParseBody(Ends ends, std::string* matched) {
   SkipOp(":");
   RETURN_IF_ERROR(Expect(TokenType::kBlockEnd, "end of statement block"));
+  if (!pending_.empty()) return pending_.front();
   ASSIGN_OR_RETURN(Body body, Subparse(ends));
   if (matched != nullptr) *matched = cur().text;
   Next();
@@ -444,7 +450,7 @@ absl::Status Parser::ParseFor(Body* body, int line) {
   if (SkipName("if")) {
     ASSIGN_OR_RETURN(s->test, ParseExpression());
   }
-  if (IsName("recursive")) return Fail(cur().line, "recursive for loops are not supported");
+  if (SkipName("recursive")) s->recursive = true;
   ++loop_depth_;
   std::string matched;
   ASSIGN_OR_RETURN(s->body, ParseBody({"endfor", "else"}, &matched));
@@ -628,8 +634,11 @@ absl::StatusOr<ExprPtr> Parser::ParseExpression(bool with_condexpr) {
 absl::StatusOr<ExprPtr> Parser::ParseCondExpr() {
   const int line = cur().line;
   const bool outer_soft = soft_;
+  const size_t pending_mark = pending_.size();
   ASSIGN_OR_RETURN(ExprPtr expr1, ParseOr());
   while (IsName("if")) {
+    // An inline if is a soft frame for its value too: unknown filters there fail when run.
+    pending_.resize(pending_mark);
     Next();
     soft_ = true;
     ASSIGN_OR_RETURN(ExprPtr cond, ParseOr());
@@ -1084,7 +1093,7 @@ absl::StatusOr<ExprPtr> Parser::ParseFilter(ExprPtr node, bool start_inline) {
       if (Jinja2Filters().contains(name)) {
         return Fail(line, absl::StrCat("unsupported filter '", name, "'"));
       }
-      if (!soft_) return Fail(line, absl::StrCat("unknown filter '", name, "'"));
+      if (!soft_) pending_.push_back(Fail(line, absl::StrCat("unknown filter '", name, "'")));
       f->known = false;
     }
     f->str = std::move(name);
@@ -1119,7 +1128,7 @@ absl::StatusOr<ExprPtr> Parser::ParseTest(ExprPtr node) {
     if (Jinja2Tests().contains(name)) {
       return Fail(line, absl::StrCat("unsupported test '", name, "'"));
     }
-    if (!soft_) return Fail(line, absl::StrCat("unknown test '", name, "'"));
+    if (!soft_) pending_.push_back(Fail(line, absl::StrCat("unknown test '", name, "'")));
     t->known = false;
   }
   const bool no_args = t->call.args.empty() && t->call.kwargs.empty() &&

@@ -4,7 +4,7 @@
 // filters (`|f(args)`) and tests (`is [not] t args`) binding at the same level.
 //
 // It refuses, with "line N: ...", syntax errors and what carpool does not support: the tags
-// extends, block, include, import, from, autoescape and any unknown tag; recursive for loops;
+// extends, block, include, import, from, autoescape and any unknown tag;
 // filters and tests that neither carpool nor Jinja2 has (outside an `if` or an inline if, as
 // Jinja2 does; inside one Jinja2 fails only when the filter runs, and so does carpool), and the
 // Jinja2 filters and tests carpool lacks (always); nesting deeper than kMaxParseDepth.

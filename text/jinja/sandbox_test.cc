@@ -83,6 +83,8 @@ TEST(SandboxTest, RecursionIsBounded) {
                 "the template nested macro calls deeper than 64 levels");
   ExpectStopped("{% macro f() %}{% call f() %}{{ caller() }}{% endcall %}{% endmacro %}{{ f() }}",
                 "deeper than 64 levels");
+  ExpectStopped("{% for x in [1] recursive %}{{ loop([x]) }}{% endfor %}",
+                "the template nested macro calls deeper than 64 levels");
   // Even with a generous macro limit the evaluation depth (and so the C++ stack) is bounded.
   RenderOptions deep;
   deep.limits.max_recursion_depth = 1'000'000;

@@ -36,7 +36,8 @@ struct Limits {
   // Loop iterations of one render, all loops together (for bodies, range(), filters over lists).
   // Default: 1,000,000.
   int64_t max_loop_iterations = 1'000'000;
-  // Nested macro calls and nested expression evaluation.
+  // Nested macro calls (and recursive loop(items) calls). Nesting of the source is bounded when
+  // parsing (256 levels) and of the evaluation as a whole (1000 levels, a call counting 8).
   // Default: 64.
   int max_recursion_depth = 64;
   // Wall-clock time of one render, in microseconds (checked as it runs).
