@@ -16,6 +16,9 @@ namespace carpool::router {
 namespace {
 
 using nlohmann::json;
+// Requests are parsed once, keeping key order: the chat fields go on to the router as JSON text
+// (ChatInput) in the order the client wrote them, for a template's tojson.
+using ReqJson = nlohmann::ordered_json;
 
 constexpr int kMaxStops = 4;
 // The status payload that names the offending request field (ErrorParam).
@@ -30,21 +33,21 @@ absl::Status Bad(absl::string_view field, absl::string_view what) {
 }
 
 // Reads an optional field of `body` when present and not null.
-const json* Field(const json& body, const char* name) {
+const ReqJson* Field(const ReqJson& body, const char* name) {
   auto it = body.find(name);
   if (it == body.end() || it->is_null()) return nullptr;
   return &*it;
 }
 
-absl::Status GetInt(const json& body, const char* name, int64_t* out) {
-  const json* f = Field(body, name);
+absl::Status GetInt(const ReqJson& body, const char* name, int64_t* out) {
+  const ReqJson* f = Field(body, name);
   if (f == nullptr) return absl::OkStatus();
   if (!f->is_number_integer()) return Bad(name, "must be an integer");
   *out = f->get<int64_t>();
   return absl::OkStatus();
 }
 
-absl::Status GetIntInRange(const json& body, const char* name, int64_t lo, int64_t hi, int* out) {
+absl::Status GetIntInRange(const ReqJson& body, const char* name, int64_t lo, int64_t hi, int* out) {
   int64_t v = *out;
   if (absl::Status s = GetInt(body, name, &v); !s.ok()) return s;
   if (v < lo || v > hi) return Bad(name, absl::StrCat("must be in [", lo, ", ", hi, "]"));
@@ -52,34 +55,34 @@ absl::Status GetIntInRange(const json& body, const char* name, int64_t lo, int64
   return absl::OkStatus();
 }
 
-absl::Status GetFloat(const json& body, const char* name, float* out) {
-  const json* f = Field(body, name);
+absl::Status GetFloat(const ReqJson& body, const char* name, float* out) {
+  const ReqJson* f = Field(body, name);
   if (f == nullptr) return absl::OkStatus();
   if (!f->is_number()) return Bad(name, "must be a number");
   *out = f->get<float>();
   return absl::OkStatus();
 }
 
-absl::Status GetBool(const json& body, const char* name, bool* out) {
-  const json* f = Field(body, name);
+absl::Status GetBool(const ReqJson& body, const char* name, bool* out) {
+  const ReqJson* f = Field(body, name);
   if (f == nullptr) return absl::OkStatus();
   if (!f->is_boolean()) return Bad(name, "must be a boolean");
   *out = f->get<bool>();
   return absl::OkStatus();
 }
 
-absl::Status GetString(const json& body, const char* name, std::string* out) {
-  const json* f = Field(body, name);
+absl::Status GetString(const ReqJson& body, const char* name, std::string* out) {
+  const ReqJson* f = Field(body, name);
   if (f == nullptr) return absl::OkStatus();
   if (!f->is_string()) return Bad(name, "must be a string");
   *out = f->get<std::string>();
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<int32_t>> TokenIds(const json& list, absl::string_view field) {
+absl::StatusOr<std::vector<int32_t>> TokenIds(const ReqJson& list, absl::string_view field) {
   std::vector<int32_t> ids;
   ids.reserve(list.size());
-  for (const json& t : list) {
+  for (const ReqJson& t : list) {
     if (!t.is_number_integer()) return Bad(field, "must hold integers (token ids)");
     const int64_t v = t.get<int64_t>();
     if (v < 0 || v > INT32_MAX) return Bad(field, "holds a token id out of range");
@@ -88,15 +91,15 @@ absl::StatusOr<std::vector<int32_t>> TokenIds(const json& list, absl::string_vie
   return ids;
 }
 
-absl::StatusOr<json> ParseObject(const std::string& body) {
-  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+absl::StatusOr<ReqJson> ParseObject(const std::string& body) {
+  ReqJson j = ReqJson::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::InvalidArgumentError("the request body is not valid JSON");
   if (!j.is_object()) return absl::InvalidArgumentError("the request body must be a JSON object");
   return j;
 }
 
-absl::Status ParsePrompt(const json& body, GenerateInput* input) {
-  const json* p = Field(body, "prompt");
+absl::Status ParsePrompt(const ReqJson& body, GenerateInput* input) {
+  const ReqJson* p = Field(body, "prompt");
   if (p == nullptr) return Bad("prompt", "is required");
   if (p->is_string()) {
     input->has_text = true;
@@ -129,16 +132,16 @@ bool IsChatRole(const std::string& role) {
 // Checks `messages` as a chat template may receive them, naming the field: a role the
 // templates know (any other string would reach the prompt verbatim: "user\nassistant: ..."
 // forges a turn), content a string, a list of text parts, or (assistant) null or absent.
-absl::Status CheckMessages(const json& body) {
-  const json* m = Field(body, "messages");
+absl::Status CheckMessages(const ReqJson& body) {
+  const ReqJson* m = Field(body, "messages");
   if (m == nullptr) return Bad("messages", "is required");
   if (!m->is_array() || m->empty()) return Bad("messages", "must be a non-empty list");
   for (size_t i = 0; i < m->size(); ++i) {
-    const json& msg = (*m)[i];
+    const ReqJson& msg = (*m)[i];
     const std::string field = absl::StrCat("messages[", i, "]");
     if (!msg.is_object()) return Bad(field, "must be an object");
     std::string role;
-    if (const json* r = Field(msg, "role"); r != nullptr && !r->is_string()) {
+    if (const ReqJson* r = Field(msg, "role"); r != nullptr && !r->is_string()) {
       return Bad(field + ".role", "must be a string");
     }
     RETURN_IF_ERROR(GetString(msg, "role", &role));
@@ -150,11 +153,11 @@ absl::Status CheckMessages(const json& body) {
                               absl::CHexEscape(absl::string_view(role).substr(0, kShown)),
                               role.size() > kShown ? "...\"" : "\""));
     }
-    const json* content = Field(msg, "content");
+    const ReqJson* content = Field(msg, "content");
     if (content == nullptr) {
       if (role != "assistant") return Bad(field + ".content", "is required");
     } else if (content->is_array()) {
-      for (const json& part : *content) {  // [{"type": "text", "text": "..."}]
+      for (const ReqJson& part : *content) {  // [{"type": "text", "text": "..."}]
         if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
             !part["text"].is_string()) {
           return Bad(field + ".content", "parts must be {\"type\": \"text\", \"text\": string}");
@@ -168,16 +171,16 @@ absl::Status CheckMessages(const json& body) {
 }
 
 // OpenAI's tools: a list of {"type": "function", "function": {"name": string, ...}}.
-absl::Status CheckTools(const json& tools) {
+absl::Status CheckTools(const ReqJson& tools) {
   if (!tools.is_array()) return Bad("tools", "must be a list");
   for (size_t i = 0; i < tools.size(); ++i) {
     const std::string field = absl::StrCat("tools[", i, "]");
-    const json& t = tools[i];
+    const ReqJson& t = tools[i];
     if (!t.is_object()) return Bad(field, "must be an object");
-    if (t.value("type", json()) != "function") return Bad(field + ".type", "must be \"function\"");
-    const json* f = Field(t, "function");
+    if (t.value("type", ReqJson()) != "function") return Bad(field + ".type", "must be \"function\"");
+    const ReqJson* f = Field(t, "function");
     if (f == nullptr || !f->is_object()) return Bad(field + ".function", "must be an object");
-    const json* name = Field(*f, "name");
+    const ReqJson* name = Field(*f, "name");
     if (name == nullptr || !name->is_string() || name->get<std::string>().empty()) {
       return Bad(field + ".function.name", "must be a non-empty string");
     }
@@ -187,20 +190,20 @@ absl::Status CheckTools(const json& tools) {
 
 // tool_choice: carpool renders the tools into the prompt but never parses a tool call out of
 // the output, so only "none" (or none given) is honest.
-absl::Status CheckToolChoice(const json& body) {
+absl::Status CheckToolChoice(const ReqJson& body) {
   for (const char* name : {"tool_choice", "function_call"}) {
-    const json* c = Field(body, name);
+    const ReqJson* c = Field(body, name);
     if (c == nullptr || *c == "none") continue;
     std::string shown;
     if (c->is_string()) {
       shown = c->get<std::string>();
     } else if (c->is_object() && c->contains("function") && (*c)["function"].is_object() &&
-               (*c)["function"].value("name", json()).is_string()) {
+               (*c)["function"].value("name", ReqJson()).is_string()) {
       shown = absl::StrCat("function ", (*c)["function"]["name"].get<std::string>());
-    } else if (c->is_object() && c->value("name", json()).is_string()) {
+    } else if (c->is_object() && c->value("name", ReqJson()).is_string()) {
       shown = absl::StrCat("function ", (*c)["name"].get<std::string>());  // function_call
     } else {
-      shown = Dump(*c).substr(0, 80);
+      shown = Dump(json(*c)).substr(0, 80);  // sorted keys, as before
     }
     return Bad(name, absl::StrCat("\"", absl::CHexEscape(absl::string_view(shown).substr(0, 80)),
                                   "\" is not supported: carpool does not parse tool calls from "
@@ -210,18 +213,18 @@ absl::Status CheckToolChoice(const json& body) {
   return absl::OkStatus();
 }
 
-// The chat fields of `body` (already parsed as `j`) as the router's ChatInput: messages, tools
-// and chat_template_kwargs re-serialized from an order-keeping parse, so a template's tojson
+// The chat fields of the request `j` as the router's ChatInput: messages, tools and
+// chat_template_kwargs re-serialized from the one order-keeping parse, so a template's tojson
 // prints their keys in the request's order.
-absl::Status ParseChatInput(const std::string& body, const json& j, ChatInput* out) {
+absl::Status ParseChatInput(const ReqJson& j, ChatInput* out) {
   RETURN_IF_ERROR(CheckMessages(j));
-  const json* tools = Field(j, "tools");
+  const ReqJson* tools = Field(j, "tools");
   if (tools != nullptr) RETURN_IF_ERROR(CheckTools(*tools));
-  if (const json* f = Field(j, "functions")) {
+  if (const ReqJson* f = Field(j, "functions")) {
     if (!f->is_array()) return Bad("functions", "must be a list");
     if (!f->empty()) return Bad("functions", "is not supported: send them as tools");
   }
-  const json* kwargs = Field(j, "chat_template_kwargs");
+  const ReqJson* kwargs = Field(j, "chat_template_kwargs");
   if (kwargs != nullptr && !kwargs->is_object()) {
     return Bad("chat_template_kwargs", "must be an object");
   }
@@ -229,25 +232,23 @@ absl::Status ParseChatInput(const std::string& body, const json& j, ChatInput* o
   bool continue_final = false;
   RETURN_IF_ERROR(GetBool(j, "continue_final_message", &continue_final));
   if (continue_final) return Bad("continue_final_message", "is not supported");
-  const nlohmann::ordered_json ordered =
-      nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
-  const auto dump = [&](const char* name) {
-    return ordered[name].dump(-1, ' ', false, json::error_handler_t::replace);
+  const auto dump = [](const ReqJson& v) {
+    return v.dump(-1, ' ', false, json::error_handler_t::replace);
   };
-  out->messages_json = dump("messages");
-  out->tools_json = tools != nullptr && !tools->empty() ? dump("tools") : "";
-  out->chat_template_kwargs_json = kwargs != nullptr ? dump("chat_template_kwargs") : "";
+  out->messages_json = dump(*Field(j, "messages"));  // CheckMessages: present
+  out->tools_json = tools != nullptr && !tools->empty() ? dump(*tools) : "";
+  out->chat_template_kwargs_json = kwargs != nullptr ? dump(*kwargs) : "";
   return absl::OkStatus();
 }
 
-absl::Status ParseStop(const json& body, std::vector<std::string>* out) {
-  const json* s = Field(body, "stop");
+absl::Status ParseStop(const ReqJson& body, std::vector<std::string>* out) {
+  const ReqJson* s = Field(body, "stop");
   if (s == nullptr) return absl::OkStatus();
   if (s->is_string()) {
     out->push_back(s->get<std::string>());
   } else if (s->is_array()) {
     if (s->size() > kMaxStops) return Bad("stop", "may hold at most 4 strings");
-    for (const json& x : *s) {
+    for (const ReqJson& x : *s) {
       if (!x.is_string()) return Bad("stop", "must be a string or a list of strings");
       out->push_back(x.get<std::string>());
     }
@@ -260,9 +261,9 @@ absl::Status ParseStop(const json& body, std::vector<std::string>* out) {
   return absl::OkStatus();
 }
 
-absl::Status ParseLogprobs(ApiKind kind, const json& body, GenerationRequest* r) {
+absl::Status ParseLogprobs(ApiKind kind, const ReqJson& body, GenerationRequest* r) {
   if (kind == ApiKind::kCompletion) {
-    const json* l = Field(body, "logprobs");
+    const ReqJson* l = Field(body, "logprobs");
     if (l == nullptr) return absl::OkStatus();
     if (!l->is_number_integer()) return Bad("logprobs", "must be an integer (top-N) or null");
     r->logprobs = true;
@@ -278,7 +279,7 @@ absl::Status ParseLogprobs(ApiKind kind, const json& body, GenerationRequest* r)
   return absl::OkStatus();
 }
 
-absl::Status ParsePriority(const json& body, Priority* out) {
+absl::Status ParsePriority(const ReqJson& body, Priority* out) {
   std::string p;
   if (absl::Status s = GetString(body, "priority", &p); !s.ok()) return s;
   std::optional<Priority> priority = p.empty() ? Priority::kDefault : PriorityFromName(p);
@@ -287,7 +288,7 @@ absl::Status ParsePriority(const json& body, Priority* out) {
   return absl::OkStatus();
 }
 
-absl::Status ParseSampling(ApiKind kind, const json& body, const RequestDefaults& d,
+absl::Status ParseSampling(ApiKind kind, const ReqJson& body, const RequestDefaults& d,
                            GenerationRequest* r) {
   SamplingParams& p = r->input.sampling;
   int64_t max_tokens = kind == ApiKind::kChat ? d.chat_max_tokens : d.completion_max_tokens;
@@ -307,7 +308,7 @@ absl::Status ParseSampling(ApiKind kind, const json& body, const RequestDefaults
   RETURN_IF_ERROR(GetFloat(body, "repetition_penalty", &p.repetition_penalty));
   RETURN_IF_ERROR(GetIntInRange(body, "top_k", -1, INT32_MAX, &p.top_k));
   RETURN_IF_ERROR(GetBool(body, "ignore_eos", &p.ignore_eos));
-  if (const json* seed = Field(body, "seed")) {
+  if (const ReqJson* seed = Field(body, "seed")) {
     if (!seed->is_number_integer()) return Bad("seed", "must be an integer");
     p.has_seed = true;
     p.seed = seed->is_number_unsigned() ? seed->get<uint64_t>()
@@ -319,7 +320,7 @@ absl::Status ParseSampling(ApiKind kind, const json& body, const RequestDefaults
 }
 
 // An option carpool cannot honour is refused rather than silently ignored.
-absl::Status RefuseUnsupported(ApiKind kind, const json& j) {
+absl::Status RefuseUnsupported(ApiKind kind, const ReqJson& j) {
   if (kind == ApiKind::kCompletion) {
     bool echo = false;
     RETURN_IF_ERROR(GetBool(j, "echo", &echo));
@@ -334,12 +335,12 @@ absl::Status RefuseUnsupported(ApiKind kind, const json& j) {
   int64_t n = 1;
   RETURN_IF_ERROR(GetInt(j, "n", &n));
   if (n != 1) return Bad("n", "must be 1 (one choice per request)");
-  if (const json* bias = Field(j, "logit_bias")) {
+  if (const ReqJson* bias = Field(j, "logit_bias")) {
     if (!bias->is_object()) return Bad("logit_bias", "must be an object");
     if (!bias->empty()) return Bad("logit_bias", "is not supported");
   }
   if (kind == ApiKind::kChat) RETURN_IF_ERROR(CheckToolChoice(j));
-  if (const json* f = Field(j, "response_format")) {
+  if (const ReqJson* f = Field(j, "response_format")) {
     if (!f->is_object()) return Bad("response_format", "must be an object");
     const auto type = f->find("type");
     if (type == f->end() || !type->is_string()) {
@@ -465,9 +466,9 @@ std::string ErrorBody(const HttpError& error) {
 
 absl::StatusOr<GenerationRequest> ParseGenerationRequest(ApiKind kind, const std::string& body,
                                                          const RequestDefaults& defaults) {
-  absl::StatusOr<json> parsed = ParseObject(body);
+  absl::StatusOr<ReqJson> parsed = ParseObject(body);
   if (!parsed.ok()) return parsed.status();
-  const json& j = *parsed;
+  const ReqJson& j = *parsed;
   GenerationRequest r;
   r.kind = kind;
   RETURN_IF_ERROR(GetString(j, "model", &r.model));
@@ -475,7 +476,7 @@ absl::StatusOr<GenerationRequest> ParseGenerationRequest(ApiKind kind, const std
     RETURN_IF_ERROR(ParsePrompt(j, &r.input));
   } else {
     r.input.chat.emplace();
-    RETURN_IF_ERROR(ParseChatInput(body, j, &*r.input.chat));
+    RETURN_IF_ERROR(ParseChatInput(j, &*r.input.chat));
   }
   RETURN_IF_ERROR(RefuseUnsupported(kind, j));
   RETURN_IF_ERROR(ParseSampling(kind, j, defaults, &r));
@@ -484,7 +485,7 @@ absl::StatusOr<GenerationRequest> ParseGenerationRequest(ApiKind kind, const std
   RETURN_IF_ERROR(GetBool(j, "include_stop_str_in_output", &r.input.include_stop_str_in_output));
   RETURN_IF_ERROR(GetBool(j, "skip_special_tokens", &r.input.skip_special_tokens));
   RETURN_IF_ERROR(GetBool(j, "stream", &r.stream));
-  if (const json* so = Field(j, "stream_options")) {
+  if (const ReqJson* so = Field(j, "stream_options")) {
     if (!so->is_object()) return Bad("stream_options", "must be an object");
     RETURN_IF_ERROR(GetBool(*so, "include_usage", &r.include_usage));
   }
@@ -640,16 +641,16 @@ std::string SseEvent(const std::string& body) { return absl::StrCat("data: ", bo
 // ---- tokenize and detokenize
 
 absl::StatusOr<TokenizeHttpRequest> ParseTokenizeRequest(const std::string& body) {
-  absl::StatusOr<json> parsed = ParseObject(body);
+  absl::StatusOr<ReqJson> parsed = ParseObject(body);
   if (!parsed.ok()) return parsed.status();
-  const json& j = *parsed;
+  const ReqJson& j = *parsed;
   TokenizeHttpRequest r;
   RETURN_IF_ERROR(GetString(j, "model", &r.model));
   const bool has_prompt = Field(j, "prompt") != nullptr;
   r.chat = Field(j, "messages") != nullptr;
   if (has_prompt && r.chat) return Bad("messages", "goes without 'prompt' (give one of them)");
   if (r.chat) {
-    RETURN_IF_ERROR(ParseChatInput(body, j, &r.chat_input));
+    RETURN_IF_ERROR(ParseChatInput(j, &r.chat_input));
   } else {
     if (!has_prompt) return Bad("prompt", "is required (or 'messages')");
     if (!Field(j, "prompt")->is_string()) return Bad("prompt", "must be a string");
@@ -671,12 +672,12 @@ std::string TokenizeBody(const std::vector<int32_t>& tokens, int max_model_len) 
 }
 
 absl::StatusOr<DetokenizeHttpRequest> ParseDetokenizeRequest(const std::string& body) {
-  absl::StatusOr<json> parsed = ParseObject(body);
+  absl::StatusOr<ReqJson> parsed = ParseObject(body);
   if (!parsed.ok()) return parsed.status();
-  const json& j = *parsed;
+  const ReqJson& j = *parsed;
   DetokenizeHttpRequest r;
   RETURN_IF_ERROR(GetString(j, "model", &r.model));
-  const json* tokens = Field(j, "tokens");
+  const ReqJson* tokens = Field(j, "tokens");
   if (tokens == nullptr) return Bad("tokens", "is required");
   if (!tokens->is_array()) return Bad("tokens", "must be a list of token ids");
   absl::StatusOr<std::vector<int32_t>> ids = TokenIds(*tokens, "tokens");
@@ -692,9 +693,9 @@ std::string DetokenizeBody(const std::string& text) {
 // ---- embeddings and models
 
 absl::StatusOr<EmbeddingsRequest> ParseEmbeddingsRequest(const std::string& body) {
-  absl::StatusOr<json> parsed = ParseObject(body);
+  absl::StatusOr<ReqJson> parsed = ParseObject(body);
   if (!parsed.ok()) return parsed.status();
-  const json& j = *parsed;
+  const ReqJson& j = *parsed;
   EmbeddingsRequest r;
   RETURN_IF_ERROR(GetString(j, "model", &r.model));
   std::string format = "float";
@@ -706,9 +707,9 @@ absl::StatusOr<EmbeddingsRequest> ParseEmbeddingsRequest(const std::string& body
   if (Field(j, "dimensions") != nullptr) {
     return Bad("dimensions", "is not supported (embeddings have the model's full size)");
   }
-  const json* in = Field(j, "input");
+  const ReqJson* in = Field(j, "input");
   if (in == nullptr) return Bad("input", "is required");
-  const auto text_item = [](const json& s) {
+  const auto text_item = [](const ReqJson& s) {
     EmbedItem item;
     item.has_text = true;
     item.text = s.get<std::string>();
@@ -722,7 +723,7 @@ absl::StatusOr<EmbeddingsRequest> ParseEmbeddingsRequest(const std::string& body
       if (!ids.ok()) return ids.status();
       r.input.inputs.push_back(EmbedItem{false, "", std::move(*ids)});
     } else {
-      for (const json& x : *in) {
+      for (const ReqJson& x : *in) {
         if (x.is_string()) {
           r.input.inputs.push_back(text_item(x));
         } else if (x.is_array() && !x.empty()) {

@@ -612,6 +612,23 @@ TEST(OpenAiChatTest, MessagesToolsAndKwargsKeepTheRequestsKeyOrder) {
   EXPECT_FALSE(c.add_generation_prompt);
 }
 
+// The request is parsed once, keeping key order; a refused tool_choice object is still shown
+// with sorted keys, and a repeated key keeps its first place with the last value.
+TEST(OpenAiChatTest, OneOrderKeepingParseServesChecksAndForwardedJson) {
+  auto r = ParseGenerationRequest(
+      ApiKind::kChat,
+      R"({"messages": [{"role": "user", "content": "a", "role": "user", "x": 1, "content": "b"}],
+          "tool_choice": {"zz": 1, "aa": 2}})");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(ErrorParam(r.status()), "tool_choice");
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr(R"("{\"aa\":2,\"zz\":1}")"));
+  auto ok = ParseGenerationRequest(
+      ApiKind::kChat,
+      R"({"messages": [{"role": "user", "content": "a", "role": "user", "x": 1, "content": "b"}]})");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->input.chat->messages_json, R"([{"role":"user","content":"b","x":1}])");
+}
+
 TEST(OpenAiChatTest, ToolChoiceOtherThanNoneIsRefusedNamingIt) {
   const std::string messages = R"("messages": [{"role": "user", "content": "x"}])";
   for (const char* ok : {"", R"(, "tool_choice": "none")", R"(, "tool_choice": null)"}) {
