@@ -236,7 +236,8 @@ absl::Status ParseChatInput(const ReqJson& j, ChatInput* out) {
     return v.dump(-1, ' ', false, json::error_handler_t::replace);
   };
   out->messages_json = dump(*Field(j, "messages"));  // CheckMessages: present
-  out->tools_json = tools != nullptr && !tools->empty() ? dump(*tools) : "";
+  // An empty list stays one: transformers passes tools=[] to the template (not None).
+  out->tools_json = tools != nullptr ? dump(*tools) : "";
   out->chat_template_kwargs_json = kwargs != nullptr ? dump(*kwargs) : "";
   return absl::OkStatus();
 }

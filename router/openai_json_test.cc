@@ -432,7 +432,7 @@ TEST(OpenAiParseTest, NullFieldsAreAbsentAndKnownExtrasAreAccepted) {
   ASSERT_TRUE(chat.ok()) << chat.status();
   EXPECT_EQ(chat->input.sampling.max_tokens, 9);
   EXPECT_EQ(json::parse(chat->input.chat->messages_json)[1]["name"], "bob");
-  EXPECT_EQ(chat->input.chat->tools_json, "");  // an empty list: no tools
+  EXPECT_EQ(chat->input.chat->tools_json, "[]");  // an empty list stays a list, as transformers
   auto both =
       ParseGenerationRequest(ApiKind::kChat,
                              R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 9,

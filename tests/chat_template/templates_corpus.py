@@ -37,15 +37,19 @@ _CTX = {
 }
 
 
-def add(group, template, context=None, extra=False, divergence=None):
+def add(group, template, context=None, extra=False, divergence=None, divergence_output=None):
     """divergence: (regex, why) for a deliberate difference from Jinja2: carpool must raise an
-    error matching regex (why says what Jinja2 does and why carpool does not)."""
+    error matching regex (why says what Jinja2 does and why carpool does not).
+    divergence_output: (output, why) for a known difference where carpool renders `output`
+    exactly (docs/chat_templates.md, "Known differences from Jinja2", lists each)."""
     n = sum(1 for c in CASES if c["name"].startswith(group + "-")) + 1
     case = {"name": f"{group}-{n:02d}", "template": template,
             "context": copy.deepcopy(dict(_CTX, **(context or {}))),
             "extra": extra}
     if divergence:
         case["divergence"] = {"carpool_error": divergence[0], "why": divergence[1]}
+    if divergence_output:
+        case["divergence"] = {"carpool_output": divergence_output[0], "why": divergence_output[1]}
     CASES.append(case)
 
 
@@ -227,7 +231,9 @@ add("macro", "{% set ns = namespace(v=0) %}{% macro inc() %}{% set ns.v = ns.v +
 add("macro", "{% macro m(a) %}{{ caller(a * 2) }}{% endmacro %}{% call(v) m(3) %}{% call(w) m(v) %}{{ w }}{% endcall %}{% endcall %}")
 add("macro", "{% macro m(a, b) %}{{ a }}-{{ b }}{% endmacro %}{{ m(b=2, a=1) }}")
 add("macro", "{% macro m(a, b) %}{{ a }}-{{ b }}{% endmacro %}{{ m(1, a=2) }}")
-add("macro", "{% macro m() %}{{ m.name }}{{ m.arguments }}{% endmacro %}{{ m() }}", extra=True)
+add("macro", "{% macro m() %}{{ m.name }}{{ m.arguments }}{% endmacro %}{{ m() }}", extra=True,
+    divergence_output=("", "a Jinja2 macro has name and arguments attributes (m, ()); carpool's macros have "
+                       "no attributes, so both are undefined and print nothing"))
 
 # ---- raise_exception, strftime_now ------------------------------------------------------------
 add("raise", "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}")
@@ -391,7 +397,9 @@ add("ternary", "{% set v = messages[0].content if messages[0].role == 'system' e
 # ---- calls of globals -------------------------------------------------------------------------
 add("global", "{{ range(4)|list }} {{ range(2, 5)|list }} {{ range(10, 0, -3)|list }} {{ range(0)|list }}")
 add("global", "{{ range(3)|length }} {{ range(5)[1] }}", extra=True)
-add("global", "{{ range(3) }} {{ range(1, 9, 2) }}", extra=True)
+add("global", "{{ range(3) }} {{ range(1, 9, 2) }}", extra=True,
+    divergence_output=("[0, 1, 2] [1, 3, 5, 7]", "Python prints a range object as range(0, 3); carpool's "
+                       "range() makes a list, which prints as one"))
 add("global", "{{ range(0, 10, 0)|list }}")
 add("global", "{{ dict(a=1, b='x') }} {{ dict() }}", extra=True)
 add("global", "{{ namespace(a=1).a }}")
@@ -502,7 +510,9 @@ add("str", "{{ 'a\tb'.expandtabs(4) }}", extra=True)
 add("str", "{{ 'x'.isidentifier() }} {{ 'Ab1'.isalnum() }} {{ 'A b'.istitle() }} {{ '12'.isnumeric() }} {{ '12'.isdecimal() }} "
            "{{ 'x'.isprintable() }} {{ 'x'.isascii() }}", extra=True)
 add("str", "{{ 'abc'.translate({}) }}", extra=True)
-add("str", "{{ 'abc'.encode('utf-8') }}", extra=True)
+add("str", "{{ 'abc'.encode('utf-8') }}", extra=True,
+    divergence=(r"encode", "Python's str.encode gives bytes (b'abc'); carpool has no bytes type, so a string "
+                "has no encode method"))
 add("str", "{{ '\\N{BULLET}' }}", extra=True)
 add("str", "{{ s.split(' ')|length }} {{ s.lower().split()|join('_') }} {{ s.strip().lower().replace(' ', '') }}")
 add("str", "{{ s.nosuchmethod() }}")

@@ -39,8 +39,12 @@ def results():
     for c, ref, got in zip(CASES, reference, carpool):
         if "divergence" in c:
             div = c["divergence"]
-            ok = not got["ok"] and not got.get("crashed") and re.search(div["carpool_error"], got["error"]) is not None
-            why = "deliberate divergence" if ok else f"carpool must raise /{div['carpool_error']}/ here ({div['why']})"
+            if "carpool_output" in div:
+                ok = got["ok"] and got["output"] == div["carpool_output"]
+                why = "known divergence" if ok else f"carpool must render {div['carpool_output']!r} here ({div['why']})"
+            else:
+                ok = not got["ok"] and not got.get("crashed") and re.search(div["carpool_error"], got["error"]) is not None
+                why = "deliberate divergence" if ok else f"carpool must raise /{div['carpool_error']}/ here ({div['why']})"
         else:
             ok, why = harness.same(ref, got, allow_unsupported=c["extra"])
         out[c["name"]] = (ok, why, ref, got)
