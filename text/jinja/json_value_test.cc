@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "text/jinja/pystr.h"
 
 namespace carpool::text::jinja {
 namespace {
@@ -143,24 +144,6 @@ TEST(ParseJsonValueTest, Depth) {
   }
 }
 
-void AppendUtf8(char32_t c, std::string* out) {
-  if (c < 0x80) {
-    out->push_back(static_cast<char>(c));
-  } else if (c < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (c >> 6)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else if (c < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (c >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (c >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  }
-}
-
 // A random value: strings of code points of every UTF-8 length and the characters JSON escapes,
 // numbers of every size, containers up to 6 deep.
 nlohmann::ordered_json RandomJson(std::mt19937_64& rng, int depth) {
@@ -184,7 +167,7 @@ nlohmann::ordered_json RandomJson(std::mt19937_64& rng, int depth) {
       std::string s;
       const size_t n = rng() % 48;
       for (size_t i = 0; i < n; ++i) {
-        AppendUtf8(rng() % 3 == 0 ? kSome[rng() % std::size(kSome)]
+        py::AppendCodePoint(rng() % 3 == 0 ? kSome[rng() % std::size(kSome)]
                                   : static_cast<char32_t>('a' + rng() % 26),
                    &s);
       }

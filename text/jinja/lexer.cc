@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "text/jinja/pystr.h"
 
 namespace carpool::text::jinja {
 namespace {
@@ -42,24 +43,6 @@ bool IsPythonSpace(uint32_t c) {
   return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 ||
          c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
          c == 0x205F || c == 0x3000;
-}
-
-void AppendUtf8(uint32_t c, std::string* out) {
-  if (c < 0x80) {
-    out->push_back(static_cast<char>(c));
-  } else if (c < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (c >> 6)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else if (c < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (c >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (c >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  }
 }
 
 bool IsDigit(char c) { return c >= '0' && c <= '9'; }
@@ -432,7 +415,7 @@ absl::Status Lexer::DecodeString(size_t begin, size_t end, std::string* out) {
         if (cp >= 0xD800 && cp <= 0xDFFF) {
           return Fail(begin, "a string literal escapes a lone surrogate");
         }
-        AppendUtf8(cp, out);
+        py::AppendCodePoint(cp, out);
         break;
       }
       case 'N':
@@ -443,7 +426,7 @@ absl::Status Lexer::DecodeString(size_t begin, size_t end, std::string* out) {
           for (int k = 0; k < 2 && i < end && s_[i] >= '0' && s_[i] <= '7'; ++k, ++i) {
             cp = cp * 8 + static_cast<uint32_t>(s_[i] - '0');
           }
-          AppendUtf8(cp, out);
+          py::AppendCodePoint(cp, out);
         } else if (static_cast<unsigned char>(c) < 0x80) {
           out->push_back('\\');
           out->push_back(c);
