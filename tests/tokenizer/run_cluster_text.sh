@@ -13,14 +13,6 @@ fi
 BUILD_DIR=$1
 shift
 HERE=$(cd "$(dirname "$0")" && pwd)
-REPO=$(cd "$HERE/../.." && pwd)
 
 source "$HERE/lib.sh"
-install_reference_or_skip "$BUILD_DIR/tokenizer-npm"
-export CARPOOL_TOKENIZER_NPM_DIR="$BUILD_DIR/tokenizer-npm"
-export CARPOOL_BIN_DIR="$BUILD_DIR/bin"
-export PYTHONPATH="$REPO/client/python:$BUILD_DIR/client/python${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONDONTWRITEBYTECODE=1
-# cluster_text.py is named so that a pytest run over this folder does not collect it (it needs
-# this script's environment); named on the command line, pytest runs it.
-exec "$PYTHON" -m pytest "$HERE/cluster_text.py" -q -p no:cacheprovider --tb=short "$@"
+run_cluster_pytest "$BUILD_DIR" "$HERE/cluster_text.py" "$@"
