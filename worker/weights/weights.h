@@ -49,7 +49,11 @@ struct LayerWeights {
   Tensor q_proj, k_proj, v_proj;         // [heads*D, H], [kv*D, H], [kv*D, H]
   Tensor q_bias, k_bias, v_bias;         // empty unless config.attention_bias
   Tensor o_proj;                         // [H, heads*D]
-  Tensor post_attention_norm;            // [H]
+  Tensor post_attention_norm;            // [H]; with config.sandwich_norms it normalizes the
+                                         // attention output before the residual add
+  Tensor q_norm, k_norm;                 // [D], only with config.qk_norm
+  Tensor pre_feedforward_norm;           // [H], only with config.sandwich_norms (pre-MLP)
+  Tensor post_feedforward_norm;          // [H], only with config.sandwich_norms (MLP output)
   Tensor gate_proj, up_proj;             // [I, H]
   Tensor down_proj;                      // [H, I]
 };
@@ -64,6 +68,8 @@ struct LlamaWeights {
   Tensor embed_tokens;                   // [V, H]
   std::vector<LayerWeights> layers;
   Tensor final_norm;                     // [H]
+  // With config.norm_weight_plus_one every norm tensor above holds 1 + w (computed in fp32 at
+  // load, as transformers does), so the model applies each as a plain RMSNorm weight.
   Tensor lm_head;                        // [V, H]; the same data as embed_tokens when tied
   std::vector<std::shared_ptr<MappedFile>> files;  // keeps View tensors alive
 
