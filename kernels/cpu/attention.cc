@@ -27,7 +27,7 @@ constexpr int kChunk = 32;
 // One query token of one sequence.
 struct QueryRow {
   int64_t row = 0;   // row of q and out
-  int position = 0;  // its position in the sequence; it attends to 0 .. position
+  int position = 0;  // its position in the sequence; it attends to 0 .. position (or its window)
   const AttentionSeq* seq = nullptr;
 };
 
@@ -77,6 +77,17 @@ void AddScaled(float* acc, float p, const float* v, int n) {
   }
 }
 
+// s[0..n) = cap * tanh(s / cap).
+void CapScores(float* s, float cap, int n) {
+  const F8 c = simd::Set1(cap);
+  const F8 inv = simd::Set1(1.0f / cap);
+  for (int i = 0; i < n; i += simd::kLanes) {
+    const int lanes = std::min(simd::kLanes, n - i);
+    simd::StorePartial(s + i, simd::Mul(c, simd::Tanh(simd::Mul(simd::LoadPartial(s + i, lanes), inv))),
+                       lanes);
+  }
+}
+
 // s[0..n) = exp(s - m); returns their sum, added in index order.
 float ExpShifted(float* s, float m, int n) {
   for (int i = 0; i < n; i += simd::kLanes) {
@@ -104,7 +115,11 @@ void AttendItem(const float* q, const float* key_cache, const float* value_cache
   std::fill(scratch->acc.begin(), scratch->acc.end(), 0.0f);
   const int32_t* table = query.seq->block_table;
   const int num_positions = query.position + 1;
-  for (int start = 0; start < num_positions; start += kChunk) {
+  // With a window the loop starts at the window's first key: the block-table entries before it
+  // may be invalid (freed blocks).
+  const int first =
+      p.sliding_window > 0 ? std::max(0, query.position - p.sliding_window + 1) : 0;
+  for (int start = first; start < num_positions; start += kChunk) {
     const int len = std::min(kChunk, num_positions - start);
     for (int i = 0; i < len; ++i) {
       const float* k = key_cache + CacheOffset(c, table, start + i, kv_head);
@@ -114,6 +129,7 @@ void AttendItem(const float* q, const float* key_cache, const float* value_cache
     }
     for (int g = 0; g < group; ++g) {
       float* s = &scratch->scores[g * kChunk];
+      if (p.logit_softcap > 0.0f) CapScores(s, p.logit_softcap, len);
       const float old_max = scratch->max[g];
       const float new_max = std::max(old_max, *std::max_element(s, s + len));
       if (new_max > old_max && scratch->sum[g] > 0.0f) {

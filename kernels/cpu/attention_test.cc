@@ -37,20 +37,29 @@ struct CacheShape {
 
 // A batch of sequences over one paged cache. Physical blocks are handed out in a shuffled order
 // so block tables are not contiguous; every cache slot no sequence owns holds NaN, so reading
-// past a context (or a stale slot) poisons the output.
+// past a context (or a stale slot) poisons the output. With a sliding window, the table entries
+// of blocks wholly before a sequence's first query's window point at a NaN block afterwards (as
+// if the KV cache had freed them), so a kernel that reads outside the window fails.
 class AttentionBatch {
  public:
-  AttentionBatch(const CacheShape& shape, const std::vector<SeqSpec>& specs, uint32_t seed)
+  AttentionBatch(const CacheShape& shape, const std::vector<SeqSpec>& specs, uint32_t seed,
+                 int sliding_window = 0, float logit_softcap = 0.0f)
       : shape_(shape) {
     params_.cache.block_size = shape.block_size;
     params_.cache.num_kv_heads = shape.num_kv_heads;
     params_.cache.head_dim = shape.head_dim;
     params_.num_heads = shape.num_heads;
     params_.scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
+    params_.sliding_window = sliding_window;
+    params_.logit_softcap = logit_softcap;
     AllocateBlocks(specs, seed);
     FillCache(seed + 1);
+    if (sliding_window > 0) DropBlocksBeforeWindows();
     q_ = RandomFloats(num_tokens_ * RowWidth(shape.num_heads), seed + 2);
   }
+
+  // Table entries pointed at the NaN block (blocks out of every query's window).
+  int dropped_blocks() const { return dropped_blocks_; }
 
   const AttentionParams& params() const { return params_; }
   const float* q() const { return q_.data(); }
@@ -102,6 +111,20 @@ class AttentionBatch {
     }
     params_.num_seqs = static_cast<int>(seqs_.size());
     params_.seqs = seqs_.data();
+    nan_block_ = physical[next];  // spare: never written
+  }
+
+  void DropBlocksBeforeWindows() {
+    const int bs = shape_.block_size;
+    for (size_t i = 0; i < seqs_.size(); ++i) {
+      const AttentionSeq& seq = seqs_[i];
+      const int first_key =
+          std::max(0, seq.context_len - seq.query_len - params_.sliding_window + 1);
+      for (int b = 0; b < first_key / bs; ++b) {
+        tables_[i][b] = nan_block_;
+        ++dropped_blocks_;
+      }
+    }
   }
 
   // Writes random keys and values for every context position through WriteKvCache.
@@ -127,6 +150,8 @@ class AttentionBatch {
   std::vector<std::vector<int32_t>> tables_;
   std::vector<AttentionSeq> seqs_;
   int64_t num_tokens_ = 0;
+  int nan_block_ = 0;
+  int dropped_blocks_ = 0;
   std::vector<float> q_;
   std::vector<float> key_cache_;
   std::vector<float> value_cache_;
@@ -212,6 +237,126 @@ TEST(PagedAttentionChunkingTest, SharpSoftmaxMatchesReference) {
   EXPECT_TRUE(AllNear(
       out, reference::PagedAttention(batch.q(), batch.key_cache(), batch.value_cache(), sharp),
       kAtol, kRtol));
+}
+
+// Sequences longer than the windows below, prefills across window boundaries, decodes.
+std::vector<SeqSpec> LongSpecs() {
+  return {{40, 40}, {1, 100}, {16, 100}, {1, 5}, {9, 70}, {1, 33}, {3, 16}};
+}
+
+// (window, softcap)
+class WindowedAttentionTest : public ::testing::TestWithParam<std::tuple<int, float>> {};
+
+TEST_P(WindowedAttentionTest, MixedBatchMatchesReference) {
+  const auto [window, cap] = GetParam();
+  for (const int block_size : {1, 7, 16}) {
+    SCOPED_TRACE(::testing::Message() << "block_size=" << block_size);
+    const AttentionBatch batch(CacheShape{block_size, 4, 2, 64}, LongSpecs(), 600, window, cap);
+    if (window > 0 && window < 30) {
+      EXPECT_GT(batch.dropped_blocks(), 0);
+    }
+    EXPECT_TRUE(AllNear(batch.Run(), batch.Reference(), kAtol, kRtol));
+  }
+}
+
+TEST_P(WindowedAttentionTest, DecodeMatchesReferenceAndTheGeneralKernel) {
+  const auto [window, cap] = GetParam();
+  const AttentionBatch batch(CacheShape{7, 8, 2, 12}, DecodeSpecs(), 700, window, cap);
+  std::vector<float> decode(batch.out_size(), -1.0f);
+  PagedAttentionDecode(batch.q(), batch.key_cache(), batch.value_cache(), batch.params(),
+                       decode.data(), TestPool());
+  EXPECT_TRUE(AllNear(decode, batch.Reference(), kAtol, kRtol));
+  const std::vector<float> general = batch.Run();
+  EXPECT_TRUE(BitEqual(decode.data(), general.data(), general.size()));
+}
+
+TEST_P(WindowedAttentionTest, SequenceAloneEqualsSequenceInBatch) {
+  const auto [window, cap] = GetParam();
+  const AttentionBatch batch(CacheShape{16, 4, 1, 64}, LongSpecs(), 800, window, cap);
+  const std::vector<float> together = batch.Run();
+  const int64_t width = batch.RowWidth(batch.params().num_heads);
+  for (int s = 0; s < batch.params().num_seqs; ++s) {
+    const AttentionSeq& seq = batch.params().seqs[s];
+    const std::vector<float> alone = batch.RunAlone(s);
+    EXPECT_TRUE(BitEqual(alone.data(), together.data() + seq.query_start * width, alone.size()))
+        << "seq " << s;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Windows, WindowedAttentionTest,
+                         ::testing::Combine(::testing::Values(0, 1, 5, 16, 17, 64),
+                                            ::testing::Values(0.0f, 0.5f, 30.0f)));
+
+// The window changes the result (a test that passes with the window ignored would prove
+// nothing), and a window at least as long as every context changes nothing, bit for bit.
+TEST(SlidingWindowTest, WindowMattersAndALongWindowIsNoWindow) {
+  const CacheShape shape{16, 4, 2, 64};
+  const AttentionBatch full(shape, LongSpecs(), 900);
+  const AttentionBatch long_window(shape, LongSpecs(), 900, /*sliding_window=*/100);
+  const std::vector<float> a = full.Run();
+  EXPECT_TRUE(BitEqual(a.data(), long_window.Run().data(), a.size()));
+  const AttentionBatch windowed(shape, LongSpecs(), 900, /*sliding_window=*/8);
+  EXPECT_FALSE(AllNear(windowed.Run(), full.Reference(), 1e-3, 1e-3));
+}
+
+// Softcapping changes large scores (checked against the reference above) and, with a cap far
+// above every score, hardly anything.
+TEST(SoftCapAttentionTest, SharpScoresAreCapped) {
+  const CacheShape shape{7, 2, 1, 16};
+  AttentionBatch batch(shape, {{5, 100}}, 1000, /*sliding_window=*/0, /*logit_softcap=*/3.0f);
+  AttentionParams sharp = batch.params();
+  sharp.scale = 40.0f;
+  std::vector<float> out(batch.out_size());
+  PagedAttention(batch.q(), batch.key_cache(), batch.value_cache(), sharp, out.data(), TestPool());
+  const std::vector<double> want =
+      reference::PagedAttention(batch.q(), batch.key_cache(), batch.value_cache(), sharp);
+  EXPECT_TRUE(AllNear(out, want, kAtol, kRtol));
+  AttentionParams uncapped = sharp;
+  uncapped.logit_softcap = 0.0f;
+  EXPECT_FALSE(AllNear(out, reference::PagedAttention(batch.q(), batch.key_cache(),
+                                                      batch.value_cache(), uncapped),
+                       1e-3, 1e-3));
+}
+
+// A prefill split into chunks across the window boundary gives the rows of the whole prefill.
+TEST(SlidingWindowTest, ChunkedPrefillAcrossTheWindowEqualsWholePrefill) {
+  const CacheShape shape{16, 4, 2, 64};
+  const int window = 24;
+  const AttentionBatch whole(shape, {{100, 100}}, 1100, window);
+  const std::vector<float> all_rows = whole.Run();
+  AttentionParams chunk = whole.params();
+  const int64_t width = whole.RowWidth(shape.num_heads);
+  for (const int cached : {10, 23, 24, 25, 63}) {
+    SCOPED_TRACE(::testing::Message() << "cached=" << cached);
+    AttentionSeq seq = whole.params().seqs[0];
+    seq.query_len = 100 - cached;
+    chunk.seqs = &seq;
+    std::vector<float> out(seq.query_len * width);
+    PagedAttention(whole.q() + cached * width, whole.key_cache(), whole.value_cache(), chunk,
+                   out.data(), TestPool());
+    EXPECT_TRUE(BitEqual(out.data(), all_rows.data() + cached * width, out.size()));
+  }
+}
+
+// The KV cache may mark freed blocks before the window with negative entries: never read.
+TEST(SlidingWindowTest, NegativeEntriesBeforeTheWindowAreNotRead) {
+  const CacheShape shape{4, 2, 1, 16};
+  const AttentionBatch batch(shape, {{1, 50}, {3, 30}}, 1200, /*sliding_window=*/6);
+  std::vector<std::vector<int32_t>> tables;
+  std::vector<AttentionSeq> seqs(batch.params().seqs, batch.params().seqs + 2);
+  for (AttentionSeq& seq : seqs) {
+    const int blocks = (seq.context_len + 3) / 4;
+    tables.emplace_back(seq.block_table, seq.block_table + blocks);
+    const int first_key = seq.context_len - seq.query_len - 6 + 1;
+    for (int b = 0; b < first_key / 4; ++b) tables.back()[b] = -1 - b * 1000000;
+    seq.block_table = tables.back().data();
+  }
+  AttentionParams params = batch.params();
+  params.seqs = seqs.data();
+  std::vector<float> out(batch.out_size());
+  PagedAttention(batch.q(), batch.key_cache(), batch.value_cache(), params, out.data(),
+                 TestPool());
+  EXPECT_TRUE(AllNear(out, batch.Reference(), kAtol, kRtol));
 }
 
 }  // namespace

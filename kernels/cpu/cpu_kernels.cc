@@ -81,6 +81,22 @@ float RowMax(const float* x, int64_t n) {
   return max;
 }
 
+// out[i] = act(gate[i]) * up[i] for i in [0, n), eight lanes at a time. out may alias gate or up.
+template <typename Act>
+void GatedMul(const float* gate, const float* up, float* out, int64_t n, ThreadPool* pool,
+              Act act) {
+  const int64_t vectors = (n + simd::kLanes - 1) / simd::kLanes;
+  ForRows(pool, vectors, simd::kLanes, [&](int64_t begin, int64_t end) {
+    for (int64_t v = begin; v < end; ++v) {
+      const int64_t i = v * simd::kLanes;
+      const int lanes = static_cast<int>(std::min<int64_t>(simd::kLanes, n - i));
+      const F8 g = simd::LoadPartial(gate + i, lanes);
+      const F8 u = simd::LoadPartial(up + i, lanes);
+      simd::StorePartial(out + i, simd::Mul(act(g), u), lanes);
+    }
+  });
+}
+
 }  // namespace
 
 void RmsNorm(const float* x, const float* weight, float eps, float* out, int64_t t, int64_t h,
@@ -100,6 +116,12 @@ void AddRmsNorm(const float* x, float* residual, const float* weight, float eps,
       RmsNormRow(res, weight, eps, out + r * h, h);
     }
   });
+}
+
+void HeadRmsNorm(float* x, const float* weight, float eps, int64_t t, int num_heads, int head_dim,
+                 ThreadPool* pool) {
+  // [T, heads, D] is [T * heads] rows of D; each row is normalized in place.
+  RmsNorm(x, weight, eps, x, t * num_heads, head_dim, pool);
 }
 
 void RotaryEmbedding(float* x, const int32_t* positions, const float* inv_freq, int64_t t,
@@ -122,19 +144,39 @@ void RotaryEmbedding(float* x, const int32_t* positions, const float* inv_freq, 
 
 void SiluMul(const float* gate, const float* up, float* out, int64_t t, int64_t inter,
              ThreadPool* pool) {
-  const int64_t n = t * inter;
+  GatedMul(gate, up, out, t * inter, pool, [](F8 g) {
+    return simd::Div(g, simd::Add(simd::Set1(1.0f), simd::Exp(simd::Sub(simd::Zero(), g))));
+  });
+}
+
+void GeluTanhMul(const float* gate, const float* up, float* out, int64_t t, int64_t inter,
+                 ThreadPool* pool) {
+  GatedMul(gate, up, out, t * inter, pool, [](F8 g) {
+    // 0.5 g (1 + tanh(u)) = g / (1 + e^(-2u)), u = sqrt(2 / pi) (g + 0.044715 g^3).
+    const F8 g3 = simd::Mul(simd::Mul(g, g), g);
+    const F8 u = simd::Mul(simd::Set1(0.7978845608028654f),
+                           simd::Fma(simd::Set1(0.044715f), g3, g));
+    const F8 e = simd::Exp(simd::Mul(simd::Set1(-2.0f), u));
+    return simd::Div(g, simd::Add(simd::Set1(1.0f), e));
+  });
+}
+
+void SoftCap(float* x, float cap, int64_t n, ThreadPool* pool) {
   const int64_t vectors = (n + simd::kLanes - 1) / simd::kLanes;
   ForRows(pool, vectors, simd::kLanes, [&](int64_t begin, int64_t end) {
-    const F8 one = simd::Set1(1.0f);
+    const F8 c = simd::Set1(cap);
+    const F8 inv = simd::Set1(1.0f / cap);
     for (int64_t v = begin; v < end; ++v) {
       const int64_t i = v * simd::kLanes;
       const int lanes = static_cast<int>(std::min<int64_t>(simd::kLanes, n - i));
-      const F8 g = simd::LoadPartial(gate + i, lanes);
-      const F8 u = simd::LoadPartial(up + i, lanes);
-      const F8 silu = simd::Div(g, simd::Add(one, simd::Exp(simd::Sub(simd::Zero(), g))));
-      simd::StorePartial(out + i, simd::Mul(silu, u), lanes);
+      const F8 capped = simd::Mul(c, simd::Tanh(simd::Mul(simd::LoadPartial(x + i, lanes), inv)));
+      simd::StorePartial(x + i, capped, lanes);
     }
   });
+}
+
+void Scale(float* x, float factor, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= factor;
 }
 
 void EmbeddingGather(const float* table, const int32_t* ids, float* out, int64_t t, int64_t h) {

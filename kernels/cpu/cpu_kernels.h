@@ -43,9 +43,27 @@ void AddRmsNorm(const float* x, float* residual, const float* weight, float eps,
 void RotaryEmbedding(float* x, const int32_t* positions, const float* inv_freq, int64_t t,
                      int num_heads, int head_dim, int rotary_dim, ThreadPool* pool);
 
+// RMSNorm of every head, in place: x [T, num_heads, head_dim], each head's head_dim features
+// normalized on their own and multiplied by weight [head_dim] (Qwen3's and Gemma 3's q/k norms).
+void HeadRmsNorm(float* x, const float* weight, float eps, int64_t t, int num_heads, int head_dim,
+                 ThreadPool* pool);
+
 // out[t, i] = silu(gate[t, i]) * up[t, i]; all [T, inter]. out may alias gate or up.
 void SiluMul(const float* gate, const float* up, float* out, int64_t t, int64_t inter,
              ThreadPool* pool);
+
+// out[t, i] = gelu_tanh(gate[t, i]) * up[t, i], with the tanh approximation of GELU
+// 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))), computed as g / (1 + e^(-2 u)) for the
+// tanh's argument u (the same value, without tanh's loss of digits). out may alias gate or up.
+void GeluTanhMul(const float* gate, const float* up, float* out, int64_t t, int64_t inter,
+                 ThreadPool* pool);
+
+// In place: x[i] = cap * tanh(x[i] / cap) for i in [0, n) (Gemma's logit capping). REQUIRES:
+// cap > 0. Within ~2e-7 * cap absolute of the exact value (simd::Tanh).
+void SoftCap(float* x, float cap, int64_t n, ThreadPool* pool);
+
+// In place: x[i] *= factor for i in [0, n).
+void Scale(float* x, float factor, int64_t n);
 
 // out[t] = table[ids[t]], rows of width h. REQUIRES: 0 <= ids[t] < table rows.
 void EmbeddingGather(const float* table, const int32_t* ids, float* out, int64_t t, int64_t h);
@@ -57,7 +75,9 @@ void WriteKvCache(const float* k, const float* v, const int64_t* slots, int64_t 
 
 // Paged attention for a mixed batch of prefill chunks and decodes (see AttentionSeq).
 // q, out: [total query tokens, num_heads, head_dim]. Query head h reads kv head
-// h / (num_heads / num_kv_heads). Softmax in fp32 with a running max (online).
+// h / (num_heads / num_kv_heads). Softmax in fp32 with a running max (online). With
+// params.sliding_window, a query's key loop starts at its window (positions before it, and
+// their block-table entries, are never read); params.logit_softcap caps each scaled score.
 void PagedAttention(const float* q, const float* key_cache, const float* value_cache,
                     const AttentionParams& params, float* out, ThreadPool* pool);
 

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -78,6 +79,33 @@ TEST_P(RowShapeTest, SiluMulMatchesReferenceAndMayAlias) {
   EXPECT_TRUE(BitEqual(into_up.data(), out.data(), out.size()));
 }
 
+TEST_P(RowShapeTest, GeluTanhMulMatchesReferenceAndMayAlias) {
+  const auto [t, inter] = GetParam();
+  const std::vector<float> gate = RandomFloats(t * inter, 20, -12.0f, 12.0f);
+  const std::vector<float> up = RandomFloats(t * inter, 21, -2.0f, 2.0f);
+  const std::vector<double> want = reference::GeluTanhMul(gate.data(), up.data(), t, inter);
+  std::vector<float> out(t * inter);
+  GeluTanhMul(gate.data(), up.data(), out.data(), t, inter, TestPool());
+  EXPECT_TRUE(AllNear(out, want, 1e-6, 1e-5));
+  std::vector<float> into_gate = gate;
+  GeluTanhMul(into_gate.data(), up.data(), into_gate.data(), t, inter, TestPool());
+  EXPECT_TRUE(BitEqual(into_gate.data(), out.data(), out.size()));
+  std::vector<float> into_up = up;
+  GeluTanhMul(gate.data(), into_up.data(), into_up.data(), t, inter, TestPool());
+  EXPECT_TRUE(BitEqual(into_up.data(), out.data(), out.size()));
+}
+
+TEST_P(RowShapeTest, SoftCapMatchesReference) {
+  const auto [t, n] = GetParam();
+  const std::vector<float> x = RandomFloats(t * n, 22, -200.0f, 200.0f);
+  for (const float cap : {30.0f, 50.0f, 0.5f}) {
+    SCOPED_TRACE(::testing::Message() << "cap=" << cap);
+    std::vector<float> out = x;
+    SoftCap(out.data(), cap, t * n, TestPool());
+    EXPECT_TRUE(AllNear(out, reference::SoftCap(x.data(), cap, t * n), 4e-7 * cap, 1e-6));
+  }
+}
+
 TEST_P(RowShapeTest, LogSoftmaxMatchesReference) {
   const auto [rows, n] = GetParam();
   const std::vector<float> x = RandomFloats(rows * n, 10, -30.0f, 30.0f);
@@ -93,6 +121,51 @@ INSTANTIATE_TEST_SUITE_P(Shapes, RowShapeTest,
                                            std::pair<int64_t, int64_t>{5, 897},
                                            std::pair<int64_t, int64_t>{64, 1024},
                                            std::pair<int64_t, int64_t>{2, 151936}));
+
+// Each head of [T, heads, D] is its own RMSNorm row; checked against a float64 loop over heads.
+TEST(HeadRmsNormTest, NormalizesEveryHeadOnItsOwn) {
+  for (const auto& [t, heads, d] : {std::tuple<int64_t, int, int>{1, 1, 8},
+                                   std::tuple<int64_t, int, int>{5, 4, 64},
+                                   std::tuple<int64_t, int, int>{3, 6, 128},
+                                   std::tuple<int64_t, int, int>{7, 2, 13}}) {
+    SCOPED_TRACE(::testing::Message() << "t=" << t << " heads=" << heads << " d=" << d);
+    const std::vector<float> x0 = RandomFloats(t * heads * d, 23, -3.0f, 3.0f);
+    const std::vector<float> weight = RandomFloats(d, 24, 0.5f, 1.5f);
+    std::vector<double> want(x0.size());
+    for (int64_t r = 0; r < t; ++r) {
+      for (int h = 0; h < heads; ++h) {
+        const int64_t base = (r * heads + h) * d;
+        double ss = 0.0;
+        for (int i = 0; i < d; ++i) ss += double{x0[base + i]} * x0[base + i];
+        const double inv = 1.0 / std::sqrt(ss / d + double{kEps});
+        for (int i = 0; i < d; ++i) want[base + i] = x0[base + i] * inv * weight[i];
+      }
+    }
+    std::vector<float> x = x0;
+    HeadRmsNorm(x.data(), weight.data(), kEps, t, heads, d, TestPool());
+    EXPECT_TRUE(AllNear(x, want, 1e-5, 1e-5));
+  }
+}
+
+TEST(ScaleTest, MultipliesEveryElement) {
+  std::vector<float> x = RandomFloats(37, 25);
+  const std::vector<float> x0 = x;
+  Scale(x.data(), 45.25f, 37);
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(x[i], x0[i] * 45.25f);
+}
+
+TEST(GeluTanhMulTest, KnownValues) {
+  // gelu_tanh(1) = 0.5 (1 + tanh(sqrt(2/pi) * 1.044715)) = 0.8411920, gelu_tanh(-3) = -0.0036373.
+  const std::vector<float> gate = {0.0f, 1.0f, -3.0f, 20.0f, -20.0f};
+  const std::vector<float> up = {1.0f, 1.0f, 1.0f, 2.0f, 1.0f};
+  std::vector<float> out(5);
+  GeluTanhMul(gate.data(), up.data(), out.data(), 1, 5, nullptr);
+  EXPECT_EQ(out[0], 0.0f);
+  EXPECT_NEAR(out[1], 0.8411920, 1e-6);
+  EXPECT_NEAR(out[2], -0.0036373, 1e-6);
+  EXPECT_NEAR(out[3], 40.0f, 1e-5);
+  EXPECT_NEAR(out[4], 0.0f, 1e-6);
+}
 
 TEST(RmsNormTest, EpsMattersForSmallInputs) {
   const int64_t t = 3, h = 19;

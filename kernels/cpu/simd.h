@@ -153,6 +153,13 @@ inline F8 Exp(F8 x) {
 
 #endif  // CARPOOL_SIMD_AVX2
 
+// tanh(x) as 1 - 2 / (e^(2x) + 1): within ~2e-7 absolute (not relative: tiny |x| lose digits),
+// exactly +-1 for |x| beyond ~9 (Exp's saturation included).
+inline F8 Tanh(F8 x) {
+  const F8 one = Set1(1.0f);
+  return Sub(one, Div(Set1(2.0f), Add(Exp(Add(x, x)), one)));
+}
+
 // Dot product of a[0..n) and b[0..n), accumulated lane-wise and reduced with HSum. The result
 // depends only on the values and n.
 inline float Dot(const float* a, const float* b, int64_t n) {

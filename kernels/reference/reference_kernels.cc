@@ -81,6 +81,22 @@ std::vector<double> SiluMul(const float* gate, const float* up, int64_t t, int64
   return out;
 }
 
+std::vector<double> GeluTanhMul(const float* gate, const float* up, int64_t t, int64_t inter) {
+  const double k = std::sqrt(2.0 / std::acos(-1.0));
+  std::vector<double> out(t * inter);
+  for (int64_t i = 0; i < t * inter; ++i) {
+    const double g = gate[i];
+    out[i] = 0.5 * g * (1.0 + std::tanh(k * (g + 0.044715 * g * g * g))) * up[i];
+  }
+  return out;
+}
+
+std::vector<double> SoftCap(const float* x, double cap, int64_t n) {
+  std::vector<double> out(n);
+  for (int64_t i = 0; i < n; ++i) out[i] = cap * std::tanh(x[i] / cap);
+  return out;
+}
+
 std::vector<double> EmbeddingGather(const float* table, const int32_t* ids, int64_t t, int64_t h) {
   std::vector<double> out(t * h);
   for (int64_t r = 0; r < t; ++r) {
@@ -115,16 +131,23 @@ std::vector<double> PagedAttention(const float* q, const float* key_cache, const
     const AttentionSeq& seq = params.seqs[s];
     for (int j = 0; j < seq.query_len; ++j) {
       const int64_t row = seq.query_start + j;
-      const int last = seq.context_len - seq.query_len + j;  // attends to 0 .. last
+      const int last = seq.context_len - seq.query_len + j;  // attends to first .. last
+      const int first =
+          params.sliding_window > 0 ? std::max(0, last - params.sliding_window + 1) : 0;
       for (int h = 0; h < params.num_heads; ++h) {
         const int kv_head = h / group;
         const float* qh = q + (row * params.num_heads + h) * d;
-        std::vector<double> scores(last + 1);
-        for (int p = 0; p <= last; ++p) {
+        // scores[p - first] for p in [first, last].
+        std::vector<double> scores(last - first + 1);
+        for (int p = first; p <= last; ++p) {
           const float* k = key_cache + CacheOffset(c, seq.block_table, p, kv_head);
           double dot = 0.0;
           for (int i = 0; i < d; ++i) dot += double{qh[i]} * double{k[i]};
-          scores[p] = dot * params.scale;
+          double score = dot * params.scale;
+          if (params.logit_softcap > 0.0f) {
+            score = params.logit_softcap * std::tanh(score / params.logit_softcap);
+          }
+          scores[p - first] = score;
         }
         const double max = *std::max_element(scores.begin(), scores.end());
         double total = 0.0;
@@ -133,9 +156,9 @@ std::vector<double> PagedAttention(const float* q, const float* key_cache, const
           total += sc;
         }
         double* o = &out[(row * params.num_heads + h) * d];
-        for (int p = 0; p <= last; ++p) {
+        for (int p = first; p <= last; ++p) {
           const float* v = value_cache + CacheOffset(c, seq.block_table, p, kv_head);
-          for (int i = 0; i < d; ++i) o[i] += scores[p] / total * v[i];
+          for (int i = 0; i < d; ++i) o[i] += scores[p - first] / total * v[i];
         }
       }
     }

@@ -23,9 +23,14 @@ std::pair<std::vector<double>, std::vector<double>> AddRmsNorm(const float* x,
 std::vector<double> RotaryEmbedding(const float* x, const int32_t* positions, const float* inv_freq,
                                     int64_t t, int num_heads, int head_dim, int rotary_dim);
 std::vector<double> SiluMul(const float* gate, const float* up, int64_t t, int64_t inter);
+// 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))) * up, the formula as written.
+std::vector<double> GeluTanhMul(const float* gate, const float* up, int64_t t, int64_t inter);
+// cap * tanh(x / cap).
+std::vector<double> SoftCap(const float* x, double cap, int64_t n);
 std::vector<double> EmbeddingGather(const float* table, const int32_t* ids, int64_t t, int64_t h);
 // Attention computed from the paged cache by walking each sequence's block table position by
-// position, with a plain two-pass softmax in double.
+// position, with a plain two-pass softmax in double. Honors params.sliding_window (keys
+// outside a query's window are not read) and params.logit_softcap.
 std::vector<double> PagedAttention(const float* q, const float* key_cache, const float* value_cache,
                                    const AttentionParams& params);
 std::vector<double> LogSoftmax(const float* x, int64_t rows, int64_t n);
