@@ -21,6 +21,10 @@ absl::Status KvCacheOptions::Validate() const {
   if (block_size <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("block_size must be > 0, got ", block_size));
   }
+  if (sliding_window < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sliding_window must be >= 0, got ", sliding_window));
+  }
   return absl::OkStatus();
 }
 
@@ -34,6 +38,7 @@ KvCacheManager::KvCacheManager(const KvCacheOptions& options)
     : num_blocks_(options.num_blocks),
       block_size_(options.block_size),
       enable_prefix_caching_(options.enable_prefix_caching),
+      sliding_window_(options.sliding_window),
       blocks_(options.num_blocks) {
   // Hand out block 0 first: the back of the stack is the lowest id.
   free_list_.reserve(num_blocks_);
@@ -62,6 +67,22 @@ int KvCacheManager::LookupPrefix(const TokenSpan& tokens, uint64_t salt) const {
   return static_cast<int>(MatchPrefix(tokens, salt).blocks.size()) * block_size_;
 }
 
+int KvCacheManager::PeakBlocks(int num_tokens, int max_chunk_tokens) const {
+  const int all = CeilDiv(num_tokens, block_size_);
+  if (sliding_window_ == 0) return all;
+  // A chunk [s, s + c) reads positions [s - window + 1, s + c): w - 1 + c positions, which
+  // touch at most ceil((w - 1 + c) / block_size) + 1 blocks.
+  const int chunk = std::min(max_chunk_tokens, num_tokens);
+  return std::min(all, CeilDiv(sliding_window_ - 1 + chunk, block_size_) + 1);
+}
+
+int KvCacheManager::BlocksBeforeWindow(int position) const {
+  if (sliding_window_ == 0) return 0;
+  // Block b's last position, (b + 1) * block_size - 1, is before the window's first key
+  // position - window + 1.
+  return std::max(0, (position - sliding_window_ + 1) / block_size_);
+}
+
 int KvCacheManager::BlocksToTake(int64_t seq_id, int num_tokens, const PrefixMatch& match) const {
   auto it = seqs_.find(seq_id);
   if (it != seqs_.end()) {
@@ -71,8 +92,9 @@ int KvCacheManager::BlocksToTake(int64_t seq_id, int num_tokens, const PrefixMat
   const int matched = static_cast<int>(match.blocks.size());
   int take = std::max(0, CeilDiv(num_tokens, block_size_) - matched);
   // Matched blocks sitting in the LRU stop being available to others once adopted.
-  for (int32_t id : match.blocks) {
-    if (blocks_[id].ref_count == 0) ++take;
+  const int skipped = BlocksBeforeWindow(matched * block_size_);
+  for (int b = skipped; b < matched; ++b) {
+    if (blocks_[match.blocks[b]].ref_count == 0) ++take;
   }
   return take;
 }
@@ -86,11 +108,16 @@ bool KvCacheManager::Allocate(int64_t seq_id, int num_tokens, const TokenSpan& t
   SeqBlocks& seq = seqs_[seq_id];
   if (is_new) {
     seq.salt = salt;
-    for (int32_t id : match.blocks) {
-      AddRef(id);
-      seq.blocks.push_back(id);
+    const int matched = static_cast<int>(match.blocks.size());
+    // The first token computed is at position matched * block_size; no query reads what lies
+    // wholly before its window.
+    seq.num_released = std::min(matched, BlocksBeforeWindow(matched * block_size_));
+    seq.blocks.assign(seq.num_released, kReleasedBlock);
+    for (int b = seq.num_released; b < matched; ++b) {
+      AddRef(match.blocks[b]);
+      seq.blocks.push_back(match.blocks[b]);
     }
-    seq.num_hashed_blocks = static_cast<int>(match.blocks.size());
+    seq.num_hashed_blocks = matched;
     seq.last_hash = match.last_hash;
     prefix_queries_ += tokens.size();
     prefix_hits_ += static_cast<int64_t>(match.blocks.size()) * block_size_;
@@ -106,13 +133,24 @@ bool KvCacheManager::Allocate(int64_t seq_id, int num_tokens, const TokenSpan& t
 
 void KvCacheManager::MarkComputed(int64_t seq_id, int num_computed_tokens,
                                   const TokenSpan& tokens) {
-  if (!enable_prefix_caching_) return;
   auto it = seqs_.find(seq_id);
   if (it == seqs_.end()) return;
   SeqBlocks& seq = it->second;
+  // Register first: the window releases only computed full blocks, and they keep their hash.
+  if (enable_prefix_caching_) {
+    RegisterComputed(seq, num_computed_tokens, tokens);
+  }
+  ReleaseBeforeWindow(seq, num_computed_tokens);
+}
+
+void KvCacheManager::RegisterComputed(SeqBlocks& seq, int num_computed_tokens,
+                                      const TokenSpan& tokens) {
   const int full = std::min(num_computed_tokens / block_size_, static_cast<int>(seq.blocks.size()));
   std::vector<int32_t> block_tokens(block_size_);
+  // Every block past num_hashed_blocks is held: the window releases only blocks below
+  // position num_computed_tokens - window + 1, which earlier calls have hashed.
   for (int b = seq.num_hashed_blocks; b < full; ++b) {
+    CARPOOL_CHECK(b >= seq.num_released);
     for (int i = 0; i < block_size_; ++i) block_tokens[i] = tokens[b * block_size_ + i];
     const uint64_t hash = BlockHash(seq.last_hash, block_tokens, seq.salt);
     Block& block = blocks_[seq.blocks[b]];
@@ -129,18 +167,30 @@ void KvCacheManager::MarkComputed(int64_t seq_id, int num_computed_tokens,
 bool KvCacheManager::Free(int64_t seq_id) {
   auto it = seqs_.find(seq_id);
   if (it == seqs_.end()) return false;
-  const std::vector<int32_t>& table = it->second.blocks;
-  for (auto b = table.rbegin(); b != table.rend(); ++b) {
-    Block& block = blocks_[*b];
-    if (--block.ref_count > 0) continue;
-    if (block.hashed) {
-      LruPushBack(*b);
-    } else {
-      free_list_.push_back(*b);
-    }
+  const SeqBlocks& seq = it->second;
+  for (int b = static_cast<int>(seq.blocks.size()) - 1; b >= seq.num_released; --b) {
+    Release(seq.blocks[b]);
   }
   seqs_.erase(it);
   return true;
+}
+
+void KvCacheManager::Release(int32_t block_id) {
+  Block& block = blocks_[block_id];
+  if (--block.ref_count > 0) return;
+  if (block.hashed) {
+    LruPushBack(block_id);
+  } else {
+    free_list_.push_back(block_id);
+  }
+}
+
+void KvCacheManager::ReleaseBeforeWindow(SeqBlocks& seq, int position) {
+  const int end = std::min(BlocksBeforeWindow(position), static_cast<int>(seq.blocks.size()));
+  for (; seq.num_released < end; ++seq.num_released) {
+    Release(seq.blocks[seq.num_released]);
+    seq.blocks[seq.num_released] = kReleasedBlock;
+  }
 }
 
 absl::Span<const int32_t> KvCacheManager::BlockTable(int64_t seq_id) const {

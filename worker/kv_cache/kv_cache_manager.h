@@ -13,6 +13,19 @@
 // so equal hashes mean equal token prefixes under the same salt (tenant). A new sequence whose
 // leading full blocks are registered reuses them (ref_count++) instead of computing them again.
 //
+// Sliding window: when every layer of the model attends only to the last `sliding_window`
+// positions (token i to keys j with i - sliding_window < j <= i), a running sequence's blocks
+// that lie wholly before the window of its next query are released (ref_count--, as Free does)
+// while it runs, so its footprint stays bounded by the window, not its length. Block tables keep
+// their indexing (position p is entry p / block_size): a released entry holds kReleasedBlock,
+// and such entries are always a leading run of the table. The kernels never read them: every
+// key they read for a query at position q lies in [q - sliding_window + 1, q].
+//   A released block is like one of a finished sequence: if registered it stays in the prefix
+// cache as an evictable block with its contents, so a later sequence can still adopt the whole
+// chain from block 0 until the block is handed out again (which drops its hash and so ends every
+// chain through it). A prefix hit always needs every block of the prefix (the chain is walked
+// from block 0); the adopting sequence then keeps only the blocks its own window reaches.
+//
 // Events: the manager records each change to the set of registered hashes, for the router's
 // prefix index (KvEventsInfo): `stored` when a block is registered under a hash (MarkComputed),
 // `removed` when a registered hash leaves the cache (its block handed out again by Allocate:
@@ -51,6 +64,11 @@ struct KvCacheOptions {
   int block_size = 16;
   // Share computed full blocks between sequences with equal prefixes. Default: true.
   bool enable_prefix_caching = true;
+  // > 0: every layer of the model attends only to the last sliding_window positions, and blocks
+  // wholly before a sequence's window are released while it runs (see above). 0: no window,
+  // every block is kept. Leave 0 when only some layers slide (Gemma 3): all layers share one
+  // block table, and the global ones read every block. Default: 0.
+  int sliding_window = 0;
 
   absl::Status Validate() const;
 };
@@ -86,6 +104,9 @@ struct KvCacheEvents {
 
 class KvCacheManager {
  public:
+  // A block table entry whose block the sliding window released.
+  static constexpr int32_t kReleasedBlock = -1;
+
   static absl::StatusOr<std::unique_ptr<KvCacheManager>> Create(const KvCacheOptions& options);
 
   KvCacheManager(const KvCacheManager&) = delete;
@@ -101,28 +122,41 @@ class KvCacheManager {
   // LookupPrefix(tokens, salt) tokens, counted in the prefix-cache statistics. For a seq_id
   // already held, `tokens` and `salt` are ignored. New blocks come from the free list first,
   // then from the least recently used evictable block. Returns false and changes nothing when
-  // the pool cannot supply enough blocks.
+  // the pool cannot supply enough blocks. With a sliding window, the cached blocks wholly
+  // before the window of the first token to compute (position LookupPrefix(tokens, salt)) are
+  // not adopted: their entries hold kReleasedBlock.
   bool Allocate(int64_t seq_id, int num_tokens, const TokenSpan& tokens, uint64_t salt);
 
   // Tells the manager that seq_id's tokens [0, num_computed_tokens) are in the cache; registers
   // the hashes of its blocks that are now full and computed, so other sequences can share them.
   // `tokens` holds at least num_computed_tokens tokens. A block whose hash is already
-  // registered by another block stays private. No-op when prefix caching is off.
+  // registered by another block stays private; nothing is registered when prefix caching is
+  // off. With a sliding window, then releases the blocks wholly before the window of position
+  // num_computed_tokens: the caller computes only later positions of seq_id from now on (a
+  // released block does not come back; a sequence that must recompute is freed and allocated
+  // again).
   // REQUIRES: seq_id is held and its block table covers num_computed_tokens.
   void MarkComputed(int64_t seq_id, int num_computed_tokens, const TokenSpan& tokens);
 
-  // Releases seq_id's blocks: each ref_count--, and a block reaching 0 becomes evictable if
+  // Releases seq_id's blocks (those the window has not released already): each ref_count--, and a block reaching 0 becomes evictable if
   // hashed (the sequence's last block first, so its first block is evicted last) or free
   // otherwise. False if seq_id is not held.
   bool Free(int64_t seq_id);
 
-  // seq_id's blocks, in token order; empty when not held. Valid until the next Allocate or Free.
+  // seq_id's blocks, in token order, kReleasedBlock for those the sliding window released; empty
+  // when not held. Valid until the next Allocate, MarkComputed or Free.
   absl::Span<const int32_t> BlockTable(int64_t seq_id) const;
   bool Holds(int64_t seq_id) const { return seqs_.contains(seq_id); }
 
   int num_blocks() const { return num_blocks_; }
   int block_size() const { return block_size_; }
   bool prefix_caching_enabled() const { return enable_prefix_caching_; }
+  int sliding_window() const { return sliding_window_; }
+  // The most blocks a sequence of num_tokens tokens holds at once when each step computes at
+  // most max_chunk_tokens of them (>= 1) from its earliest uncomputed position: every block of it
+  // without a sliding window; with one, at most those covering a chunk and the window before the
+  // chunk's first token (ceil(window / block_size) + 1 for decode steps).
+  int PeakBlocks(int num_tokens, int max_chunk_tokens) const;
   // Blocks Allocate can hand out: free plus evictable.
   int num_free_blocks() const { return static_cast<int>(free_list_.size()) + num_evictable_; }
   int num_evictable_blocks() const { return num_evictable_; }
@@ -146,7 +180,7 @@ class KvCacheManager {
   int64_t prefix_cache_hits() const { return prefix_hits_; }
 
  private:
-  static constexpr int32_t kNone = -1;
+  static constexpr int32_t kNone = -1;  // LRU link to no block
 
   struct Block {
     int ref_count = 0;
@@ -159,6 +193,7 @@ class KvCacheManager {
   struct SeqBlocks {
     std::vector<int32_t> blocks;
     uint64_t salt = 0;
+    int num_released = 0;                 // leading entries the window released (kReleasedBlock)
     int num_hashed_blocks = 0;            // leading blocks whose hash is known (chain position)
     uint64_t last_hash = kRootBlockHash;  // hash of block num_hashed_blocks - 1
   };
@@ -175,11 +210,19 @@ class KvCacheManager {
   explicit KvCacheManager(const KvCacheOptions& options);
 
   PrefixMatch MatchPrefix(const TokenSpan& tokens, uint64_t salt) const;
+  // Leading blocks no query at `position` or later reads: 0 without a sliding window.
+  int BlocksBeforeWindow(int position) const;
   // Blocks Allocate would take out of num_free_blocks(): new blocks, plus matched prefix blocks
-  // that would leave the evictable LRU.
+  // it adopts that would leave the evictable LRU.
   int BlocksToTake(int64_t seq_id, int num_tokens, const PrefixMatch& match) const;
   int32_t TakeBlock();
   void AddRef(int32_t block_id);
+  // ref_count--; at 0 the block becomes evictable if hashed, else free.
+  void Release(int32_t block_id);
+  // MarkComputed's prefix-cache part: hashes and registers seq's newly full computed blocks.
+  void RegisterComputed(SeqBlocks& seq, int num_computed_tokens, const TokenSpan& tokens);
+  // Releases seq's blocks wholly before the window of `position`.
+  void ReleaseBeforeWindow(SeqBlocks& seq, int position);
   void LruPushBack(int32_t block_id);
   void LruRemove(int32_t block_id);
   // Records that `hash` was registered (stored) or dropped. A hash alternates between the two,
@@ -189,6 +232,7 @@ class KvCacheManager {
   const int num_blocks_;
   const int block_size_;
   const bool enable_prefix_caching_;
+  const int sliding_window_;
 
   std::vector<Block> blocks_;
   std::vector<int32_t> free_list_;  // stack; the back is handed out first

@@ -29,11 +29,12 @@ std::vector<int32_t> Tokens(int n, int32_t first = 100) {
 
 class KvCacheManagerTest : public ::testing::Test {
  protected:
-  void Init(int num_blocks, bool prefix_caching = true) {
+  void Init(int num_blocks, bool prefix_caching = true, int sliding_window = 0) {
     KvCacheOptions options;
     options.num_blocks = num_blocks;
     options.block_size = kBlockSize;
     options.enable_prefix_caching = prefix_caching;
+    options.sliding_window = sliding_window;
     auto kv = KvCacheManager::Create(options);
     ASSERT_TRUE(kv.ok()) << kv.status();
     kv_ = *std::move(kv);
@@ -84,6 +85,9 @@ TEST(KvCacheOptionsTest, Validate) {
   options.block_size = 0;
   EXPECT_EQ(options.Validate().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(KvCacheManager::Create(options).ok());
+  options.block_size = 16;
+  options.sliding_window = -1;
+  EXPECT_EQ(options.Validate().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(KvCacheManagerTest, AllocateGrowAndFreeAccounting) {
@@ -449,6 +453,159 @@ TEST_F(KvCacheManagerTest, NoEventsWithoutPrefixCaching) {
   ASSERT_TRUE(kv_->Allocate(2, 12, TokenSpan(Tokens(12, 900)), 0));
   EXPECT_TRUE(kv_->TakeEvents().empty());
   EXPECT_THAT(kv_->CachedHashes(), IsEmpty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sliding window: token q attends keys k with q - window < k <= q.
+
+// Whether any query at position `from` or later reads a key of block b: the definition, walked
+// position by position (queries past from + window + block_size read later blocks only).
+bool ReadLater(int b, int from, int window) {
+  for (int q = from; q <= from + window + kBlockSize; ++q) {
+    for (int k = b * kBlockSize; k < (b + 1) * kBlockSize; ++k) {
+      if (q - window < k && k <= q) return true;
+    }
+  }
+  return false;
+}
+
+TEST_F(KvCacheManagerTest, WindowReleasesExactlyTheBlocksNoLaterQueryReads) {
+  for (int window : {1, 3, 4, 6, 8, 9}) {
+    SCOPED_TRACE(window);
+    for (bool prefix_caching : {false, true}) {
+      Init(64, prefix_caching, window);
+      const auto tokens = Tokens(60);
+      ASSERT_TRUE(kv_->Allocate(1, 1, TokenSpan(tokens), 0));
+      // Decode one token at a time: after computing [0, n), the next query is at n.
+      for (int n = 1; n < 60; ++n) {
+        kv_->MarkComputed(1, n, TokenSpan(tokens));
+        ASSERT_TRUE(kv_->Allocate(1, n + 1, TokenSpan(tokens), 0));
+        const auto table = Table(1);
+        ASSERT_EQ(static_cast<int>(table.size()), (n + 1 + kBlockSize - 1) / kBlockSize);
+        int held = 0;
+        for (int b = 0; b < static_cast<int>(table.size()); ++b) {
+          if (ReadLater(b, n, window)) {
+            EXPECT_GE(table[b], 0) << "n " << n << " block " << b;
+            ++held;
+          } else {
+            EXPECT_EQ(table[b], KvCacheManager::kReleasedBlock) << "n " << n << " block " << b;
+          }
+        }
+        EXPECT_EQ(kv_->num_used_blocks(), held) << n;
+        EXPECT_LE(held, window / kBlockSize + 2) << n;
+        EXPECT_LE(held, kv_->PeakBlocks(60, 1)) << n;
+      }
+      kv_->Free(1);
+      ExpectAllFree();
+      // Released blocks that were registered are evictable; the others went to the free list.
+      EXPECT_EQ(kv_->num_evictable_blocks(), prefix_caching ? 59 / kBlockSize : 0);
+    }
+  }
+}
+
+TEST_F(KvCacheManagerTest, WindowBlockBoundaries) {
+  Init(16, /*prefix_caching=*/true, /*window=*/8);
+  const auto tokens = Tokens(40);
+  ASSERT_TRUE(kv_->Allocate(1, 12, TokenSpan(tokens), 0));
+  const int32_t first = Table(1)[0];
+  // Next query 11 reads keys 4..11: block 0 (positions 0..3) is no longer read.
+  kv_->MarkComputed(1, 10, TokenSpan(tokens));  // next query 10 reads 3..10
+  EXPECT_GE(Table(1)[0], 0);
+  kv_->MarkComputed(1, 11, TokenSpan(tokens));
+  EXPECT_EQ(Table(1)[0], KvCacheManager::kReleasedBlock);
+  EXPECT_EQ(kv_->RefCount(first), 0);
+  EXPECT_TRUE(kv_->IsCached(first));  // evictable, contents kept
+  EXPECT_EQ(kv_->num_used_blocks(), 2);
+  // Table indices stay put: position p is still entry p / block_size.
+  ASSERT_TRUE(kv_->Allocate(1, 13, TokenSpan(tokens), 0));
+  EXPECT_EQ(Table(1).size(), 4u);
+  kv_->MarkComputed(1, 14, TokenSpan(tokens));  // next query 14 reads 7..14: block 1 is kept
+  EXPECT_GE(Table(1)[1], 0);
+  kv_->MarkComputed(1, 15, TokenSpan(tokens));  // next query 15 reads 8..15
+  EXPECT_EQ(Table(1)[1], KvCacheManager::kReleasedBlock);
+  EXPECT_EQ(kv_->num_used_blocks(), 2);
+  kv_->Free(1);
+  ExpectAllFree();
+}
+
+TEST_F(KvCacheManagerTest, WindowWithChunkedPrefill) {
+  Init(16, /*prefix_caching=*/false, /*window=*/6);
+  const auto tokens = Tokens(40);
+  // Chunk [0, 10): when it runs, every block is there.
+  ASSERT_TRUE(kv_->Allocate(1, 10, TokenSpan(tokens), 0));
+  EXPECT_THAT(Table(1), ElementsAre(0, 1, 2));
+  kv_->MarkComputed(1, 10, TokenSpan(tokens));
+  // The next chunk's first query, at 10, reads keys 5..10: block 0 goes, block 1 stays even
+  // though the chunk's later queries would not read it.
+  EXPECT_THAT(Table(1), ElementsAre(KvCacheManager::kReleasedBlock, 1, 2));
+  // Chunk [10, 22).
+  ASSERT_TRUE(kv_->Allocate(1, 22, TokenSpan(tokens), 0));
+  EXPECT_EQ(Table(1).size(), 6u);
+  EXPECT_EQ(kv_->num_used_blocks(), 5);
+  kv_->MarkComputed(1, 22, TokenSpan(tokens));  // next query 22 reads 17..22
+  const auto table = Table(1);
+  for (int b = 0; b < 4; ++b) EXPECT_EQ(table[b], KvCacheManager::kReleasedBlock) << b;
+  EXPECT_GE(table[4], 0);
+  EXPECT_GE(table[5], 0);
+  EXPECT_EQ(kv_->num_used_blocks(), 2);
+  // Released blocks are reused, here by the same sequence.
+  ASSERT_TRUE(kv_->Allocate(1, 30, TokenSpan(tokens), 0));
+  EXPECT_EQ(kv_->num_used_blocks(), 4);
+  kv_->Free(1);
+  ExpectAllFree();
+}
+
+TEST_F(KvCacheManagerTest, WindowPeakBlocks) {
+  Init(64, /*prefix_caching=*/true, /*window=*/16);
+  EXPECT_EQ(kv_->PeakBlocks(10, 1), 3);       // shorter than the window: all of it
+  EXPECT_EQ(kv_->PeakBlocks(100, 1), 16 / 4 + 1);
+  // A chunk of 8 from position s reads [s - 15, s + 8): 23 positions, at most 7 blocks.
+  EXPECT_EQ(kv_->PeakBlocks(100, 8), 7);
+  EXPECT_EQ(kv_->PeakBlocks(100, 1000), 25);  // one chunk: the whole sequence
+  Init(64);
+  EXPECT_EQ(kv_->PeakBlocks(100, 1), 25);  // no window: every block
+}
+
+TEST_F(KvCacheManagerTest, WindowSharedBlocksStayWithTheOtherHolder) {
+  Init(16, /*prefix_caching=*/true, /*window=*/4);
+  const auto prompt = Tokens(9);
+  ASSERT_TRUE(Prefill(1, prompt));  // next query 9 reads 6..9: block 0 released
+  const auto t1 = Table(1);
+  EXPECT_EQ(t1[0], KvCacheManager::kReleasedBlock);
+  // Seq 2 (same prompt) adopts blocks 0 and 1 from the cache; its first computed token is at 8,
+  // whose window (5..8) does not reach block 0, so only block 1 is adopted.
+  ASSERT_TRUE(kv_->Allocate(2, 9, TokenSpan(prompt), 0));
+  EXPECT_EQ(kv_->prefix_cache_hits(), 8);
+  const auto t2 = Table(2);
+  ASSERT_EQ(t2.size(), 3u);
+  EXPECT_EQ(t2[0], KvCacheManager::kReleasedBlock);
+  EXPECT_EQ(t2[1], t1[1]);
+  EXPECT_EQ(kv_->RefCount(t1[1]), 2);
+  // Seq 1 moves on: its release of block 1 leaves seq 2's reference.
+  ASSERT_TRUE(kv_->Allocate(1, 13, TokenSpan(Tokens(13)), 0));
+  kv_->MarkComputed(1, 12, TokenSpan(Tokens(13)));  // next query 12 reads 9..12
+  EXPECT_EQ(Table(1)[1], KvCacheManager::kReleasedBlock);
+  EXPECT_EQ(kv_->RefCount(t2[1]), 1);
+  kv_->Free(1);
+  kv_->Free(2);
+  ExpectAllFree();
+}
+
+TEST_F(KvCacheManagerTest, WindowReleasedBlocksServePrefixHitsUntilEvicted) {
+  Init(6, /*prefix_caching=*/true, /*window=*/4);
+  const auto prompt = Tokens(14);  // blocks 0..2 full, 3 partial
+  ASSERT_TRUE(Prefill(1, prompt));  // next query 14 reads 11..14: blocks 0, 1 released
+  EXPECT_EQ(kv_->num_used_blocks(), 2);
+  EXPECT_EQ(kv_->num_evictable_blocks(), 2);
+  // The whole chain is still in the cache (blocks 0, 1 evictable, block 2 in use).
+  EXPECT_EQ(kv_->LookupPrefix(TokenSpan(prompt), 0), 12);
+  // Another sequence takes the two free blocks, then one more: the LRU's oldest, block 0,
+  // goes, and with it every chain through it.
+  ASSERT_TRUE(kv_->Allocate(2, 12, TokenSpan(Tokens(12, 900)), 0));
+  EXPECT_EQ(kv_->LookupPrefix(TokenSpan(prompt), 0), 0);
+  kv_->Free(1);
+  kv_->Free(2);
+  ExpectAllFree();
 }
 
 }  // namespace

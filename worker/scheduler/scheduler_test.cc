@@ -352,6 +352,110 @@ TEST(ContinuousSchedulerTest, RecomputeCatchesUpBeforeSampling) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Sliding window (every layer slides): blocks behind a running sequence's window go back to the
+// pool. The fake runner reads only each query's window, and its tokens depend on the whole
+// context, so they must equal a run that keeps every block.
+
+constexpr int kWindow = 16;  // 4 blocks of 4
+
+Config WindowConfig(int num_blocks) {
+  Config c;
+  c.kv.sliding_window = kWindow;
+  c.kv.num_blocks = num_blocks;
+  return c;
+}
+
+// The same requests with every block kept: the reference outputs.
+Harness RunWithoutWindow(const std::vector<std::unique_ptr<Sequence>>& seqs) {
+  Harness reference(Config{});
+  for (const auto& seq : seqs) reference.Add(std::make_unique<Sequence>(*seq));
+  EXPECT_TRUE(reference.RunToCompletion());
+  return reference;
+}
+
+TEST(SlidingWindowSchedulerTest, GenerationFourWindowsLongHoldsAtMostTheWindow) {
+  std::vector<std::unique_ptr<Sequence>> seqs;
+  seqs.push_back(SeqBuilder(1).Prompt(5).MaxTokens(4 * kWindow).IgnoreEos().Build());
+  Harness reference = RunWithoutWindow(seqs);
+  // Kept whole, the sequence's 68 computed tokens (the last sampled one is never computed) take
+  // 17 blocks; the window's bound is 16 / 4 + 2 = 6, and the pool has just that.
+  constexpr int kBound = kWindow / 4 + 2;
+  EXPECT_EQ(reference.peak_used_blocks(), (5 + 4 * kWindow - 1 + 3) / 4);
+  Harness h(WindowConfig(kBound));
+  h.Add(std::make_unique<Sequence>(*seqs[0]));
+  while (h.scheduler().has_unfinished()) {
+    h.Step();
+    ASSERT_LE(h.kv().num_used_blocks(), kBound) << "step " << h.steps();
+    ASSERT_LT(h.steps(), 1000);
+  }
+  EXPECT_LE(h.peak_used_blocks(), kBound);
+  EXPECT_GE(h.peak_used_blocks(), kWindow / 4);
+  EXPECT_EQ(h.scheduler().num_preemptions(), 0);
+  EXPECT_EQ(h.result(1).tokens.size(), 4u * kWindow);
+  EXPECT_EQ(h.result(1).tokens, reference.result(1).tokens);
+  h.ExpectAllBlocksFree();
+}
+
+TEST(SlidingWindowSchedulerTest, ChunkedPrefillAcrossTheWindowBoundary) {
+  // A 50-token prompt in chunks of 7: each chunk reads back to its first query - 15.
+  std::vector<std::unique_ptr<Sequence>> seqs;
+  seqs.push_back(SeqBuilder(1).Prompt(50).MaxTokens(20).IgnoreEos().Build());
+  Harness reference = RunWithoutWindow(seqs);
+  Config c = WindowConfig(64);
+  c.sched.max_num_batched_tokens = 7;
+  Harness h(c);
+  h.Add(std::make_unique<Sequence>(*seqs[0]));
+  ASSERT_TRUE(h.RunToCompletion());
+  EXPECT_EQ(h.result(1).tokens, reference.result(1).tokens);
+  EXPECT_LE(h.peak_used_blocks(), h.kv().PeakBlocks(70, 7));
+  EXPECT_EQ(h.kv().PeakBlocks(70, 7), (kWindow - 1 + 7 + 3) / 4 + 1);
+  h.ExpectAllBlocksFree();
+}
+
+TEST(SlidingWindowSchedulerTest, PreemptedSlidingSequenceRecomputesFromTheStart) {
+  Config c = WindowConfig(9);
+  c.kv.enable_prefix_caching = false;
+  std::vector<std::unique_ptr<Sequence>> seqs;
+  seqs.push_back(SeqBuilder(1).Prompt(6).MaxTokens(40).WithPriority(Priority::kInteractive)
+                     .IgnoreEos().Build());
+  seqs.push_back(SeqBuilder(2).Prompt(10).MaxTokens(40).WithPriority(Priority::kBatch)
+                     .IgnoreEos().Build());
+  Harness reference = RunWithoutWindow(seqs);
+  Harness h(c);
+  for (const auto& seq : seqs) h.Add(std::make_unique<Sequence>(*seq));
+  ASSERT_TRUE(h.RunToCompletion());
+  // Two sequences of up to 6 blocks each do not fit in 9: seq 2 yields, and comes back by
+  // recompute (its released blocks are gone: it recomputes from position 0).
+  EXPECT_GT(h.scheduler().num_preemptions(), 0);
+  EXPECT_GT(h.runner().computed_tokens(2), 10 + 39);
+  for (int64_t id : {1, 2}) EXPECT_EQ(h.result(id).tokens, reference.result(id).tokens) << id;
+  h.ExpectAllBlocksFree();
+}
+
+TEST(SlidingWindowSchedulerTest, PrefixCacheServesASlidingSequence) {
+  Harness h(WindowConfig(64));
+  std::vector<std::unique_ptr<Sequence>> seqs;
+  seqs.push_back(SeqBuilder(1).Prompt(42, 5).MaxTokens(6).Build());
+  seqs.push_back(SeqBuilder(2).Prompt(42, 5).MaxTokens(6).Build());
+  Harness reference = RunWithoutWindow(seqs);
+  h.Add(std::make_unique<Sequence>(*seqs[0]));
+  ASSERT_TRUE(h.RunToCompletion());
+  // Seq 1's blocks, released by its window or by its end, are cached: the whole 40-token chain
+  // serves seq 2, which keeps only the blocks its window reaches (40 - 15 = 25: blocks 6 on).
+  h.Add(std::make_unique<Sequence>(*seqs[1]));
+  EXPECT_THAT(h.Step(), ElementsAre(Item{2, 40, 2, true}));
+  const auto table = h.kv().BlockTable(2);
+  ASSERT_EQ(table.size(), 11u);
+  for (int b = 0; b < 6; ++b) EXPECT_EQ(table[b], KvCacheManager::kReleasedBlock) << b;
+  EXPECT_GE(table[6], 0);
+  ASSERT_TRUE(h.RunToCompletion());
+  EXPECT_EQ(h.result(2).cached_prompt_tokens, 40);
+  EXPECT_EQ(h.runner().computed_tokens(2), 2 + 5);
+  for (int64_t id : {1, 2}) EXPECT_EQ(h.result(id).tokens, reference.result(id).tokens) << id;
+  h.ExpectAllBlocksFree();
+}
+
+// ---------------------------------------------------------------------------------------------
 // Static batching.
 
 Config StaticConfig(int batch) {
@@ -483,6 +587,7 @@ struct RandomCase {
   bool chunked;
   int num_blocks;
   bool prefix_caching;
+  int sliding_window = 0;
 };
 
 void PrintTo(const RandomCase& c, std::ostream* os) { *os << c.name; }
@@ -509,6 +614,7 @@ TEST_P(RandomWorkloadTest, BudgetsHoldAndOutputsMatchAnUnconstrainedRun) {
   c.sched.static_batch_timeout_micros = 500;
   c.kv.num_blocks = rc.num_blocks;
   c.kv.enable_prefix_caching = rc.prefix_caching;
+  c.kv.sliding_window = rc.sliding_window;
   FakeClock clock;
   auto h = RunWorkload(c, workload, &clock);
 
@@ -538,7 +644,15 @@ INSTANTIATE_TEST_SUITE_P(
                    true},
         RandomCase{"continuous_no_prefix_cache", SchedulerPolicy::kContinuous, true, 48, false},
         RandomCase{"static", SchedulerPolicy::kStatic, true, 512, true},
-        RandomCase{"static_tiny_pool", SchedulerPolicy::kStatic, true, 48, true}),
+        RandomCase{"static_tiny_pool", SchedulerPolicy::kStatic, true, 48, true},
+        RandomCase{"continuous_window", SchedulerPolicy::kContinuous, true, 512, true, 10},
+        RandomCase{"continuous_window_tiny_pool", SchedulerPolicy::kContinuous, true, 24, true,
+                   10},
+        RandomCase{"continuous_no_chunking_window", SchedulerPolicy::kContinuous, false, 48,
+                   true, 10},
+        RandomCase{"continuous_window_no_prefix_cache", SchedulerPolicy::kContinuous, true, 24,
+                   false, 10},
+        RandomCase{"static_window_tiny_pool", SchedulerPolicy::kStatic, true, 24, true, 10}),
     [](const ::testing::TestParamInfo<RandomCase>& info) { return std::string(info.param.name); });
 
 }  // namespace

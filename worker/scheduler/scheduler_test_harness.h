@@ -26,11 +26,15 @@ constexpr int32_t kVocab = 1000;
 // computing positions [start, start + n) writes them through the block table, and sampling reads
 // the whole context back through it, checks it, and derives the next token from the last slot.
 // So tokens depend only on the context, and a wrong block table, a wrongly shared block or a
-// missed recompute fails a check or changes the output.
+// missed recompute fails a check or changes the output. With a sliding window (the cache's), a
+// step reads, as the kernels do, only the window of each query: positions
+// [start - window + 1, end) of a chunk [start, end); entries before it may be released.
 class FakeRunner {
  public:
   explicit FakeRunner(const KvCacheManager* kv)
-      : kv_(kv), slots_(static_cast<size_t>(kv->num_blocks()) * kv->block_size(), 0) {}
+      : kv_(kv),
+        window_(kv->sliding_window()),
+        slots_(static_cast<size_t>(kv->num_blocks()) * kv->block_size(), 0) {}
 
   // Emit EOS as the token at sequence position `position` of seq_id.
   void EosAt(int64_t seq_id, int position) { eos_at_[seq_id] = position; }
@@ -47,7 +51,8 @@ class FakeRunner {
       const ScheduledSeq& s = plan.seqs[i];
       const std::vector<uint64_t> context = ContextHashes(*s.seq, s.start_position + s.num_tokens);
       Write(s, context);
-      if (s.sample) out.samples[i] = Sample(s, context);
+      CheckReads(s, context);
+      if (s.sample) out.samples[i] = Sample(s);
     }
     return out;
   }
@@ -75,6 +80,8 @@ class FakeRunner {
     ASSERT_GE(static_cast<int>(s.block_table.size()) * kv_->block_size(), end);
     for (int pos = s.start_position; pos < end; ++pos) {
       const int32_t block = s.block_table[pos / kv_->block_size()];
+      ASSERT_GE(block, 0) << "seq " << s.seq->seq_id << " writes position " << pos
+                          << " through a released entry";
       // Blocks being written are never shared or registered in the prefix cache.
       EXPECT_EQ(kv_->RefCount(block), 1) << "seq " << s.seq->seq_id << " pos " << pos;
       EXPECT_FALSE(kv_->IsCached(block)) << "seq " << s.seq->seq_id << " pos " << pos;
@@ -83,15 +90,26 @@ class FakeRunner {
     computed_[s.seq->seq_id] += s.num_tokens;
   }
 
-  SampleResult Sample(const ScheduledSeq& s, const std::vector<uint64_t>& context) {
+  // Reads back what the step's queries attend to, as the attention kernels would.
+  void CheckReads(const ScheduledSeq& s, const std::vector<uint64_t>& context) const {
     const int end = s.start_position + s.num_tokens;
-    for (int pos = 0; pos < end; ++pos) {
+    const int first_read = window_ > 0 ? std::max(0, s.start_position - window_ + 1) : 0;
+    for (int pos = first_read; pos < end; ++pos) {
+      if (s.block_table[pos / kv_->block_size()] < 0) {
+        ADD_FAILURE() << "seq " << s.seq->seq_id << ": position " << pos
+                      << " is in the window but its block was released";
+        break;
+      }
       if (slots_[Slot(s, pos)] != context[pos]) {
         ADD_FAILURE() << "seq " << s.seq->seq_id << ": KV slot of position " << pos
                       << " holds another context";
         break;
       }
     }
+  }
+
+  SampleResult Sample(const ScheduledSeq& s) {
+    const int end = s.start_position + s.num_tokens;
     SampleResult result;
     result.token = 3 + static_cast<int32_t>(slots_[Slot(s, end - 1)] % (kVocab - 3));
     auto eos = eos_at_.find(s.seq->seq_id);
@@ -101,6 +119,7 @@ class FakeRunner {
   }
 
   const KvCacheManager* kv_;
+  const int window_;
   std::vector<uint64_t> slots_;
   absl::flat_hash_map<int64_t, int> eos_at_;
   absl::flat_hash_map<int64_t, int64_t> computed_;
@@ -206,6 +225,8 @@ class Harness {
   // One engine iteration. Returns the plan's entries; preempted ids go to last_preempted().
   std::vector<Item> Step() {
     BatchPlan plan = scheduler_->Schedule();
+    // The step's peak: Update only releases and frees.
+    peak_used_blocks_ = std::max(peak_used_blocks_, kv_->num_used_blocks());
     std::vector<Item> items = Check(plan);
     last_preempted_ = plan.preempted;
     for (int64_t id : plan.preempted) decoding_.erase(id);
@@ -234,6 +255,8 @@ class Harness {
   const Result& result(int64_t id) const { return results_.at(id); }
   const std::vector<int64_t>& last_preempted() const { return last_preempted_; }
   int64_t steps() const { return step_; }
+  // Most blocks in use at once, over all steps so far.
+  int peak_used_blocks() const { return peak_used_blocks_; }
   int64_t max_latency_steps() const {
     int64_t worst = 0;
     for (const auto& [id, r] : results_) {
@@ -298,6 +321,7 @@ class Harness {
   std::set<int64_t> decoding_;  // got a token, not finished or preempted since: must decode
   std::vector<int64_t> last_preempted_;
   int64_t step_ = 0;
+  int peak_used_blocks_ = 0;
 };
 
 }  // namespace carpool::worker::scheduler_testing
