@@ -23,6 +23,8 @@ using Json = nlohmann::ordered_json;
 const char* ModelType(const std::string& architecture) {
   if (architecture == "MistralForCausalLM") return "mistral";
   if (architecture == "Qwen2ForCausalLM") return "qwen2";
+  if (architecture == "Qwen3ForCausalLM") return "qwen3";
+  if (architecture == "Gemma3ForCausalLM") return "gemma3_text";
   return "llama";
 }
 
@@ -40,6 +42,98 @@ Json RopeScalingJson(const worker::RopeScaling& scaling) {
               {"original_max_position_embeddings", scaling.original_max_position_embeddings}};
   }
   return nullptr;
+}
+
+const char* TorchDType(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return "float32";
+    case DType::kF16:
+      return "float16";
+    case DType::kBF16:
+      return "bfloat16";
+  }
+  return "float32";
+}
+
+Json OrNull(double value) { return value > 0.0 ? Json(value) : Json(nullptr); }
+
+void EosJson(const worker::ModelConfig& config, Json* json) {
+  if (config.eos_token_ids.size() == 1) {
+    (*json)["eos_token_id"] = config.eos_token_ids[0];
+  } else if (!config.eos_token_ids.empty()) {
+    (*json)["eos_token_id"] = config.eos_token_ids;
+  }
+}
+
+// gemma-3-1b-it's config.json keys.
+Json Gemma3Json(const worker::ModelConfig& c, DType dtype) {
+  Json json;
+  json["architectures"] = {c.architecture};
+  json["attention_bias"] = false;
+  json["attention_dropout"] = 0.0;
+  json["attn_logit_softcapping"] = OrNull(c.attn_logit_softcapping);
+  if (c.bos_token_id >= 0) json["bos_token_id"] = c.bos_token_id;
+  json["cache_implementation"] = "hybrid";
+  EosJson(c, &json);
+  json["final_logit_softcapping"] = OrNull(c.final_logit_softcapping);
+  json["head_dim"] = c.head_dim;
+  json["hidden_activation"] = "gelu_pytorch_tanh";
+  json["hidden_size"] = c.hidden_size;
+  json["initializer_range"] = 0.02;
+  json["intermediate_size"] = c.intermediate_size;
+  Json types = Json::array();
+  for (int i = 0; i < c.num_layers; ++i) {
+    const bool slides = c.layer_sliding.empty() || c.layer_sliding[i];
+    types.push_back(slides ? "sliding_attention" : "full_attention");
+  }
+  json["layer_types"] = types;
+  json["max_position_embeddings"] = c.max_position_embeddings;
+  json["model_type"] = "gemma3_text";
+  json["num_attention_heads"] = c.num_heads;
+  json["num_hidden_layers"] = c.num_layers;
+  json["num_key_value_heads"] = c.num_kv_heads;
+  json["pad_token_id"] = 0;
+  json["query_pre_attn_scalar"] =
+      c.query_pre_attn_scalar > 0.0 ? c.query_pre_attn_scalar : static_cast<double>(c.head_dim);
+  json["rms_norm_eps"] = c.rms_norm_eps;
+  json["rope_local_base_freq"] = c.rope_local_theta > 0.0 ? c.rope_local_theta : c.rope_theta;
+  json["rope_scaling"] = RopeScalingJson(c.rope_scaling);
+  json["rope_theta"] = c.rope_theta;
+  json["sliding_window"] = c.sliding_window;
+  json["tie_word_embeddings"] = c.tie_word_embeddings;
+  json["torch_dtype"] = TorchDType(dtype);
+  json["transformers_version"] = "4.50.0.dev0";
+  json["use_cache"] = true;
+  json["vocab_size"] = c.vocab_size;
+  return json;
+}
+
+// gemma-3-4b-it's config.json: the language model's keys in text_config, a vision tower's in
+// vision_config (never read by carpool).
+Json Gemma3MultimodalJson(const worker::ModelConfig& c, DType dtype) {
+  Json text = Gemma3Json(c, dtype);
+  for (const char* key : {"architectures", "torch_dtype", "transformers_version"}) {
+    text.erase(key);
+  }
+  Json json;
+  json["architectures"] = {"Gemma3ForConditionalGeneration"};
+  json["boi_token_index"] = 255999;
+  json["eoi_token_index"] = 256000;
+  EosJson(c, &json);
+  text.erase("eos_token_id");
+  json["image_token_index"] = 262144;
+  json["initializer_range"] = 0.02;
+  json["mm_tokens_per_image"] = 256;
+  json["model_type"] = "gemma3";
+  json["text_config"] = text;
+  json["torch_dtype"] = TorchDType(dtype);
+  json["transformers_version"] = "4.50.0.dev0";
+  json["vision_config"] = {{"hidden_size", 8},         {"image_size", 28},
+                           {"intermediate_size", 16},  {"model_type", "siglip_vision_model"},
+                           {"num_attention_heads", 2}, {"num_hidden_layers", 1},
+                           {"patch_size", 14},         {"vision_use_head", false}};
+  return json;
 }
 
 }  // namespace
@@ -62,7 +156,9 @@ worker::ModelConfig TinyTestConfig() {
   return c;
 }
 
-std::string ConfigJson(const worker::ModelConfig& config) {
+std::string ConfigJson(const worker::ModelConfig& config, DType dtype, bool gemma3_multimodal) {
+  if (gemma3_multimodal) return Gemma3MultimodalJson(config, dtype).dump(2);
+  if (config.architecture == "Gemma3ForCausalLM") return Gemma3Json(config, dtype).dump(2);
   Json json;
   json["architectures"] = {config.architecture};
   json["model_type"] = ModelType(config.architecture);
@@ -81,12 +177,23 @@ std::string ConfigJson(const worker::ModelConfig& config) {
   json["tie_word_embeddings"] = config.tie_word_embeddings;
   json["attention_bias"] = config.attention_bias;
   if (config.bos_token_id >= 0) json["bos_token_id"] = config.bos_token_id;
-  if (config.eos_token_ids.size() == 1) {
-    json["eos_token_id"] = config.eos_token_ids[0];
-  } else if (!config.eos_token_ids.empty()) {
-    json["eos_token_id"] = config.eos_token_ids;
+  EosJson(config, &json);
+  if (config.architecture == "MistralForCausalLM") {
+    json["sliding_window"] = config.sliding_window > 0 ? Json(config.sliding_window) : Json();
   }
-  json["torch_dtype"] = "float32";
+  if (config.architecture == "Qwen2ForCausalLM" || config.architecture == "Qwen3ForCausalLM") {
+    json["max_window_layers"] = config.num_layers;
+    json["sliding_window"] = nullptr;
+    json["use_sliding_window"] = false;
+  }
+  json["attention_dropout"] = 0.0;
+  json["initializer_range"] = 0.02;
+  if (config.architecture == "LlamaForCausalLM") {
+    json["mlp_bias"] = false;
+    json["pretraining_tp"] = 1;
+  }
+  json["torch_dtype"] = TorchDType(dtype);
+  json["use_cache"] = true;
   return json.dump(2);
 }
 
@@ -184,13 +291,34 @@ absl::StatusOr<CheckpointTensors> WriteCheckpoint(const std::string& dir,
   for (const worker::TensorSlot& slot : slots) {
     const worker::Tensor& tensor = *slot.tensor;
     std::vector<float> values(tensor.data(), tensor.data() + tensor.numel());
+    // The synthetic norms are the folded 1 + w; the checkpoint stores w (exact in fp32: the
+    // values lie in [0.9, 1.1]).
+    if (slot.norm && spec.config.norm_weight_plus_one) {
+      for (float& v : values) v -= 1.0f;
+    }
     values = RoundToDType(values, spec.dtype);
+    std::string name = slot.name;
+    if (spec.gemma3_multimodal) {
+      name = name == "lm_head.weight" ? "language_model.lm_head.weight"
+                                      : "language_model." + slot.name;
+    }
     raw.push_back(
-        {slot.name, worker::DTypeName(spec.dtype), slot.shape, EncodeValues(values, spec.dtype)});
+        {name, worker::DTypeName(spec.dtype), slot.shape, EncodeValues(values, spec.dtype)});
     written[slot.name] = {slot.shape, std::move(values)};
   }
+  if (spec.gemma3_multimodal) {
+    // Stand-ins for the vision tower and projector, which the loader must skip.
+    for (const char* name : {"vision_tower.vision_model.embeddings.patch_embedding.weight",
+                             "multi_modal_projector.mm_input_projection_weight"}) {
+      raw.push_back({name, worker::DTypeName(spec.dtype), {2, 4},
+                     EncodeValues(std::vector<float>(8, 0.5f), spec.dtype)});
+    }
+  }
 
-  RETURN_IF_ERROR(WriteFile((fs::path(dir) / "config.json").string(), ConfigJson(spec.config)));
+  const std::string config_json =
+      spec.config_json.empty() ? ConfigJson(spec.config, spec.dtype, spec.gemma3_multimodal)
+                               : spec.config_json;
+  RETURN_IF_ERROR(WriteFile((fs::path(dir) / "config.json").string(), config_json));
   if (spec.num_shards == 1) {
     RETURN_IF_ERROR(WriteSafetensors((fs::path(dir) / "model.safetensors").string(), raw));
     return written;

@@ -1,7 +1,8 @@
 // Writes Hugging Face-format checkpoints (config.json + safetensors) for tests, and the
 // malformed files loader tests need.
 //
-// The values are SyntheticWeights(config, seed) rounded to the checkpoint's dtype, so they have
+// The values are SyntheticWeights(config, seed) (norms of a norm_weight_plus_one config as w,
+// not 1 + w) rounded to the checkpoint's dtype, so they have
 // the synthetic presets' scale (greedy decoding does not collapse to one token), and
 // WriteCheckpoint returns exactly what it stored: a test can build an independent reference
 // model from the same numbers.
@@ -30,6 +31,13 @@ struct CheckpointSpec {
   uint64_t seed = 1;
   // Default (nullopt): write lm_head.weight exactly when the config does not tie it.
   std::optional<bool> write_lm_head;
+  // Write a Gemma3ForConditionalGeneration checkpoint of config (a Gemma 3 config): config.json
+  // with text_config and vision_config, the language model's tensors under "language_model."
+  // and two vision tensors the loader must skip. Default: a text-only checkpoint.
+  bool gemma3_multimodal = false;
+  // config.json verbatim (e.g. a published config's exact keys); it must describe `config`'s
+  // tensors. Default (empty): ConfigJson(config, dtype, gemma3_multimodal).
+  std::string config_json;
 };
 
 struct CheckpointTensor {
@@ -37,7 +45,10 @@ struct CheckpointTensor {
   std::vector<float> values;  // as stored, after rounding to the dtype
 };
 
-// Hugging Face tensor name -> what was written.
+// Hugging Face tensor name of the text-only model ("model.*", "lm_head.weight"; a multimodal
+// checkpoint stores them under "language_model.") -> what was written. Norm tensors of a
+// norm_weight_plus_one config hold w (the loader folds them into 1 + w): this is what
+// ReferenceLlama takes.
 using CheckpointTensors = std::map<std::string, CheckpointTensor>;
 
 // Creates `dir` (and parents) and writes config.json and the safetensors file(s).
@@ -48,8 +59,12 @@ absl::StatusOr<CheckpointTensors> WriteCheckpoint(const std::string& dir,
 // hidden 64, 2 layers, 4 query heads over 2 key/value heads of 16, BOS 1, EOS 2.
 worker::ModelConfig TinyTestConfig();
 
-// config.json text with the Hugging Face keys for `config`.
-std::string ConfigJson(const worker::ModelConfig& config);
+// config.json text for `config` with the keys Hugging Face publishes for its family (those of
+// Llama-3.2-1B, Mistral-7B-v0.1, Qwen3-0.6B / Qwen2, gemma-3-1b-it, or gemma-3-4b-it's
+// Gemma3ForConditionalGeneration with `gemma3_multimodal`); torch_dtype is `dtype`'s. For Gemma 3
+// the parsed embedding_multiplier is sqrt(hidden_size) rounded to `dtype`.
+std::string ConfigJson(const worker::ModelConfig& config,
+                       worker::DType dtype = worker::DType::kF32, bool gemma3_multimodal = false);
 
 // One tensor of a safetensors file, as raw little-endian bytes.
 struct RawTensor {

@@ -8,7 +8,8 @@
 //   the residual stream. With a tied head that would make the last input token score ~sqrt(H)
 //   standard deviations above the rest and greedy decoding would only repeat it, so a tied
 //   embedding gets std 1/sqrt(hidden) like the other matrices;
-// - RMSNorm weights are 1 + uniform(-0.1, 0.1); biases are uniform(-0.1, 0.1).
+// - RMSNorm weights are 1 + uniform(-0.1, 0.1); biases are uniform(-0.1, 0.1). For Gemma
+//   (norm_weight_plus_one) these are the folded values: its checkpoints store w = value - 1.
 #include <cmath>
 #include <map>
 #include <memory>
@@ -47,13 +48,19 @@ struct Distribution {
 };
 
 Distribution DistributionFor(const TensorSlot& slot, const ModelConfig& config) {
-  if (absl::EndsWith(slot.name, "norm.weight")) return {1.0f, 0.1f};
+  if (slot.norm) return {1.0f, 0.1f};
   if (absl::EndsWith(slot.name, ".bias")) return {0.0f, 0.1f};
   if (slot.name == "model.embed_tokens.weight" && !config.tie_word_embeddings) {
     return {0.0f, std::sqrt(3.0f)};  // std 1
   }
   // [out, in] matrices and a tied [vocab, hidden] embedding: std = 1/sqrt(in).
   const float in_features = static_cast<float>(slot.shape.back());
+  if (slot.name == "model.embed_tokens.weight" && config.embedding_multiplier != 1.0f) {
+    // Gemma: rows scaled by ~sqrt(hidden) in the model; half the tied std keeps the token's own
+    // row from winning every greedy step (with the full std gemma3-tiny decodes 4 distinct
+    // tokens in 3 prompts x 12 steps, with half 9; an untied head would give 32).
+    return {0.0f, /*K*/0.25f * std::sqrt(3.0f / in_features)};
+  }
   return {0.0f, std::sqrt(3.0f / in_features)};
 }
 
@@ -99,6 +106,73 @@ ModelConfig Preset(int vocab, int hidden, int intermediate, int layers, int head
   return config;
 }
 
+// Qwen 3: q/k head norms. The tiny one's head_dim (32) differs from hidden / heads (16).
+ModelConfig Qwen3(ModelConfig config, int head_dim) {
+  config.architecture = "Qwen3ForCausalLM";
+  config.head_dim = head_dim;
+  config.qk_norm = true;
+  config.rms_norm_eps = 1e-6;
+  config.rope_theta = 1'000'000.0;
+  return config;
+}
+
+// Gemma 3: every feature of the family, with local layers every `pattern`-th layer excepted.
+ModelConfig Gemma3(ModelConfig config, int head_dim, int window, int pattern) {
+  config.architecture = "Gemma3ForCausalLM";
+  config.head_dim = head_dim;
+  config.qk_norm = true;
+  config.norm_weight_plus_one = true;
+  config.sandwich_norms = true;
+  config.hidden_activation = Activation::kGeluTanh;
+  config.tie_word_embeddings = true;
+  config.rms_norm_eps = 1e-6;
+  // Synthetic weights are fp32, so sqrt(hidden) rounds to float.
+  config.embedding_multiplier = static_cast<float>(std::sqrt(static_cast<double>(config.hidden_size)));
+  config.rope_theta = 1'000'000.0;
+  config.rope_local_theta = 10'000.0;
+  config.sliding_window = window;
+  config.layer_sliding.assign(config.num_layers, false);
+  for (int i = 0; i < config.num_layers; ++i) config.layer_sliding[i] = (i + 1) % pattern != 0;
+  return config;
+}
+
+ModelConfig Mistral(ModelConfig config, int window) {
+  config.architecture = "MistralForCausalLM";
+  config.sliding_window = window;  // every layer
+  return config;
+}
+
+// The newer families at the sizes of "tiny" and "small".
+void AddFamilyPresets(const ModelConfig& tiny, const ModelConfig& small,
+                      std::map<std::string, ModelConfig>* presets) {
+  (*presets)["qwen3-tiny"] = Qwen3(tiny, 32);
+  ModelConfig qwen3_small = Qwen3(small, small.head_dim);
+  (*presets)["qwen3-small"] = qwen3_small;
+
+  // 4 layers, local-global-local-global, a window of 8; query_pre_attn_scalar (24) differs from
+  // head_dim (32); linear RoPE scaling that only the global layers get; both softcaps set low
+  // enough (logits and scores of std ~1) to bend the top values.
+  ModelConfig gemma3_tiny = tiny;
+  gemma3_tiny.num_layers = 4;
+  gemma3_tiny = Gemma3(gemma3_tiny, 32, 8, 2);
+  gemma3_tiny.rope_scaling = {RopeScaling::Type::kLinear, 4.0};
+  gemma3_tiny.query_pre_attn_scalar = 24.0;
+  gemma3_tiny.attn_logit_softcapping = 5.0;
+  gemma3_tiny.final_logit_softcapping = 3.0;
+  (*presets)["gemma3-tiny"] = gemma3_tiny;
+  // gemma-3's 5:1 local:global pattern with no softcapping, as published.
+  ModelConfig gemma3_small = Gemma3(small, small.head_dim, 512, 6);
+  gemma3_small.query_pre_attn_scalar = small.head_dim;
+  gemma3_small.max_position_embeddings = 8192;
+  (*presets)["gemma3-small"] = gemma3_small;
+
+  (*presets)["mistral-tiny"] = Mistral(tiny, 16);
+  ModelConfig mistral_small = Mistral(small, 512);
+  mistral_small.tie_word_embeddings = false;
+  mistral_small.max_position_embeddings = 8192;
+  (*presets)["mistral-small"] = mistral_small;
+}
+
 std::map<std::string, ModelConfig> Presets() {
   std::map<std::string, ModelConfig> presets;
 
@@ -114,6 +188,8 @@ std::map<std::string, ModelConfig> Presets() {
   small.bos_token_id = 256;
   small.eos_token_ids = {257};
   presets["small"] = small;
+
+  AddFamilyPresets(tiny, small, &presets);
 
   ModelConfig llama_1b = Preset(128256, 2048, 8192, 16, 32, 8);  // Llama-3.2-1B
   llama_1b.rope_theta = 500000.0;

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <sstream>
 #include <utility>
@@ -98,6 +99,15 @@ class Checkpoint {
   }
 
   bool Has(const std::string& name) const { return located_.contains(name); }
+  // How many tensors' names start with `prefix`.
+  int CountWithPrefix(const std::string& prefix) const {
+    int count = 0;
+    for (auto it = located_.lower_bound(prefix);
+         it != located_.end() && absl::StartsWith(it->first, prefix); ++it) {
+      ++count;
+    }
+    return count;
+  }
   const std::string& description() const { return description_; }
 
   absl::StatusOr<Tensor> Read(const TensorSlot& slot, ThreadPool* pool) const {
@@ -135,6 +145,45 @@ class Checkpoint {
   std::map<std::string, Located> located_;
 };
 
+// Where a checkpoint keeps the language model. Gemma3ForConditionalGeneration checkpoints hold
+// it under "language_model." as published (language_model.model.layers..., and
+// language_model.lm_head when untied), or under "model.language_model." as newer transformers
+// versions save them (lm_head stays lm_head); their vision tower and projector are not read.
+struct LanguageModelNames {
+  std::string model = "model.";
+  std::string lm_head = "lm_head.weight";
+  bool multimodal = false;
+
+  static LanguageModelNames Of(const Checkpoint& checkpoint) {
+    LanguageModelNames names;
+    if (checkpoint.Has("language_model.model.embed_tokens.weight")) {
+      names = {"language_model.model.", "language_model.lm_head.weight", true};
+    } else if (checkpoint.Has("model.language_model.embed_tokens.weight")) {
+      names = {"model.language_model.", "lm_head.weight", true};
+    }
+    return names;
+  }
+
+  // The checkpoint's name for TensorSlots' `name` ("model.*" or "lm_head.weight").
+  std::string Of(const std::string& name) const {
+    if (name == "lm_head.weight") return lm_head;
+    return model + name.substr(std::string("model.").size());
+  }
+};
+
+// Replaces each norm tensor w by 1 + w, added in fp32 (transformers' Gemma RMSNorm computes
+// (1.0 + weight.float())). Norms are replicated under tensor parallelism, so every rank folds
+// its own whole copy.
+void FoldNormWeights(const std::vector<TensorSlot>& slots) {
+  for (const TensorSlot& slot : slots) {
+    if (!slot.norm) continue;
+    const Tensor& w = *slot.tensor;
+    std::vector<float> folded(w.data(), w.data() + w.numel());
+    for (float& v : folded) v = 1.0f + v;
+    *slot.tensor = Tensor::Owned(std::move(folded), w.shape());
+  }
+}
+
 absl::StatusOr<std::unique_ptr<LlamaWeights>> LoadFolder(const std::string& folder,
                                                          const TensorParallelRank& tp,
                                                          ThreadPool* pool) {
@@ -153,8 +202,25 @@ absl::StatusOr<std::unique_ptr<LlamaWeights>> LoadFolder(const std::string& fold
 
   auto weights = std::make_unique<LlamaWeights>();
   weights->config = *std::move(config);
+  const LanguageModelNames names = LanguageModelNames::Of(checkpoint);
+  if (names.multimodal) {
+    std::cerr << "carpool: " << folder << ": a multimodal checkpoint; serving its language model ("
+              << names.model << "*), "
+              << checkpoint.CountWithPrefix("vision_tower.") +
+                     checkpoint.CountWithPrefix("multi_modal_projector.") +
+                     checkpoint.CountWithPrefix("model.vision_tower.") +
+                     checkpoint.CountWithPrefix("model.multi_modal_projector.")
+              << " vision tower and projector tensors are not loaded\n";
+  }
   // Some checkpoints carry q/k/v biases that config.json does not announce.
-  if (checkpoint.Has("model.layers.0.self_attn.q_proj.bias")) {
+  if (checkpoint.Has(names.Of("model.layers.0.self_attn.q_proj.bias"))) {
+    if (weights->config.qk_norm) {
+      // Qwen 3 and Gemma 3 would bias o_proj as well, which carpool does not implement.
+      return absl::UnimplementedError(
+          absl::StrCat(folder, ": ", names.Of("model.layers.0.self_attn.q_proj.bias"),
+                       ": biased attention is not implemented for ",
+                       weights->config.architecture));
+    }
     weights->config.attention_bias = true;
   }
   weights->tp = tp;
@@ -164,14 +230,17 @@ absl::StatusOr<std::unique_ptr<LlamaWeights>> LoadFolder(const std::string& fold
                         absl::StrCat(folder, ": ", shard.status().message()));
   }
   weights->shard = *shard;
-  for (const TensorSlot& slot : TensorSlots(weights.get())) {
-    if (slot.name == "lm_head.weight" && !checkpoint.Has(slot.name)) {
+  const std::vector<TensorSlot> slots = TensorSlots(weights.get());
+  for (TensorSlot slot : slots) {
+    slot.name = names.Of(slot.name);
+    if (slot.name == names.lm_head && !checkpoint.Has(slot.name)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("missing tensor lm_head.weight (not in ", checkpoint.description(),
+          absl::StrCat("missing tensor ", slot.name, " (not in ", checkpoint.description(),
                        ") and config.json does not set tie_word_embeddings"));
     }
     ASSIGN_OR_RETURN(*slot.tensor, checkpoint.Read(slot, pool));
   }
+  if (weights->config.norm_weight_plus_one) FoldNormWeights(slots);
   if (weights->config.tie_word_embeddings) weights->lm_head = weights->embed_tokens;
   weights->files = checkpoint.Files();
   return weights;
@@ -219,8 +288,9 @@ int64_t LlamaWeights::ParameterBytes() const {
   for (const LayerWeights& layer : layers) {
     for (const Tensor* t :
          {&layer.input_norm, &layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.q_bias,
-          &layer.k_bias, &layer.v_bias, &layer.o_proj, &layer.post_attention_norm, &layer.gate_proj,
-          &layer.up_proj, &layer.down_proj}) {
+          &layer.k_bias, &layer.v_bias, &layer.o_proj, &layer.post_attention_norm, &layer.q_norm,
+          &layer.k_norm, &layer.pre_feedforward_norm, &layer.post_feedforward_norm,
+          &layer.gate_proj, &layer.up_proj, &layer.down_proj}) {
       count += t->numel();
     }
   }
@@ -237,6 +307,12 @@ std::vector<TensorSlot> TensorSlots(LlamaWeights* weights) {
   const int64_t kv_dim = static_cast<int64_t>(c.num_kv_heads) * d;
   const int64_t inter = c.intermediate_size;
   // Slices along dimension `dim` (a no-op for the whole model).
+  // Norm weights are replicated on every rank.
+  auto norm = [](std::string name, int64_t size, Tensor* tensor) {
+    TensorSlot slot{std::move(name), {size}, tensor};
+    slot.norm = true;
+    return slot;
+  };
   auto part = [&](TensorSlot slot, int dim, int64_t begin, int64_t count) {
     if (split) {
       slot.split_dim = dim;
@@ -255,7 +331,7 @@ std::vector<TensorSlot> TensorSlots(LlamaWeights* weights) {
     LayerWeights& layer = weights->layers[i];
     const std::string prefix = absl::StrCat("model.layers.", i, ".");
     const std::string attn = prefix + "self_attn.";
-    slots.push_back({prefix + "input_layernorm.weight", {hidden}, &layer.input_norm});
+    slots.push_back(norm(prefix + "input_layernorm.weight", hidden, &layer.input_norm));
     slots.push_back(part({attn + "q_proj.weight", {q_dim, hidden}, &layer.q_proj}, 0, q_begin,
                          q_count));
     slots.push_back(part({attn + "k_proj.weight", {kv_dim, hidden}, &layer.k_proj}, 0, kv_begin,
@@ -271,8 +347,18 @@ std::vector<TensorSlot> TensorSlots(LlamaWeights* weights) {
     }
     slots.push_back(part({attn + "o_proj.weight", {hidden, q_dim}, &layer.o_proj}, 1, q_begin,
                          q_count));
+    if (c.qk_norm) {
+      slots.push_back(norm(attn + "q_norm.weight", d, &layer.q_norm));
+      slots.push_back(norm(attn + "k_norm.weight", d, &layer.k_norm));
+    }
     slots.push_back(
-        {prefix + "post_attention_layernorm.weight", {hidden}, &layer.post_attention_norm});
+        norm(prefix + "post_attention_layernorm.weight", hidden, &layer.post_attention_norm));
+    if (c.sandwich_norms) {
+      slots.push_back(
+          norm(prefix + "pre_feedforward_layernorm.weight", hidden, &layer.pre_feedforward_norm));
+      slots.push_back(norm(prefix + "post_feedforward_layernorm.weight", hidden,
+                           &layer.post_feedforward_norm));
+    }
     slots.push_back(part({prefix + "mlp.gate_proj.weight", {inter, hidden}, &layer.gate_proj}, 0,
                          shard.intermediate_begin, shard.intermediate));
     slots.push_back(part({prefix + "mlp.up_proj.weight", {inter, hidden}, &layer.up_proj}, 0,
@@ -280,7 +366,7 @@ std::vector<TensorSlot> TensorSlots(LlamaWeights* weights) {
     slots.push_back(part({prefix + "mlp.down_proj.weight", {hidden, inter}, &layer.down_proj}, 1,
                          shard.intermediate_begin, shard.intermediate));
   }
-  slots.push_back({"model.norm.weight", {hidden}, &weights->final_norm});
+  slots.push_back(norm("model.norm.weight", hidden, &weights->final_norm));
   if (!c.tie_word_embeddings) {
     slots.push_back(part({"lm_head.weight", {c.vocab_size, hidden}, &weights->lm_head}, 0,
                          shard.vocab_begin, shard.vocab));

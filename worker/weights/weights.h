@@ -87,14 +87,20 @@ struct TensorSlot {
   int split_dim = -1;
   int64_t split_begin = 0;
   int64_t split_end = 0;
+  // An RMSNorm weight (replicated under tensor parallelism). With config.norm_weight_plus_one
+  // the checkpoint stores w and the loader puts 1 + w in `tensor`.
+  bool norm = false;
 
   // `shape` with the split dimension cut to the slice.
   std::vector<int64_t> LocalShape() const;
 };
 // Every tensor `weights->config` calls for, in checkpoint order: embed_tokens, per layer
 // input_layernorm, q/k/v_proj (+ their biases with attention_bias), o_proj,
-// post_attention_layernorm, gate/up/down_proj, then model.norm and, unless tied, lm_head. With
-// weights->tp.size > 1 each slot names this rank's slice of weights->shard.
+// self_attn.q_norm/k_norm (qk_norm), post_attention_layernorm, pre/post_feedforward_layernorm
+// (sandwich_norms), gate/up/down_proj, then model.norm and, unless tied, lm_head. Names are the
+// text-only checkpoint's ("model.*"); the loader finds a multimodal checkpoint's language model
+// under its own prefix. With weights->tp.size > 1 each slot names this rank's slice of
+// weights->shard.
 // Resizes weights->layers to config.num_layers; the pointers stay valid while `weights` does.
 std::vector<TensorSlot> TensorSlots(LlamaWeights* weights);
 
@@ -113,9 +119,14 @@ absl::StatusOr<std::unique_ptr<LlamaWeights>> LoadWeights(const std::string& spe
                                                           ThreadPool* pool = nullptr);
 
 // Presets: "tiny" (a few MB, vocab 258 for the byte tokenizer), "small" (~100M parameters),
-// "1b" and "8b" (Llama 3 shapes; generated lazily, meant for GPUs).
+// "1b" and "8b" (Llama 3 shapes; generated lazily, meant for GPUs); per newer family
+// "qwen3-tiny", "gemma3-tiny", "mistral-tiny" (vocab 258, sliding windows short enough for tests
+// to cross) and "qwen3-small", "gemma3-small", "mistral-small" (~100M parameters, the shapes of
+// "small"). docs/models.md lists what each exercises.
 absl::StatusOr<ModelConfig> SyntheticConfig(const std::string& preset);
-// Deterministic random weights for `config` from `seed`; same config + seed, same values. Every
+// Deterministic random weights for `config` from `seed`; same config + seed, same values. Norm
+// tensors hold 1 + uniform(-0.1, 0.1) in every family: for norm_weight_plus_one configs that is
+// already the folded 1 + w the loader makes (w = the value minus 1, exactly). Every
 // value is a pure function of (seed, tensor, index in the whole tensor), so rank r of a group
 // gets exactly its slices of the whole model. Generated on `pool` as LoadWeights.
 // REQUIRES: PlanShard(config, tp) is OK.
