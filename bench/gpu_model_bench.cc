@@ -193,7 +193,7 @@ class KernelBench {
     for (int i = 0; i < c_.head_dim / 2; ++i) {
       inv_freq[i] = static_cast<float>(std::pow(c_.rope_theta, -2.0 * i / c_.head_dim));
     }
-    d_->SetRope(inv_freq);
+    d_->SetRope(inv_freq, inv_freq);
     return d_->Synchronize();
   }
 
@@ -257,10 +257,11 @@ class KernelBench {
         d_->Linear(hidden_, l.q, DeviceArray(), t, q, h, &q_);
         d_->Linear(hidden_, l.k, DeviceArray(), t, kv, h, &k_);
         d_->Linear(hidden_, l.v, DeviceArray(), t, kv, h, &v_);
-        d_->Rope(c_.num_heads, c_.head_dim, &q_);
-        d_->Rope(c_.num_kv_heads, c_.head_dim, &k_);
+        d_->Rope(c_.num_heads, c_.head_dim, /*local=*/false, &q_);
+        d_->Rope(c_.num_kv_heads, c_.head_dim, /*local=*/false, &k_);
         d_->WriteKv(k_, v_, layout_, &key_cache_[i], &value_cache_[i]);
-        d_->Attention(q_, key_cache_[i], value_cache_[i], layout_, c_.num_heads, scale, &attn_);
+        d_->Attention(q_, key_cache_[i], value_cache_[i], layout_, c_.num_heads, {.scale = scale},
+                      &attn_);
         d_->Linear(attn_, l.o, DeviceArray(), t, h, q, &out_);
         d_->AddRmsNorm(out_, &residual_, l.post_norm, eps, t, h, &hidden_);
         d_->Linear(hidden_, l.gate, DeviceArray(), t, in, h, &gate_);

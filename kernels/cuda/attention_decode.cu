@@ -45,12 +45,19 @@ struct DecodeArgs {
   int group;  // query heads per kv head
   int head_tiles;
   float scale;
+  int sliding_window;   // 0: none
+  float logit_softcap;  // 0: none
   int num_splits;
   int split_tokens;
   float* partial_out;  // [num_seqs][num_heads][num_splits][D], when num_splits > 1
   float* partial_max;  // [num_seqs][num_heads][num_splits]
   float* partial_sum;  // [num_seqs][num_heads][num_splits]
 };
+
+// The first context position the sequence's query attends (its window's start).
+__device__ __forceinline__ int WindowBegin(int context_len, int sliding_window) {
+  return sliding_window > 0 ? max(0, context_len - sliding_window) : 0;
+}
 
 // Pool slot of a sequence's context position.
 __device__ __forceinline__ int64_t SlotOf(const int32_t* table, int position, int block_size) {
@@ -76,7 +83,9 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const int heads = min(kDecodeHeadTile, kv_head * a.group + a.group - head0);
   const int seq = blockIdx.z;
   const int context_len = a.context_lens[seq];
-  const int begin = split * a.split_tokens;
+  // Splits cover the window (the whole context without one) from its start, so no position
+  // before it, nor its block-table entry, is read.
+  const int begin = WindowBegin(context_len, a.sliding_window) + split * a.split_tokens;
   const int end = min(context_len, begin + a.split_tokens);
   const int64_t row = a.query_start != nullptr ? a.query_start[seq] : seq;
   if (begin >= end) {
@@ -143,6 +152,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
           for (int offset = S::kLanes / 2; offset > 0; offset /= 2) {
             dot += __shfl_xor_sync(kFullMask, dot, offset);
           }
+          if (a.logit_softcap > 0.0f) dot = a.logit_softcap * tanhf(dot / a.logit_softcap);
           if (lane_in_row == 0 && h < heads && t < n) scores[h * kChunk + t] = dot;
         }
       }
@@ -242,7 +252,9 @@ __global__ void __launch_bounds__(kReduceThreads) DecodeReduceKernel(DecodeArgs 
   const int head = blockIdx.x;
   const int seq = blockIdx.y;
   const int64_t row = a.query_start != nullptr ? a.query_start[seq] : seq;
-  const int used = (a.context_lens[seq] + a.split_tokens - 1) / a.split_tokens;
+  const int context_len = a.context_lens[seq];
+  const int span = context_len - WindowBegin(context_len, a.sliding_window);
+  const int used = (span + a.split_tokens - 1) / a.split_tokens;
   const int64_t base = (static_cast<int64_t>(seq) * a.num_heads + head) * a.num_splits;
   T* dst = out + (row * a.num_heads + head) * D;
   if (used <= 0) {
@@ -283,6 +295,8 @@ cudaError_t LaunchDecode(const T* q, const T* key_cache, const T* value_cache,
   a.group = batch.num_heads / batch.cache.num_kv_heads;
   a.head_tiles = plan.head_tiles;
   a.scale = batch.scale;
+  a.sliding_window = batch.sliding_window;
+  a.logit_softcap = batch.logit_softcap;
   a.num_splits = plan.num_splits;
   a.split_tokens = plan.split_tokens;
   const int64_t partials = static_cast<int64_t>(batch.num_seqs) * batch.num_heads * plan.num_splits;
@@ -311,7 +325,11 @@ DecodePlan PlanDecode(const PagedAttentionBatch& batch) {
   plan.head_tiles = (group + kDecodeHeadTile - 1) / kDecodeHeadTile;
   const int64_t base_blocks =
       static_cast<int64_t>(batch.num_seqs) * batch.cache.num_kv_heads * plan.head_tiles;
-  const int max_context = batch.max_context_len > 0 ? batch.max_context_len : 1;
+  // A query reads at most its window: the splits cover that span.
+  int max_context = batch.max_context_len > 0 ? batch.max_context_len : 1;
+  if (batch.sliding_window > 0 && batch.sliding_window < max_context) {
+    max_context = batch.sliding_window;
+  }
   const int max_chunks = (max_context + kChunk - 1) / kChunk;
   int64_t splits = (kTargetBlocks + base_blocks - 1) / (base_blocks > 0 ? base_blocks : 1);
   splits = splits < 1 ? 1 : (splits > max_chunks ? max_chunks : splits);

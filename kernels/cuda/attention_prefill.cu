@@ -31,6 +31,8 @@ struct PrefillArgs {
   int num_kv_heads;
   int group;
   float scale;
+  int sliding_window;   // 0: none
+  float logit_softcap;  // 0: none
 };
 
 template <int D>
@@ -106,10 +108,17 @@ __global__ void __launch_bounds__(kPrefillThreads)
   const int quarter = threadIdx.x % kThreadsPerRow;
   const int flat = tile_first + r;
   const bool valid = flat < rows;
-  // This row's token attends to cache positions 0 .. last.
+  // This row's token attends to cache positions first_key .. last (0 .. last without a window).
   const int last = valid ? context_len - query_len + flat / a.group : -1;
+  const int first_key = a.sliding_window > 0 ? max(0, last - a.sliding_window + 1) : 0;
   const int tile_last_flat = min(rows - 1, tile_first + kTileM - 1);
   const int kv_end = min(context_len, context_len - query_len + tile_last_flat / a.group + 1);
+  // The tile's first row has the earliest window: no key before it is loaded, so the block
+  // table's entries before it (perhaps freed blocks) are never read.
+  const int kv_begin =
+      a.sliding_window > 0
+          ? max(0, context_len - query_len + tile_first / a.group - a.sliding_window + 1)
+          : 0;
 
   const int32_t* table = a.block_tables + static_cast<int64_t>(seq) * a.block_table_stride;
   const int64_t row_stride = static_cast<int64_t>(a.num_kv_heads) * D;
@@ -119,7 +128,7 @@ __global__ void __launch_bounds__(kPrefillThreads)
   float row_max = -INFINITY;
   float row_sum = 0.0f;
   float acc[kFeaturesPerThread] = {};
-  for (int first = 0; first < kv_end; first += kTileN) {
+  for (int first = kv_begin; first < kv_end; first += kTileN) {
     __syncthreads();  // the previous tiles are consumed (and q_tile is written, first time)
     LoadKvTile<T, D>(k_base, table, a.block_size, row_stride, first, kv_end, k_tile,
                      Smem::kKStride);
@@ -140,7 +149,8 @@ __global__ void __launch_bounds__(kPrefillThreads)
 #pragma unroll
     for (int j = 0; j < kColsPerThread; ++j) {
       const int position = first + quarter + kThreadsPerRow * j;
-      if (position > last) s[j] = -INFINITY;
+      if (a.logit_softcap > 0.0f) s[j] = a.logit_softcap * tanhf(s[j] / a.logit_softcap);
+      if (position > last || position < first_key) s[j] = -INFINITY;
       tile_max = fmaxf(tile_max, s[j]);
     }
 #pragma unroll
@@ -198,6 +208,8 @@ cudaError_t LaunchPrefill(const T* q, const T* key_cache, const T* value_cache,
   a.num_kv_heads = batch.cache.num_kv_heads;
   a.group = batch.num_heads / batch.cache.num_kv_heads;
   a.scale = batch.scale;
+  a.sliding_window = batch.sliding_window;
+  a.logit_softcap = batch.logit_softcap;
   constexpr size_t kSmemBytes = PrefillSmem<D>::kBytes;
   const cudaError_t attribute = cudaFuncSetAttribute(
       PrefillKernel<DT, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);

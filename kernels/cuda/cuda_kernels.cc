@@ -50,6 +50,8 @@ absl::Status CheckAttention(const char* kernel, const PagedAttentionBatch& b, co
     error = "q and the caches must be 16-byte aligned";
   } else if (out == q) {
     error = "out may not alias q";
+  } else if (b.sliding_window < 0 || b.logit_softcap < 0.0f) {
+    error = "sliding_window and logit_softcap must be >= 0";
   }
   if (error.empty()) return absl::OkStatus();
   return Invalid(std::string(kernel) + ": " + error);
@@ -103,6 +105,42 @@ absl::Status SiluMul(const T* gate, const T* up, T* out, int64_t t, int64_t inte
   RETURN_IF_ERROR(CheckRows("SiluMul", t, inter));
   if (t == 0) return absl::OkStatus();
   CUDA_RETURN_IF_ERROR(internal::LaunchSiluMul(gate, up, out, t * inter, stream));
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status GeluTanhMul(const T* gate, const T* up, T* out, int64_t t, int64_t inter,
+                         Stream stream) {
+  RETURN_IF_ERROR(CheckRows("GeluTanhMul", t, inter));
+  if (t == 0) return absl::OkStatus();
+  CUDA_RETURN_IF_ERROR(internal::LaunchGeluTanhMul(gate, up, out, t * inter, stream));
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status HeadRmsNorm(T* x, const T* weight, float eps, int64_t t, int num_heads, int head_dim,
+                         Stream stream) {
+  RETURN_IF_ERROR(CheckRows("HeadRmsNorm", t * num_heads, head_dim));
+  if (num_heads <= 0) return Invalid("HeadRmsNorm: num_heads must be > 0");
+  if (t == 0) return absl::OkStatus();
+  CUDA_RETURN_IF_ERROR(
+      internal::LaunchHeadRmsNorm(x, weight, eps, t * num_heads, head_dim, stream));
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status SoftCap(T* x, float cap, int64_t n, Stream stream) {
+  if (n < 0 || !(cap > 0.0f)) return Invalid("SoftCap: need n >= 0 and cap > 0");
+  if (n == 0) return absl::OkStatus();
+  CUDA_RETURN_IF_ERROR(internal::LaunchSoftCap(x, cap, n, stream));
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status Scale(T* x, float factor, int64_t n, Stream stream) {
+  if (n < 0) return Invalid("Scale: n < 0");
+  if (n == 0) return absl::OkStatus();
+  CUDA_RETURN_IF_ERROR(internal::LaunchScale(x, factor, n, stream));
   return absl::OkStatus();
 }
 
@@ -207,6 +245,10 @@ absl::Status Convert(const From* in, To* out, int64_t n, Stream stream) {
   template absl::Status RotaryEmbedding<T>(T*, const int32_t*, const float*, int64_t, int, int, \
                                            int, Stream);                                        \
   template absl::Status SiluMul<T>(const T*, const T*, T*, int64_t, int64_t, Stream);           \
+  template absl::Status GeluTanhMul<T>(const T*, const T*, T*, int64_t, int64_t, Stream);       \
+  template absl::Status HeadRmsNorm<T>(T*, const T*, float, int64_t, int, int, Stream);         \
+  template absl::Status SoftCap<T>(T*, float, int64_t, Stream);                                 \
+  template absl::Status Scale<T>(T*, float, int64_t, Stream);                                   \
   template absl::Status WriteKvCache<T>(const T*, const T*, const int64_t*, int64_t,            \
                                         const KvCacheLayout&, T*, T*, Stream);                  \
   template absl::Status PagedAttentionDecode<T>(                                                \

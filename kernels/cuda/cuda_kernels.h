@@ -51,12 +51,35 @@ absl::Status RotaryEmbedding(T* x, const int32_t* positions, const float* inv_fr
 template <typename T>
 absl::Status SiluMul(const T* gate, const T* up, T* out, int64_t t, int64_t inter, Stream stream);
 
+// out = gelu_tanh(gate) * up (the tanh approximation of GELU, as cpu::GeluTanhMul), all
+// [T, inter]. out may alias gate or up.
+template <typename T>
+absl::Status GeluTanhMul(const T* gate, const T* up, T* out, int64_t t, int64_t inter,
+                         Stream stream);
+
+// In place RMSNorm of every head of x [T, num_heads, head_dim] with weight [head_dim] (the q/k
+// norms), as cpu::HeadRmsNorm. One warp per head.
+template <typename T>
+absl::Status HeadRmsNorm(T* x, const T* weight, float eps, int64_t t, int num_heads, int head_dim,
+                         Stream stream);
+
+// In place on x[0, n): x = cap * tanh(x / cap) (tanhf). REQUIRES: cap > 0.
+template <typename T>
+absl::Status SoftCap(T* x, float cap, int64_t n, Stream stream);
+
+// In place on x[0, n): x *= factor.
+template <typename T>
+absl::Status Scale(T* x, float factor, int64_t n, Stream stream);
+
 // Writes k and v rows ([T, num_kv_heads, head_dim]) into their cache slots (layout as in
 // kernel_params.h). slots[t] < 0, or past the pool, means "do not store".
 template <typename T>
 absl::Status WriteKvCache(const T* k, const T* v, const int64_t* slots, int64_t t,
                           const KvCacheLayout& layout, T* key_cache, T* value_cache, Stream stream);
 
+// Both attention kernels honor batch.sliding_window (a query's keys start at its window; the
+// block-table entries before it are never read) and batch.logit_softcap, as the CPU kernels.
+//
 // Paged attention for decode: every sequence has exactly one query token. q and out:
 // [num_seqs, num_heads, head_dim] (rows by query_start when given). head_dim is 64 or 128.
 // Long contexts are split over several thread blocks and merged by a second kernel; that needs

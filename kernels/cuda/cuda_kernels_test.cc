@@ -17,6 +17,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -320,6 +321,65 @@ TEST_F(CudaTest, SiluMulF16) { CheckSiluMul<Half>(); }
 TEST_F(CudaTest, SiluMulBF16) { CheckSiluMul<BFloat16>(); }
 
 template <typename T>
+void CheckGeluTanhMul() {
+  const int64_t t = 7;
+  const int64_t inter = 1000;
+  const std::vector<float> gate = Quantized<T>(RandomFloats(t * inter, 23, -8.0f, 8.0f));
+  const std::vector<float> up = Quantized<T>(RandomFloats(t * inter, 24, -2.0f, 2.0f));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_gate, Upload<T>(gate));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_up, Upload<T>(up));
+  ASSERT_OK(GeluTanhMul(d_gate.as<T>(), d_up.as<T>(), d_gate.as<T>(), t, inter, nullptr));
+  ASSERT_OK_AND_ASSIGN(std::vector<float> out, Download<T>(d_gate, t * inter));
+  EXPECT_TRUE(
+      AllNear(out, reference::GeluTanhMul(gate.data(), up.data(), t, inter), Tolerance<T>()));
+}
+
+TEST_F(CudaTest, GeluTanhMulF32) { CheckGeluTanhMul<float>(); }
+TEST_F(CudaTest, GeluTanhMulF16) { CheckGeluTanhMul<Half>(); }
+TEST_F(CudaTest, GeluTanhMulBF16) { CheckGeluTanhMul<BFloat16>(); }
+
+template <typename T>
+void CheckHeadRmsNorm() {
+  for (const auto& [t, heads, d] :
+       {std::tuple<int64_t, int, int>{1, 1, 64}, std::tuple<int64_t, int, int>{9, 16, 128},
+        std::tuple<int64_t, int, int>{5, 3, 256}, std::tuple<int64_t, int, int>{4, 2, 40}}) {
+    SCOPED_TRACE(std::to_string(t) + "x" + std::to_string(heads) + "x" + std::to_string(d));
+    const std::vector<float> x = Quantized<T>(RandomFloats(t * heads * d, 25, -3.0f, 3.0f));
+    const std::vector<float> weight = Quantized<T>(RandomFloats(d, 26, 0.5f, 1.5f));
+    ASSERT_OK_AND_ASSIGN(DeviceBuffer d_x, Upload<T>(x));
+    ASSERT_OK_AND_ASSIGN(DeviceBuffer d_w, Upload<T>(weight));
+    ASSERT_OK(HeadRmsNorm(d_x.as<T>(), d_w.as<T>(), kEps, t, heads, d, nullptr));
+    ASSERT_OK_AND_ASSIGN(std::vector<float> out, Download<T>(d_x, x.size()));
+    // Each head is one RMSNorm row of d features.
+    EXPECT_TRUE(AllNear(out, reference::RmsNorm(x.data(), weight.data(), kEps, t * heads, d),
+                        Tolerance<T>()));
+  }
+}
+
+TEST_F(CudaTest, HeadRmsNormF32) { CheckHeadRmsNorm<float>(); }
+TEST_F(CudaTest, HeadRmsNormF16) { CheckHeadRmsNorm<Half>(); }
+TEST_F(CudaTest, HeadRmsNormBF16) { CheckHeadRmsNorm<BFloat16>(); }
+
+template <typename T>
+void CheckSoftCapAndScale() {
+  const int64_t n = 70001;
+  const std::vector<float> x = Quantized<T>(RandomFloats(n, 27, -150.0f, 150.0f));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_x, Upload<T>(x));
+  ASSERT_OK(SoftCap(d_x.as<T>(), 30.0f, n, nullptr));
+  ASSERT_OK_AND_ASSIGN(std::vector<float> capped, Download<T>(d_x, n));
+  EXPECT_TRUE(AllNear(capped, reference::SoftCap(x.data(), 30.0, n), Tolerance<T>()));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_y, Upload<T>(x));
+  ASSERT_OK(Scale(d_y.as<T>(), 45.25f, n, nullptr));
+  ASSERT_OK_AND_ASSIGN(std::vector<float> scaled, Download<T>(d_y, n));
+  std::vector<double> want(n);
+  for (int64_t i = 0; i < n; ++i) want[i] = double{x[i]} * 45.25;
+  EXPECT_TRUE(AllNear(scaled, want, Tolerance<T>()));
+}
+
+TEST_F(CudaTest, SoftCapAndScaleF32) { CheckSoftCapAndScale<float>(); }
+TEST_F(CudaTest, SoftCapAndScaleBF16) { CheckSoftCapAndScale<BFloat16>(); }
+
+template <typename T>
 void CheckWriteKvCache() {
   const KvCacheLayout layout{/*num_blocks=*/4, /*block_size=*/16, /*num_kv_heads=*/2,
                              /*head_dim=*/64};
@@ -384,13 +444,15 @@ struct AttentionCase {
   int block_size;
   std::vector<std::pair<int, int>> seqs;  // (query_len, context_len)
   int max_context_len = 0;                // 0: the largest context_len; more: slack (graphs)
+  int sliding_window = 0;
+  float logit_softcap = 0.0f;
 };
 
 std::string Describe(const AttentionCase& c) {
   // Appends only: GCC 12 warns falsely (-Wrestrict) about "literal" + std::string temporaries.
   char head[96];
-  std::snprintf(head, sizeof(head), "%dq/%dkv d%d bs%d seqs", c.num_heads, c.num_kv_heads,
-                c.head_dim, c.block_size);
+  std::snprintf(head, sizeof(head), "%dq/%dkv d%d bs%d window %d cap %g seqs", c.num_heads,
+                c.num_kv_heads, c.head_dim, c.block_size, c.sliding_window, c.logit_softcap);
   std::string s = head;
   for (const auto& [q, ctx] : c.seqs) {
     s += ' ';
@@ -429,6 +491,13 @@ void CheckAttention(const AttentionCase& c, bool decode, bool pass_query_start) 
   for (int s = 0; s < num_seqs; ++s) {
     const int blocks = (context_lens[s] + c.block_size - 1) / c.block_size;
     for (int b = 0; b < blocks; ++b) tables[s * stride + b] = physical[next++];
+    if (c.sliding_window > 0) {
+      // Blocks wholly before the first query's window may have been freed: entries far out of
+      // the pool, so a kernel that reads one faults.
+      const int first_key =
+          std::max(0, context_lens[s] - c.seqs[s].first - c.sliding_window + 1);
+      for (int b = 0; b < first_key / c.block_size; ++b) tables[s * stride + b] = -1000000;
+    }
   }
   const KvCacheLayout layout{total_blocks, c.block_size, c.num_kv_heads, c.head_dim};
   const size_t cache_size =
@@ -447,6 +516,8 @@ void CheckAttention(const AttentionCase& c, bool decode, bool pass_query_start) 
   params.cache = layout;
   params.num_heads = c.num_heads;
   params.scale = scale;
+  params.sliding_window = c.sliding_window;
+  params.logit_softcap = c.logit_softcap;
   params.num_seqs = num_seqs;
   params.seqs = host_seqs.data();
   const std::vector<double> want =
@@ -464,6 +535,8 @@ void CheckAttention(const AttentionCase& c, bool decode, bool pass_query_start) 
   batch.cache = layout;
   batch.num_heads = c.num_heads;
   batch.scale = scale;
+  batch.sliding_window = c.sliding_window;
+  batch.logit_softcap = c.logit_softcap;
   batch.num_seqs = num_seqs;
   batch.query_start = pass_query_start ? d_start.as<int32_t>() : nullptr;
   batch.context_lens = d_lens.as<int32_t>();
@@ -536,6 +609,49 @@ void CheckMixedCases() {
 TEST_F(CudaTest, PagedAttentionMixedF32) { CheckMixedCases<float>(); }
 TEST_F(CudaTest, PagedAttentionMixedF16) { CheckMixedCases<Half>(); }
 TEST_F(CudaTest, PagedAttentionMixedBF16) { CheckMixedCases<BFloat16>(); }
+
+// Sliding windows (shorter than, across and longer than the contexts; across split, chunk and
+// tile edges) and softcapping, decode and mixed; the entries before each window are invalid.
+std::vector<AttentionCase> WindowCases(bool decode) {
+  std::vector<AttentionCase> cases;
+  for (const int window : {1, 31, 256, 700, 5000}) {
+    for (const float cap : {0.0f, 0.7f}) {
+      if (decode) {
+        AttentionCase c{32, 8, 128, 16, {{1, 1}, {1, 40}, {1, 257}, {1, 1000}, {1, 4500}}};
+        c.sliding_window = window;
+        c.logit_softcap = cap;
+        cases.push_back(c);
+        AttentionCase slack{14, 2, 64, 16, {{1, 300}, {1, 2}}, /*max_context_len=*/8192};
+        slack.sliding_window = window;
+        slack.logit_softcap = cap;
+        cases.push_back(slack);
+      } else {
+        AttentionCase c{32, 8, 128, 16, {{1, 1}, {40, 40}, {37, 300}, {130, 1000}, {1, 2000}}};
+        c.sliding_window = window;
+        c.logit_softcap = cap;
+        cases.push_back(c);
+        AttentionCase gqa7{14, 2, 64, 32, {{20, 20}, {70, 300}}};
+        gqa7.sliding_window = window;
+        gqa7.logit_softcap = cap;
+        cases.push_back(gqa7);
+      }
+    }
+  }
+  return cases;
+}
+
+template <typename T>
+void CheckWindowCases() {
+  for (const AttentionCase& c : WindowCases(/*decode=*/true)) {
+    CheckAttention<T>(c, /*decode=*/true, /*pass_query_start=*/false);
+  }
+  for (const AttentionCase& c : WindowCases(/*decode=*/false)) {
+    CheckAttention<T>(c, /*decode=*/false, /*pass_query_start=*/true);
+  }
+}
+
+TEST_F(CudaTest, PagedAttentionWindowSoftcapF32) { CheckWindowCases<float>(); }
+TEST_F(CudaTest, PagedAttentionWindowSoftcapBF16) { CheckWindowCases<BFloat16>(); }
 
 TEST_F(CudaTest, PagedAttentionRejectsUnsupportedHeadDim) {
   PagedAttentionBatch batch;

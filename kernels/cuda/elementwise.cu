@@ -1,5 +1,5 @@
-// Row-wise and elementwise kernels: embedding gather, (add +) RMSNorm, RoPE, SiLU·mul, KV-cache
-// writes and dtype conversion. Memory-bound; one thread block per row where a row is reduced.
+// Row-wise and elementwise kernels: embedding gather, (add +) RMSNorm, per-head RMSNorm, RoPE,
+// SiLU·mul and GELU-tanh·mul, softcap, scale, KV-cache writes and dtype conversion. Memory-bound; one thread block per row where a row is reduced.
 #include <cstdint>
 
 #include "kernels/cuda/device_common.cuh"
@@ -87,6 +87,54 @@ __global__ void SiluMulKernel(const T* gate, const T* up, T* out, int64_t n) {
   }
 }
 
+template <typename T>
+__global__ void GeluTanhMulKernel(const T* gate, const T* up, T* out, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = Load(gate[i]);
+    // 0.5 g (1 + tanh(u)) = g / (1 + e^(-2u)), u = sqrt(2 / pi) (g + 0.044715 g^3).
+    const float u = 0.7978845608028654f * fmaf(0.044715f, g * g * g, g);
+    out[i] = Store<T>(g / (1.0f + expf(-2.0f * u)) * Load(up[i]));
+  }
+}
+
+template <typename T>
+__global__ void SoftCapKernel(T* x, float cap, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    x[i] = Store<T>(cap * tanhf(Load(x[i]) / cap));
+  }
+}
+
+template <typename T>
+__global__ void ScaleKernel(T* x, float factor, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    x[i] = Store<T>(Load(x[i]) * factor);
+  }
+}
+
+// One warp per row of head_dim features (a head of one token), in place.
+constexpr int kHeadNormWarps = kRowThreads / 32;
+template <typename T>
+__global__ void __launch_bounds__(kRowThreads)
+    HeadRmsNormKernel(T* x, const T* weight, float eps, int64_t rows, int head_dim) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kHeadNormWarps + threadIdx.x / 32;
+  if (row >= rows) return;  // a whole warp leaves together
+  const int lane = threadIdx.x % 32;
+  T* v = x + row * head_dim;
+  float sum_squares = 0.0f;
+  for (int i = lane; i < head_dim; i += 32) {
+    const float e = Load(v[i]);
+    sum_squares += e * e;
+  }
+  sum_squares = WarpSum(sum_squares);
+  const float inv_rms = 1.0f / sqrtf(sum_squares / static_cast<float>(head_dim) + eps);
+  for (int i = lane; i < head_dim; i += 32) {
+    v[i] = Store<T>(Load(v[i]) * inv_rms * Load(weight[i]));
+  }
+}
+
 // Slot s of the pool is row s of [num_blocks * block_size, num_kv_heads * head_dim].
 template <typename T>
 __global__ void WriteKvCacheKernel(const T* k, const T* v, const int64_t* slots, int64_t width,
@@ -143,6 +191,33 @@ cudaError_t LaunchSiluMul(const T* gate, const T* up, T* out, int64_t n, cudaStr
 }
 
 template <typename T>
+cudaError_t LaunchGeluTanhMul(const T* gate, const T* up, T* out, int64_t n, cudaStream_t stream) {
+  GeluTanhMulKernel<<<ElementBlocks(n), kElementThreads, 0, stream>>>(ToDevice(gate), ToDevice(up),
+                                                                      ToDevice(out), n);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t LaunchSoftCap(T* x, float cap, int64_t n, cudaStream_t stream) {
+  SoftCapKernel<<<ElementBlocks(n), kElementThreads, 0, stream>>>(ToDevice(x), cap, n);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t LaunchScale(T* x, float factor, int64_t n, cudaStream_t stream) {
+  ScaleKernel<<<ElementBlocks(n), kElementThreads, 0, stream>>>(ToDevice(x), factor, n);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t LaunchHeadRmsNorm(T* x, const T* weight, float eps, int64_t rows, int head_dim,
+                              cudaStream_t stream) {
+  HeadRmsNormKernel<<<CeilDiv(rows, kHeadNormWarps), kRowThreads, 0, stream>>>(
+      ToDevice(x), ToDevice(weight), eps, rows, head_dim);
+  return cudaGetLastError();
+}
+
+template <typename T>
 cudaError_t LaunchWriteKvCache(const T* k, const T* v, const int64_t* slots, int64_t t,
                                const KvCacheLayout& layout, T* key_cache, T* value_cache,
                                cudaStream_t stream) {
@@ -168,6 +243,10 @@ cudaError_t LaunchConvert(const From* in, To* out, int64_t n, cudaStream_t strea
   template cudaError_t LaunchRotaryEmbedding<T>(T*, const int32_t*, const float*, int64_t, int, \
                                                 int, int, cudaStream_t);                        \
   template cudaError_t LaunchSiluMul<T>(const T*, const T*, T*, int64_t, cudaStream_t);         \
+  template cudaError_t LaunchGeluTanhMul<T>(const T*, const T*, T*, int64_t, cudaStream_t);     \
+  template cudaError_t LaunchSoftCap<T>(T*, float, int64_t, cudaStream_t);                      \
+  template cudaError_t LaunchScale<T>(T*, float, int64_t, cudaStream_t);                        \
+  template cudaError_t LaunchHeadRmsNorm<T>(T*, const T*, float, int64_t, int, cudaStream_t);   \
   template cudaError_t LaunchWriteKvCache<T>(const T*, const T*, const int64_t*, int64_t,       \
                                              const KvCacheLayout&, T*, T*, cudaStream_t);
 

@@ -27,6 +27,15 @@ cudaError_t LaunchRotaryEmbedding(T* x, const int32_t* positions, const float* i
 template <typename T>
 cudaError_t LaunchSiluMul(const T* gate, const T* up, T* out, int64_t n, cudaStream_t stream);
 template <typename T>
+cudaError_t LaunchGeluTanhMul(const T* gate, const T* up, T* out, int64_t n, cudaStream_t stream);
+template <typename T>
+cudaError_t LaunchSoftCap(T* x, float cap, int64_t n, cudaStream_t stream);
+template <typename T>
+cudaError_t LaunchScale(T* x, float factor, int64_t n, cudaStream_t stream);
+template <typename T>
+cudaError_t LaunchHeadRmsNorm(T* x, const T* weight, float eps, int64_t rows, int head_dim,
+                              cudaStream_t stream);
+template <typename T>
 cudaError_t LaunchWriteKvCache(const T* k, const T* v, const int64_t* slots, int64_t t,
                                const KvCacheLayout& layout, T* key_cache, T* value_cache,
                                cudaStream_t stream);

@@ -77,8 +77,11 @@ void CpuDevice::Reserve(DeviceArray* a, int64_t numel) {
   *a = std::move(*grown);
 }
 
-void CpuDevice::SetRope(absl::Span<const float> inv_freq) {
+void CpuDevice::SetRope(absl::Span<const float> inv_freq,
+                        absl::Span<const float> local_inv_freq) {
+  CARPOOL_CHECK(inv_freq.size() == local_inv_freq.size());
   inv_freq_.assign(inv_freq.begin(), inv_freq.end());
+  local_inv_freq_.assign(local_inv_freq.begin(), local_inv_freq.end());
 }
 
 void CpuDevice::SetStep(const StepView& step) {
@@ -124,16 +127,33 @@ void CpuDevice::Linear(const DeviceArray& x, const DeviceArray& w, const DeviceA
   cpu::Linear(F(x), F(w), OrNull(bias), F(y), m, n, k, pool_);
 }
 
-void CpuDevice::Rope(int num_heads, int head_dim, DeviceArray* x) {
-  cpu::RotaryEmbedding(F(x), positions_.data(), inv_freq_.data(),
+void CpuDevice::Rope(int num_heads, int head_dim, bool local, DeviceArray* x) {
+  const std::vector<float>& table = local ? local_inv_freq_ : inv_freq_;
+  cpu::RotaryEmbedding(F(x), positions_.data(), table.data(),
                        static_cast<int64_t>(positions_.size()), num_heads, head_dim,
-                       2 * static_cast<int>(inv_freq_.size()), pool_);
+                       2 * static_cast<int>(table.size()), pool_);
+}
+
+void CpuDevice::HeadRmsNorm(const DeviceArray& weight, float eps, int64_t rows, int num_heads,
+                            int head_dim, DeviceArray* x) {
+  cpu::HeadRmsNorm(F(x), F(weight), eps, rows, num_heads, head_dim, pool_);
 }
 
 void CpuDevice::SiluMul(const DeviceArray& gate, const DeviceArray& up, int64_t rows, int64_t inter,
                         DeviceArray* out) {
   cpu::SiluMul(F(gate), F(up), F(out), rows, inter, pool_);
 }
+
+void CpuDevice::GeluTanhMul(const DeviceArray& gate, const DeviceArray& up, int64_t rows,
+                            int64_t inter, DeviceArray* out) {
+  cpu::GeluTanhMul(F(gate), F(up), F(out), rows, inter, pool_);
+}
+
+void CpuDevice::SoftCap(float cap, int64_t n, DeviceArray* x) {
+  cpu::SoftCap(F(x), cap, n, pool_);
+}
+
+void CpuDevice::Scale(float factor, int64_t n, DeviceArray* x) { cpu::Scale(F(x), factor, n); }
 
 void CpuDevice::WriteKv(const DeviceArray& k, const DeviceArray& v,
                         const kernels::KvCacheLayout& layout, DeviceArray* key_cache,
@@ -144,11 +164,13 @@ void CpuDevice::WriteKv(const DeviceArray& k, const DeviceArray& v,
 
 void CpuDevice::Attention(const DeviceArray& q, const DeviceArray& key_cache,
                           const DeviceArray& value_cache, const kernels::KvCacheLayout& layout,
-                          int num_heads, float scale, DeviceArray* out) {
+                          int num_heads, const AttentionOptions& options, DeviceArray* out) {
   kernels::AttentionParams params;
   params.cache = layout;
   params.num_heads = num_heads;
-  params.scale = scale;
+  params.scale = options.scale;
+  params.sliding_window = options.sliding_window;
+  params.logit_softcap = options.logit_softcap;
   params.num_seqs = static_cast<int>(seqs_.size());
   params.seqs = seqs_.data();
   if (decode_only_) {

@@ -31,7 +31,7 @@ class CpuDevice : public ModelDevice {
   void Reserve(DeviceArray* a, int64_t numel) override;
   int64_t FreeBytes() const override { return -1; }
 
-  void SetRope(absl::Span<const float> inv_freq) override;
+  void SetRope(absl::Span<const float> inv_freq, absl::Span<const float> local_inv_freq) override;
   void SetStep(const StepView& step) override;
 
   void EmbeddingGather(const DeviceArray& table, int64_t h, DeviceArray* out) override;
@@ -41,14 +41,20 @@ class CpuDevice : public ModelDevice {
                   int64_t rows, int64_t h, DeviceArray* out) override;
   void Linear(const DeviceArray& x, const DeviceArray& w, const DeviceArray& bias, int64_t m,
               int64_t n, int64_t k, DeviceArray* y) override;
-  void Rope(int num_heads, int head_dim, DeviceArray* x) override;
+  void Rope(int num_heads, int head_dim, bool local, DeviceArray* x) override;
+  void HeadRmsNorm(const DeviceArray& weight, float eps, int64_t rows, int num_heads, int head_dim,
+                   DeviceArray* x) override;
   void SiluMul(const DeviceArray& gate, const DeviceArray& up, int64_t rows, int64_t inter,
                DeviceArray* out) override;
+  void GeluTanhMul(const DeviceArray& gate, const DeviceArray& up, int64_t rows, int64_t inter,
+                   DeviceArray* out) override;
+  void SoftCap(float cap, int64_t n, DeviceArray* x) override;
+  void Scale(float factor, int64_t n, DeviceArray* x) override;
   void WriteKv(const DeviceArray& k, const DeviceArray& v, const kernels::KvCacheLayout& layout,
                DeviceArray* key_cache, DeviceArray* value_cache) override;
   void Attention(const DeviceArray& q, const DeviceArray& key_cache, const DeviceArray& value_cache,
-                 const kernels::KvCacheLayout& layout, int num_heads, float scale,
-                 DeviceArray* out) override;
+                 const kernels::KvCacheLayout& layout, int num_heads,
+                 const AttentionOptions& options, DeviceArray* out) override;
   void GatherRows(const DeviceArray& x, int64_t h, DeviceArray* out) override;
 
   int GraphBatchSize(int num_seqs) const override;
@@ -60,7 +66,7 @@ class CpuDevice : public ModelDevice {
  private:
   ThreadPool* const pool_;      // may be null
   std::vector<int> pad_sizes_;  // sorted ascending
-  std::vector<float> inv_freq_;
+  std::vector<float> inv_freq_, local_inv_freq_;
   // The current step (SetStep's copy). seqs_[i].block_table points into block_tables_.
   std::vector<int32_t> token_ids_, positions_;
   std::vector<int64_t> slots_, sample_rows_;

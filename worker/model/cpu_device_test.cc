@@ -135,6 +135,36 @@ TEST_F(CpuDeviceTest, ElementwiseOpsEqualTheKernels) {
   std::vector<float> want_act(kRows * kInter);
   cpu::SiluMul(gate.data(), up.data(), want_act.data(), kRows, kInter, TestPool());
   EXPECT_TRUE(BitEqual(Host(dgate).data(), want_act.data(), want_act.size()));
+
+  dgate = Array(gate);
+  device_.GeluTanhMul(dgate, dup, kRows, kInter, &dgate);
+  cpu::GeluTanhMul(gate.data(), up.data(), want_act.data(), kRows, kInter, TestPool());
+  EXPECT_TRUE(BitEqual(Host(dgate).data(), want_act.data(), want_act.size()));
+}
+
+TEST_F(CpuDeviceTest, NewFamilyOpsEqualTheKernels) {
+  constexpr int64_t kRows = 3;
+  constexpr int kHeads = 4, kD = 16;
+  const std::vector<float> x = RandomFloats(kRows * kHeads * kD, 30, -3.0f, 3.0f);
+  const std::vector<float> w = RandomFloats(kD, 31, 0.5f, 1.5f);
+  DeviceArray dx = Array(x), dw = Array(w);
+  device_.HeadRmsNorm(dw, 1e-6f, kRows, kHeads, kD, &dx);
+  std::vector<float> want = x;
+  cpu::HeadRmsNorm(want.data(), w.data(), 1e-6f, kRows, kHeads, kD, TestPool());
+  EXPECT_TRUE(BitEqual(Host(dx).data(), want.data(), want.size()));
+
+  const std::vector<float> logits = RandomFloats(200, 32, -100.0f, 100.0f);
+  DeviceArray dl = Array(logits);
+  device_.SoftCap(30.0f, 150, &dl);  // the first 150 only
+  want = logits;
+  cpu::SoftCap(want.data(), 30.0f, 150, TestPool());
+  EXPECT_TRUE(BitEqual(Host(dl).data(), want.data(), want.size()));
+
+  DeviceArray ds = Array(logits);
+  device_.Scale(8.0f, 200, &ds);
+  want = logits;
+  cpu::Scale(want.data(), 8.0f, 200);
+  EXPECT_TRUE(BitEqual(Host(ds).data(), want.data(), want.size()));
 }
 
 TEST_F(CpuDeviceTest, LinearEqualsTheKernelWithAndWithoutBias) {
@@ -177,7 +207,8 @@ class CpuDeviceStepTest : public CpuDeviceTest {
     seqs_ = {{0, 3, 3, nullptr}, {3, 1, 5, nullptr}};
     samples_ = {2, 3};
     inv_freq_ = RandomFloats(kD / 2, 10, 0.01f, 1.0f);
-    device_.SetRope(inv_freq_);
+    local_inv_freq_ = RandomFloats(kD / 2, 17, 0.01f, 1.0f);
+    device_.SetRope(inv_freq_, local_inv_freq_);
   }
   void Set(bool decode_only) {
     for (size_t i = 0; i < seqs_.size(); ++i) seqs_[i].block_table = tables_[i].data();
@@ -196,6 +227,8 @@ class CpuDeviceStepTest : public CpuDeviceTest {
     p.cache = layout_;
     p.num_heads = kHeads;
     p.scale = 0.35f;
+    p.sliding_window = 2;
+    p.logit_softcap = 0.5f;
     p.num_seqs = static_cast<int>(seqs_.size());
     p.seqs = seqs_.data();
     return p;
@@ -207,7 +240,7 @@ class CpuDeviceStepTest : public CpuDeviceTest {
   std::vector<int64_t> slots_, samples_;
   std::vector<std::vector<int32_t>> tables_;
   std::vector<kernels::AttentionSeq> seqs_;
-  std::vector<float> inv_freq_;
+  std::vector<float> inv_freq_, local_inv_freq_;
 };
 
 TEST_F(CpuDeviceStepTest, GatherOpsReadTheStep) {
@@ -227,15 +260,19 @@ TEST_F(CpuDeviceStepTest, GatherOpsReadTheStep) {
   EXPECT_TRUE(BitEqual(got.data() + kH, want.data() + 3 * kH, kH));
 }
 
-TEST_F(CpuDeviceStepTest, RopeEqualsTheKernel) {
+TEST_F(CpuDeviceStepTest, RopeEqualsTheKernelWithEitherTable) {
   Set(false);
   const std::vector<float> x = RandomFloats(T() * kHeads * kD, 12);
-  DeviceArray dx = Array(x);
-  device_.Rope(kHeads, kD, &dx);
-  std::vector<float> want = x;
-  cpu::RotaryEmbedding(want.data(), positions_.data(), inv_freq_.data(), T(), kHeads, kD, kD,
-                       TestPool());
-  EXPECT_TRUE(BitEqual(Host(dx).data(), want.data(), want.size()));
+  for (const bool local : {false, true}) {
+    SCOPED_TRACE(local ? "local" : "global");
+    DeviceArray dx = Array(x);
+    device_.Rope(kHeads, kD, local, &dx);
+    std::vector<float> want = x;
+    cpu::RotaryEmbedding(want.data(), positions_.data(),
+                         local ? local_inv_freq_.data() : inv_freq_.data(), T(), kHeads, kD, kD,
+                         TestPool());
+    EXPECT_TRUE(BitEqual(Host(dx).data(), want.data(), want.size()));
+  }
 }
 
 // WriteKv then Attention, for the mixed kernel and for the decode kernel, against the kernels
@@ -276,7 +313,9 @@ TEST_F(CpuDeviceStepTest, WriteKvAndAttentionEqualTheKernels) {
     device_.WriteKv(dk, dv, layout_, &keys, &values);
     EXPECT_TRUE(BitEqual(Host(keys).data(), want_keys.data(), pool));
     EXPECT_TRUE(BitEqual(Host(values).data(), want_values.data(), pool));
-    device_.Attention(dq, keys, values, layout_, kHeads, 0.35f, &dout);
+    device_.Attention(dq, keys, values, layout_, kHeads,
+                      AttentionOptions{.scale = 0.35f, .sliding_window = 2, .logit_softcap = 0.5f},
+                      &dout);
     EXPECT_TRUE(BitEqual(Host(dout).data(), want_out.data(), want_out.size()));
   }
 }

@@ -171,10 +171,17 @@ class CudaDeviceImpl final : public CudaDevice {
 
   // ---- steps
 
-  void SetRope(absl::Span<const float> inv_freq) override {
+  void SetRope(absl::Span<const float> inv_freq,
+               absl::Span<const float> local_inv_freq) override {
+    if (inv_freq.size() != local_inv_freq.size()) {
+      Record(absl::InvalidArgumentError("SetRope: the two tables differ in length"));
+      return;
+    }
     rotary_dim_ = static_cast<int>(inv_freq.size()) * 2;
-    absl::StatusOr<kc::DeviceBuffer> b =
-        kc::DeviceBuffer::FromHost(std::vector<float>(inv_freq.begin(), inv_freq.end()));
+    // One buffer: the global table, then the local one.
+    std::vector<float> tables(inv_freq.begin(), inv_freq.end());
+    tables.insert(tables.end(), local_inv_freq.begin(), local_inv_freq.end());
+    absl::StatusOr<kc::DeviceBuffer> b = kc::DeviceBuffer::FromHost(tables);
     if (!b.ok()) {
       Record(b.status());
       return;
@@ -216,10 +223,33 @@ class CudaDeviceImpl final : public CudaDevice {
     Record(gemm_->Linear<T, T>(P(x), P(w), b, P(y), m, n, k, stream_));
   }
 
-  void Rope(int num_heads, int head_dim, DeviceArray* x) override {
+  void Rope(int num_heads, int head_dim, bool local, DeviceArray* x) override {
     if (!Ready()) return;
-    Record(kc::RotaryEmbedding<T>(P(x), Dev<int32_t>(layout_.positions), inv_freq_.as<float>(),
-                                  num_tokens_, num_heads, head_dim, rotary_dim_, stream_));
+    const float* table = inv_freq_.as<float>() + (local ? rotary_dim_ / 2 : 0);
+    Record(kc::RotaryEmbedding<T>(P(x), Dev<int32_t>(layout_.positions), table, num_tokens_,
+                                  num_heads, head_dim, rotary_dim_, stream_));
+  }
+
+  void HeadRmsNorm(const DeviceArray& weight, float eps, int64_t rows, int num_heads, int head_dim,
+                   DeviceArray* x) override {
+    if (!Ready()) return;
+    Record(kc::HeadRmsNorm<T>(P(x), P(weight), eps, rows, num_heads, head_dim, stream_));
+  }
+
+  void GeluTanhMul(const DeviceArray& gate, const DeviceArray& up, int64_t rows, int64_t inter,
+                   DeviceArray* out) override {
+    if (!Ready()) return;
+    Record(kc::GeluTanhMul<T>(P(gate), P(up), P(out), rows, inter, stream_));
+  }
+
+  void SoftCap(float cap, int64_t n, DeviceArray* x) override {
+    if (!Ready()) return;
+    Record(kc::SoftCap<T>(P(x), cap, n, stream_));
+  }
+
+  void Scale(float factor, int64_t n, DeviceArray* x) override {
+    if (!Ready()) return;
+    Record(kc::Scale<T>(P(x), factor, n, stream_));
   }
 
   void SiluMul(const DeviceArray& gate, const DeviceArray& up, int64_t rows, int64_t inter,
@@ -236,8 +266,8 @@ class CudaDeviceImpl final : public CudaDevice {
   }
 
   void Attention(const DeviceArray& q, const DeviceArray& key_cache, const DeviceArray& value_cache,
-                 const kernels::KvCacheLayout& layout, int num_heads, float scale,
-                 DeviceArray* out) override;
+                 const kernels::KvCacheLayout& layout, int num_heads,
+                 const AttentionOptions& options, DeviceArray* out) override;
 
   void GatherRows(const DeviceArray& x, int64_t h, DeviceArray* out) override {
     if (!Ready()) return;
@@ -298,7 +328,7 @@ class CudaDeviceImpl final : public CudaDevice {
   absl::Status capture_status_;
   bool capturing_ = false;
 
-  kc::DeviceBuffer inv_freq_;
+  kc::DeviceBuffer inv_freq_;  // [2][rotary_dim / 2]: the global RoPE table, then the local one
   int rotary_dim_ = 0;
   kc::DeviceBuffer staging_;    // fp32 chunks for uploads and read-backs
   kc::DeviceBuffer workspace_;  // decode attention's split merge
@@ -428,8 +458,8 @@ void CudaDeviceImpl<T>::SetStep(const StepView& step) {
 template <typename T>
 void CudaDeviceImpl<T>::Attention(const DeviceArray& q, const DeviceArray& key_cache,
                                   const DeviceArray& value_cache,
-                                  const kernels::KvCacheLayout& layout, int num_heads, float scale,
-                                  DeviceArray* out) {
+                                  const kernels::KvCacheLayout& layout, int num_heads,
+                                  const AttentionOptions& options, DeviceArray* out) {
   if (!Ready()) return;
   if (layout.block_size != block_size_) {
     Record(absl::InvalidArgumentError(
@@ -440,7 +470,9 @@ void CudaDeviceImpl<T>::Attention(const DeviceArray& q, const DeviceArray& key_c
   kc::PagedAttentionBatch b;
   b.cache = layout;
   b.num_heads = num_heads;
-  b.scale = scale;
+  b.scale = options.scale;
+  b.sliding_window = options.sliding_window;
+  b.logit_softcap = options.logit_softcap;
   b.num_seqs = num_seqs_;
   b.query_start = decode_only_ ? nullptr : Dev<int32_t>(layout_.query_start);
   b.context_lens = Dev<int32_t>(layout_.context_lens);

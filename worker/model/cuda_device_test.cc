@@ -122,6 +122,33 @@ TEST_P(CudaDeviceTest, NormsAndActivation) {
   DeviceArray dgate = Up(gate), dup = Up(up);
   device_->SiluMul(dgate, dup, t, h, &dout);
   ExpectNear(want, Down(dout, t * h));
+
+  kernels::cpu::GeluTanhMul(gate.data(), up.data(), want.data(), t, h, nullptr);
+  device_->GeluTanhMul(dgate, dup, t, h, &dout);
+  ExpectNear(want, Down(dout, t * h));
+}
+
+// The ops the newer families add: per-head q/k norm, logit softcap, embedding scale.
+TEST_P(CudaDeviceTest, HeadNormSoftCapAndScale) {
+  const int64_t t = 5;
+  const int heads = 3, d = 128;
+  std::vector<float> x = Random(t * heads * d), w = Random(d);
+  DeviceArray dx = Up(x), dw = Up(w);
+  kernels::cpu::HeadRmsNorm(x.data(), w.data(), 1e-6f, t, heads, d, nullptr);
+  device_->HeadRmsNorm(dw, 1e-6f, t, heads, d, &dx);
+  ExpectNear(x, Down(dx, t * heads * d));
+
+  std::vector<float> logits = Random(1000, 60.0f);
+  DeviceArray dl = Up(logits);
+  kernels::cpu::SoftCap(logits.data(), 30.0f, 1000, nullptr);
+  device_->SoftCap(30.0f, 1000, &dl);
+  ExpectNear(logits, Down(dl, 1000));
+
+  std::vector<float> e = Random(300);
+  DeviceArray de = Up(e);
+  kernels::cpu::Scale(e.data(), 8.0f, 300);
+  device_->Scale(8.0f, 300, &de);
+  ExpectNear(e, Down(de, 300));
 }
 
 TEST_P(CudaDeviceTest, LinearWithAndWithoutBias) {
@@ -191,13 +218,20 @@ TEST_P(CudaDeviceTest, GatherRopeKvAndAttention) {
   // RoPE (rotary_dim 64, theta 10000).
   std::vector<float> inv_freq(d / 2);
   for (int i = 0; i < d / 2; ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * i / d);
-  device_->SetRope(inv_freq);
+  std::vector<float> local_inv_freq(d / 2);
+  for (int i = 0; i < d / 2; ++i) local_inv_freq[i] = std::pow(500000.0f, -2.0f * i / d);
+  device_->SetRope(inv_freq, local_inv_freq);
   std::vector<float> q = Random(t * heads * d);
-  DeviceArray dq = Up(q);
+  std::vector<float> q_local = q;
+  DeviceArray dq = Up(q), dq_local = Up(q);
   kernels::cpu::RotaryEmbedding(q.data(), step.positions.data(), inv_freq.data(), t, heads, d, d,
                                 nullptr);
-  device_->Rope(heads, d, &dq);
+  device_->Rope(heads, d, /*local=*/false, &dq);
   ExpectNear(q, Down(dq, t * heads * d), 2.0);
+  kernels::cpu::RotaryEmbedding(q_local.data(), step.positions.data(), local_inv_freq.data(), t,
+                                heads, d, d, nullptr);
+  device_->Rope(heads, d, /*local=*/true, &dq_local);
+  ExpectNear(q_local, Down(dq_local, t * heads * d), 2.0);
   q = Down(dq, t * heads * d);  // both sides attend with the device's rounded q
 
   // Fill the whole pool with random history, then write this step's keys and values.
@@ -211,20 +245,35 @@ TEST_P(CudaDeviceTest, GatherRopeKvAndAttention) {
   ExpectNear(kc_host, Down(dkc, pool), 0.0);
   ExpectNear(vc_host, Down(dvc, pool), 0.0);
 
-  kernels::AttentionParams params{layout, heads, 0.125f, 3, step.seqs.data()};
-  std::vector<float> out(t * heads * d);
-  kernels::cpu::PagedAttention(q.data(), kc_host.data(), vc_host.data(), params, out.data(),
-                               nullptr);
-  DeviceArray dout = Empty(t * heads * d);
-  device_->Attention(dq, dkc, dvc, layout, heads, 0.125f, &dout);
-  ExpectNear(out, Down(dout, t * heads * d), 2.0);
+  // Plain, then with a window (8: shorter than every context) and softcapping.
+  for (const AttentionOptions& options :
+       {AttentionOptions{.scale = 0.125f},
+        AttentionOptions{.scale = 0.125f, .sliding_window = 8, .logit_softcap = 0.6f}}) {
+    SCOPED_TRACE(options.sliding_window);
+    kernels::AttentionParams params;
+    params.cache = layout;
+    params.num_heads = heads;
+    params.scale = options.scale;
+    params.sliding_window = options.sliding_window;
+    params.logit_softcap = options.logit_softcap;
+    params.num_seqs = 3;
+    params.seqs = step.seqs.data();
+    std::vector<float> out(t * heads * d);
+    kernels::cpu::PagedAttention(q.data(), kc_host.data(), vc_host.data(), params, out.data(),
+                                 nullptr);
+    DeviceArray dout = Empty(t * heads * d);
+    device_->Attention(dq, dkc, dvc, layout, heads, options, &dout);
+    ExpectNear(out, Down(dout, t * heads * d), 2.0);
+  }
 }
 
 // A decode step of `contexts.size()` sequences (padded by the caller as the model pads):
 // embedding, a projection, KV write, attention, a projection back; returns the output rows.
 class DecodeStep {
  public:
-  DecodeStep(CudaDevice* device, std::mt19937* rng) : device_(device) {
+  // `window`: the attention's sliding window (0: none).
+  DecodeStep(CudaDevice* device, std::mt19937* rng, int window = 0)
+      : device_(device), window_(window) {
     std::uniform_real_distribution<float> u(-0.5f, 0.5f);
     auto random = [&](int64_t n) {
       std::vector<float> v(n);
@@ -240,7 +289,7 @@ class DecodeStep {
     value_cache_ = random(int64_t{kBlocks} * 16 * kH);
     std::vector<float> inv_freq(kH / 2);
     for (int i = 0; i < kH / 2; ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * i / kH);
-    device_->SetRope(inv_freq);
+    device_->SetRope(inv_freq, inv_freq);
   }
 
   // Sequence i has context contexts[i] over blocks i*8 .. i*8+7; contexts[i] == 0 marks a
@@ -282,10 +331,11 @@ class DecodeStep {
       device_->Linear(x_, wq_, DeviceArray(), n, kH, kH, &q_);
       device_->Linear(x_, wk_, DeviceArray(), n, kH, kH, &k_);
       device_->Linear(x_, wv_, DeviceArray(), n, kH, kH, &v_);
-      device_->Rope(kHeads, kH / kHeads, &q_);
-      device_->Rope(kHeads, kH / kHeads, &k_);
+      device_->Rope(kHeads, kH / kHeads, /*local=*/false, &q_);
+      device_->Rope(kHeads, kH / kHeads, /*local=*/false, &k_);
       device_->WriteKv(k_, v_, layout, &key_cache_, &value_cache_);
-      device_->Attention(q_, key_cache_, value_cache_, layout, kHeads, 0.125f, &attn_);
+      device_->Attention(q_, key_cache_, value_cache_, layout, kHeads,
+                         AttentionOptions{.scale = 0.125f, .sliding_window = window_}, &attn_);
       device_->Linear(attn_, wo_, DeviceArray(), n, kH, kH, &out_);
     });
     std::vector<float> result(int64_t{n} * kH);
@@ -296,12 +346,13 @@ class DecodeStep {
  private:
   static constexpr int kVocab = 50, kH = 128, kHeads = 2, kBlocks = 64;
   CudaDevice* device_;
+  const int window_;
   DeviceArray table_, wq_, wk_, wv_, wo_, key_cache_, value_cache_;
   DeviceArray x_, q_, k_, v_, attn_, out_;
 };
 
-TEST(CudaDeviceGraphs, ReplayEqualsEagerAtOtherContexts) {
-  if (kc::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+// With `window`, the contexts below run past it, so the replayed graph's window bounds move.
+void CheckReplayEqualsEager(int window) {
   std::vector<std::vector<float>> results[2];
   int captured = 0;
   int64_t replays = 0;
@@ -315,7 +366,7 @@ TEST(CudaDeviceGraphs, ReplayEqualsEagerAtOtherContexts) {
     std::unique_ptr<CudaDevice> device = *CreateCudaDevice(o);
     EXPECT_EQ(device->GraphBatchSize(3), graphs ? 4 : 0);
     std::mt19937 rng(7);
-    DecodeStep step(device.get(), &rng);
+    DecodeStep step(device.get(), &rng, window);
     // Batch 4 (3 sequences and a padding row) at growing contexts, and batch 1.
     for (const std::vector<int>& contexts : std::vector<std::vector<int>>{
              {5, 17, 33, 0}, {6, 18, 34, 0}, {7, 60, 100, 0}, {9}, {10}, {8, 61, 101, 0}}) {
@@ -342,6 +393,16 @@ TEST(CudaDeviceGraphs, ReplayEqualsEagerAtOtherContexts) {
       ASSERT_NEAR(graph[i], eager[i], 1e-4 * (1 + std::fabs(eager[i]))) << "step " << s;
     }
   }
+}
+
+TEST(CudaDeviceGraphs, ReplayEqualsEagerAtOtherContexts) {
+  if (kc::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  CheckReplayEqualsEager(/*window=*/0);
+}
+
+TEST(CudaDeviceGraphs, ReplayEqualsEagerWithASlidingWindow) {
+  if (kc::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  CheckReplayEqualsEager(/*window=*/16);
 }
 
 TEST(CudaDeviceOptionsTest, Validate) {

@@ -1,6 +1,7 @@
 #include "worker/model/llama_model.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 
@@ -15,17 +16,52 @@ namespace {
 // The block table of a padding sequence: one token over block 0, never stored (slot -1).
 constexpr int32_t kDummyBlockTable[1] = {0};
 
+// Every tensor of a layer (the optional ones empty when the model has none). Layer is
+// LayerWeights or const LayerWeights.
+template <typename Layer>
+auto LayerTensors(Layer& l) {
+  return std::array{&l.input_norm, &l.q_proj,   &l.k_proj,
+                    &l.v_proj,     &l.q_bias,   &l.k_bias,
+                    &l.v_bias,     &l.o_proj,   &l.post_attention_norm,
+                    &l.q_norm,     &l.k_norm,   &l.pre_feedforward_norm,
+                    &l.post_feedforward_norm,   &l.gate_proj,
+                    &l.up_proj,    &l.down_proj};
+}
+
 // Elements one decode step reads at batch 1 (see DecodeWeightBytes).
 int64_t DecodeWeightElements(const LlamaWeights& w) {
   int64_t elems = w.final_norm.numel() + w.lm_head.numel() + w.config.hidden_size;
   for (const LayerWeights& l : w.layers) {
-    for (const Tensor* t :
-         {&l.input_norm, &l.q_proj, &l.k_proj, &l.v_proj, &l.q_bias, &l.k_bias, &l.v_bias,
-          &l.o_proj, &l.post_attention_norm, &l.gate_proj, &l.up_proj, &l.down_proj}) {
-      elems += t->numel();
-    }
+    for (const Tensor* t : LayerTensors(l)) elems += t->numel();
   }
   return elems;
+}
+
+// The norm tensors the config's family needs are there, of the right size (a loader or a test
+// that builds weights by hand and misses one gets a clear error, not a read past a tensor).
+absl::Status CheckFamilyTensors(const LlamaWeights& w) {
+  const ModelConfig& c = w.config;
+  const auto check = [](const Tensor& t, int64_t want, int layer, const char* name) {
+    if (t.numel() == want) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, ": ", name, " has ",
+                                                   t.numel(), " values, the config needs ",
+                                                   want));
+  };
+  for (int l = 0; l < static_cast<int>(w.layers.size()); ++l) {
+    const LayerWeights& lw = w.layers[l];
+    const int64_t head = c.qk_norm ? c.head_dim : 0;
+    const int64_t hidden = c.sandwich_norms ? c.hidden_size : 0;
+    RETURN_IF_ERROR(check(lw.q_norm, head, l, "self_attn.q_norm"));
+    RETURN_IF_ERROR(check(lw.k_norm, head, l, "self_attn.k_norm"));
+    RETURN_IF_ERROR(check(lw.pre_feedforward_norm, hidden, l, "pre_feedforward_layernorm"));
+    RETURN_IF_ERROR(check(lw.post_feedforward_norm, hidden, l, "post_feedforward_layernorm"));
+  }
+  if (c.sliding_window > 0 && !c.layer_sliding.empty() &&
+      static_cast<int>(c.layer_sliding.size()) != c.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("layer_sliding has ", c.layer_sliding.size(),
+                                                   " entries for ", c.num_layers, " layers"));
+  }
+  return absl::OkStatus();
 }
 
 // Drops the host's fp32 values of every tensor (and the mapped files behind views), keeping
@@ -36,11 +72,7 @@ void DropHostValues(LlamaWeights* w) {
   drop(&w->final_norm);
   drop(&w->lm_head);
   for (LayerWeights& l : w->layers) {
-    for (Tensor* t :
-         {&l.input_norm, &l.q_proj, &l.k_proj, &l.v_proj, &l.q_bias, &l.k_bias, &l.v_bias,
-          &l.o_proj, &l.post_attention_norm, &l.gate_proj, &l.up_proj, &l.down_proj}) {
-      drop(t);
-    }
+    for (Tensor* t : LayerTensors(l)) drop(t);
   }
   w->files.clear();
 }
@@ -72,6 +104,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(
         absl::StrCat("KV cache needs at least one block of size >= 1, got ", kv_shape.num_blocks,
                      " blocks of ", kv_shape.block_size));
   }
+  RETURN_IF_ERROR(CheckFamilyTensors(*weights));
   if (device == nullptr) device = CreateCpuDevice();
   std::unique_ptr<LlamaModel> model(
       new LlamaModel(std::move(weights), kv_shape, group, std::move(device)));
@@ -119,11 +152,15 @@ absl::Status LlamaModel::Init() {
     ASSIGN_OR_RETURN(a.v_bias, d.Weight(lw.v_bias));
     ASSIGN_OR_RETURN(a.o_proj, d.Weight(lw.o_proj));
     ASSIGN_OR_RETURN(a.post_attention_norm, d.Weight(lw.post_attention_norm));
+    ASSIGN_OR_RETURN(a.q_norm, d.Weight(lw.q_norm));
+    ASSIGN_OR_RETURN(a.k_norm, d.Weight(lw.k_norm));
+    ASSIGN_OR_RETURN(a.pre_feedforward_norm, d.Weight(lw.pre_feedforward_norm));
+    ASSIGN_OR_RETURN(a.post_feedforward_norm, d.Weight(lw.post_feedforward_norm));
     ASSIGN_OR_RETURN(a.gate_proj, d.Weight(lw.gate_proj));
     ASSIGN_OR_RETURN(a.up_proj, d.Weight(lw.up_proj));
     ASSIGN_OR_RETURN(a.down_proj, d.Weight(lw.down_proj));
   }
-  d.SetRope(RopeInvFreq(w.config));
+  d.SetRope(RopeInvFreq(w.config), LocalRopeInvFreq(w.config));
   const int64_t per_layer = static_cast<int64_t>(kv_shape_.num_blocks) * kv_shape_.block_size *
                             num_kv_heads_ * w.config.head_dim;
   for (int l = 0; l < w.config.num_layers; ++l) {
@@ -149,7 +186,8 @@ bool LlamaModel::WeightsCopied() const {
   for (const LayerArrays& a : layers_) {
     for (const DeviceArray* x :
          {&a.input_norm, &a.q_proj, &a.k_proj, &a.v_proj, &a.q_bias, &a.k_bias, &a.v_bias,
-          &a.o_proj, &a.post_attention_norm, &a.gate_proj, &a.up_proj, &a.down_proj}) {
+          &a.o_proj, &a.post_attention_norm, &a.q_norm, &a.k_norm, &a.pre_feedforward_norm,
+          &a.post_feedforward_norm, &a.gate_proj, &a.up_proj, &a.down_proj}) {
       if (!copied(*x)) return false;
     }
   }
@@ -266,6 +304,7 @@ void LlamaModel::Compute(StepInputs* in, std::vector<float>* logits) {
     if (s == 0) return;
     device_->GatherRows(hidden_, h, &sampled_);
     device_->Linear(sampled_, *lm_head_, no_bias_, s, vocab_, h, head_out);
+    CapLogits(s, head_out);
   };
   if (whole_step) {
     device_->RunStep(body);
@@ -328,9 +367,18 @@ void LlamaModel::RunLayers(const StepInputs& in) {
   EmbedTokens(in, t);  // -> residual_
   d.RmsNorm(residual_, layers_[0].input_norm, eps, t, h, &hidden_);
   for (int l = 0; l < c.num_layers; ++l) {
+    const LayerArrays& lw = layers_[l];
     Attention(l, in, t);  // hidden_ -> out_
-    d.AddRmsNorm(out_, &residual_, layers_[l].post_attention_norm, eps, t, h, &hidden_);
+    if (c.sandwich_norms) {
+      // Gemma 3: the attention output is normalized before its residual add, and the MLP's
+      // input has a norm of its own.
+      d.RmsNorm(out_, lw.post_attention_norm, eps, t, h, &out_);
+      d.AddRmsNorm(out_, &residual_, lw.pre_feedforward_norm, eps, t, h, &hidden_);
+    } else {
+      d.AddRmsNorm(out_, &residual_, lw.post_attention_norm, eps, t, h, &hidden_);
+    }
     Mlp(l, t);  // hidden_ -> out_
+    if (c.sandwich_norms) d.RmsNorm(out_, lw.post_feedforward_norm, eps, t, h, &out_);
     const DeviceArray& next_norm = l + 1 < c.num_layers ? layers_[l + 1].input_norm : final_norm_;
     d.AddRmsNorm(out_, &residual_, next_norm, eps, t, h, &hidden_);
   }
@@ -428,8 +476,12 @@ void LlamaModel::EmbedPass(absl::Span<const EmbeddingInput* const> inputs,
 }
 
 void LlamaModel::EmbedTokens(const StepInputs& in, int64_t t) {
-  const int64_t h = weights_->config.hidden_size;
+  const ModelConfig& c = weights_->config;
+  const int64_t h = c.hidden_size;
   device_->EmbeddingGather(embed_, h, &residual_);
+  // Gemma's sqrt(hidden_size). Under tensor parallelism every row comes whole from one rank
+  // (the others add zeros), so scaling the rank's rows before the sum is scaling the sum.
+  if (c.embedding_multiplier != 1.0f) device_->Scale(c.embedding_multiplier, t * h, &residual_);
   if (group_ == nullptr) return;
   // Vocabulary-parallel: this rank's rows, zeros for tokens another rank holds, then the sum.
   float* rows = HostView(residual_, t * h);
@@ -442,6 +494,11 @@ void LlamaModel::EmbedTokens(const StepInputs& in, int64_t t) {
   Release(rows, t * h, &residual_);
 }
 
+void LlamaModel::CapLogits(int64_t s, DeviceArray* logits) {
+  const double cap = weights_->config.final_logit_softcapping;
+  if (cap > 0.0) device_->SoftCap(static_cast<float>(cap), s * vocab_, logits);
+}
+
 void LlamaModel::ParallelHead(int64_t s, std::vector<float>* logits) {
   // Vocabulary-parallel head: each rank's [s, vocab_] slice, gathered on the leader as
   // [rank][s][vocab_] and interleaved into [s][vocab_size].
@@ -451,6 +508,7 @@ void LlamaModel::ParallelHead(int64_t s, std::vector<float>* logits) {
   if (s == 0) return;
   device_->GatherRows(hidden_, h, &sampled_);
   device_->Linear(sampled_, *lm_head_, no_bias_, s, vocab_, h, &logits_);
+  CapLogits(s, &logits_);  // elementwise, so each rank caps its own slice
   const float* local = HostView(logits_, s * vocab_);
   const bool leader = group_->rank() == 0;
   const int size = group_->size();
@@ -508,14 +566,25 @@ void LlamaModel::Attention(int layer, const StepInputs& in, int64_t t) {
   d.Linear(hidden_, lw.q_proj, lw.q_bias, t, q_dim, h, &q_);
   d.Linear(hidden_, lw.k_proj, lw.k_bias, t, kv_dim, h, &k_);
   d.Linear(hidden_, lw.v_proj, lw.v_bias, t, kv_dim, h, &v_);
-  d.Rope(num_heads_, c.head_dim, &q_);
-  d.Rope(num_kv_heads_, c.head_dim, &k_);
+  if (c.qk_norm) {
+    // Per head, so a rank's heads are normalized exactly as in the whole model.
+    const float eps = static_cast<float>(c.rms_norm_eps);
+    d.HeadRmsNorm(lw.q_norm, eps, t, num_heads_, c.head_dim, &q_);
+    d.HeadRmsNorm(lw.k_norm, eps, t, num_kv_heads_, c.head_dim, &k_);
+  }
+  const bool slides = LayerSlides(c, layer);
+  d.Rope(num_heads_, c.head_dim, slides, &q_);
+  d.Rope(num_kv_heads_, c.head_dim, slides, &k_);
   DeviceArray* const keys = in.scratch_kv ? &embed_keys_ : &key_cache_[layer];
   DeviceArray* const values = in.scratch_kv ? &embed_values_ : &value_cache_[layer];
   const kernels::KvCacheLayout& layout = in.scratch_kv ? embed_layout_ : layout_;
   d.WriteKv(k_, v_, layout, keys, values);
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
-  d.Attention(q_, *keys, *values, layout, num_heads_, scale, &attn_);
+  AttentionOptions options;
+  const double scaled_by = c.query_pre_attn_scalar > 0.0 ? c.query_pre_attn_scalar : c.head_dim;
+  options.scale = static_cast<float>(1.0 / std::sqrt(scaled_by));
+  options.sliding_window = slides ? c.sliding_window : 0;
+  options.logit_softcap = static_cast<float>(c.attn_logit_softcapping);
+  d.Attention(q_, *keys, *values, layout, num_heads_, options, &attn_);
   d.Linear(attn_, lw.o_proj, no_bias_, t, h, q_dim, &out_);
   AllReduce(&out_, t * h);  // partial sums over this rank's heads
 }
@@ -528,7 +597,11 @@ void LlamaModel::Mlp(int layer, int64_t t) {
   ModelDevice& d = *device_;
   d.Linear(hidden_, lw.gate_proj, no_bias_, t, inter, h, &gate_);
   d.Linear(hidden_, lw.up_proj, no_bias_, t, inter, h, &up_);
-  d.SiluMul(gate_, up_, t, inter, &gate_);
+  if (c.hidden_activation == Activation::kGeluTanh) {
+    d.GeluTanhMul(gate_, up_, t, inter, &gate_);
+  } else {
+    d.SiluMul(gate_, up_, t, inter, &gate_);
+  }
   d.Linear(gate_, lw.down_proj, no_bias_, t, h, inter, &out_);
   AllReduce(&out_, t * h);  // partial sums over this rank's features
 }

@@ -2,7 +2,11 @@
 // (worker/model/model_device.h): the CPU's kernels by default, a GPU's when given one.
 //
 // Semantics follow Hugging Face LlamaForCausalLM: RMSNorm, rotate-half RoPE (with rope_scaling),
-// grouped-query attention, SwiGLU MLP, optional q/k/v bias (Qwen2), tied or separate lm_head.
+// grouped-query attention, SwiGLU MLP, optional q/k/v bias (Qwen2), tied or separate lm_head;
+// and what the newer families change (ModelConfig): per-head q/k norms before RoPE (Qwen3,
+// Gemma 3), Gemma 3's sandwich norms, embedding multiplier, GELU-tanh MLP, query_pre_attn_scalar,
+// attention and final logit softcapping, and sliding-window layers with their own RoPE table.
+// (1 + w) norms need nothing here: the loader stores 1 + w.
 // The model sees plain steps only (worker/model/step_plan.h), never the scheduler's objects:
 // one Forward() computes one engine step, any mix of prefill chunks and decodes, as the engine
 // described it. Embed() runs prefill-only passes over one-shot inputs and pools their final
@@ -148,7 +152,8 @@ class LlamaModel {
   // The device's arrays of one layer's weights (empty biases when the model has none).
   struct LayerArrays {
     DeviceArray input_norm, q_proj, k_proj, v_proj, q_bias, k_bias, v_bias, o_proj,
-        post_attention_norm, gate_proj, up_proj, down_proj;
+        post_attention_norm, q_norm, k_norm, pre_feedforward_norm, post_feedforward_norm,
+        gate_proj, up_proj, down_proj;
   };
   // The step's rows, slots and attention sequences. For an embed step, also sizes the scratch
   // KV buffer (embed_keys_, embed_values_, embed_layout_, embed_table_) for its tokens.
@@ -169,6 +174,8 @@ class LlamaModel {
   void EmbedTokens(const StepInputs& in, int64_t t);
   void Attention(int layer, const StepInputs& in, int64_t t);
   void Mlp(int layer, int64_t t);
+  // final_logit_softcapping on s rows of this rank's logits (no-op without it).
+  void CapLogits(int64_t s, DeviceArray* logits);
   // Tensor parallelism: this rank's slice of the sampled rows' logits, gathered on the leader.
   void ParallelHead(int64_t s, std::vector<float>* logits);
   // `count` floats of x as host memory: in place where the device's memory is the host's,

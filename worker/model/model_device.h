@@ -64,6 +64,13 @@ class DeviceArray {
   int64_t numel_ = 0;
 };
 
+// How one layer's attention weighs its keys (kernels::AttentionParams' fields of the same names).
+struct AttentionOptions {
+  float scale = 0.0f;          // usually head_dim ** -0.5
+  int sliding_window = 0;      // keys j of query i with i - window < j <= i; 0: all of 0 .. i
+  float logit_softcap = 0.0f;  // scores capped as cap * tanh(s / cap) before the softmax; 0: none
+};
+
 // One step's inputs as the model prepared them, in host memory; valid during SetStep() only
 // (the device copies what it keeps).
 struct StepView {
@@ -104,8 +111,11 @@ class ModelDevice {
 
   // ---- steps
 
-  // The RoPE inverse frequencies ([rotary_dim / 2], fp32), set once before the first step.
-  virtual void SetRope(absl::Span<const float> inv_freq) = 0;
+  // The RoPE inverse frequencies ([rotary_dim / 2], fp32) of the global layers and of the
+  // sliding (local) ones (Gemma 3's differ; otherwise the two are equal), set once before the
+  // first step. REQUIRES: the same length.
+  virtual void SetRope(absl::Span<const float> inv_freq,
+                       absl::Span<const float> local_inv_freq) = 0;
   // Hands over the next step's inputs.
   virtual void SetStep(const StepView& step) = 0;
 
@@ -122,19 +132,31 @@ class ModelDevice {
   // y[m, n] = x[m, k] · w[n, k]^T (+ bias[n]; bias may be empty).
   virtual void Linear(const DeviceArray& x, const DeviceArray& w, const DeviceArray& bias,
                       int64_t m, int64_t n, int64_t k, DeviceArray* y) = 0;
-  // Rotate-half RoPE in place on x [T, num_heads, head_dim] at the step's positions.
-  virtual void Rope(int num_heads, int head_dim, DeviceArray* x) = 0;
+  // Rotate-half RoPE in place on x [T, num_heads, head_dim] at the step's positions, with the
+  // local table when `local`, else the global one.
+  virtual void Rope(int num_heads, int head_dim, bool local, DeviceArray* x) = 0;
+  // In place RMSNorm of every head of x [rows, num_heads, head_dim] with weight [head_dim].
+  virtual void HeadRmsNorm(const DeviceArray& weight, float eps, int64_t rows, int num_heads,
+                           int head_dim, DeviceArray* x) = 0;
   // out = silu(gate) * up, [rows, inter]; out may be gate.
   virtual void SiluMul(const DeviceArray& gate, const DeviceArray& up, int64_t rows,
                        int64_t inter, DeviceArray* out) = 0;
+  // out = gelu_tanh(gate) * up (the tanh approximation of GELU), [rows, inter]; out may be gate.
+  virtual void GeluTanhMul(const DeviceArray& gate, const DeviceArray& up, int64_t rows,
+                           int64_t inter, DeviceArray* out) = 0;
+  // In place on x[0, n): x = cap * tanh(x / cap). REQUIRES: cap > 0.
+  virtual void SoftCap(float cap, int64_t n, DeviceArray* x) = 0;
+  // In place on x[0, n): x *= factor (in fp32, rounded to the storage type once).
+  virtual void Scale(float factor, int64_t n, DeviceArray* x) = 0;
   // Stores k and v ([T, kv_heads, head_dim]) at the step's slots of one layer's pool.
   virtual void WriteKv(const DeviceArray& k, const DeviceArray& v,
                        const kernels::KvCacheLayout& layout, DeviceArray* key_cache,
                        DeviceArray* value_cache) = 0;
   // Paged attention of the step's sequences over one layer's pool: q, out [T, num_heads, D].
+  // With options.sliding_window, block-table entries before a sequence's window are not read.
   virtual void Attention(const DeviceArray& q, const DeviceArray& key_cache,
                          const DeviceArray& value_cache, const kernels::KvCacheLayout& layout,
-                         int num_heads, float scale, DeviceArray* out) = 0;
+                         int num_heads, const AttentionOptions& options, DeviceArray* out) = 0;
   // out[i] = x[sample_rows[i]], rows of width h.
   virtual void GatherRows(const DeviceArray& x, int64_t h, DeviceArray* out) = 0;
 
