@@ -2,8 +2,10 @@
 // the same F32 checkpoint (written by the test): fp32 storage gives the CPU's greedy tokens;
 // bf16 storage gives the CPU's first tokens and logprobs within kBf16LogprobTolerance; CUDA
 // graphs on and off give the same tokens; a pool sized from --gpu-memory-utilization shrinks with
-// it; the host's fp32 weights are dropped once uploaded. Label gpu: every test skips itself where
+// it; the host's fp32 weights are dropped once uploaded; the newer families (Qwen3, Gemma 3,
+// Mistral's window) follow the CPU too. Label gpu: every test skips itself where
 // no CUDA device is visible.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -166,6 +168,90 @@ TEST_F(CudaModelTest, GraphsOnAndOffGiveTheSameTokens) {
   EXPECT_GT(device->graph_replays(), 0);
   EXPECT_TRUE(device->status().ok()) << device->status();
 }
+
+// The newer families (issue 15) on the GPU against the CPU: each tiny preset with head_dim 64
+// (what the CUDA attention kernels take), prompts and generations past the sliding window, in
+// fp32 (greedy tokens equal the CPU's) and bf16 (the first tokens equal, logprobs within
+// kBf16LogprobTolerance), CUDA graphs on.
+class CudaFamilyTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (kc::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+    dir_ = std::make_unique<testing::ScratchDir>("carpool_cuda_family_test");
+    testing::CheckpointSpec spec;
+    spec.config = SyntheticConfig(GetParam()).value();
+    spec.config.head_dim = 64;
+    spec.config.max_position_embeddings = 512;
+    spec.seed = 23;
+    absl::StatusOr<testing::CheckpointTensors> t =
+        testing::WriteCheckpoint(dir_->path().string(), spec);
+    ASSERT_TRUE(t.ok()) << t.status();
+  }
+
+  std::vector<Completion> Run(DeviceKind kind, StorageType dtype) {
+    EngineOptions o;
+    o.model = dir_->path().string();
+    o.block_size = 16;
+    o.num_kv_blocks = 128;
+    o.scheduler.max_num_batched_tokens = 24;  // prefill chunks that cross the windows
+    o.scheduler.max_num_seqs = 8;
+    o.scheduler.max_model_len = 256;
+    o.device.kind = kind;
+    o.device.dtype = dtype;
+    o.device.cuda_graphs = true;
+    absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(o);
+    EXPECT_TRUE(e.ok()) << e.status();
+    if (!e.ok()) return {};
+    std::vector<EngineRequest> rs;
+    for (int i = 0; i < 5; ++i) {
+      EngineRequest r;
+      for (int j = 0; j < 3 + 17 * i; ++j) r.prompt_tokens.push_back(3 + (i * 31 + j * 7) % 250);
+      r.sampling.max_tokens = 40;
+      r.sampling.temperature = 0;
+      r.sampling.ignore_eos = true;
+      rs.push_back(std::move(r));
+    }
+    std::vector<Completion> out;
+    for (absl::StatusOr<Completion>& c : (*e)->Generate(std::move(rs))) {
+      EXPECT_TRUE(c.ok()) << c.status();
+      if (c.ok()) out.push_back(std::move(*c));
+    }
+    return out;
+  }
+
+  std::unique_ptr<testing::ScratchDir> dir_;
+};
+
+TEST_P(CudaFamilyTest, Fp32TokensAndBf16LogprobsFollowTheCpu) {
+  const std::vector<Completion> cpu = Run(DeviceKind::kCpu, StorageType::kF32);
+  const std::vector<Completion> fp32 = Run(DeviceKind::kCuda, StorageType::kF32);
+  const std::vector<Completion> bf16 = Run(DeviceKind::kCuda, StorageType::kBF16);
+  ASSERT_EQ(fp32.size(), cpu.size());
+  ASSERT_EQ(bf16.size(), cpu.size());
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    EXPECT_EQ(fp32[i].tokens, cpu[i].tokens) << "request " << i;
+    for (size_t k = 0; k < std::min(fp32[i].logprobs.size(), cpu[i].logprobs.size()); ++k) {
+      EXPECT_NEAR(fp32[i].logprobs[k].logprob, cpu[i].logprobs[k].logprob, 1e-3)
+          << "request " << i << " token " << k;
+    }
+    ASSERT_EQ(bf16[i].tokens.size(), cpu[i].tokens.size());
+    for (int k = 0; k < kBf16SameTokens; ++k) {
+      EXPECT_EQ(bf16[i].tokens[k], cpu[i].tokens[k]) << "request " << i << " token " << k;
+    }
+    for (size_t k = 0; k < cpu[i].tokens.size() && bf16[i].tokens[k] == cpu[i].tokens[k]; ++k) {
+      EXPECT_NEAR(bf16[i].logprobs[k].logprob, cpu[i].logprobs[k].logprob, kBf16LogprobTolerance)
+          << "request " << i << " token " << k;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, CudaFamilyTest,
+                         ::testing::Values("qwen3-tiny", "gemma3-tiny", "mistral-tiny"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string name = info.param;
+                           for (char& ch : name) ch = ch == '-' ? '_' : ch;
+                           return name;
+                         });
 
 TEST(CudaEngineTest, KvPoolFollowsGpuMemoryUtilization) {
   if (kc::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
