@@ -202,8 +202,11 @@ absl::Status ParseRope(const Json& root, Family family, ModelConfig* config) {
     return absl::OkStatus();
   }
   if (!params->is_object()) return TypeError("rope_parameters", "an object or null", *params);
-  const bool per_layer_type =
-      params->contains("full_attention") || params->contains("sliding_attention");
+  // The per-layer-type form maps layer types to objects; the flat form holds numbers and names.
+  bool per_layer_type = false;
+  for (const auto& [key, value] : params->items()) {
+    per_layer_type |= value.is_object() || key == "full_attention" || key == "sliding_attention";
+  }
   if (!per_layer_type) {
     ASSIGN_OR_RETURN(config->rope_theta, DoubleOr(*params, "rope_theta", config->rope_theta));
     ASSIGN_OR_RETURN(config->rope_scaling, ParseRopeScaling(params, "rope_parameters"));

@@ -29,7 +29,8 @@ enum class Activation {
 
 struct ModelConfig {
   std::string architecture;    // "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                               // "Qwen3ForCausalLM", "Gemma3ForCausalLM"
+                               // "Qwen3ForCausalLM", "Gemma3ForCausalLM" (also for a
+                               // Gemma3ForConditionalGeneration checkpoint's language model)
   int vocab_size = 0;
   int hidden_size = 0;
   int intermediate_size = 0;
@@ -78,8 +79,13 @@ struct ModelConfig {
   absl::Status Validate() const;
 };
 
-// Parses config.json text. Errors name the field: a missing or mistyped key, or an
-// architecture other than the Llama family (INVALID_ARGUMENT / UNIMPLEMENTED).
+// Parses config.json text: the keys of each family as transformers reads them (older keys and
+// the newer rope_parameters), with transformers' defaults where a published config leaves keys
+// out (Gemma 3's text_config). Errors name the key: a missing or mistyped key
+// (INVALID_ARGUMENT), an architecture outside the supported families, or a key that changes the
+// math in a way carpool does not implement (UNIMPLEMENTED: an unknown RoPE type, softcapping
+// outside Gemma 3, mixture-of-experts keys, bidirectional attention, Qwen's sliding window, ...).
+// docs/models.md lists what each family reads and refuses.
 absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text);
 
 // RoPE inverse frequencies, head_dim / 2 of them, with rope_scaling applied
