@@ -125,8 +125,8 @@ std::vector<std::vector<double>> ReferenceLlama::Layers(const std::vector<int32_
   const int n = static_cast<int>(tokens.size());
   const int d = c.head_dim;
   const int group = c.num_heads / c.num_kv_heads;
-  const double scale =
-      1.0 / std::sqrt(c.query_pre_attn_scalar > 0.0 ? c.query_pre_attn_scalar : static_cast<double>(d));
+  const double scale = 1.0 / std::sqrt(c.query_pre_attn_scalar > 0.0 ? c.query_pre_attn_scalar
+                                                                       : static_cast<double>(d));
   const std::vector<float>& emb = W("model.embed_tokens.weight");
   std::vector<std::vector<double>> x(n, std::vector<double>(c.hidden_size));
   for (int t = 0; t < n; ++t) {

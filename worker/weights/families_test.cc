@@ -197,7 +197,8 @@ TEST_F(FamiliesTest, GemmaCheckpointLoadsNormsAsOnePlusW) {
     spec.dtype = dtype;
     const CheckpointTensors written = Write(spec);
     // The checkpoint holds w, near 0.
-    const std::vector<float>& w = written.at("model.layers.0.pre_feedforward_layernorm.weight").values;
+    const std::vector<float>& w =
+        written.at("model.layers.0.pre_feedforward_layernorm.weight").values;
     EXPECT_LT(*std::max_element(w.begin(), w.end()), 0.11f);
     EXPECT_GT(*std::min_element(w.begin(), w.end()), -0.11f);
     absl::StatusOr<std::unique_ptr<LlamaWeights>> loaded = LoadWeights(dir_.string());

@@ -123,9 +123,8 @@ absl::StatusOr<const Architecture*> FindArchitecture(const Json& root) {
     for (const Architecture& a : kArchitectures) {
       if (type == a.model_type) return &a;
     }
-    return absl::UnimplementedError(absl::StrCat("config.json: model_type '", type,
-                                                 "' is not supported; supported: ",
-                                                 SupportedList()));
+    return absl::UnimplementedError(absl::StrCat(
+        "config.json: model_type '", type, "' is not supported; supported: ", SupportedList()));
   }
   if (!architectures->is_array() || architectures->empty() || !(*architectures)[0].is_string()) {
     return absl::InvalidArgumentError(
@@ -136,8 +135,7 @@ absl::StatusOr<const Architecture*> FindArchitecture(const Json& root) {
     if (name == a.name) return &a;
   }
   return absl::UnimplementedError(absl::StrCat("config.json: architecture '", name,
-                                               "' is not supported; supported: ",
-                                               SupportedList()));
+                                               "' is not supported; supported: ", SupportedList()));
 }
 
 // One RoPE description: an old-style rope_scaling object or an entry of rope_parameters (which
@@ -197,8 +195,8 @@ absl::Status ParseRope(const Json& root, Family family, ModelConfig* config) {
   }
   const Json* params = Find(root, "rope_parameters");
   if (params == nullptr) {
-    ASSIGN_OR_RETURN(config->rope_scaling, ParseRopeScaling(Find(root, "rope_scaling"),
-                                                            "rope_scaling"));
+    ASSIGN_OR_RETURN(config->rope_scaling,
+                     ParseRopeScaling(Find(root, "rope_scaling"), "rope_scaling"));
     return absl::OkStatus();
   }
   if (!params->is_object()) return TypeError("rope_parameters", "an object or null", *params);
@@ -271,11 +269,17 @@ absl::StatusOr<std::vector<int32_t>> ParseEosTokens(const Json& root) {
 // describe a model carpool would compute wrongly (mixture-of-experts layers, bidirectional
 // attention, partial rotary embeddings, biased MLPs).
 absl::Status RefuseUnimplementedKeys(const Json& root, Family family) {
-  constexpr const char* kMoeKeys[] = {
-      "num_experts",          "num_local_experts",  "num_experts_per_tok",
-      "n_routed_experts",     "n_shared_experts",   "moe_intermediate_size",
-      "shared_expert_intermediate_size",            "num_experts_per_token",
-      "enable_moe_block",     "moe_layer_freq",     "first_k_dense_replace"};
+  constexpr const char* kMoeKeys[] = {"num_experts",
+                                      "num_local_experts",
+                                      "num_experts_per_tok",
+                                      "n_routed_experts",
+                                      "n_shared_experts",
+                                      "moe_intermediate_size",
+                                      "shared_expert_intermediate_size",
+                                      "num_experts_per_token",
+                                      "enable_moe_block",
+                                      "moe_layer_freq",
+                                      "first_k_dense_replace"};
   auto set = [](const Json* v) {
     return v != nullptr && !(v->is_boolean() && !v->get<bool>()) &&
            !(v->is_number() && v->get<double>() == 0.0);
@@ -291,7 +295,8 @@ absl::Status RefuseUnimplementedKeys(const Json& root, Family family) {
   }
   if (const Json* v = Find(root, "partial_rotary_factor"); v != nullptr) {
     if (!v->is_number() || v->get<double>() != 1.0) {
-      return Refused("partial_rotary_factor", "rotates part of each head; carpool rotates all of it");
+      return Refused("partial_rotary_factor",
+                     "rotates part of each head; carpool rotates all of it");
     }
   }
   if (set(Find(root, "mlp_bias"))) {
@@ -322,10 +327,12 @@ absl::Status RefuseUnimplementedKeys(const Json& root, Family family) {
       }
     }
   }
-  if ((family == Family::kQwen3 || family == Family::kGemma3) && set(Find(root, "attention_bias"))) {
+  if ((family == Family::kQwen3 || family == Family::kGemma3) &&
+      set(Find(root, "attention_bias"))) {
     // These families put the bias on o_proj too, which carpool does not load.
-    return Refused("attention_bias", "is true: carpool does not implement biased Qwen 3 or "
-                                     "Gemma 3 attention");
+    return Refused("attention_bias",
+                   "is true: carpool does not implement biased Qwen 3 or "
+                   "Gemma 3 attention");
   }
   return absl::OkStatus();
 }
@@ -350,9 +357,9 @@ absl::Status ParseSlidingWindow(const Json& root, Family family, ModelConfig* co
     if (it != root.end() && it->is_null()) return absl::OkStatus();
     ASSIGN_OR_RETURN(config->sliding_window, IntOr(root, "sliding_window", 4096));
     if (config->sliding_window <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "config.json: key 'sliding_window' must be positive or null, got ",
-          config->sliding_window));
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.json: key 'sliding_window' must be positive or null, got ",
+                       config->sliding_window));
     }
     return absl::OkStatus();
   }
@@ -386,8 +393,8 @@ absl::Status ParseSlidingWindow(const Json& root, Family family, ModelConfig* co
   }
   ASSIGN_OR_RETURN(int pattern, IntOr(root, "sliding_window_pattern", 6));
   if (pattern <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config.json: key 'sliding_window_pattern' must be positive, got ", pattern));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json: key 'sliding_window_pattern' must be positive, got ", pattern));
   }
   for (int i = 0; i < config->num_layers; ++i) config->layer_sliding[i] = (i + 1) % pattern != 0;
   return absl::OkStatus();
@@ -407,8 +414,7 @@ absl::Status ParseGemma3(const Json& root, const std::string& dtype, ModelConfig
   config->hidden_activation = Activation::kGeluTanh;
   ASSIGN_OR_RETURN(config->query_pre_attn_scalar, DoubleOr(root, "query_pre_attn_scalar", 256.0));
   ASSIGN_OR_RETURN(config->attn_logit_softcapping, DoubleOr(root, "attn_logit_softcapping", 0.0));
-  ASSIGN_OR_RETURN(config->final_logit_softcapping,
-                   DoubleOr(root, "final_logit_softcapping", 0.0));
+  ASSIGN_OR_RETURN(config->final_logit_softcapping, DoubleOr(root, "final_logit_softcapping", 0.0));
   for (const auto& [key, value] :
        {std::pair<const char*, double>{"query_pre_attn_scalar", config->query_pre_attn_scalar},
         {"attn_logit_softcapping", config->attn_logit_softcapping},
@@ -461,13 +467,13 @@ absl::StatusOr<ModelConfig> FromJson(const Json& root, const Json& outer, Family
   } else {
     if (Find(root, "head_dim") == nullptr && config.num_heads > 0 &&
         config.hidden_size % config.num_heads != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "config.json: hidden_size ", config.hidden_size, " is not divisible by ",
-          "num_attention_heads ", config.num_heads, " and head_dim is not given"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.json: hidden_size ", config.hidden_size, " is not divisible by ",
+                       "num_attention_heads ", config.num_heads, " and head_dim is not given"));
     }
-    ASSIGN_OR_RETURN(config.head_dim,
-                     IntOr(root, "head_dim",
-                           config.num_heads > 0 ? config.hidden_size / config.num_heads : 0));
+    ASSIGN_OR_RETURN(
+        config.head_dim,
+        IntOr(root, "head_dim", config.num_heads > 0 ? config.hidden_size / config.num_heads : 0));
   }
   ASSIGN_OR_RETURN(config.rms_norm_eps, DoubleOr(root, "rms_norm_eps", 1e-6));
   RETURN_IF_ERROR(ParseRope(root, family, &config));
@@ -504,8 +510,8 @@ absl::StatusOr<ModelConfig> FromJson(const Json& root) {
   }
   const Json* text = Find(root, "text_config");
   if (text == nullptr || !text->is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config.json: ", kGemma3Multimodal, " needs a 'text_config' object"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json: ", kGemma3Multimodal, " needs a 'text_config' object"));
   }
   absl::StatusOr<ModelConfig> config = FromJson(*text, root, Family::kGemma3);
   if (!config.ok()) {

@@ -1,13 +1,14 @@
 // ParseModelConfig on configs in the shape Hugging Face publishes them (every key of
 // Qwen3-0.6B, gemma-3-1b-it, gemma-3-4b-it, Mistral-7B-v0.1 and Llama-3.2-1B, most at small
 // sizes), transformers' newer rope_parameters, and the keys carpool refuses.
+#include "worker/weights/model_config.h"
+
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "worker/weights/model_config.h"
 
 namespace carpool::worker {
 namespace {
@@ -472,9 +473,7 @@ TEST(RefusedKeysTest, NeutralValuesAreAccepted) {
   EXPECT_TRUE(
       ParseModelConfig(With(kQwen3, "layer_types", R"(["full_attention", "full_attention"])"))
           .ok());
-  EXPECT_TRUE(ParseModelConfig(
-                  With(kLlama32, "rope_scaling", R"({"rope_type": "default"})"))
-                  .ok());
+  EXPECT_TRUE(ParseModelConfig(With(kLlama32, "rope_scaling", R"({"rope_type": "default"})")).ok());
 }
 
 }  // namespace

@@ -7,7 +7,7 @@
 //   o_proj, down_proj         split by input columns (each rank's product is a partial sum, the
 //                             group all-reduces it)
 //   embed_tokens, lm_head     split by vocabulary rows (vocab-parallel)
-//   norms                     replicated
+//   norms                     replicated (q/k head norms too; Gemma folds 1 + w on each rank)
 #ifndef CARPOOL_WORKER_WEIGHTS_SHARD_LAYOUT_H_
 #define CARPOOL_WORKER_WEIGHTS_SHARD_LAYOUT_H_
 

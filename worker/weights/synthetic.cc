@@ -127,7 +127,7 @@ ModelConfig Gemma3(ModelConfig config, int head_dim, int window, int pattern) {
   config.tie_word_embeddings = true;
   config.rms_norm_eps = 1e-6;
   // Synthetic weights are fp32, so sqrt(hidden) rounds to float.
-  config.embedding_multiplier = static_cast<float>(std::sqrt(static_cast<double>(config.hidden_size)));
+  config.embedding_multiplier = static_cast<float>(std::sqrt(config.hidden_size));
   config.rope_theta = 1'000'000.0;
   config.rope_local_theta = 10'000.0;
   config.sliding_window = window;
