@@ -3,7 +3,7 @@
 // Grid: (split, kv head x head tile, sequence). A thread block reads the keys and values of one
 // kv head over one split of the context once, for up to kDecodeHeadTile query heads of its GQA
 // group. Within a block, a "token group" of kLanes threads holds one cache row (16 bytes per
-// thread); the block walks the split in chunks of kChunk positions: scores into shared memory,
+// thread; 32 bytes for fp32 rows of 256); the block walks the split in chunks of kChunk positions: scores into shared memory,
 // an online-softmax update per head (one warp per head), then P·V into per-thread fp32
 // accumulators, which are summed over the token groups at the end. With more than one split
 // the block writes un-normalized partial results, and DecodeReduceKernel merges them.
@@ -27,11 +27,13 @@ constexpr int kReduceThreads = 128;
 
 template <typename T, int D>
 struct DecodeShape {
-  static constexpr int kVec = kVec16<T>;                         // elements per thread per row
-  static constexpr int kLanes = D / kVec;                        // threads per cache row
+  // Threads per cache row: one 16-byte vector each, or, for rows wider than a warp's vectors
+  // (fp32 with head_dim 256), a warp with several vectors each.
+  static constexpr int kLanes = D / kVec16<T> < 32 ? D / kVec16<T> : 32;
+  static constexpr int kVec = D / kLanes;                        // elements per thread per row
   static constexpr int kGroupsPerWarp = 32 / kLanes;             // rows per warp at once
   static constexpr int kGroups = kDecodeWarps * kGroupsPerWarp;  // rows per block at once
-  static_assert(D % kVec == 0 && kLanes <= 32 && 32 % kLanes == 0);
+  static_assert(D % kLanes == 0 && kVec % kVec16<T> == 0 && 32 % kLanes == 0);
 };
 
 struct DecodeArgs {
@@ -109,7 +111,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
 #pragma unroll
   for (int h = 0; h < kDecodeHeadTile; ++h) {
     if (h < heads) {
-      LoadVec16(q + (row * a.num_heads + head0 + h) * D + feature0, q_reg[h]);
+      LoadVec(q + (row * a.num_heads + head0 + h) * D + feature0, q_reg[h]);
 #pragma unroll
       for (int j = 0; j < S::kVec; ++j) q_reg[h][j] *= a.scale;
     } else {
@@ -138,7 +140,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
 #pragma unroll
       for (int r = 0; r < kRowsInFlight; ++r) {
         const int t = warp_t + r * S::kGroups + lane / S::kLanes;
-        if (t < n) LoadVec16(k_base + SlotOf(table, chunk + t, a.block_size) * row_stride, k[r]);
+        if (t < n) LoadVec(k_base + SlotOf(table, chunk + t, a.block_size) * row_stride, k[r]);
       }
 #pragma unroll
       for (int r = 0; r < kRowsInFlight; ++r) {
@@ -194,7 +196,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
 #pragma unroll
       for (int r = 0; r < kRowsInFlight; ++r) {
         const int t = first + r * S::kGroups;
-        if (t < n) LoadVec16(v_base + SlotOf(table, chunk + t, a.block_size) * row_stride, v[r]);
+        if (t < n) LoadVec(v_base + SlotOf(table, chunk + t, a.block_size) * row_stride, v[r]);
       }
 #pragma unroll
       for (int r = 0; r < kRowsInFlight; ++r) {
@@ -352,6 +354,8 @@ cudaError_t LaunchPagedAttentionDecode(const T* q, const T* key_cache, const T* 
       return LaunchDecode<T, 64>(q, key_cache, value_cache, batch, plan, workspace, out, stream);
     case 128:
       return LaunchDecode<T, 128>(q, key_cache, value_cache, batch, plan, workspace, out, stream);
+    case 256:
+      return LaunchDecode<T, 256>(q, key_cache, value_cache, batch, plan, workspace, out, stream);
     default:
       return cudaErrorInvalidValue;
   }

@@ -232,6 +232,8 @@ cudaError_t LaunchPagedAttentionPrefill(const T* q, const T* key_cache, const T*
       return LaunchPrefill<T, 64>(q, key_cache, value_cache, batch, out, stream);
     case 128:
       return LaunchPrefill<T, 128>(q, key_cache, value_cache, batch, out, stream);
+    case 256:
+      return LaunchPrefill<T, 256>(q, key_cache, value_cache, batch, out, stream);
     default:
       return cudaErrorInvalidValue;
   }

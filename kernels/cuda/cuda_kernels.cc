@@ -28,8 +28,8 @@ absl::Status CheckAttention(const char* kernel, const PagedAttentionBatch& b, co
                             const void* key_cache, const void* value_cache, const void* out) {
   const KvCacheLayout& c = b.cache;
   std::string error;
-  if (c.head_dim != 64 && c.head_dim != 128) {
-    error = "head_dim must be 64 or 128, got " + std::to_string(c.head_dim);
+  if (c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256) {
+    error = "head_dim must be 64, 128 or 256, got " + std::to_string(c.head_dim);
   } else if (c.num_kv_heads <= 0 || b.num_heads <= 0 || b.num_heads % c.num_kv_heads != 0) {
     error = "num_heads (" + std::to_string(b.num_heads) +
             ") must be a positive multiple of num_kv_heads (" + std::to_string(c.num_kv_heads) +

@@ -81,7 +81,7 @@ absl::Status WriteKvCache(const T* k, const T* v, const int64_t* slots, int64_t 
 // block-table entries before it are never read) and batch.logit_softcap, as the CPU kernels.
 //
 // Paged attention for decode: every sequence has exactly one query token. q and out:
-// [num_seqs, num_heads, head_dim] (rows by query_start when given). head_dim is 64 or 128.
+// [num_seqs, num_heads, head_dim] (rows by query_start when given). head_dim is 64, 128 or 256.
 // Long contexts are split over several thread blocks and merged by a second kernel; that needs
 // `workspace` of PagedAttentionDecodeWorkspaceBytes(batch) bytes (none when it returns 0).
 // One thread block reads each kv head once for all of its query heads (GQA).
@@ -93,7 +93,7 @@ absl::Status PagedAttentionDecode(const T* q, const T* key_cache, const T* value
 
 // Paged attention for a mixed batch (chunked prefill and decode): tiled over query rows and
 // keys, causal, online softmax in fp32. q and out: [query_start[num_seqs], num_heads, head_dim];
-// query_start is required. head_dim is 64 or 128.
+// query_start is required. head_dim is 64, 128 or 256.
 template <typename T>
 absl::Status PagedAttention(const T* q, const T* key_cache, const T* value_cache,
                             const PagedAttentionBatch& batch, T* out, Stream stream);

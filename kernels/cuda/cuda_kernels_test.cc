@@ -574,6 +574,7 @@ std::vector<AttentionCase> DecodeCases() {
       {16, 1, 128, 32, {{1, 300}, {1, 1}}},                             // GQA 16: four tiles
       {32, 8, 128, 16, {{1, 40}, {1, 900}}, /*max_context_len=*/8192},  // slack bounds: empty
                                                                         // splits
+      {8, 4, 256, 16, {{1, 1}, {1, 300}, {1, 2100}}},                   // Gemma 3's head_dim
   };
 }
 
@@ -596,6 +597,7 @@ std::vector<AttentionCase> MixedCases() {
       {8, 8, 64, 16, {{33, 33}, {64, 64}, {1, 65}}},                    // MHA, tile edges
       {14, 2, 64, 32, {{20, 20}, {7, 300}}},                            // GQA 7
       {32, 8, 128, 16, {{3, 50}, {9, 900}}, /*max_context_len=*/2048},  // slack bounds
+      {8, 4, 256, 16, {{40, 40}, {5, 300}, {1, 70}}},                   // Gemma 3's head_dim
   };
 }
 
@@ -625,6 +627,10 @@ std::vector<AttentionCase> WindowCases(bool decode) {
         slack.sliding_window = window;
         slack.logit_softcap = cap;
         cases.push_back(slack);
+        AttentionCase wide{8, 4, 256, 16, {{1, 5}, {1, 700}}};
+        wide.sliding_window = window;
+        wide.logit_softcap = cap;
+        cases.push_back(wide);
       } else {
         AttentionCase c{32, 8, 128, 16, {{1, 1}, {40, 40}, {37, 300}, {130, 1000}, {1, 2000}}};
         c.sliding_window = window;
@@ -634,6 +640,10 @@ std::vector<AttentionCase> WindowCases(bool decode) {
         gqa7.sliding_window = window;
         gqa7.logit_softcap = cap;
         cases.push_back(gqa7);
+        AttentionCase wide{8, 4, 256, 16, {{33, 33}, {9, 600}}};
+        wide.sliding_window = window;
+        wide.logit_softcap = cap;
+        cases.push_back(wide);
       }
     }
   }

@@ -70,6 +70,20 @@ __device__ __forceinline__ void LoadVec16(const T* p, float (&out)[kVec16<T>]) {
   for (int j = 0; j < kVec16<T>; ++j) out[j] = Load(e[j]);
 }
 
+// out[j] = float(p[j]) for the N elements at p, in 16-byte loads. REQUIRES: N a multiple of
+// kVec16<T>, p 16-byte aligned.
+template <typename T, int N>
+__device__ __forceinline__ void LoadVec(const T* p, float (&out)[N]) {
+  static_assert(N % kVec16<T> == 0);
+#pragma unroll
+  for (int c = 0; c < N / kVec16<T>; ++c) {
+    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p) + c);
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int j = 0; j < kVec16<T>; ++j) out[c * kVec16<T> + j] = Load(e[j]);
+  }
+}
+
 constexpr unsigned kFullMask = 0xffffffffu;
 
 __device__ __forceinline__ float WarpMax(float v) {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -39,7 +40,7 @@ ModelConfig TestConfig() {
   c.num_layers = 3;
   c.num_heads = 4;
   c.num_kv_heads = 2;
-  c.head_dim = 64;  // the CUDA attention kernels take head_dim 64 or 128 only
+  c.head_dim = 64;  // the CUDA attention kernels take head_dim 64, 128 or 256 only
   c.rms_norm_eps = 1e-5;
   c.rope_theta = 10000.0;
   c.max_position_embeddings = 512;
@@ -169,18 +170,18 @@ TEST_F(CudaModelTest, GraphsOnAndOffGiveTheSameTokens) {
   EXPECT_TRUE(device->status().ok()) << device->status();
 }
 
-// The newer families (issue 15) on the GPU against the CPU: each tiny preset with head_dim 64
-// (what the CUDA attention kernels take), prompts and generations past the sliding window, in
+// The newer families (issue 15) on the GPU against the CPU: each tiny preset with head_dim 64 or
+// 256 (Gemma 3's; the CUDA attention kernels take 64, 128 and 256), prompts and generations past the sliding window, in
 // fp32 (greedy tokens equal the CPU's) and bf16 (the first tokens equal, logprobs within
 // kBf16LogprobTolerance), CUDA graphs on.
-class CudaFamilyTest : public ::testing::TestWithParam<std::string> {
+class CudaFamilyTest : public ::testing::TestWithParam<std::tuple<std::string, int>> {
  protected:
   void SetUp() override {
     if (kc::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
     dir_ = std::make_unique<testing::ScratchDir>("carpool_cuda_family_test");
     testing::CheckpointSpec spec;
-    spec.config = SyntheticConfig(GetParam()).value();
-    spec.config.head_dim = 64;
+    spec.config = SyntheticConfig(std::get<0>(GetParam())).value();
+    spec.config.head_dim = std::get<1>(GetParam());
     spec.config.max_position_embeddings = 512;
     spec.seed = 23;
     absl::StatusOr<testing::CheckpointTensors> t =
@@ -245,13 +246,17 @@ TEST_P(CudaFamilyTest, Fp32TokensAndBf16LogprobsFollowTheCpu) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, CudaFamilyTest,
-                         ::testing::Values("qwen3-tiny", "gemma3-tiny", "mistral-tiny"),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           std::string name = info.param;
-                           for (char& ch : name) ch = ch == '-' ? '_' : ch;
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Families, CudaFamilyTest,
+    ::testing::Values(std::tuple<std::string, int>{"qwen3-tiny", 64},
+                      std::tuple<std::string, int>{"gemma3-tiny", 64},
+                      std::tuple<std::string, int>{"gemma3-tiny", 256},
+                      std::tuple<std::string, int>{"mistral-tiny", 64}),
+    [](const ::testing::TestParamInfo<std::tuple<std::string, int>>& info) {
+      std::string name = std::get<0>(info.param) + "_d" + std::to_string(std::get<1>(info.param));
+      for (char& ch : name) ch = ch == '-' ? '_' : ch;
+      return name;
+    });
 
 TEST(CudaEngineTest, KvPoolFollowsGpuMemoryUtilization) {
   if (kc::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
