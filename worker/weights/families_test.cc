@@ -230,6 +230,26 @@ TEST_F(FamiliesTest, MultimodalGemmaCheckpointLoadsItsLanguageModel) {
   ExpectLoadedAsWritten(**loaded, written);
 }
 
+// Newer transformers versions save the language model as model.language_model.*.
+TEST_F(FamiliesTest, MultimodalGemmaCheckpointInTheNewerLayoutLoads) {
+  CheckpointSpec spec;
+  spec.config = SyntheticConfig("gemma3-tiny").value();
+  const CheckpointTensors written = Write(spec);
+  std::vector<testing::RawTensor> raw = testing::ToRawTensors(written, DType::kF32);
+  for (testing::RawTensor& tensor : raw) {
+    tensor.name = "model.language_model." + tensor.name.substr(std::string("model.").size());
+  }
+  raw.push_back({"model.vision_tower.vision_model.post_layernorm.weight", "F32", {2},
+                 std::string(8, '\0')});
+  ASSERT_TRUE(testing::WriteSafetensors((dir_ / "model.safetensors").string(), raw).ok());
+  ASSERT_TRUE(testing::WriteFile((dir_ / "config.json").string(),
+                                 testing::ConfigJson(spec.config, DType::kF32, true))
+                  .ok());
+  absl::StatusOr<std::unique_ptr<LlamaWeights>> loaded = LoadWeights(dir_.string());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ExpectLoadedAsWritten(**loaded, written);
+}
+
 TEST_F(FamiliesTest, Qwen3CheckpointLoadsHeadNorms) {
   CheckpointSpec spec;
   spec.config = SyntheticConfig("qwen3-tiny").value();
