@@ -4,7 +4,8 @@
 // semantics) within kLogprobTolerance: every prompt alone and all of them batched together, with
 // prompts and generations longer than the sliding window, prefill chunks that split prompts
 // across the window boundary, prefix-cache hits, preemption and recompute, and tensor
-// parallelism of two ranks (two threads of this process over an in-process communicator).
+// parallelism of two ranks (two threads of this process over an in-process communicator), and
+// on a device that hides its host memory (the host transfers a GPU makes), also under TP.
 // Embeddings of every family equal the reference's too.
 #include <algorithm>
 #include <cmath>
@@ -23,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/checkpoint_writer.h"
 #include "tests/testing/command.h"
+#include "tests/testing/no_host_memory_device.h"
 #include "tests/testing/reference_llama.h"
 #include "worker/engine.h"
 #include "worker/mpi_worker.h"
@@ -324,36 +326,56 @@ TEST_P(ModelFamiliesTest, PreemptionAndRecomputeMatchTheReference) {
   EXPECT_EQ(engine->kv_cache().num_used_blocks(), 0);
 }
 
-TEST_P(ModelFamiliesTest, TensorParallelTwoRanksMatchTheReference) {
-  Family& f = family();
+// Two ranks, each on a CPU device (collectives in place) or, `staged`, on one that hides its
+// host memory (every collective and the logits go ToHost -> host -> FromHost, a GPU's path).
+void ExpectTensorParallelMatches(Family& f, bool staged) {
   const ModelConfig& c = f.config();
-  if (c.num_heads % 2 != 0 || c.num_kv_heads % 2 != 0) GTEST_SKIP() << "heads do not split";
   ThreadGroup group(2);
   ThreadCommunicator leader_comm(&group, 0), follower_comm(&group, 1);
   EngineOptions o = f.Options();
   o.num_threads = 1;
+  const auto device = [staged]() -> std::unique_ptr<worker::ModelDevice> {
+    if (!staged) return nullptr;
+    return std::make_unique<testing::NoHostMemoryDevice>();
+  };
   std::thread follower([&] {
     EngineOptions fo = o;
     fo.tensor_parallel_group = &follower_comm;
-    std::unique_ptr<Engine> engine = MakeEngine(fo);
-    ASSERT_NE(engine, nullptr);
-    EXPECT_TRUE(worker::RunFollower(&engine->model(), &follower_comm).ok());
+    absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(fo, nullptr, device());
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    EXPECT_TRUE(worker::RunFollower(&(*engine)->model(), &follower_comm).ok());
   });
-  {
-    o.tensor_parallel_group = &leader_comm;
-    std::unique_ptr<Engine> leader = MakeEngine(o);
-    if (leader != nullptr) {
-      EXPECT_EQ(leader->model().weights().shard.num_heads, c.num_heads / 2);
-      const std::vector<absl::StatusOr<Completion>> got = leader->Generate(f.Requests());
-      // Release the follower before checking, so a failure does not leave it waiting.
-      EXPECT_TRUE(worker::StopFollowers(&leader_comm).ok());
-      follower.join();
-      f.ExpectReference(got, "tensor parallel");
-      EXPECT_GT(leader->model().collective_times().all_reduces, 0);
-      return;
-    }
+  o.tensor_parallel_group = &leader_comm;
+  absl::StatusOr<std::unique_ptr<Engine>> leader = Engine::Create(o, nullptr, device());
+  if (!leader.ok()) {
+    ADD_FAILURE() << leader.status();
+    follower.detach();  // its engine failed the same way; nothing runs on it
+    return;
   }
-  follower.detach();  // its engine failed the same way; nothing runs on it
+  EXPECT_EQ((*leader)->model().weights().shard.num_heads, c.num_heads / 2);
+  const std::vector<absl::StatusOr<Completion>> got = (*leader)->Generate(f.Requests());
+  // Release the follower before checking, so that a failure does not leave it waiting.
+  EXPECT_TRUE(worker::StopFollowers(&leader_comm).ok());
+  follower.join();
+  f.ExpectReference(got, staged ? "tensor parallel, staged" : "tensor parallel");
+  EXPECT_GT((*leader)->model().collective_times().all_reduces, 0);
+}
+
+TEST_P(ModelFamiliesTest, TensorParallelTwoRanksMatchTheReference) {
+  const ModelConfig& c = family().config();
+  if (c.num_heads % 2 != 0 || c.num_kv_heads % 2 != 0) GTEST_SKIP() << "heads do not split";
+  ExpectTensorParallelMatches(family(), /*staged=*/false);
+  ExpectTensorParallelMatches(family(), /*staged=*/true);
+}
+
+// One rank on a device without host memory: the logits' softcap and the embedding scale run on
+// the device's own arrays.
+TEST_P(ModelFamiliesTest, DeviceWithoutHostMemoryMatchesTheReference) {
+  Family& f = family();
+  absl::StatusOr<std::unique_ptr<Engine>> engine =
+      Engine::Create(f.Options(), nullptr, std::make_unique<testing::NoHostMemoryDevice>());
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  f.ExpectReference((*engine)->Generate(f.Requests()), "no host memory");
 }
 
 TEST_P(ModelFamiliesTest, EmbeddingsMatchTheReference) {
