@@ -6,6 +6,7 @@
 #include <fstream>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -66,7 +67,8 @@ void EosJson(const worker::ModelConfig& config, Json* json) {
   }
 }
 
-// gemma-3-1b-it's config.json keys.
+// gemma-3-1b-it's config.json keys (layer_types instead of sliding_window_pattern when the
+// local layers follow no pattern).
 Json Gemma3Json(const worker::ModelConfig& c, DType dtype) {
   Json json;
   json["architectures"] = {c.architecture};
@@ -82,12 +84,21 @@ Json Gemma3Json(const worker::ModelConfig& c, DType dtype) {
   json["hidden_size"] = c.hidden_size;
   json["initializer_range"] = 0.02;
   json["intermediate_size"] = c.intermediate_size;
-  Json types = Json::array();
-  for (int i = 0; i < c.num_layers; ++i) {
-    const bool slides = c.layer_sliding.empty() || c.layer_sliding[i];
-    types.push_back(slides ? "sliding_attention" : "full_attention");
+  // Published Gemma 3 configs give sliding_window_pattern; newer ones list layer_types, which
+  // also says what no pattern can.
+  std::vector<bool> sliding = c.layer_sliding;
+  if (sliding.empty()) sliding.assign(c.num_layers, true);
+  int pattern = 0;
+  for (int p = 1; p <= c.num_layers + 1 && pattern == 0; ++p) {
+    bool matches = true;
+    for (int i = 0; i < c.num_layers; ++i) matches &= sliding[i] == ((i + 1) % p != 0);
+    if (matches) pattern = p;
   }
-  json["layer_types"] = types;
+  if (pattern == 0) {
+    Json types = Json::array();
+    for (bool slides : sliding) types.push_back(slides ? "sliding_attention" : "full_attention");
+    json["layer_types"] = types;
+  }
   json["max_position_embeddings"] = c.max_position_embeddings;
   json["model_type"] = "gemma3_text";
   json["num_attention_heads"] = c.num_heads;
@@ -101,6 +112,7 @@ Json Gemma3Json(const worker::ModelConfig& c, DType dtype) {
   json["rope_scaling"] = RopeScalingJson(c.rope_scaling);
   json["rope_theta"] = c.rope_theta;
   json["sliding_window"] = c.sliding_window;
+  if (pattern > 0) json["sliding_window_pattern"] = pattern;
   json["tie_word_embeddings"] = c.tie_word_embeddings;
   json["torch_dtype"] = TorchDType(dtype);
   json["transformers_version"] = "4.50.0.dev0";

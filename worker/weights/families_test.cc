@@ -167,6 +167,19 @@ TEST(FamilyPresetsTest, WriterOutputParsesBack) {
   }
 }
 
+TEST(FamilyPresetsTest, WriterListsLayerTypesWhenNoPatternFits) {
+  ModelConfig c = SyntheticConfig("gemma3-tiny").value();
+  c.layer_sliding = {false, true, true, false};
+  const std::string json = testing::ConfigJson(c);
+  EXPECT_THAT(json, HasSubstr("layer_types"));
+  EXPECT_THAT(json, ::testing::Not(HasSubstr("sliding_window_pattern")));
+  absl::StatusOr<ModelConfig> parsed = ParseModelConfig(json);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->layer_sliding, c.layer_sliding);
+  EXPECT_THAT(testing::ConfigJson(SyntheticConfig("gemma3-tiny").value()),
+              HasSubstr("\"sliding_window_pattern\": 2"));
+}
+
 // --- Loading --------------------------------------------------------------------------------
 
 // Each loaded tensor is what was written; norms 1 + w (added in fp32) for Gemma.
