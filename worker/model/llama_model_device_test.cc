@@ -190,6 +190,40 @@ TEST_F(ModelDeviceTest, TransfersWithoutHostMemoryGiveTheSameResults) {
   EXPECT_EQ(*got, *want);
 }
 
+// Weights that lack a tensor their config's family needs (or carry one it does not) are refused
+// at Create with the layer and the tensor named, never read past.
+TEST(FamilyTensorsTest, MissingOrExtraNormsAreRefusedByName) {
+  const ModelConfig gemma = SyntheticConfig("gemma3-tiny").value();
+  const auto create = [](std::unique_ptr<LlamaWeights> w) {
+    return LlamaModel::Create(std::move(w), KvCacheShape{4, 16}).status();
+  };
+  EXPECT_TRUE(create(SyntheticWeights(gemma, 1)).ok());
+
+  std::unique_ptr<LlamaWeights> w = SyntheticWeights(gemma, 1);
+  w->layers[1].q_norm = Tensor();
+  absl::Status s = create(std::move(w));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("layer 1: self_attn.q_norm"), std::string::npos) << s;
+
+  w = SyntheticWeights(gemma, 1);
+  w->layers[0].post_feedforward_norm = Tensor();
+  s = create(std::move(w));
+  EXPECT_NE(s.message().find("layer 0: post_feedforward_layernorm"), std::string::npos) << s;
+
+  // A config without q/k norms over weights that have them.
+  w = SyntheticWeights(gemma, 1);
+  w->config.qk_norm = false;
+  s = create(std::move(w));
+  EXPECT_NE(s.message().find("layer 0: self_attn.q_norm has 32 values, the config needs 0"),
+            std::string::npos)
+      << s;
+
+  w = SyntheticWeights(gemma, 1);
+  w->config.layer_sliding.pop_back();
+  s = create(std::move(w));
+  EXPECT_NE(s.message().find("layer_sliding"), std::string::npos) << s;
+}
+
 TEST(KvBytesPerBlockTest, ScalesWithTheStorageType) {
   const ModelConfig c = testing::TinyTestConfig();
   const int64_t fp32 = LlamaModel::KvBytesPerBlock(c, 16);
