@@ -146,41 +146,44 @@ class KernelBench {
     std::mt19937 rng(1);
     std::uniform_real_distribution<float> u(-0.02f, 0.02f);
     for (float& x : chunk) x = u(rng);
-    auto make = [&](int64_t n, float fill) -> absl::StatusOr<DeviceArray> {
+    auto make = [&](int64_t n) -> absl::StatusOr<DeviceArray> {
       absl::StatusOr<DeviceArray> a = d_->Allocate(n);
       if (!a.ok()) return a;
-      std::vector<float> ones;
-      if (fill != 0) ones.assign(std::min<int64_t>(n, chunk.size()), fill);
-      const std::vector<float>& src = fill != 0 ? ones : chunk;
-      for (int64_t at = 0; at < n; at += src.size()) {
-        d_->FromHost(src.data(), at, std::min<int64_t>(src.size(), n - at), &*a);
+      for (int64_t at = 0; at < n; at += chunk.size()) {
+        d_->FromHost(chunk.data(), at, std::min<int64_t>(chunk.size(), n - at), &*a);
       }
       return a;
     };
     const int64_t h = c_.hidden_size, q = int64_t{c_.num_heads} * c_.head_dim,
                   kv = int64_t{c_.num_kv_heads} * c_.head_dim, in = c_.intermediate_size;
-    auto take = [&](int64_t n, float fill, DeviceArray* out) -> absl::Status {
-      absl::StatusOr<DeviceArray> a = make(n, fill);
+    auto take = [&](int64_t n, DeviceArray* out) -> absl::Status {
+      absl::StatusOr<DeviceArray> a = make(n);
       if (!a.ok()) return a.status();
       *out = std::move(*a);
       weight_bytes_ += n * (d_->storage_type() == StorageType::kF32 ? 4 : 2);
       return absl::OkStatus();
     };
+    // Norm weights are fp32 on every device (ModelDevice::NormWeight).
+    auto norm = [&](DeviceArray* out) -> absl::Status {
+      ASSIGN_OR_RETURN(*out, d_->NormWeight(Tensor::Owned(std::vector<float>(h, 1.0f), {h})));
+      weight_bytes_ += h * 4;
+      return absl::OkStatus();
+    };
     layers_.resize(c_.num_layers);
     for (Layer& l : layers_) {
-      RETURN_IF_ERROR(take(h, 1.0f, &l.in_norm));
-      RETURN_IF_ERROR(take(q * h, 0, &l.q));
-      RETURN_IF_ERROR(take(kv * h, 0, &l.k));
-      RETURN_IF_ERROR(take(kv * h, 0, &l.v));
-      RETURN_IF_ERROR(take(h * q, 0, &l.o));
-      RETURN_IF_ERROR(take(h, 1.0f, &l.post_norm));
-      RETURN_IF_ERROR(take(in * h, 0, &l.gate));
-      RETURN_IF_ERROR(take(in * h, 0, &l.up));
-      RETURN_IF_ERROR(take(h * in, 0, &l.down));
+      RETURN_IF_ERROR(norm(&l.in_norm));
+      RETURN_IF_ERROR(take(q * h, &l.q));
+      RETURN_IF_ERROR(take(kv * h, &l.k));
+      RETURN_IF_ERROR(take(kv * h, &l.v));
+      RETURN_IF_ERROR(take(h * q, &l.o));
+      RETURN_IF_ERROR(norm(&l.post_norm));
+      RETURN_IF_ERROR(take(in * h, &l.gate));
+      RETURN_IF_ERROR(take(in * h, &l.up));
+      RETURN_IF_ERROR(take(h * in, &l.down));
     }
-    RETURN_IF_ERROR(take(h, 1.0f, &final_norm_));
-    RETURN_IF_ERROR(take(int64_t{c_.vocab_size} * h, 0, &head_));
-    ASSIGN_OR_RETURN(embed_, make(int64_t{c_.vocab_size} * h, 0));
+    RETURN_IF_ERROR(norm(&final_norm_));
+    RETURN_IF_ERROR(take(int64_t{c_.vocab_size} * h, &head_));
+    ASSIGN_OR_RETURN(embed_, make(int64_t{c_.vocab_size} * h));
     weight_bytes_ += h * (d_->storage_type() == StorageType::kF32 ? 4 : 2);  // one embedding row
     const int64_t pool = int64_t{layout_.num_blocks} * 16 * kv;
     for (int i = 0; i < c_.num_layers; ++i) {

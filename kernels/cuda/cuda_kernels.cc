@@ -69,7 +69,7 @@ absl::Status EmbeddingGather(const T* table, int64_t vocab, const int32_t* ids, 
 }
 
 template <typename T>
-absl::Status RmsNorm(const T* x, const T* weight, float eps, T* out, int64_t t, int64_t h,
+absl::Status RmsNorm(const T* x, const float* weight, float eps, T* out, int64_t t, int64_t h,
                      Stream stream) {
   RETURN_IF_ERROR(CheckRows("RmsNorm", t, h));
   if (t == 0) return absl::OkStatus();
@@ -78,8 +78,8 @@ absl::Status RmsNorm(const T* x, const T* weight, float eps, T* out, int64_t t, 
 }
 
 template <typename T>
-absl::Status AddRmsNorm(const T* x, T* residual, const T* weight, float eps, T* out, int64_t t,
-                        int64_t h, Stream stream) {
+absl::Status AddRmsNorm(const T* x, T* residual, const float* weight, float eps, T* out,
+                        int64_t t, int64_t h, Stream stream) {
   RETURN_IF_ERROR(CheckRows("AddRmsNorm", t, h));
   if (residual == nullptr) return Invalid("AddRmsNorm: residual is required");
   if (t == 0) return absl::OkStatus();
@@ -118,8 +118,8 @@ absl::Status GeluTanhMul(const T* gate, const T* up, T* out, int64_t t, int64_t 
 }
 
 template <typename T>
-absl::Status HeadRmsNorm(T* x, const T* weight, float eps, int64_t t, int num_heads, int head_dim,
-                         Stream stream) {
+absl::Status HeadRmsNorm(T* x, const float* weight, float eps, int64_t t, int num_heads,
+                         int head_dim, Stream stream) {
   RETURN_IF_ERROR(CheckRows("HeadRmsNorm", t * num_heads, head_dim));
   if (num_heads <= 0) return Invalid("HeadRmsNorm: num_heads must be > 0");
   if (t == 0) return absl::OkStatus();
@@ -239,14 +239,14 @@ absl::Status Convert(const From* in, To* out, int64_t n, Stream stream) {
 #define CARPOOL_INSTANTIATE(T)                                                                  \
   template absl::Status EmbeddingGather<T>(const T*, int64_t, const int32_t*, T*, int64_t,      \
                                            int64_t, Stream);                                    \
-  template absl::Status RmsNorm<T>(const T*, const T*, float, T*, int64_t, int64_t, Stream);    \
-  template absl::Status AddRmsNorm<T>(const T*, T*, const T*, float, T*, int64_t, int64_t,      \
+  template absl::Status RmsNorm<T>(const T*, const float*, float, T*, int64_t, int64_t, Stream); \
+  template absl::Status AddRmsNorm<T>(const T*, T*, const float*, float, T*, int64_t, int64_t,  \
                                       Stream);                                                  \
   template absl::Status RotaryEmbedding<T>(T*, const int32_t*, const float*, int64_t, int, int, \
                                            int, Stream);                                        \
   template absl::Status SiluMul<T>(const T*, const T*, T*, int64_t, int64_t, Stream);           \
   template absl::Status GeluTanhMul<T>(const T*, const T*, T*, int64_t, int64_t, Stream);       \
-  template absl::Status HeadRmsNorm<T>(T*, const T*, float, int64_t, int, int, Stream);         \
+  template absl::Status HeadRmsNorm<T>(T*, const float*, float, int64_t, int, int, Stream);     \
   template absl::Status SoftCap<T>(T*, float, int64_t, Stream);                                 \
   template absl::Status Scale<T>(T*, float, int64_t, Stream);                                   \
   template absl::Status WriteKvCache<T>(const T*, const T*, const int64_t*, int64_t,            \

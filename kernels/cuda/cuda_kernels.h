@@ -28,16 +28,19 @@ template <typename T>
 absl::Status EmbeddingGather(const T* table, int64_t vocab, const int32_t* ids, T* out, int64_t t,
                              int64_t h, Stream stream);
 
+// The norms' weights are fp32 whatever T is: Gemma's (1 + w), folded at load, keeps its exact
+// value (in bf16 it would lose w's low bits), as transformers computes it.
+//
 // out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight. out may alias x.
 template <typename T>
-absl::Status RmsNorm(const T* x, const T* weight, float eps, T* out, int64_t t, int64_t h,
+absl::Status RmsNorm(const T* x, const float* weight, float eps, T* out, int64_t t, int64_t h,
                      Stream stream);
 
 // In place: residual[t] += x[t] (rounded to T, as Hugging Face adds in the model dtype); then
 // out[t] = RmsNorm(residual[t]). out may alias x.
 template <typename T>
-absl::Status AddRmsNorm(const T* x, T* residual, const T* weight, float eps, T* out, int64_t t,
-                        int64_t h, Stream stream);
+absl::Status AddRmsNorm(const T* x, T* residual, const float* weight, float eps, T* out,
+                        int64_t t, int64_t h, Stream stream);
 
 // Rotate-half RoPE in place on the first rotary_dim features of each head, as
 // cpu::RotaryEmbedding: x [T, num_heads, head_dim], positions [T], inv_freq [rotary_dim / 2]
@@ -60,8 +63,8 @@ absl::Status GeluTanhMul(const T* gate, const T* up, T* out, int64_t t, int64_t 
 // In place RMSNorm of every head of x [T, num_heads, head_dim] with weight [head_dim] (the q/k
 // norms), as cpu::HeadRmsNorm. One warp per head.
 template <typename T>
-absl::Status HeadRmsNorm(T* x, const T* weight, float eps, int64_t t, int num_heads, int head_dim,
-                         Stream stream);
+absl::Status HeadRmsNorm(T* x, const float* weight, float eps, int64_t t, int num_heads,
+                         int head_dim, Stream stream);
 
 // In place on x[0, n): x = cap * tanh(x / cap) (tanhf). REQUIRES: cap > 0.
 template <typename T>

@@ -225,16 +225,16 @@ void CheckRmsNorm() {
   for (const auto& [t, h] : kRowShapes) {
     SCOPED_TRACE(std::to_string(t) + "x" + std::to_string(h));
     const std::vector<float> x = Quantized<T>(RandomFloats(t * h, 1, -3.0f, 3.0f));
-    const std::vector<float> weight = Quantized<T>(RandomFloats(h, 2, 0.5f, 1.5f));
+    const std::vector<float> weight = RandomFloats(h, 2, 0.5f, 1.5f);  // fp32 on the device
     ASSERT_OK_AND_ASSIGN(DeviceBuffer d_x, Upload<T>(x));
-    ASSERT_OK_AND_ASSIGN(DeviceBuffer d_w, Upload<T>(weight));
+    ASSERT_OK_AND_ASSIGN(DeviceBuffer d_w, DeviceBuffer::FromHost(weight));
     ASSERT_OK_AND_ASSIGN(DeviceBuffer d_out, DeviceBuffer::Allocate(t * h * sizeof(T)));
-    ASSERT_OK(RmsNorm(d_x.as<T>(), d_w.as<T>(), kEps, d_out.as<T>(), t, h, nullptr));
+    ASSERT_OK(RmsNorm(d_x.as<T>(), d_w.as<float>(), kEps, d_out.as<T>(), t, h, nullptr));
     ASSERT_OK_AND_ASSIGN(std::vector<float> out, Download<T>(d_out, t * h));
     const std::vector<double> want = reference::RmsNorm(x.data(), weight.data(), kEps, t, h);
     EXPECT_TRUE(AllNear(out, want, Tolerance<T>()));
     // In place gives the same.
-    ASSERT_OK(RmsNorm(d_x.as<T>(), d_w.as<T>(), kEps, d_x.as<T>(), t, h, nullptr));
+    ASSERT_OK(RmsNorm(d_x.as<T>(), d_w.as<float>(), kEps, d_x.as<T>(), t, h, nullptr));
     ASSERT_OK_AND_ASSIGN(std::vector<float> in_place, Download<T>(d_x, t * h));
     EXPECT_EQ(in_place, out);
   }
@@ -250,14 +250,14 @@ void CheckAddRmsNorm() {
     SCOPED_TRACE(std::to_string(t) + "x" + std::to_string(h));
     const std::vector<float> x = Quantized<T>(RandomFloats(t * h, 5));
     const std::vector<float> residual = Quantized<T>(RandomFloats(t * h, 6, -4.0f, 4.0f));
-    const std::vector<float> weight = Quantized<T>(RandomFloats(h, 7));
+    const std::vector<float> weight = RandomFloats(h, 7);  // fp32 on the device
     const auto [want_residual, want_out] =
         reference::AddRmsNorm(x.data(), residual.data(), weight.data(), kEps, t, h);
     ASSERT_OK_AND_ASSIGN(DeviceBuffer d_x, Upload<T>(x));
     ASSERT_OK_AND_ASSIGN(DeviceBuffer d_r, Upload<T>(residual));
-    ASSERT_OK_AND_ASSIGN(DeviceBuffer d_w, Upload<T>(weight));
+    ASSERT_OK_AND_ASSIGN(DeviceBuffer d_w, DeviceBuffer::FromHost(weight));
     // out aliases x, as the model uses it.
-    ASSERT_OK(AddRmsNorm(d_x.as<T>(), d_r.as<T>(), d_w.as<T>(), kEps, d_x.as<T>(), t, h, nullptr));
+    ASSERT_OK(AddRmsNorm(d_x.as<T>(), d_r.as<T>(), d_w.as<float>(), kEps, d_x.as<T>(), t, h, nullptr));
     ASSERT_OK_AND_ASSIGN(std::vector<float> out, Download<T>(d_x, t * h));
     ASSERT_OK_AND_ASSIGN(std::vector<float> new_residual, Download<T>(d_r, t * h));
     EXPECT_TRUE(AllNear(new_residual, want_residual, Tolerance<T>()));
@@ -345,10 +345,10 @@ void CheckHeadRmsNorm() {
         std::tuple<int64_t, int, int>{5, 3, 256}, std::tuple<int64_t, int, int>{4, 2, 40}}) {
     SCOPED_TRACE(std::to_string(t) + "x" + std::to_string(heads) + "x" + std::to_string(d));
     const std::vector<float> x = Quantized<T>(RandomFloats(t * heads * d, 25, -3.0f, 3.0f));
-    const std::vector<float> weight = Quantized<T>(RandomFloats(d, 26, 0.5f, 1.5f));
+    const std::vector<float> weight = RandomFloats(d, 26, 0.5f, 1.5f);  // fp32 on the device
     ASSERT_OK_AND_ASSIGN(DeviceBuffer d_x, Upload<T>(x));
-    ASSERT_OK_AND_ASSIGN(DeviceBuffer d_w, Upload<T>(weight));
-    ASSERT_OK(HeadRmsNorm(d_x.as<T>(), d_w.as<T>(), kEps, t, heads, d, nullptr));
+    ASSERT_OK_AND_ASSIGN(DeviceBuffer d_w, DeviceBuffer::FromHost(weight));
+    ASSERT_OK(HeadRmsNorm(d_x.as<T>(), d_w.as<float>(), kEps, t, heads, d, nullptr));
     ASSERT_OK_AND_ASSIGN(std::vector<float> out, Download<T>(d_x, x.size()));
     // Each head is one RMSNorm row of d features.
     EXPECT_TRUE(AllNear(out, reference::RmsNorm(x.data(), weight.data(), kEps, t * heads, d),

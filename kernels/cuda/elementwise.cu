@@ -36,7 +36,7 @@ __global__ void EmbeddingGatherKernel(const T* table, int64_t vocab, const int32
 // residual == nullptr: plain RMSNorm of x.
 template <typename T>
 __global__ void __launch_bounds__(kRowThreads)
-    AddRmsNormKernel(const T* x, T* residual, const T* weight, float eps, T* out, int64_t h) {
+    AddRmsNormKernel(const T* x, T* residual, const float* weight, float eps, T* out, int64_t h) {
   __shared__ float scratch[32];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * h;
   float sum_squares = 0.0f;
@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(kRowThreads)
   // Each thread reads back only the elements it wrote, so no barrier is needed.
   const T* normed = residual != nullptr ? residual : x;
   for (int64_t i = threadIdx.x; i < h; i += blockDim.x) {
-    out[base + i] = Store<T>(Load(normed[base + i]) * inv_rms * Load(weight[i]));
+    out[base + i] = Store<T>(Load(normed[base + i]) * inv_rms * weight[i]);
   }
 }
 
@@ -118,7 +118,7 @@ __global__ void ScaleKernel(T* x, float factor, int64_t n) {
 constexpr int kHeadNormWarps = kRowThreads / 32;
 template <typename T>
 __global__ void __launch_bounds__(kRowThreads)
-    HeadRmsNormKernel(T* x, const T* weight, float eps, int64_t rows, int head_dim) {
+    HeadRmsNormKernel(T* x, const float* weight, float eps, int64_t rows, int head_dim) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kHeadNormWarps + threadIdx.x / 32;
   if (row >= rows) return;  // a whole warp leaves together
   const int lane = threadIdx.x % 32;
@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(kRowThreads)
   sum_squares = WarpSum(sum_squares);
   const float inv_rms = 1.0f / sqrtf(sum_squares / static_cast<float>(head_dim) + eps);
   for (int i = lane; i < head_dim; i += 32) {
-    v[i] = Store<T>(Load(v[i]) * inv_rms * Load(weight[i]));
+    v[i] = Store<T>(Load(v[i]) * inv_rms * weight[i]);
   }
 }
 
@@ -167,10 +167,10 @@ cudaError_t LaunchEmbeddingGather(const T* table, int64_t vocab, const int32_t* 
 }
 
 template <typename T>
-cudaError_t LaunchAddRmsNorm(const T* x, T* residual, const T* weight, float eps, T* out, int64_t t,
-                             int64_t h, cudaStream_t stream) {
+cudaError_t LaunchAddRmsNorm(const T* x, T* residual, const float* weight, float eps, T* out,
+                             int64_t t, int64_t h, cudaStream_t stream) {
   AddRmsNormKernel<<<static_cast<unsigned>(t), kRowThreads, 0, stream>>>(
-      ToDevice(x), ToDevice(residual), ToDevice(weight), eps, ToDevice(out), h);
+      ToDevice(x), ToDevice(residual), weight, eps, ToDevice(out), h);
   return cudaGetLastError();
 }
 
@@ -210,10 +210,10 @@ cudaError_t LaunchScale(T* x, float factor, int64_t n, cudaStream_t stream) {
 }
 
 template <typename T>
-cudaError_t LaunchHeadRmsNorm(T* x, const T* weight, float eps, int64_t rows, int head_dim,
+cudaError_t LaunchHeadRmsNorm(T* x, const float* weight, float eps, int64_t rows, int head_dim,
                               cudaStream_t stream) {
   HeadRmsNormKernel<<<CeilDiv(rows, kHeadNormWarps), kRowThreads, 0, stream>>>(
-      ToDevice(x), ToDevice(weight), eps, rows, head_dim);
+      ToDevice(x), weight, eps, rows, head_dim);
   return cudaGetLastError();
 }
 
@@ -238,15 +238,15 @@ cudaError_t LaunchConvert(const From* in, To* out, int64_t n, cudaStream_t strea
 #define CARPOOL_INSTANTIATE_ELEMENTWISE(T)                                                      \
   template cudaError_t LaunchEmbeddingGather<T>(const T*, int64_t, const int32_t*, T*, int64_t, \
                                                 int64_t, cudaStream_t);                         \
-  template cudaError_t LaunchAddRmsNorm<T>(const T*, T*, const T*, float, T*, int64_t, int64_t, \
-                                           cudaStream_t);                                       \
+  template cudaError_t LaunchAddRmsNorm<T>(const T*, T*, const float*, float, T*, int64_t,     \
+                                           int64_t, cudaStream_t);                              \
   template cudaError_t LaunchRotaryEmbedding<T>(T*, const int32_t*, const float*, int64_t, int, \
                                                 int, int, cudaStream_t);                        \
   template cudaError_t LaunchSiluMul<T>(const T*, const T*, T*, int64_t, cudaStream_t);         \
   template cudaError_t LaunchGeluTanhMul<T>(const T*, const T*, T*, int64_t, cudaStream_t);     \
   template cudaError_t LaunchSoftCap<T>(T*, float, int64_t, cudaStream_t);                      \
   template cudaError_t LaunchScale<T>(T*, float, int64_t, cudaStream_t);                        \
-  template cudaError_t LaunchHeadRmsNorm<T>(T*, const T*, float, int64_t, int, cudaStream_t);   \
+  template cudaError_t LaunchHeadRmsNorm<T>(T*, const float*, float, int64_t, int, cudaStream_t); \
   template cudaError_t LaunchWriteKvCache<T>(const T*, const T*, const int64_t*, int64_t,       \
                                              const KvCacheLayout&, T*, T*, cudaStream_t);
 

@@ -19,8 +19,8 @@ template <typename T>
 cudaError_t LaunchEmbeddingGather(const T* table, int64_t vocab, const int32_t* ids, T* out,
                                   int64_t t, int64_t h, cudaStream_t stream);
 template <typename T>
-cudaError_t LaunchAddRmsNorm(const T* x, T* residual, const T* weight, float eps, T* out, int64_t t,
-                             int64_t h, cudaStream_t stream);
+cudaError_t LaunchAddRmsNorm(const T* x, T* residual, const float* weight, float eps, T* out,
+                             int64_t t, int64_t h, cudaStream_t stream);
 template <typename T>
 cudaError_t LaunchRotaryEmbedding(T* x, const int32_t* positions, const float* inv_freq, int64_t t,
                                   int num_heads, int head_dim, int rotary_dim, cudaStream_t stream);
@@ -33,7 +33,7 @@ cudaError_t LaunchSoftCap(T* x, float cap, int64_t n, cudaStream_t stream);
 template <typename T>
 cudaError_t LaunchScale(T* x, float factor, int64_t n, cudaStream_t stream);
 template <typename T>
-cudaError_t LaunchHeadRmsNorm(T* x, const T* weight, float eps, int64_t rows, int head_dim,
+cudaError_t LaunchHeadRmsNorm(T* x, const float* weight, float eps, int64_t rows, int head_dim,
                               cudaStream_t stream);
 template <typename T>
 cudaError_t LaunchWriteKvCache(const T* k, const T* v, const int64_t* slots, int64_t t,

@@ -134,6 +134,23 @@ class CudaDeviceImpl final : public CudaDevice {
     return a;
   }
 
+  absl::StatusOr<DeviceArray> NormWeight(const Tensor& host) override {
+    if (host.empty()) return DeviceArray();
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+    absl::StatusOr<kc::DeviceBuffer> buffer = kc::DeviceBuffer::FromHost(
+        std::vector<float>(host.data(), host.data() + host.numel()));
+    if (!buffer.ok()) {
+      (void)cudaGetLastError();  // as Allocate: an out-of-memory error is not sticky
+      return buffer.status();
+    }
+    // FromHost copies on the default stream, which does not order with stream_: wait for it
+    // before a kernel on stream_ reads the weight.
+    RETURN_IF_ERROR(kc::Synchronize(nullptr));
+    auto owned = std::make_shared<kc::DeviceBuffer>(std::move(*buffer));
+    void* data = owned->data();
+    return DeviceArray(std::move(owned), data, host.numel());
+  }
+
   absl::StatusOr<DeviceArray> Allocate(int64_t numel) override {
     if (numel < 0) return absl::InvalidArgumentError("Allocate: negative size");
     if (numel == 0) return DeviceArray();
@@ -207,13 +224,13 @@ class CudaDeviceImpl final : public CudaDevice {
   void RmsNorm(const DeviceArray& x, const DeviceArray& weight, float eps, int64_t rows, int64_t h,
                DeviceArray* out) override {
     if (!Ready()) return;
-    Record(kc::RmsNorm<T>(P(x), P(weight), eps, P(out), rows, h, stream_));
+    Record(kc::RmsNorm<T>(P(x), F32(weight), eps, P(out), rows, h, stream_));
   }
 
   void AddRmsNorm(const DeviceArray& x, DeviceArray* residual, const DeviceArray& weight, float eps,
                   int64_t rows, int64_t h, DeviceArray* out) override {
     if (!Ready()) return;
-    Record(kc::AddRmsNorm<T>(P(x), P(residual), P(weight), eps, P(out), rows, h, stream_));
+    Record(kc::AddRmsNorm<T>(P(x), P(residual), F32(weight), eps, P(out), rows, h, stream_));
   }
 
   void Linear(const DeviceArray& x, const DeviceArray& w, const DeviceArray& bias, int64_t m,
@@ -233,7 +250,7 @@ class CudaDeviceImpl final : public CudaDevice {
   void HeadRmsNorm(const DeviceArray& weight, float eps, int64_t rows, int num_heads, int head_dim,
                    DeviceArray* x) override {
     if (!Ready()) return;
-    Record(kc::HeadRmsNorm<T>(P(x), P(weight), eps, rows, num_heads, head_dim, stream_));
+    Record(kc::HeadRmsNorm<T>(P(x), F32(weight), eps, rows, num_heads, head_dim, stream_));
   }
 
   void GeluTanhMul(const DeviceArray& gate, const DeviceArray& up, int64_t rows, int64_t inter,
@@ -297,6 +314,8 @@ class CudaDeviceImpl final : public CudaDevice {
 
  private:
   static T* P(const DeviceArray& a) { return static_cast<T*>(a.data()); }
+  // A norm weight (NormWeight): fp32 whatever T is.
+  static const float* F32(const DeviceArray& a) { return static_cast<const float*>(a.data()); }
   static T* P(DeviceArray* a) { return static_cast<T*>(a->data()); }
   template <typename U>
   U* Dev(size_t offset) const {

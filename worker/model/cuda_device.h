@@ -4,7 +4,8 @@
 // Storage is bf16 by default (fp16 or fp32 on request); every kernel and GEMM accumulates in
 // fp32 and rounds its output to the storage type once. Weights are converted on the device: an
 // fp32 host tensor goes up in chunks through a staging buffer and a Convert kernel, so the host
-// never holds a second copy. Arrays are cudaMalloc'ed (256-byte aligned).
+// never holds a second copy. Norm weights (NormWeight) stay fp32. Arrays are cudaMalloc'ed
+// (256-byte aligned).
 //
 // Steps: SetStep() packs the step's inputs (token ids, positions, slots, attention sequences and
 // block tables, sample rows) into one pinned host buffer and copies it with one asynchronous copy

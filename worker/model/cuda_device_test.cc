@@ -77,6 +77,12 @@ class CudaDeviceTest : public ::testing::TestWithParam<StorageType> {
     EXPECT_TRUE(a.ok()) << a.status();
     return a.ok() ? std::move(*a) : DeviceArray();
   }
+  DeviceArray NormUp(const std::vector<float>& v) {
+    absl::StatusOr<DeviceArray> a =
+        device_->NormWeight(Tensor::Owned(v, {static_cast<int64_t>(v.size())}));
+    EXPECT_TRUE(a.ok()) << a.status();
+    return a.ok() ? std::move(*a) : DeviceArray();
+  }
   DeviceArray Empty(int64_t n) {
     absl::StatusOr<DeviceArray> a = device_->Allocate(n);
     EXPECT_TRUE(a.ok()) << a.status();
@@ -103,8 +109,10 @@ class CudaDeviceTest : public ::testing::TestWithParam<StorageType> {
 
 TEST_P(CudaDeviceTest, NormsAndActivation) {
   const int64_t t = 5, h = 96;
-  std::vector<float> x = Random(t * h), residual = Random(t * h), w = Random(h);
-  DeviceArray dx = Up(x), dres = Up(residual), dw = Up(w), dout = Empty(t * h);
+  // Norm weights stay fp32 (NormWeight): not rounded to the storage type.
+  std::vector<float> x = Random(t * h), residual = Random(t * h), w(h);
+  for (float& v : w) v = 1.0f + std::uniform_real_distribution<float>(-0.1f, 0.1f)(rng_);
+  DeviceArray dx = Up(x), dres = Up(residual), dw = NormUp(w), dout = Empty(t * h);
 
   std::vector<float> want(t * h);
   kernels::cpu::RmsNorm(x.data(), w.data(), 1e-5f, want.data(), t, h, nullptr);
@@ -132,8 +140,9 @@ TEST_P(CudaDeviceTest, NormsAndActivation) {
 TEST_P(CudaDeviceTest, HeadNormSoftCapAndScale) {
   const int64_t t = 5;
   const int heads = 3, d = 128;
-  std::vector<float> x = Random(t * heads * d), w = Random(d);
-  DeviceArray dx = Up(x), dw = Up(w);
+  std::vector<float> x = Random(t * heads * d), w(d);
+  for (float& v : w) v = 1.0f + std::uniform_real_distribution<float>(-0.1f, 0.1f)(rng_);
+  DeviceArray dx = Up(x), dw = NormUp(w);
   kernels::cpu::HeadRmsNorm(x.data(), w.data(), 1e-6f, t, heads, d, nullptr);
   device_->HeadRmsNorm(dw, 1e-6f, t, heads, d, &dx);
   ExpectNear(x, Down(dx, t * heads * d));

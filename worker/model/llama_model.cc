@@ -133,7 +133,7 @@ absl::Status LlamaModel::Init() {
   const LlamaWeights& w = *weights_;
   ModelDevice& d = *device_;
   ASSIGN_OR_RETURN(embed_, d.Weight(w.embed_tokens));
-  ASSIGN_OR_RETURN(final_norm_, d.Weight(w.final_norm));
+  ASSIGN_OR_RETURN(final_norm_, d.NormWeight(w.final_norm));
   lm_head_ = &embed_;
   if (w.lm_head.data() != w.embed_tokens.data()) {
     ASSIGN_OR_RETURN(own_lm_head_, d.Weight(w.lm_head));
@@ -143,7 +143,7 @@ absl::Status LlamaModel::Init() {
   for (size_t l = 0; l < w.layers.size(); ++l) {
     const LayerWeights& lw = w.layers[l];
     LayerArrays& a = layers_[l];
-    ASSIGN_OR_RETURN(a.input_norm, d.Weight(lw.input_norm));
+    ASSIGN_OR_RETURN(a.input_norm, d.NormWeight(lw.input_norm));
     ASSIGN_OR_RETURN(a.q_proj, d.Weight(lw.q_proj));
     ASSIGN_OR_RETURN(a.k_proj, d.Weight(lw.k_proj));
     ASSIGN_OR_RETURN(a.v_proj, d.Weight(lw.v_proj));
@@ -151,11 +151,11 @@ absl::Status LlamaModel::Init() {
     ASSIGN_OR_RETURN(a.k_bias, d.Weight(lw.k_bias));
     ASSIGN_OR_RETURN(a.v_bias, d.Weight(lw.v_bias));
     ASSIGN_OR_RETURN(a.o_proj, d.Weight(lw.o_proj));
-    ASSIGN_OR_RETURN(a.post_attention_norm, d.Weight(lw.post_attention_norm));
-    ASSIGN_OR_RETURN(a.q_norm, d.Weight(lw.q_norm));
-    ASSIGN_OR_RETURN(a.k_norm, d.Weight(lw.k_norm));
-    ASSIGN_OR_RETURN(a.pre_feedforward_norm, d.Weight(lw.pre_feedforward_norm));
-    ASSIGN_OR_RETURN(a.post_feedforward_norm, d.Weight(lw.post_feedforward_norm));
+    ASSIGN_OR_RETURN(a.post_attention_norm, d.NormWeight(lw.post_attention_norm));
+    ASSIGN_OR_RETURN(a.q_norm, d.NormWeight(lw.q_norm));
+    ASSIGN_OR_RETURN(a.k_norm, d.NormWeight(lw.k_norm));
+    ASSIGN_OR_RETURN(a.pre_feedforward_norm, d.NormWeight(lw.pre_feedforward_norm));
+    ASSIGN_OR_RETURN(a.post_feedforward_norm, d.NormWeight(lw.post_feedforward_norm));
     ASSIGN_OR_RETURN(a.gate_proj, d.Weight(lw.gate_proj));
     ASSIGN_OR_RETURN(a.up_proj, d.Weight(lw.up_proj));
     ASSIGN_OR_RETURN(a.down_proj, d.Weight(lw.down_proj));

@@ -99,6 +99,11 @@ class ModelDevice {
   // `host` (fp32) in the device's storage type. The CPU device borrows it (no copy, so `host`
   // must outlive the array); a GPU copies and converts it.
   virtual absl::StatusOr<DeviceArray> Weight(const Tensor& host) = 0;
+  // The weight of a norm (`host`, fp32): an array of fp32 values whatever the storage type,
+  // which RmsNorm, AddRmsNorm and HeadRmsNorm take as their `weight` (and nothing else reads).
+  // A norm weight in bf16 would lose the low bits of Gemma's folded 1 + w, which transformers
+  // applies in fp32. The CPU device borrows `host`, as Weight does.
+  virtual absl::StatusOr<DeviceArray> NormWeight(const Tensor& host) { return Weight(host); }
   // A new array of `numel` elements, contents undefined. RESOURCE_EXHAUSTED when it does not fit.
   virtual absl::StatusOr<DeviceArray> Allocate(int64_t numel) = 0;
   // Makes `a` hold at least `numel` elements, reallocating (contents lost) when it is smaller.
@@ -122,6 +127,7 @@ class ModelDevice {
   // ---- kernels, over the current step's T tokens unless a row count is given. Shapes and
   // semantics as the CPU kernels (kernels/cpu/cpu_kernels.h); `x + offset` means element offset.
 
+  // Norm weights come from NormWeight.
   // out[t] = table[token_ids[t]], rows of width h.
   virtual void EmbeddingGather(const DeviceArray& table, int64_t h, DeviceArray* out) = 0;
   virtual void RmsNorm(const DeviceArray& x, const DeviceArray& weight, float eps, int64_t rows,
