@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "text/jinja/builtins.h"
 #include "text/jinja/value.h"
 
 namespace carpool::text::jinja {
@@ -67,7 +68,9 @@ struct Expr {
   std::vector<CmpOp> compare_ops;        // kCompare
   FastTest fast_test = FastTest::kNone;  // kTest
   bool known = true;                     // kFilter, kTest: false = "No filter named" at run
-  bool dict_method = false;              // kGetAttr: str names a dict method (items, get...)
+  FilterFn filter = nullptr;             // kFilter: the filter, when known
+  bool dict_method = false;              // kGetAttr: DictAttributeIsSpecial(str) (items, pop...)
+  StrMethodFn str_method = nullptr;      // kGetAttr: str names a string method of FindStrMethod
   std::vector<ExprPtr> a;                // operands (see ExprKind)
   CallSpec call;                         // kCall, kFilter, kTest
 };

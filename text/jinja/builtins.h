@@ -20,8 +20,13 @@
 
 namespace carpool::text::jinja {
 
-// Whether `name` is a filter carpool has (the parser refuses the others).
-bool HasFilter(absl::string_view name);
+// A filter: `input | name(args...)`.
+using FilterFn = absl::StatusOr<Value> (*)(const Value& input, const CallArgs& args,
+                                           Budget& budget);
+// The filter `name`, or nullptr when carpool has none (the parser refuses those). The parser
+// resolves each filter once, so a render does not look names up.
+FilterFn FindFilter(absl::string_view name);
+inline bool HasFilter(absl::string_view name) { return FindFilter(name) != nullptr; }
 // `input | name(args...)`. REQUIRES: HasFilter(name).
 absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& input,
                                   const CallArgs& args, Budget& budget);
@@ -36,6 +41,14 @@ absl::StatusOr<bool> ApplyTest(absl::string_view name, const Value& input, const
 // also its attribute (`(5).real`), or nullopt when carpool has no such method. The sandbox's refusals (mutating methods, _names) are
 // GetAttr's, not this function's.
 std::optional<Value> BoundMethod(const Value& obj, absl::string_view name);
+// The string methods templates call once a message (strip, lstrip, rstrip, split, rsplit,
+// startswith, endswith, find, rfind, index, rindex, count, replace), callable without binding
+// them first: fn(name, s, args, budget) is what BoundMethod(s, name)->fn(args) gives. The
+// parser resolves the name once.
+using StrMethodFn = absl::StatusOr<Value> (*)(absl::string_view name, const std::string& s,
+                                              const CallArgs& args, Budget& budget);
+// nullptr for the other names (bind those with BoundMethod).
+StrMethodFn FindStrMethod(absl::string_view name);
 
 // json.dumps(v, ensure_ascii=False, indent=indent, separators=separators): separators default
 // to (", ", ": "), or (",", ": ") with an indent. INVALID_ARGUMENT "Object of type Undefined is

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "text/jinja/value.h"
@@ -31,8 +32,9 @@ class BoundArgs {
   Value Or(size_t i, Value fallback) const { return given_[i] ? values_[i] : std::move(fallback); }
 
  private:
-  std::vector<Value> values_;
-  std::vector<bool> given_;
+  // (Inline: filters and methods bind at every call, and take a few parameters.)
+  absl::InlinedVector<Value, 4> values_;
+  absl::InlinedVector<bool, 4> given_;
 };
 
 // Argument conversions with Python's TypeError messages naming `what`.

@@ -39,7 +39,10 @@ Value J(const char* json) { return Value::FromJson(nlohmann::ordered_json::parse
 Value Undef() { return Value::Undefined("'x' is undefined"); }
 
 CallArgs Args(List positional = {}, std::vector<std::pair<std::string, Value>> keyword = {}) {
-  return CallArgs{std::move(positional), std::move(keyword)};
+  CallArgs args;
+  args.positional.assign(positional.begin(), positional.end());
+  args.keyword = std::move(keyword);
+  return args;
 }
 
 // The filter's result as {{ }} prints it (a generator as `|list` prints it), or

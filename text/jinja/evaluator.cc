@@ -31,9 +31,15 @@ absl::Status AsIs(absl::Status status) {
   return status;
 }
 
-absl::Status Located(const absl::Status& status, int line) {
-  if (status.ok() || status.GetPayload(kAsIs).has_value()) return status;
+ABSL_ATTRIBUTE_NOINLINE absl::Status LocatedError(const absl::Status& status, int line) {
+  if (status.GetPayload(kAsIs).has_value()) return status;
   return AsIs(absl::Status(status.code(), absl::StrCat("line ", line, ": ", status.message())));
+}
+
+// `status`, its message prefixed with "line N: " unless it is OK or already as it should read.
+inline absl::Status Located(absl::Status status, int line) {
+  if (ABSL_PREDICT_TRUE(status.ok())) return status;
+  return LocatedError(status, line);
 }
 
 // The deepest nesting of lists, dicts and namespaces a namespace attribute may hold.
@@ -208,7 +214,10 @@ class Renderer final : public Budget {
     const Value* obj = obj_expr.kind == ExprKind::kName      ? LookupRef(obj_expr.name)
                        : obj_expr.kind == ExprKind::kGetAttr ? TryRef(obj_expr)
                                                              : nullptr;
-    if (obj == nullptr || obj->kind() != Kind::kDict) return Probe::kSlow;
+    // (A namespace's attribute is its item, as a dict's whose name is no method.)
+    if (obj == nullptr || (obj->kind() != Kind::kDict && obj->kind() != Kind::kNamespace)) {
+      return Probe::kSlow;
+    }
     *out = obj->dict_value().Find(absl::string_view(e.str));
     return *out != nullptr ? Probe::kFound : Probe::kMissing;
   }
@@ -244,10 +253,11 @@ class Renderer final : public Budget {
     return absl::OkStatus();
   }
   absl::Status Exec(const Stmt& s);
+  ABSL_ATTRIBUTE_NOINLINE absl::Status ExecRare(const Stmt& s);
   absl::Status ExecFor(const Stmt& s);
   absl::Status RunLoop(const Stmt& s, const Value& iterable, int64_t depth, Frame* outer);
   absl::Status ExecScoped(const Body& body, std::string* capture);
-  absl::Status PrintSum(const Expr& e);
+  ABSL_ATTRIBUTE_NOINLINE absl::Status PrintSum(const Expr& e);
   absl::StatusOr<Value> CallMacro(const MacroDef& def, Frame* closure, const CallArgs& args);
   Value MakeMacro(std::shared_ptr<const MacroDef> def, Frame* closure);
 
@@ -266,10 +276,19 @@ class Renderer final : public Budget {
     return AsIs(absl::InvalidArgumentError(
         absl::StrCat("the template nested evaluation deeper than ", kMaxEvalDepth, " levels")));
   }
-  ABSL_ATTRIBUTE_NOINLINE static absl::Status LocatedError(const absl::Status& status, int line) {
-    return Located(status, line);
-  }
   absl::StatusOr<Value> EvalImpl(const Expr& e);
+  // bool(e), without building the values of `and`, `or`, `not`, comparisons and tests.
+  absl::StatusOr<bool> Test(const Expr& e) {
+    if (ABSL_PREDICT_FALSE(++depth_ > kMaxEvalDepth)) {
+      --depth_;
+      return DepthError();
+    }
+    absl::StatusOr<bool> r = TestImpl(e);
+    --depth_;
+    if (ABSL_PREDICT_FALSE(!r.ok())) return LocatedError(r.status(), e.line);
+    return r;
+  }
+  absl::StatusOr<bool> TestImpl(const Expr& e);
   ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<Value> EvalLookup(const Expr& e);
   ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<Value> EvalFilter(const Expr& e);
   ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<Value> EvalTest(const Expr& e);
@@ -279,6 +298,8 @@ class Renderer final : public Budget {
   ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<Value> EvalCollection(const Expr& e);
   ABSL_ATTRIBUTE_NOINLINE Value MissingElse(int line);
   ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<Value> EvalCall(const Expr& e);
+  // callee(args): Python's error when callee is not callable.
+  absl::StatusOr<Value> CallValue(const Value& callee, const CallArgs& args);
   absl::StatusOr<Value> EvalLoopCall(const Expr& e, LoopState& loop);
   absl::StatusOr<Value> EvalRecursiveLoop(const Expr& e, const LoopState& loop);
   absl::Status EvalArgs(const CallSpec& spec, CallArgs* args);
@@ -326,12 +347,8 @@ absl::Status Renderer::Exec(const Stmt& s) {
     }
     case StmtKind::kIf:
       for (const auto& [cond, body] : s.branches) {
-        const Value* found = nullptr;
-        if (cond->kind == ExprKind::kGetAttr && ProbeAttr(*cond, &found) == Probe::kMissing) {
-          continue;  // an Undefined is false
-        }
-        CARPOOL_JINJA_EVAL_REF(c, tmp, *cond);
-        if (c->Truthy()) return ExecBody(body);
+        ASSIGN_OR_RETURN(const bool c, Test(*cond));
+        if (c) return ExecBody(body);
       }
       return ExecBody(s.else_body);
     case StmtKind::kFor:
@@ -340,6 +357,27 @@ absl::Status Renderer::Exec(const Stmt& s) {
       ASSIGN_OR_RETURN(Value v, Eval(*s.expr));
       return Located(Assign(s.target, std::move(v)), s.line);
     }
+    case StmtKind::kSetBlock:
+    case StmtKind::kFilterBlock:
+    case StmtKind::kMacro:
+    case StmtKind::kCallBlock:
+    case StmtKind::kWith:
+      return ExecRare(s);
+    case StmtKind::kBreak:
+      control_ = Control::kBreak;
+      return absl::OkStatus();
+    case StmtKind::kContinue:
+      control_ = Control::kContinue;
+      return absl::OkStatus();
+    case StmtKind::kScope:
+      return ExecScoped(s.body, nullptr);
+  }
+  return absl::OkStatus();
+}
+
+// The statements chat templates use rarely, apart so that Exec's frame stays small.
+absl::Status Renderer::ExecRare(const Stmt& s) {
+  switch (s.kind) {
     case StmtKind::kSetBlock: {
       std::string captured;
       RETURN_IF_ERROR(ExecScoped(s.body, &captured));
@@ -394,14 +432,8 @@ absl::Status Renderer::Exec(const Stmt& s) {
       frame_ = saved;
       return absl::OkStatus();
     }
-    case StmtKind::kBreak:
-      control_ = Control::kBreak;
-      return absl::OkStatus();
-    case StmtKind::kContinue:
-      control_ = Control::kContinue;
-      return absl::OkStatus();
-    case StmtKind::kScope:
-      return ExecScoped(s.body, nullptr);
+    default:
+      break;
   }
   return absl::OkStatus();
 }
@@ -806,8 +838,8 @@ absl::StatusOr<Value> Renderer::EvalImpl(const Expr& e) {
     case ExprKind::kBinary:
       return EvalArithmetic(e);
     case ExprKind::kNot: {
-      ASSIGN_OR_RETURN(Value v, Eval(*e.a[0]));
-      return Value::Bool(!v.Truthy());
+      ASSIGN_OR_RETURN(const bool v, Test(*e.a[0]));
+      return Value::Bool(!v);
     }
     case ExprKind::kConcat:
       return EvalConcat(e);
@@ -824,8 +856,8 @@ absl::StatusOr<Value> Renderer::EvalImpl(const Expr& e) {
     case ExprKind::kCompare:
       return EvalCompare(e);
     case ExprKind::kCondExpr: {
-      ASSIGN_OR_RETURN(Value c, Eval(*e.a[0]));
-      if (c.Truthy()) return Eval(*e.a[1]);
+      ASSIGN_OR_RETURN(const bool c, Test(*e.a[0]));
+      if (c) return Eval(*e.a[1]);
       if (e.a[2] != nullptr) return Eval(*e.a[2]);
       return MissingElse(e.line);
     }
@@ -835,6 +867,48 @@ absl::StatusOr<Value> Renderer::EvalImpl(const Expr& e) {
       return EvalCollection(e);
   }
   return Value::Undefined();
+}
+
+absl::StatusOr<bool> Renderer::TestImpl(const Expr& e) {
+  switch (e.kind) {
+    case ExprKind::kNot: {
+      ASSIGN_OR_RETURN(const bool v, Test(*e.a[0]));
+      return !v;
+    }
+    case ExprKind::kAnd: {
+      ASSIGN_OR_RETURN(const bool a, Test(*e.a[0]));
+      if (!a) return false;
+      return Test(*e.a[1]);
+    }
+    case ExprKind::kOr: {
+      ASSIGN_OR_RETURN(const bool a, Test(*e.a[0]));
+      if (a) return true;
+      return Test(*e.a[1]);
+    }
+    case ExprKind::kCompare:
+      if (e.compare_ops.size() == 1) {
+        CARPOOL_JINJA_EVAL_REF(left, left_tmp, *e.a[0]);
+        CARPOOL_JINJA_EVAL_REF(right, right_tmp, *e.a[1]);
+        return Compare(e.compare_ops[0], *left, *right);
+      }
+      break;
+    case ExprKind::kGetAttr: {
+      const Value* found = nullptr;
+      switch (ProbeAttr(e, &found)) {
+        case Probe::kFound:
+          return found->Truthy();
+        case Probe::kMissing:
+          return false;  // an Undefined is false
+        case Probe::kSlow:
+          break;
+      }
+      break;
+    }
+    default:
+      break;
+  }
+  CARPOOL_JINJA_EVAL_REF(v, tmp, e);
+  return v->Truthy();
 }
 
 Value Renderer::MissingElse(int line) {
@@ -850,7 +924,13 @@ absl::StatusOr<Value> Renderer::EvalLookup(const Expr& e) {
   }
   CARPOOL_JINJA_EVAL_REF(obj, tmp, obj_expr);
   RETURN_IF_ERROR(CheckDefined(*obj));
-  if (e.kind == ExprKind::kGetAttr) return GetAttr(*obj, e.str);
+  if (e.kind == ExprKind::kGetAttr) {
+    if (obj->kind() == Kind::kDict && !e.dict_method) {
+      // No dict method has this name: the item, as GetAttr would find it.
+      if (const Value* item = obj->dict_value().Find(absl::string_view(e.str))) return *item;
+    }
+    return GetAttr(*obj, e.str);
+  }
   CARPOOL_JINJA_EVAL_REF(key, key_tmp, *e.a[1]);
   return GetItem(*obj, *key);
 }
@@ -862,7 +942,7 @@ absl::StatusOr<Value> Renderer::EvalFilter(const Expr& e) {
     return absl::InvalidArgumentError(absl::StrCat("No filter named '", e.str, "' found."));
   CallArgs args;
   RETURN_IF_ERROR(EvalArgs(e.call, &args));
-  return ApplyFilter(e.str, input, args, *this);
+  return e.filter(input, args, *this);
 }
 
 absl::StatusOr<Value> Renderer::EvalTest(const Expr& e) {
@@ -1037,6 +1117,20 @@ absl::StatusOr<Value> Renderer::EvalCall(const Expr& e) {
       return CallGlobal(p_.globals[id], args);
     }
   }
+  if (callee_expr.kind == ExprKind::kGetAttr && callee_expr.str_method != nullptr) {
+    // s.strip(...) and the like: on a string, the method runs without being bound first.
+    CARPOOL_JINJA_EVAL_REF(obj, obj_tmp, *callee_expr.a[0]);
+    if (obj->is_string()) {
+      CallArgs args;
+      RETURN_IF_ERROR(EvalArgs(e.call, &args));
+      return callee_expr.str_method(callee_expr.str, obj->string_value(), args, *this);
+    }
+    RETURN_IF_ERROR(CheckDefined(*obj));
+    const Value callee = GetAttr(*obj, callee_expr.str);
+    CallArgs args;
+    if (callee.kind() == Kind::kCallable) RETURN_IF_ERROR(EvalArgs(e.call, &args));
+    return CallValue(callee, args);
+  }
   ASSIGN_OR_RETURN(Value callee, Eval(callee_expr));
   if (callee.kind() != Kind::kCallable) {
     RETURN_IF_ERROR(CheckDefined(callee));
@@ -1048,6 +1142,15 @@ absl::StatusOr<Value> Renderer::EvalCall(const Expr& e) {
   return callee.callable_value().fn(args, *this);
 }
 
+absl::StatusOr<Value> Renderer::CallValue(const Value& callee, const CallArgs& args) {
+  if (callee.kind() != Kind::kCallable) {
+    RETURN_IF_ERROR(CheckDefined(callee));
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", KindName(callee.kind()), "' object is not callable"));
+  }
+  return callee.callable_value().fn(args, *this);
+}
+
 absl::StatusOr<Value> Renderer::EvalLoopCall(const Expr& e, LoopState& loop) {
   CallArgs args;
   RETURN_IF_ERROR(EvalArgs(e.call, &args));
@@ -1055,7 +1158,7 @@ absl::StatusOr<Value> Renderer::EvalLoopCall(const Expr& e, LoopState& loop) {
     if (args.positional.empty()) return absl::InvalidArgumentError("no items for cycling given");
     return args.positional[loop.index0 % static_cast<int64_t>(args.positional.size())];
   }
-  Value current = Value::MakeTuple(args.positional);
+  Value current = Value::MakeTuple(List(args.positional.begin(), args.positional.end()));
   const bool changed = !loop.has_changed || !Equals(current, loop.last_changed);
   loop.has_changed = true;
   loop.last_changed = std::move(current);
@@ -1306,7 +1409,7 @@ absl::StatusOr<Value> Renderer::CallGlobal(Global g, const CallArgs& args) {
       if (args.positional.empty()) {
         return absl::InvalidArgumentError("at least one item has to be provided");
       }
-      auto items = std::make_shared<List>(args.positional);
+      auto items = std::make_shared<List>(args.positional.begin(), args.positional.end());
       auto pos = std::make_shared<size_t>(0);
       Dict attrs;
       attrs.Set(Value::String("current"), (*items)[0]);

@@ -25,8 +25,6 @@ using internal::SoftStr;
 
 absl::Status Error(absl::string_view m) { return absl::InvalidArgumentError(m); }
 
-using FilterFn = absl::StatusOr<Value> (*)(const Value& v, const CallArgs& args, Budget& budget);
-
 absl::StatusOr<List> Items(const Value& v, Budget& budget) {
   ASSIGN_OR_RETURN(List items, Iterate(v));
   RETURN_IF_ERROR(budget.Iterate(static_cast<int64_t>(items.size())));
@@ -896,15 +894,18 @@ const std::unordered_map<std::string, FilterFn>& Filters() {
 
 }  // namespace
 
-bool HasFilter(absl::string_view name) { return Filters().count(std::string(name)) > 0; }
+FilterFn FindFilter(absl::string_view name) {
+  const auto it = Filters().find(std::string(name));
+  return it == Filters().end() ? nullptr : it->second;
+}
 
 absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& input,
                                   const CallArgs& args, Budget& budget) {
-  const auto it = Filters().find(std::string(name));
-  if (it == Filters().end()) {
+  const FilterFn filter = FindFilter(name);
+  if (filter == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("No filter named ", py::StrRepr(name), "."));
   }
-  return it->second(input, args, budget);
+  return filter(input, args, budget);
 }
 
 }  // namespace carpool::text::jinja

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <limits>
 
+#include "absl/strings/match.h"
+#include "absl/types/span.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "text/jinja/builtins.h"
@@ -17,7 +19,7 @@ absl::StatusOr<BoundArgs> BoundArgs::Bind(absl::string_view function, const Call
                                           std::initializer_list<const char*> params,
                                           bool keywords) {
   BoundArgs out;
-  const std::vector<const char*> names(params);
+  const absl::Span<const char* const> names(params.begin(), params.size());
   out.values_.resize(names.size());
   out.given_.assign(names.size(), false);
   if (args.positional.size() > names.size()) {
@@ -174,6 +176,16 @@ absl::Status Range(const BoundArgs& a, size_t first, int64_t length, int64_t* st
   return absl::OkStatus();
 }
 
+// Whether the start and end arguments at `first` and `first + 1` are absent or None: the
+// method looks at the whole string.
+bool WholeString(const BoundArgs& a, size_t first) {
+  for (size_t k = first; k < first + 2; ++k) {
+    const Value* v = a.Get(k);
+    if (v != nullptr && !v->is_none()) return false;
+  }
+  return true;
+}
+
 // Code point indexes of `s` -> byte offsets (one past the end included).
 std::vector<size_t> Offsets(absl::string_view s) {
   std::vector<size_t> out;
@@ -195,12 +207,30 @@ absl::StatusOr<Value> Search(absl::string_view method, const std::string& s, con
     return TypeError(absl::StrCat(method, " expected at least 1 argument, got 0"));
   }
   ASSIGN_OR_RETURN(std::string sub, internal::ToStr(*a.Get(0), ""));
+  const bool rev = method == "rfind" || method == "rindex";
+  if (WholeString(a, 1)) {  // no code point offsets to compute
+    if (method == "count") {
+      if (sub.empty()) return Value::Int(py::CodePointCount(s) + 1);
+      int64_t n = 0;
+      for (size_t pos = s.find(sub); pos != std::string::npos; pos = s.find(sub, pos + sub.size())) {
+        ++n;
+      }
+      return Value::Int(n);
+    }
+    const size_t pos = rev ? s.rfind(sub) : s.find(sub);
+    if (pos != std::string::npos) {
+      return Value::Int(py::CodePointCount(absl::string_view(s).substr(0, pos)));
+    }
+    if (method == "index" || method == "rindex") {
+      return absl::InvalidArgumentError("substring not found");
+    }
+    return Value::Int(-1);
+  }
   const std::vector<size_t> offsets = Offsets(s);
   const int64_t length = static_cast<int64_t>(offsets.size()) - 1;
   int64_t start, end;
   RETURN_IF_ERROR(Range(a, 1, length, &start, &end));
   const int64_t sub_length = py::CodePointCount(sub);
-  const bool rev = method == "rfind" || method == "rindex";
   if (method == "count") {
     if (end - start < sub_length) return Value::Int(0);
     if (sub.empty()) return Value::Int(end - start + 1);
@@ -247,6 +277,13 @@ absl::StatusOr<Value> Affix(absl::string_view method, const std::string& s, cons
     return TypeError(absl::StrCat(method, " first arg must be str or a tuple of str, not ",
                                   KindName(p.kind())));
   }
+  const bool starts = method == "startswith";
+  if (WholeString(a, 1)) {  // no code point offsets to compute
+    for (const std::string& c : candidates) {
+      if (starts ? absl::StartsWith(s, c) : absl::EndsWith(s, c)) return Value::Bool(true);
+    }
+    return Value::Bool(false);
+  }
   const std::vector<size_t> offsets = Offsets(s);
   const int64_t length = static_cast<int64_t>(offsets.size()) - 1;
   int64_t start, end;
@@ -257,7 +294,7 @@ absl::StatusOr<Value> Affix(absl::string_view method, const std::string& s, cons
     const size_t b = offsets[static_cast<size_t>(start)];
     const absl::string_view window =
         absl::string_view(s).substr(b, offsets[static_cast<size_t>(end)] - b);
-    if (method == "startswith" ? absl::string_view(window).substr(0, c.size()) == c
+    if (starts ? absl::string_view(window).substr(0, c.size()) == c
                                : window.size() >= c.size() &&
                                      window.substr(window.size() - c.size()) == c) {
       return Value::Bool(true);
@@ -473,6 +510,39 @@ absl::StatusOr<Value> Partition(absl::string_view method, const std::string& s,
 }
 
 // The str methods; nullopt for a name str has no method of (in carpool).
+// strip / lstrip / rstrip.
+absl::StatusOr<Value> StripMethod(absl::string_view method, const std::string& s,
+                                  const CallArgs& args) {
+  ASSIGN_OR_RETURN(BoundArgs a,
+                   BoundArgs::Bind(absl::StrCat("str.", method), args, {"chars"}, false));
+  std::optional<std::string> chars;
+  if (a.Has(0) && !a.Get(0)->is_none()) {
+    if (!a.Get(0)->is_string()) return TypeError(absl::StrCat(method, " arg must be None or str"));
+    chars = a.Get(0)->string_value();
+  }
+  return Value::String(internal::Strip(s, chars, method != "rstrip", method != "lstrip"));
+}
+
+absl::StatusOr<Value> ReplaceMethod(const std::string& s, const CallArgs& args, Budget& budget) {
+  ASSIGN_OR_RETURN(BoundArgs a,
+                   BoundArgs::Bind("str.replace", args, {"old", "new", "count"}, false));
+  if (!a.Has(1)) {
+    return TypeError(
+        absl::StrCat("replace expected at least 2 arguments, got ", args.positional.size()));
+  }
+  ASSIGN_OR_RETURN(std::string old, internal::ToStr(*a.Get(0), "replace() argument 1"));
+  ASSIGN_OR_RETURN(std::string repl, internal::ToStr(*a.Get(1), "replace() argument 2"));
+  int64_t count = -1;
+  if (a.Has(2)) {
+    ASSIGN_OR_RETURN(count, internal::ToInt(*a.Get(2), "count"));
+  }
+  // The result is at most len(s) + (len(s) + 1) * len(new): check that bound first.
+  const int64_t bound = static_cast<int64_t>(s.size()) +
+                        (py::CodePointCount(s) + 1) * static_cast<int64_t>(repl.size());
+  if (repl.size() > old.size()) RETURN_IF_ERROR(budget.CheckSize(bound));
+  return Value::String(internal::Replace(s, old, repl, count));
+}
+
 std::optional<Function> StrMethod(const Value& v, absl::string_view name) {
   const std::string n(name);
   auto no_args = [n](const CallArgs& args) -> absl::Status {
@@ -483,15 +553,7 @@ std::optional<Function> StrMethod(const Value& v, absl::string_view name) {
     return absl::OkStatus();
   };
   if (n == "strip" || n == "lstrip" || n == "rstrip") {
-    return [v, n](const CallArgs& args, Budget&) -> absl::StatusOr<Value> {
-      ASSIGN_OR_RETURN(BoundArgs a, BoundArgs::Bind(absl::StrCat("str.", n), args, {"chars"}, false));
-      std::optional<std::string> chars;
-      if (a.Has(0) && !a.Get(0)->is_none()) {
-        if (!a.Get(0)->is_string()) return TypeError(absl::StrCat(n, " arg must be None or str"));
-        chars = a.Get(0)->string_value();
-      }
-      return Value::String(internal::Strip(v.string_value(), chars, n != "rstrip", n != "lstrip"));
-    };
+    return [v, n](const CallArgs& args, Budget&) { return StripMethod(n, v.string_value(), args); };
   }
   if (n == "upper" || n == "lower" || n == "title" || n == "capitalize") {
     return [v, n, no_args](const CallArgs& args, Budget&) -> absl::StatusOr<Value> {
@@ -515,23 +577,8 @@ std::optional<Function> StrMethod(const Value& v, absl::string_view name) {
     return [v, n](const CallArgs& args, Budget&) { return Search(n, v.string_value(), args); };
   }
   if (n == "replace") {
-    return [v](const CallArgs& args, Budget& budget) -> absl::StatusOr<Value> {
-      ASSIGN_OR_RETURN(BoundArgs a, BoundArgs::Bind("str.replace", args, {"old", "new", "count"}, false));
-      if (!a.Has(1)) {
-        return TypeError(absl::StrCat("replace expected at least 2 arguments, got ",
-                                      args.positional.size()));
-      }
-      ASSIGN_OR_RETURN(std::string old, internal::ToStr(*a.Get(0), "replace() argument 1"));
-      ASSIGN_OR_RETURN(std::string repl, internal::ToStr(*a.Get(1), "replace() argument 2"));
-      int64_t count = -1;
-      if (a.Has(2)) {
-    ASSIGN_OR_RETURN(count, internal::ToInt(*a.Get(2), "count"));
-  }
-      // The result is at most len(s) + (len(s) + 1) * len(new): check that bound first.
-      const int64_t bound = static_cast<int64_t>(v.string_value().size()) +
-                            (py::CodePointCount(v.string_value()) + 1) * static_cast<int64_t>(repl.size());
-      if (repl.size() > old.size()) RETURN_IF_ERROR(budget.CheckSize(bound));
-      return Value::String(internal::Replace(v.string_value(), old, repl, count));
+    return [v](const CallArgs& args, Budget& budget) {
+      return ReplaceMethod(v.string_value(), args, budget);
     };
   }
   if (n == "format") {
@@ -646,6 +693,36 @@ std::optional<Function> SequenceMethod(const Value& seq, absl::string_view name)
 }
 
 }  // namespace
+
+StrMethodFn FindStrMethod(absl::string_view name) {
+  if (name == "strip" || name == "lstrip" || name == "rstrip") {
+    return [](absl::string_view n, const std::string& s, const CallArgs& args, Budget&) {
+      return StripMethod(n, s, args);
+    };
+  }
+  if (name == "split" || name == "rsplit") {
+    return [](absl::string_view n, const std::string& s, const CallArgs& args, Budget&) {
+      return SplitMethod(n, s, args);
+    };
+  }
+  if (name == "startswith" || name == "endswith") {
+    return [](absl::string_view n, const std::string& s, const CallArgs& args, Budget&) {
+      return Affix(n, s, args);
+    };
+  }
+  if (name == "find" || name == "rfind" || name == "index" || name == "rindex" ||
+      name == "count") {
+    return [](absl::string_view n, const std::string& s, const CallArgs& args, Budget&) {
+      return Search(n, s, args);
+    };
+  }
+  if (name == "replace") {
+    return [](absl::string_view, const std::string& s, const CallArgs& args, Budget& budget) {
+      return ReplaceMethod(s, args, budget);
+    };
+  }
+  return nullptr;
+}
 
 std::optional<Value> BoundMethod(const Value& obj, absl::string_view name) {
   std::optional<Function> fn;

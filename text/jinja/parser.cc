@@ -980,9 +980,8 @@ absl::StatusOr<ExprPtr> Parser::ParseSubscript(ExprPtr node) {
     Next();
     if (attr.type == TokenType::kName) {
       ASSIGN_OR_RETURN(ExprPtr e, Make(ExprKind::kGetAttr, t.line, Ptrs(std::move(node))));
-      static const Value* const kEmptyDict = new Value(Value::MakeDict(Dict()));
-      // (`_names` too: the sandbox answers those, never the item.)
-      e->dict_method = BoundMethod(*kEmptyDict, attr.text).has_value() || attr.text[0] == '_';
+      e->dict_method = DictAttributeIsSpecial(attr.text);
+      e->str_method = FindStrMethod(attr.text);
       e->str = attr.text;
       return e;
     }
@@ -1089,7 +1088,8 @@ absl::StatusOr<ExprPtr> Parser::ParseFilter(ExprPtr node, bool start_inline) {
     }
     ASSIGN_OR_RETURN(ExprPtr f, Make(ExprKind::kFilter, line, Ptrs(std::move(node))));
     if (IsOp("(")) RETURN_IF_ERROR(ParseCallArgs(&f->call));
-    if (!HasFilter(name)) {
+    f->filter = FindFilter(name);
+    if (f->filter == nullptr) {
       if (Jinja2Filters().contains(name)) {
         return Fail(line, absl::StrCat("unsupported filter '", name, "'"));
       }

@@ -389,36 +389,73 @@ const char* KindName(Kind kind) {
 }
 
 Value Value::Undefined(std::string hint, bool unsafe) {
-  return Value(std::make_shared<const UndefinedData>(UndefinedData{std::move(hint), unsafe}),
-               Kind::kUndefined);
+  if (hint.empty() && !unsafe) return Value();
+  return MakeBoxed(UndefinedData{std::move(hint), unsafe}, Kind::kUndefined);
 }
-Value Value::None() { return Value(std::monostate{}, Kind::kNone); }
-Value Value::Bool(bool b) { return Value(b, Kind::kBool); }
-Value Value::Int(int64_t i) { return Value(i, Kind::kInt); }
-Value Value::Float(double d) { return Value(d, Kind::kFloat); }
-Value Value::String(std::string s) {
-  return Value(std::make_shared<const std::string>(std::move(s)), Kind::kString);
+Value Value::None() {
+  Value v;
+  v.kind_ = Kind::kNone;
+  return v;
 }
-Value Value::MakeList(List items) {
-  return Value(std::make_shared<const List>(std::move(items)), Kind::kList);
+Value Value::Bool(bool b) {
+  Value v;
+  v.kind_ = Kind::kBool;
+  v.bits_.b = b;
+  return v;
 }
+Value Value::Int(int64_t i) {
+  Value v;
+  v.kind_ = Kind::kInt;
+  v.bits_.i = i;
+  return v;
+}
+Value Value::Float(double d) {
+  Value v;
+  v.kind_ = Kind::kFloat;
+  v.bits_.d = d;
+  return v;
+}
+Value Value::String(std::string s) { return MakeBoxed(std::move(s), Kind::kString); }
+Value Value::MakeList(List items) { return MakeBoxed(std::move(items), Kind::kList); }
 Value Value::MakeGenerator(List items) {
   Value v = MakeList(std::move(items));
   v.generator_ = true;
   return v;
 }
-Value Value::MakeTuple(List items) {
-  return Value(std::make_shared<const List>(std::move(items)), Kind::kTuple);
-}
-Value Value::MakeDict(Dict dict) {
-  return Value(std::make_shared<const Dict>(std::move(dict)), Kind::kDict);
-}
+Value Value::MakeTuple(List items) { return MakeBoxed(std::move(items), Kind::kTuple); }
+Value Value::MakeDict(Dict dict) { return MakeBoxed(std::move(dict), Kind::kDict); }
 Value Value::Namespace(Dict attributes) {
-  return Value(std::make_shared<Dict>(std::move(attributes)), Kind::kNamespace);
+  return MakeBoxed(std::move(attributes), Kind::kNamespace);
 }
 Value Value::MakeCallable(std::string name, Function fn) {
-  return Value(std::make_shared<const Callable>(Callable{std::move(name), std::move(fn)}),
-               Kind::kCallable);
+  return MakeBoxed(Callable{std::move(name), std::move(fn)}, Kind::kCallable);
+}
+
+void Value::Destroy() {
+  switch (kind_) {
+    case Kind::kUndefined:
+      delete static_cast<Boxed<UndefinedData>*>(bits_.box);
+      return;
+    case Kind::kString:
+      delete static_cast<Boxed<std::string>*>(bits_.box);
+      return;
+    case Kind::kList:
+    case Kind::kTuple:
+      delete static_cast<Boxed<List>*>(bits_.box);
+      return;
+    case Kind::kDict:
+    case Kind::kNamespace:
+      delete static_cast<Boxed<Dict>*>(bits_.box);
+      return;
+    case Kind::kCallable:
+      delete static_cast<Boxed<Callable>*>(bits_.box);
+      return;
+    case Kind::kNone:
+    case Kind::kBool:
+    case Kind::kInt:
+    case Kind::kFloat:
+      return;  // never boxed
+  }
 }
 
 Value Value::FromJson(const nlohmann::ordered_json& json) {
@@ -457,35 +494,11 @@ Value Value::FromJson(const nlohmann::ordered_json& json) {
   }
 }
 
-Kind Value::kind() const { return kind_; }
-
-bool Value::bool_value() const { return std::get<bool>(storage_); }
-int64_t Value::int_value() const {
-  if (kind_ == Kind::kBool) return std::get<bool>(storage_) ? 1 : 0;
-  return std::get<int64_t>(storage_);
-}
-double Value::float_value() const {
-  if (kind_ == Kind::kFloat) return std::get<double>(storage_);
-  return static_cast<double>(int_value());
-}
-const std::string& Value::string_value() const {
-  return *std::get<std::shared_ptr<const std::string>>(storage_);
-}
-const List& Value::list_value() const { return *std::get<std::shared_ptr<const List>>(storage_); }
-const Dict& Value::dict_value() const {
-  if (kind_ == Kind::kNamespace) return *std::get<std::shared_ptr<Dict>>(storage_);
-  return *std::get<std::shared_ptr<const Dict>>(storage_);
-}
-Dict& Value::namespace_attributes() const { return *std::get<std::shared_ptr<Dict>>(storage_); }
-const Callable& Value::callable_value() const {
-  return *std::get<std::shared_ptr<const Callable>>(storage_);
-}
 const std::string& Value::undefined_hint() const {
-  return std::get<std::shared_ptr<const UndefinedData>>(storage_)->hint;
+  static const std::string* const kNoHint = new std::string();
+  return boxed_ ? Unbox<UndefinedData>().hint : *kNoHint;
 }
-bool Value::undefined_is_unsafe() const {
-  return std::get<std::shared_ptr<const UndefinedData>>(storage_)->unsafe;
-}
+bool Value::undefined_is_unsafe() const { return boxed_ && Unbox<UndefinedData>().unsafe; }
 
 // ---- Printing -----------------------------------------------------------------------------
 
@@ -661,7 +674,7 @@ absl::StatusOr<Value> Arithmetic(BinaryOp op, const Value& a, const Value& b, Bu
     // also the one argument of a plain %s), anything else is the one argument.
     CallArgs args;
     if (b.kind() == Kind::kTuple) {
-      args.positional = b.list_value();
+      args.positional.assign(b.list_value().begin(), b.list_value().end());
     } else {
       args.positional.push_back(b);
       if (b.kind() == Kind::kDict) {
@@ -770,6 +783,12 @@ Value GetAttr(const Value& obj, absl::string_view name) {
   return NoAttribute(obj, name);
 }
 
+bool DictAttributeIsSpecial(absl::string_view name) {
+  static const Value* const kEmptyDict = new Value(Value::MakeDict(Dict()));
+  return name.empty() || name[0] == '_' || IsMutatingMethod(Kind::kDict, name) ||
+         BoundMethod(*kEmptyDict, name).has_value();
+}
+
 Value GetItem(const Value& obj, const Value& key) {
   if (obj.is_undefined()) return obj;
   switch (obj.kind()) {
@@ -871,8 +890,7 @@ absl::StatusOr<int64_t> Length(const Value& value) {
   }
 }
 
-absl::Status CheckDefined(const Value& value) {
-  if (!value.is_undefined()) return absl::OkStatus();
+absl::Status UndefinedError(const Value& value) {
   if (value.undefined_hint().empty()) return absl::InvalidArgumentError("undefined value");
   return absl::InvalidArgumentError(value.undefined_hint());
 }

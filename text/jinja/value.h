@@ -19,16 +19,17 @@
 #ifndef CARPOOL_TEXT_JINJA_VALUE_H_
 #define CARPOOL_TEXT_JINJA_VALUE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <utility>
-#include <variant>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -66,10 +67,7 @@ class Budget {
   virtual absl::Status CheckSize(int64_t bytes) = 0;
 };
 
-struct CallArgs {
-  std::vector<Value> positional;
-  std::vector<std::pair<std::string, Value>> keyword;
-};
+struct CallArgs;  // below Value
 
 using Function = std::function<absl::StatusOr<Value>(const CallArgs& args, Budget& budget)>;
 
@@ -78,7 +76,7 @@ struct Callable {
   Function fn;
 };
 
-enum class Kind {
+enum class Kind : uint8_t {
   kUndefined,
   kNone,
   kBool,
@@ -102,7 +100,38 @@ class Value {
   // "'dict object' has no attribute 'x'". `unsafe`: an attribute the sandbox refuses
   // (list.append, ...): using it is "access to attribute 'append' of 'list' object is unsafe".
   static Value Undefined(std::string hint = "", bool unsafe = false);
-  Value() : Value(Undefined()) {}
+  Value() = default;  // an Undefined without a hint
+  Value(const Value& other) : kind_(other.kind_), generator_(other.generator_), boxed_(other.boxed_),
+                              bits_(other.bits_) {
+    if (boxed_) bits_.box->refs.fetch_add(1, std::memory_order_relaxed);
+  }
+  Value(Value&& other) noexcept
+      : kind_(other.kind_), generator_(other.generator_), boxed_(other.boxed_), bits_(other.bits_) {
+    other.kind_ = Kind::kNone;
+    other.boxed_ = false;
+  }
+  Value& operator=(const Value& other) {
+    if (other.boxed_) other.bits_.box->refs.fetch_add(1, std::memory_order_relaxed);
+    Release();
+    kind_ = other.kind_;
+    generator_ = other.generator_;
+    boxed_ = other.boxed_;
+    bits_ = other.bits_;
+    return *this;
+  }
+  Value& operator=(Value&& other) noexcept {
+    if (this != &other) {
+      Release();
+      kind_ = other.kind_;
+      generator_ = other.generator_;
+      boxed_ = other.boxed_;
+      bits_ = other.bits_;
+      other.kind_ = Kind::kNone;
+      other.boxed_ = false;
+    }
+    return *this;
+  }
+  ~Value() { Release(); }
   static Value None();
   static Value Bool(bool b);
   static Value Int(int64_t i);
@@ -125,7 +154,7 @@ class Value {
   // floats.
   static Value FromJson(const nlohmann::ordered_json& json);
 
-  Kind kind() const;
+  Kind kind() const { return kind_; }
   bool is_undefined() const { return kind() == Kind::kUndefined; }
   bool is_none() const { return kind() == Kind::kNone; }
   bool is_string() const { return kind() == Kind::kString; }
@@ -139,14 +168,16 @@ class Value {
 
   // REQUIRES: the matching kind (kBool for bool_value; kInt or kBool for int_value; any number
   // or kBool for float_value).
-  bool bool_value() const;
-  int64_t int_value() const;
-  double float_value() const;
-  const std::string& string_value() const;
-  const List& list_value() const;  // kList or kTuple
-  const Dict& dict_value() const;  // kDict, or a namespace's attributes
-  Dict& namespace_attributes() const;  // kNamespace
-  const Callable& callable_value() const;
+  bool bool_value() const { return bits_.b; }
+  int64_t int_value() const { return kind_ == Kind::kBool ? (bits_.b ? 1 : 0) : bits_.i; }
+  double float_value() const {
+    return kind_ == Kind::kFloat ? bits_.d : static_cast<double>(int_value());
+  }
+  const std::string& string_value() const { return Unbox<std::string>(); }
+  const List& list_value() const { return Unbox<List>(); }  // kList or kTuple
+  const Dict& dict_value() const { return Unbox<Dict>(); }  // kDict, or a namespace's attributes
+  Dict& namespace_attributes() const { return Unbox<Dict>(); }  // kNamespace
+  const Callable& callable_value() const { return Unbox<Callable>(); }
   const std::string& undefined_hint() const;
   bool undefined_is_unsafe() const;
 
@@ -163,16 +194,52 @@ class Value {
     std::string hint;
     bool unsafe = false;
   };
-  using Storage =
-      std::variant<std::shared_ptr<const UndefinedData>, std::monostate, bool, int64_t, double,
-                   std::shared_ptr<const std::string>, std::shared_ptr<const List>,
-                   std::shared_ptr<const Dict>, std::shared_ptr<Dict>,
-                   std::shared_ptr<const Callable>>;
-  Value(Storage storage, Kind kind) : storage_(std::move(storage)), kind_(kind) {}
+  // What a string, container, callable or hinted Undefined keeps on the heap, shared by the
+  // Value's copies. The count is atomic: a template's constants are read by concurrent renders.
+  // (A hand-made box rather than std::shared_ptr in a std::variant: a Value is copied at
+  // almost every step of a render, and this copy is one branch and one increment.)
+  struct Box {
+    std::atomic<int64_t> refs{1};
+  };
+  template <typename T>
+  struct Boxed : Box {
+    explicit Boxed(T v) : value(std::move(v)) {}
+    T value;
+  };
+  template <typename T>
+  T& Unbox() const {
+    return static_cast<Boxed<T>*>(bits_.box)->value;
+  }
+  template <typename T>
+  static Value MakeBoxed(T v, Kind kind) {
+    Value out;
+    out.kind_ = kind;
+    out.boxed_ = true;
+    out.bits_.box = new Boxed<T>(std::move(v));
+    return out;
+  }
+  void Release() {
+    if (boxed_ && bits_.box->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) Destroy();
+  }
+  // Deletes the box as the type kind_ says it holds.
+  void Destroy();
 
-  Storage storage_;
-  Kind kind_;
+  Kind kind_ = Kind::kUndefined;
   bool generator_ = false;
+  bool boxed_ = false;  // bits_.box is set (and counted); else the value is in bits_ itself
+  union Bits {
+    bool b;
+    int64_t i;
+    double d;
+    Box* box;
+  } bits_{.i = 0};
+};
+
+// A call's arguments.
+struct CallArgs {
+  // (Inline: most calls pass a few arguments, and a template makes calls at every message.)
+  absl::InlinedVector<Value, 2> positional;
+  std::vector<std::pair<std::string, Value>> keyword;
 };
 
 // Python's ==: 1 == 1.0 == True, [1] == [1.0], ('a',) != ['a'], Undefined == Undefined.
@@ -204,6 +271,9 @@ absl::StatusOr<bool> Contains(const Value& container, const Value& item);
 // An Undefined `obj` is returned as is: Jinja2 raises its error on x.attr and x[key] when x is
 // undefined, so the evaluator calls CheckDefined(obj) first.
 Value GetAttr(const Value& obj, absl::string_view name);
+// Whether GetAttr(d, name) on a dict `d` may answer something other than the item `name` (a
+// method, a method the sandbox refuses, a special name); for the other names it is the item.
+bool DictAttributeIsSpecial(absl::string_view name);
 Value GetItem(const Value& obj, const Value& key);
 // obj[start:stop:step] for strings, lists and tuples; a missing bound is nullopt.
 absl::StatusOr<Value> Slice(const Value& obj, std::optional<int64_t> start,
@@ -217,7 +287,12 @@ absl::StatusOr<int64_t> Length(const Value& value);
 
 // An error that using `value` raises when it is Undefined (hint, or the unsafe attribute
 // message); OK for any other value.
-absl::Status CheckDefined(const Value& value);
+// CheckDefined's error. REQUIRES: value is Undefined.
+absl::Status UndefinedError(const Value& value);
+inline absl::Status CheckDefined(const Value& value) {
+  if (!value.is_undefined()) return absl::OkStatus();
+  return UndefinedError(value);
+}
 
 }  // namespace carpool::text::jinja
 
