@@ -546,6 +546,9 @@ add("dict", "{{ d.update({'z': 1}) }}")
 add("dict", "{{ d.pop('a') }}")
 add("dict", "{{ d.setdefault('z', 1) }}")
 add("dict", "{{ d.clear() }}")
+# A key named as a mutating method: the attribute is the refused method, not the item.
+add("dict", "[{{ {'pop': 1, 'update': 2}.pop }}][{{ {'pop': 1}['pop'] }}]")
+add("dict", "{% set m = {'update': 2, 'role': 'user'} %}{{ m.update is defined }} {{ m.role }}")
 add("dict", "{{ l.append(4) }}")
 add("dict", "{{ l.pop() }}", divergence=(r"unsafe", "Jinja2 3.1.2's ImmutableSandboxedEnvironment lets list.pop "
                                            "through (it is missing from its list of mutating methods); carpool's "
