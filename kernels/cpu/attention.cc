@@ -83,8 +83,8 @@ void CapScores(float* s, float cap, int n) {
   const F8 inv = simd::Set1(1.0f / cap);
   for (int i = 0; i < n; i += simd::kLanes) {
     const int lanes = std::min(simd::kLanes, n - i);
-    simd::StorePartial(s + i, simd::Mul(c, simd::Tanh(simd::Mul(simd::LoadPartial(s + i, lanes), inv))),
-                       lanes);
+    simd::StorePartial(
+        s + i, simd::Mul(c, simd::Tanh(simd::Mul(simd::LoadPartial(s + i, lanes), inv))), lanes);
   }
 }
 
@@ -117,8 +117,7 @@ void AttendItem(const float* q, const float* key_cache, const float* value_cache
   const int num_positions = query.position + 1;
   // With a window the loop starts at the window's first key: the block-table entries before it
   // may be invalid (freed blocks).
-  const int first =
-      p.sliding_window > 0 ? std::max(0, query.position - p.sliding_window + 1) : 0;
+  const int first = p.sliding_window > 0 ? std::max(0, query.position - p.sliding_window + 1) : 0;
   for (int start = first; start < num_positions; start += kChunk) {
     const int len = std::min(kChunk, num_positions - start);
     for (int i = 0; i < len; ++i) {

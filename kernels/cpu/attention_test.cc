@@ -313,9 +313,9 @@ TEST(SoftCapAttentionTest, SharpScoresAreCapped) {
   EXPECT_TRUE(AllNear(out, want, kAtol, kRtol));
   AttentionParams uncapped = sharp;
   uncapped.logit_softcap = 0.0f;
-  EXPECT_FALSE(AllNear(out, reference::PagedAttention(batch.q(), batch.key_cache(),
-                                                      batch.value_cache(), uncapped),
-                       1e-3, 1e-3));
+  EXPECT_FALSE(AllNear(
+      out, reference::PagedAttention(batch.q(), batch.key_cache(), batch.value_cache(), uncapped),
+      1e-3, 1e-3));
 }
 
 // A prefill split into chunks across the window boundary gives the rows of the whole prefill.
@@ -354,8 +354,7 @@ TEST(SlidingWindowTest, NegativeEntriesBeforeTheWindowAreNotRead) {
   AttentionParams params = batch.params();
   params.seqs = seqs.data();
   std::vector<float> out(batch.out_size());
-  PagedAttention(batch.q(), batch.key_cache(), batch.value_cache(), params, out.data(),
-                 TestPool());
+  PagedAttention(batch.q(), batch.key_cache(), batch.value_cache(), params, out.data(), TestPool());
   EXPECT_TRUE(AllNear(out, batch.Reference(), kAtol, kRtol));
 }
 

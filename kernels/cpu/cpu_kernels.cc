@@ -154,8 +154,8 @@ void GeluTanhMul(const float* gate, const float* up, float* out, int64_t t, int6
   GatedMul(gate, up, out, t * inter, pool, [](F8 g) {
     // 0.5 g (1 + tanh(u)) = g / (1 + e^(-2u)), u = sqrt(2 / pi) (g + 0.044715 g^3).
     const F8 g3 = simd::Mul(simd::Mul(g, g), g);
-    const F8 u = simd::Mul(simd::Set1(0.7978845608028654f),
-                           simd::Fma(simd::Set1(0.044715f), g3, g));
+    const F8 u =
+        simd::Mul(simd::Set1(0.7978845608028654f), simd::Fma(simd::Set1(0.044715f), g3, g));
     const F8 e = simd::Exp(simd::Mul(simd::Set1(-2.0f), u));
     return simd::Div(g, simd::Add(simd::Set1(1.0f), e));
   });

@@ -124,10 +124,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, RowShapeTest,
 
 // Each head of [T, heads, D] is its own RMSNorm row; checked against a float64 loop over heads.
 TEST(HeadRmsNormTest, NormalizesEveryHeadOnItsOwn) {
-  for (const auto& [t, heads, d] : {std::tuple<int64_t, int, int>{1, 1, 8},
-                                   std::tuple<int64_t, int, int>{5, 4, 64},
-                                   std::tuple<int64_t, int, int>{3, 6, 128},
-                                   std::tuple<int64_t, int, int>{7, 2, 13}}) {
+  for (const auto& [t, heads, d] :
+       {std::tuple<int64_t, int, int>{1, 1, 8}, std::tuple<int64_t, int, int>{5, 4, 64},
+        std::tuple<int64_t, int, int>{3, 6, 128}, std::tuple<int64_t, int, int>{7, 2, 13}}) {
     SCOPED_TRACE(::testing::Message() << "t=" << t << " heads=" << heads << " d=" << d);
     const std::vector<float> x0 = RandomFloats(t * heads * d, 23, -3.0f, 3.0f);
     const std::vector<float> weight = RandomFloats(d, 24, 0.5f, 1.5f);

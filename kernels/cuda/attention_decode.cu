@@ -3,10 +3,10 @@
 // Grid: (split, kv head x head tile, sequence). A thread block reads the keys and values of one
 // kv head over one split of the context once, for up to kDecodeHeadTile query heads of its GQA
 // group. Within a block, a "token group" of kLanes threads holds one cache row (16 bytes per
-// thread; 32 bytes for fp32 rows of 256); the block walks the split in chunks of kChunk positions: scores into shared memory,
-// an online-softmax update per head (one warp per head), then P·V into per-thread fp32
-// accumulators, which are summed over the token groups at the end. With more than one split
-// the block writes un-normalized partial results, and DecodeReduceKernel merges them.
+// thread; 32 bytes for fp32 rows of 256); the block walks the split in chunks of kChunk positions:
+// scores into shared memory, an online-softmax update per head (one warp per head), then P·V into
+// per-thread fp32 accumulators, which are summed over the token groups at the end. With more than
+// one split the block writes un-normalized partial results, and DecodeReduceKernel merges them.
 #include <cfloat>
 #include <cstdint>
 

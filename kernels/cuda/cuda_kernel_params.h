@@ -18,15 +18,15 @@ using Stream = ::CUstream_st*;
 // query rows [query_start[s], query_start[s + 1]) of q and out; its query token j sits at
 // position context_lens[s] - query_len + j and attends causally to cache positions 0 .. that
 // position (its last sliding_window ones with a window), whose keys and values have already
-// been written; block-table entries before a sequence's window may be invalid and are not read. Query head h reads kv head
-// h / (num_heads / num_kv_heads).
+// been written; block-table entries before a sequence's window may be invalid and are not read.
+// Query head h reads kv head h / (num_heads / num_kv_heads).
 //
 // The grid is sized from max_query_len and max_context_len alone (never from device data), so
 // a launch can be captured in a CUDA graph and replayed with other lengths up to those bounds.
 struct PagedAttentionBatch {
   KvCacheLayout cache;
-  int num_heads = 0;   // query heads; a multiple of cache.num_kv_heads
-  float scale = 0.0f;  // usually 1 / sqrt(head_dim)
+  int num_heads = 0;           // query heads; a multiple of cache.num_kv_heads
+  float scale = 0.0f;          // usually 1 / sqrt(head_dim)
   int sliding_window = 0;      // as AttentionParams::sliding_window; 0: none
   float logit_softcap = 0.0f;  // as AttentionParams::logit_softcap; 0: none
   int num_seqs = 0;

@@ -78,8 +78,8 @@ absl::Status RmsNorm(const T* x, const float* weight, float eps, T* out, int64_t
 }
 
 template <typename T>
-absl::Status AddRmsNorm(const T* x, T* residual, const float* weight, float eps, T* out,
-                        int64_t t, int64_t h, Stream stream) {
+absl::Status AddRmsNorm(const T* x, T* residual, const float* weight, float eps, T* out, int64_t t,
+                        int64_t h, Stream stream) {
   RETURN_IF_ERROR(CheckRows("AddRmsNorm", t, h));
   if (residual == nullptr) return Invalid("AddRmsNorm: residual is required");
   if (t == 0) return absl::OkStatus();
@@ -236,24 +236,24 @@ absl::Status Convert(const From* in, To* out, int64_t n, Stream stream) {
   return absl::OkStatus();
 }
 
-#define CARPOOL_INSTANTIATE(T)                                                                  \
-  template absl::Status EmbeddingGather<T>(const T*, int64_t, const int32_t*, T*, int64_t,      \
-                                           int64_t, Stream);                                    \
+#define CARPOOL_INSTANTIATE(T)                                                                   \
+  template absl::Status EmbeddingGather<T>(const T*, int64_t, const int32_t*, T*, int64_t,       \
+                                           int64_t, Stream);                                     \
   template absl::Status RmsNorm<T>(const T*, const float*, float, T*, int64_t, int64_t, Stream); \
-  template absl::Status AddRmsNorm<T>(const T*, T*, const float*, float, T*, int64_t, int64_t,  \
-                                      Stream);                                                  \
-  template absl::Status RotaryEmbedding<T>(T*, const int32_t*, const float*, int64_t, int, int, \
-                                           int, Stream);                                        \
-  template absl::Status SiluMul<T>(const T*, const T*, T*, int64_t, int64_t, Stream);           \
-  template absl::Status GeluTanhMul<T>(const T*, const T*, T*, int64_t, int64_t, Stream);       \
-  template absl::Status HeadRmsNorm<T>(T*, const float*, float, int64_t, int, int, Stream);     \
-  template absl::Status SoftCap<T>(T*, float, int64_t, Stream);                                 \
-  template absl::Status Scale<T>(T*, float, int64_t, Stream);                                   \
-  template absl::Status WriteKvCache<T>(const T*, const T*, const int64_t*, int64_t,            \
-                                        const KvCacheLayout&, T*, T*, Stream);                  \
-  template absl::Status PagedAttentionDecode<T>(                                                \
-      const T*, const T*, const T*, const PagedAttentionBatch&, void*, size_t, T*, Stream);     \
-  template absl::Status PagedAttention<T>(const T*, const T*, const T*,                         \
+  template absl::Status AddRmsNorm<T>(const T*, T*, const float*, float, T*, int64_t, int64_t,   \
+                                      Stream);                                                   \
+  template absl::Status RotaryEmbedding<T>(T*, const int32_t*, const float*, int64_t, int, int,  \
+                                           int, Stream);                                         \
+  template absl::Status SiluMul<T>(const T*, const T*, T*, int64_t, int64_t, Stream);            \
+  template absl::Status GeluTanhMul<T>(const T*, const T*, T*, int64_t, int64_t, Stream);        \
+  template absl::Status HeadRmsNorm<T>(T*, const float*, float, int64_t, int, int, Stream);      \
+  template absl::Status SoftCap<T>(T*, float, int64_t, Stream);                                  \
+  template absl::Status Scale<T>(T*, float, int64_t, Stream);                                    \
+  template absl::Status WriteKvCache<T>(const T*, const T*, const int64_t*, int64_t,             \
+                                        const KvCacheLayout&, T*, T*, Stream);                   \
+  template absl::Status PagedAttentionDecode<T>(                                                 \
+      const T*, const T*, const T*, const PagedAttentionBatch&, void*, size_t, T*, Stream);      \
+  template absl::Status PagedAttention<T>(const T*, const T*, const T*,                          \
                                           const PagedAttentionBatch&, T*, Stream);
 CARPOOL_INSTANTIATE(float)
 CARPOOL_INSTANTIATE(Half)

@@ -39,8 +39,8 @@ absl::Status RmsNorm(const T* x, const float* weight, float eps, T* out, int64_t
 // In place: residual[t] += x[t] (rounded to T, as Hugging Face adds in the model dtype); then
 // out[t] = RmsNorm(residual[t]). out may alias x.
 template <typename T>
-absl::Status AddRmsNorm(const T* x, T* residual, const float* weight, float eps, T* out,
-                        int64_t t, int64_t h, Stream stream);
+absl::Status AddRmsNorm(const T* x, T* residual, const float* weight, float eps, T* out, int64_t t,
+                        int64_t h, Stream stream);
 
 // Rotate-half RoPE in place on the first rotary_dim features of each head, as
 // cpu::RotaryEmbedding: x [T, num_heads, head_dim], positions [T], inv_freq [rotary_dim / 2]

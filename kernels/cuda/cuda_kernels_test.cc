@@ -257,7 +257,8 @@ void CheckAddRmsNorm() {
     ASSERT_OK_AND_ASSIGN(DeviceBuffer d_r, Upload<T>(residual));
     ASSERT_OK_AND_ASSIGN(DeviceBuffer d_w, DeviceBuffer::FromHost(weight));
     // out aliases x, as the model uses it.
-    ASSERT_OK(AddRmsNorm(d_x.as<T>(), d_r.as<T>(), d_w.as<float>(), kEps, d_x.as<T>(), t, h, nullptr));
+    ASSERT_OK(
+        AddRmsNorm(d_x.as<T>(), d_r.as<T>(), d_w.as<float>(), kEps, d_x.as<T>(), t, h, nullptr));
     ASSERT_OK_AND_ASSIGN(std::vector<float> out, Download<T>(d_x, t * h));
     ASSERT_OK_AND_ASSIGN(std::vector<float> new_residual, Download<T>(d_r, t * h));
     EXPECT_TRUE(AllNear(new_residual, want_residual, Tolerance<T>()));
@@ -494,8 +495,7 @@ void CheckAttention(const AttentionCase& c, bool decode, bool pass_query_start) 
     if (c.sliding_window > 0) {
       // Blocks wholly before the first query's window may have been freed: entries far out of
       // the pool, so a kernel that reads one faults.
-      const int first_key =
-          std::max(0, context_lens[s] - c.seqs[s].first - c.sliding_window + 1);
+      const int first_key = std::max(0, context_lens[s] - c.seqs[s].first - c.sliding_window + 1);
       for (int b = 0; b < first_key / c.block_size; ++b) tables[s * stride + b] = -1000000;
     }
   }

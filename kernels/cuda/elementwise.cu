@@ -1,5 +1,6 @@
 // Row-wise and elementwise kernels: embedding gather, (add +) RMSNorm, per-head RMSNorm, RoPE,
-// SiLU·mul and GELU-tanh·mul, softcap, scale, KV-cache writes and dtype conversion. Memory-bound; one thread block per row where a row is reduced.
+// SiLU·mul and GELU-tanh·mul, softcap, scale, KV-cache writes and dtype conversion. Memory-bound;
+// one thread block per row where a row is reduced.
 #include <cstdint>
 
 #include "kernels/cuda/device_common.cuh"
@@ -212,8 +213,8 @@ cudaError_t LaunchScale(T* x, float factor, int64_t n, cudaStream_t stream) {
 template <typename T>
 cudaError_t LaunchHeadRmsNorm(T* x, const float* weight, float eps, int64_t rows, int head_dim,
                               cudaStream_t stream) {
-  HeadRmsNormKernel<<<CeilDiv(rows, kHeadNormWarps), kRowThreads, 0, stream>>>(
-      ToDevice(x), weight, eps, rows, head_dim);
+  HeadRmsNormKernel<<<CeilDiv(rows, kHeadNormWarps), kRowThreads, 0, stream>>>(ToDevice(x), weight,
+                                                                               eps, rows, head_dim);
   return cudaGetLastError();
 }
 
@@ -235,19 +236,19 @@ cudaError_t LaunchConvert(const From* in, To* out, int64_t n, cudaStream_t strea
   return cudaGetLastError();
 }
 
-#define CARPOOL_INSTANTIATE_ELEMENTWISE(T)                                                      \
-  template cudaError_t LaunchEmbeddingGather<T>(const T*, int64_t, const int32_t*, T*, int64_t, \
-                                                int64_t, cudaStream_t);                         \
-  template cudaError_t LaunchAddRmsNorm<T>(const T*, T*, const float*, float, T*, int64_t,     \
-                                           int64_t, cudaStream_t);                              \
-  template cudaError_t LaunchRotaryEmbedding<T>(T*, const int32_t*, const float*, int64_t, int, \
-                                                int, int, cudaStream_t);                        \
-  template cudaError_t LaunchSiluMul<T>(const T*, const T*, T*, int64_t, cudaStream_t);         \
-  template cudaError_t LaunchGeluTanhMul<T>(const T*, const T*, T*, int64_t, cudaStream_t);     \
-  template cudaError_t LaunchSoftCap<T>(T*, float, int64_t, cudaStream_t);                      \
-  template cudaError_t LaunchScale<T>(T*, float, int64_t, cudaStream_t);                        \
+#define CARPOOL_INSTANTIATE_ELEMENTWISE(T)                                                        \
+  template cudaError_t LaunchEmbeddingGather<T>(const T*, int64_t, const int32_t*, T*, int64_t,   \
+                                                int64_t, cudaStream_t);                           \
+  template cudaError_t LaunchAddRmsNorm<T>(const T*, T*, const float*, float, T*, int64_t,        \
+                                           int64_t, cudaStream_t);                                \
+  template cudaError_t LaunchRotaryEmbedding<T>(T*, const int32_t*, const float*, int64_t, int,   \
+                                                int, int, cudaStream_t);                          \
+  template cudaError_t LaunchSiluMul<T>(const T*, const T*, T*, int64_t, cudaStream_t);           \
+  template cudaError_t LaunchGeluTanhMul<T>(const T*, const T*, T*, int64_t, cudaStream_t);       \
+  template cudaError_t LaunchSoftCap<T>(T*, float, int64_t, cudaStream_t);                        \
+  template cudaError_t LaunchScale<T>(T*, float, int64_t, cudaStream_t);                          \
   template cudaError_t LaunchHeadRmsNorm<T>(T*, const float*, float, int64_t, int, cudaStream_t); \
-  template cudaError_t LaunchWriteKvCache<T>(const T*, const T*, const int64_t*, int64_t,       \
+  template cudaError_t LaunchWriteKvCache<T>(const T*, const T*, const int64_t*, int64_t,         \
                                              const KvCacheLayout&, T*, T*, cudaStream_t);
 
 CARPOOL_INSTANTIATE_ELEMENTWISE(float)

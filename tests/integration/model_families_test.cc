@@ -175,8 +175,8 @@ class Family {
       for (int32_t& x : t) x = token(rng);
       return t;
     };
-    std::vector<std::vector<int32_t>> prompts = {random(1),     random(w - 1), random(w),
-                                                 random(w + 1), random(3 * w + 5)};
+    std::vector<std::vector<int32_t>> prompts = {random(1), random(w - 1), random(w), random(w + 1),
+                                                 random(3 * w + 5)};
     std::vector<int32_t> shared(prompts.back().begin(), prompts.back().begin() + 2 * w);
     const std::vector<int32_t> tail = random(5);
     shared.insert(shared.end(), tail.begin(), tail.end());

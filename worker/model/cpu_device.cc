@@ -77,8 +77,7 @@ void CpuDevice::Reserve(DeviceArray* a, int64_t numel) {
   *a = std::move(*grown);
 }
 
-void CpuDevice::SetRope(absl::Span<const float> inv_freq,
-                        absl::Span<const float> local_inv_freq) {
+void CpuDevice::SetRope(absl::Span<const float> inv_freq, absl::Span<const float> local_inv_freq) {
   CARPOOL_CHECK(inv_freq.size() == local_inv_freq.size());
   inv_freq_.assign(inv_freq.begin(), inv_freq.end());
   local_inv_freq_.assign(local_inv_freq.begin(), local_inv_freq.end());
@@ -149,9 +148,7 @@ void CpuDevice::GeluTanhMul(const DeviceArray& gate, const DeviceArray& up, int6
   cpu::GeluTanhMul(F(gate), F(up), F(out), rows, inter, pool_);
 }
 
-void CpuDevice::SoftCap(float cap, int64_t n, DeviceArray* x) {
-  cpu::SoftCap(F(x), cap, n, pool_);
-}
+void CpuDevice::SoftCap(float cap, int64_t n, DeviceArray* x) { cpu::SoftCap(F(x), cap, n, pool_); }
 
 void CpuDevice::Scale(float factor, int64_t n, DeviceArray* x) { cpu::Scale(F(x), factor, n); }
 

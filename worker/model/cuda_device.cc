@@ -137,8 +137,8 @@ class CudaDeviceImpl final : public CudaDevice {
   absl::StatusOr<DeviceArray> NormWeight(const Tensor& host) override {
     if (host.empty()) return DeviceArray();
     CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
-    absl::StatusOr<kc::DeviceBuffer> buffer = kc::DeviceBuffer::FromHost(
-        std::vector<float>(host.data(), host.data() + host.numel()));
+    absl::StatusOr<kc::DeviceBuffer> buffer =
+        kc::DeviceBuffer::FromHost(std::vector<float>(host.data(), host.data() + host.numel()));
     if (!buffer.ok()) {
       (void)cudaGetLastError();  // as Allocate: an out-of-memory error is not sticky
       return buffer.status();
@@ -188,8 +188,7 @@ class CudaDeviceImpl final : public CudaDevice {
 
   // ---- steps
 
-  void SetRope(absl::Span<const float> inv_freq,
-               absl::Span<const float> local_inv_freq) override {
+  void SetRope(absl::Span<const float> inv_freq, absl::Span<const float> local_inv_freq) override {
     if (inv_freq.size() != local_inv_freq.size()) {
       Record(absl::InvalidArgumentError("SetRope: the two tables differ in length"));
       return;

@@ -171,9 +171,9 @@ TEST_F(CudaModelTest, GraphsOnAndOffGiveTheSameTokens) {
 }
 
 // The newer families (issue 15) on the GPU against the CPU: each tiny preset with head_dim 64 or
-// 256 (Gemma 3's; the CUDA attention kernels take 64, 128 and 256), prompts and generations past the sliding window, in
-// fp32 (greedy tokens equal the CPU's) and bf16 (the first tokens equal, logprobs within
-// kBf16LogprobTolerance), CUDA graphs on.
+// 256 (Gemma 3's; the CUDA attention kernels take 64, 128 and 256), prompts and generations past
+// the sliding window, in fp32 (greedy tokens equal the CPU's) and bf16 (the first tokens equal,
+// logprobs within kBf16LogprobTolerance), CUDA graphs on.
 class CudaFamilyTest : public ::testing::TestWithParam<std::tuple<std::string, int>> {
  protected:
   void SetUp() override {
@@ -246,17 +246,17 @@ TEST_P(CudaFamilyTest, Fp32TokensAndBf16LogprobsFollowTheCpu) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Families, CudaFamilyTest,
-    ::testing::Values(std::tuple<std::string, int>{"qwen3-tiny", 64},
-                      std::tuple<std::string, int>{"gemma3-tiny", 64},
-                      std::tuple<std::string, int>{"gemma3-tiny", 256},
-                      std::tuple<std::string, int>{"mistral-tiny", 64}),
-    [](const ::testing::TestParamInfo<std::tuple<std::string, int>>& info) {
-      std::string name = std::get<0>(info.param) + "_d" + std::to_string(std::get<1>(info.param));
-      for (char& ch : name) ch = ch == '-' ? '_' : ch;
-      return name;
-    });
+INSTANTIATE_TEST_SUITE_P(Families, CudaFamilyTest,
+                         ::testing::Values(std::tuple<std::string, int>{"qwen3-tiny", 64},
+                                           std::tuple<std::string, int>{"gemma3-tiny", 64},
+                                           std::tuple<std::string, int>{"gemma3-tiny", 256},
+                                           std::tuple<std::string, int>{"mistral-tiny", 64}),
+                         [](const ::testing::TestParamInfo<std::tuple<std::string, int>>& info) {
+                           std::string name = std::get<0>(info.param) + "_d" +
+                                              std::to_string(std::get<1>(info.param));
+                           for (char& ch : name) ch = ch == '-' ? '_' : ch;
+                           return name;
+                         });
 
 TEST(CudaEngineTest, KvPoolFollowsGpuMemoryUtilization) {
   if (kc::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";

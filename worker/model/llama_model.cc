@@ -20,12 +20,22 @@ constexpr int32_t kDummyBlockTable[1] = {0};
 // LayerWeights or const LayerWeights.
 template <typename Layer>
 auto LayerTensors(Layer& l) {
-  return std::array{&l.input_norm, &l.q_proj,   &l.k_proj,
-                    &l.v_proj,     &l.q_bias,   &l.k_bias,
-                    &l.v_bias,     &l.o_proj,   &l.post_attention_norm,
-                    &l.q_norm,     &l.k_norm,   &l.pre_feedforward_norm,
-                    &l.post_feedforward_norm,   &l.gate_proj,
-                    &l.up_proj,    &l.down_proj};
+  return std::array{&l.input_norm,
+                    &l.q_proj,
+                    &l.k_proj,
+                    &l.v_proj,
+                    &l.q_bias,
+                    &l.k_bias,
+                    &l.v_bias,
+                    &l.o_proj,
+                    &l.post_attention_norm,
+                    &l.q_norm,
+                    &l.k_norm,
+                    &l.pre_feedforward_norm,
+                    &l.post_feedforward_norm,
+                    &l.gate_proj,
+                    &l.up_proj,
+                    &l.down_proj};
 }
 
 // Elements one decode step reads at batch 1 (see DecodeWeightBytes).
@@ -43,9 +53,8 @@ absl::Status CheckFamilyTensors(const LlamaWeights& w) {
   const ModelConfig& c = w.config;
   const auto check = [](const Tensor& t, int64_t want, int layer, const char* name) {
     if (t.numel() == want) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, ": ", name, " has ",
-                                                   t.numel(), " values, the config needs ",
-                                                   want));
+    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, ": ", name, " has ", t.numel(),
+                                                   " values, the config needs ", want));
   };
   for (int l = 0; l < static_cast<int>(w.layers.size()); ++l) {
     const LayerWeights& lw = w.layers[l];

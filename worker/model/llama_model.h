@@ -152,8 +152,8 @@ class LlamaModel {
   // The device's arrays of one layer's weights (empty biases when the model has none).
   struct LayerArrays {
     DeviceArray input_norm, q_proj, k_proj, v_proj, q_bias, k_bias, v_bias, o_proj,
-        post_attention_norm, q_norm, k_norm, pre_feedforward_norm, post_feedforward_norm,
-        gate_proj, up_proj, down_proj;
+        post_attention_norm, q_norm, k_norm, pre_feedforward_norm, post_feedforward_norm, gate_proj,
+        up_proj, down_proj;
   };
   // The step's rows, slots and attention sequences. For an embed step, also sizes the scratch
   // KV buffer (embed_keys_, embed_values_, embed_layout_, embed_table_) for its tokens.
