@@ -6,7 +6,7 @@
 // across the window boundary, prefix-cache hits, preemption and recompute, and tensor
 // parallelism of two ranks (two threads of this process over an in-process communicator), and
 // on a device that hides its host memory (the host transfers a GPU makes), also under TP.
-// Embeddings of every family equal the reference's too.
+// Embeddings of every family equal the reference's too, also under TP.
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
@@ -243,6 +243,33 @@ class Family {
     }
   }
 
+  // The engine's embeddings of the prompts (mean and last pooling, normalized or not) against
+  // the reference's, within kEmbeddingTolerance.
+  void ExpectEmbeddings(Engine* engine, const char* what) {
+    const std::vector<std::vector<int32_t>> prompts = Prompts();
+    std::vector<worker::EmbeddingInput> inputs;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      worker::EmbeddingInput in;
+      in.tokens = prompts[i];
+      in.pooling = i % 2 == 0 ? Pooling::kMean : Pooling::kLast;
+      in.normalize = i % 3 != 0;
+      inputs.push_back(in);
+    }
+    std::vector<const worker::EmbeddingInput*> batch;
+    for (const worker::EmbeddingInput& in : inputs) batch.push_back(&in);
+    absl::StatusOr<std::vector<std::vector<float>>> got = engine->Embed(batch);
+    ASSERT_TRUE(got.ok()) << what << ": " << got.status();
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const std::vector<double> want =
+          reference_->Embedding(inputs[i].tokens, inputs[i].pooling, inputs[i].normalize);
+      ASSERT_EQ((*got)[i].size(), want.size()) << what;
+      for (size_t k = 0; k < want.size(); ++k) {
+        ASSERT_NEAR((*got)[i][k], want[k], kEmbeddingTolerance * (1 + std::abs(want[k])))
+            << what << ", input " << i << ", element " << k;
+      }
+    }
+  }
+
  private:
   testing::ScratchDir dir_;
   ModelConfig config_;
@@ -354,6 +381,9 @@ void ExpectTensorParallelMatches(Family& f, bool staged) {
   }
   EXPECT_EQ((*leader)->model().weights().shard.num_heads, c.num_heads / 2);
   const std::vector<absl::StatusOr<Completion>> got = (*leader)->Generate(f.Requests());
+  // Embed passes run on both ranks too (the follower gets them as embed steps).
+  f.ExpectEmbeddings(leader->get(),
+                     staged ? "tensor parallel embeddings, staged" : "tensor parallel embeddings");
   // Release the follower before checking, so that a failure does not leave it waiting.
   EXPECT_TRUE(worker::StopFollowers(&leader_comm).ok());
   follower.join();
@@ -382,28 +412,7 @@ TEST_P(ModelFamiliesTest, EmbeddingsMatchTheReference) {
   Family& f = family();
   std::unique_ptr<Engine> engine = MakeEngine(f.Options());
   ASSERT_NE(engine, nullptr);
-  const std::vector<std::vector<int32_t>> prompts = f.Prompts();
-  std::vector<worker::EmbeddingInput> inputs;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    worker::EmbeddingInput in;
-    in.tokens = prompts[i];
-    in.pooling = i % 2 == 0 ? Pooling::kMean : Pooling::kLast;
-    in.normalize = i % 3 != 0;
-    inputs.push_back(in);
-  }
-  std::vector<const worker::EmbeddingInput*> batch;
-  for (const worker::EmbeddingInput& in : inputs) batch.push_back(&in);
-  absl::StatusOr<std::vector<std::vector<float>>> got = engine->Embed(batch);
-  ASSERT_TRUE(got.ok()) << got.status();
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const std::vector<double> want =
-        f.reference().Embedding(inputs[i].tokens, inputs[i].pooling, inputs[i].normalize);
-    ASSERT_EQ((*got)[i].size(), want.size());
-    for (size_t k = 0; k < want.size(); ++k) {
-      ASSERT_NEAR((*got)[i][k], want[k], kEmbeddingTolerance * (1 + std::abs(want[k])))
-          << "input " << i << ", element " << k;
-    }
-  }
+  f.ExpectEmbeddings(engine.get(), "embeddings");
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, ModelFamiliesTest,
