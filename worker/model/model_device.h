@@ -127,9 +127,9 @@ class ModelDevice {
   // ---- kernels, over the current step's T tokens unless a row count is given. Shapes and
   // semantics as the CPU kernels (kernels/cpu/cpu_kernels.h); `x + offset` means element offset.
 
-  // Norm weights come from NormWeight.
   // out[t] = table[token_ids[t]], rows of width h.
   virtual void EmbeddingGather(const DeviceArray& table, int64_t h, DeviceArray* out) = 0;
+  // The norms (RmsNorm, AddRmsNorm, HeadRmsNorm) take weights made by NormWeight.
   virtual void RmsNorm(const DeviceArray& x, const DeviceArray& weight, float eps, int64_t rows,
                        int64_t h, DeviceArray* out) = 0;
   // residual += x; out = RmsNorm(residual). out may be x.
