@@ -116,6 +116,16 @@ absl::StatusOr<int64_t> GpuKvBlocks(const ChosenDevice& chosen, const ModelConfi
       chosen.margin_bytes >> 20, " MiB for activations; raise it or free GPU memory"));
 }
 
+// The window behind which the KV cache may release a running sequence's blocks: the model's
+// when every layer slides (Mistral). When only some do (Gemma 3), the global layers read every
+// position through the same block table, so every block is kept: 0.
+int ReleasableWindow(const ModelConfig& c) {
+  for (int layer = 0; layer < c.num_layers; ++layer) {
+    if (!LayerSlides(c, layer)) return 0;
+  }
+  return c.sliding_window;
+}
+
 }  // namespace
 
 void StepPlanFromBatch(const BatchPlan& plan, int block_size, StepPlan* step) {
@@ -203,6 +213,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   kv_options.num_blocks = static_cast<int>(blocks);
   kv_options.block_size = options.block_size;
   kv_options.enable_prefix_caching = options.enable_prefix_caching;
+  kv_options.sliding_window = ReleasableWindow(config);
   ASSIGN_OR_RETURN(engine->kv_cache_, KvCacheManager::Create(kv_options));
   ASSIGN_OR_RETURN(engine->model_,
                    LlamaModel::Create(std::move(weights),
@@ -251,11 +262,15 @@ absl::Status Engine::ValidateRequest(const EngineRequest& r) const {
         "prompt (", prompt_len, " tokens) + max_tokens (", r.sampling.max_tokens,
         ") exceeds max_model_len ", max_len));
   }
-  const int64_t blocks_needed =
-      (prompt_len + r.sampling.max_tokens + options_.block_size - 1) / options_.block_size;
+  // A sliding sequence holds only its window's blocks (and a chunk's); a recompute without
+  // chunked prefill computes it in one step.
+  const SchedulerOptions& sched = options_.scheduler;
+  const int max_chunk = sched.enable_chunked_prefill ? sched.max_num_batched_tokens : max_len;
+  const int64_t blocks_needed = kv_cache_->PeakBlocks(
+      static_cast<int>(prompt_len + r.sampling.max_tokens), max_chunk);
   if (blocks_needed > model_->kv_shape().num_blocks) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "request needs ", blocks_needed, " KV blocks but the whole cache has ",
+        "request needs ", blocks_needed, " KV blocks at once but the whole cache has ",
         model_->kv_shape().num_blocks));
   }
   return absl::OkStatus();

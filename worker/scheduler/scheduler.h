@@ -91,7 +91,8 @@ class Scheduler {
 
   // Queues a sequence. The caller has validated it (prompt non-empty, prompt + max_tokens
   // <= max_model_len, tokens within the vocabulary, sampling params valid), and the KV cache can
-  // hold prompt + max_tokens tokens. REQUIRES: seq_id is not held already. The static policy's
+  // hold the most blocks the sequence needs at once (KvCacheManager::PeakBlocks of prompt +
+  // max_tokens tokens: all of them, or with a sliding window those of its window and a chunk). REQUIRES: seq_id is not held already. The static policy's
   // timeout counts from this call, on options.clock.
   virtual void Add(std::unique_ptr<Sequence> seq) = 0;
 

@@ -9,7 +9,9 @@
 // A running sequence that cannot get a block preempts (by recompute) the least urgent, then
 // newest, running sequence until it fits or is itself the victim.
 //
-// Invariants: every running sequence holds KV blocks for at least num_computed_tokens tokens;
+// Invariants: every running sequence holds KV blocks for at least num_computed_tokens tokens
+// (with a sliding window, less those the KV cache has released behind the window of position
+// num_computed_tokens);
 // waiting sequences hold none and have num_computed_tokens == 0;
 // running_.size() <= max_num_seqs.
 #ifndef CARPOOL_WORKER_SCHEDULER_SCHEDULER_IMPL_H_
