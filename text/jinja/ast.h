@@ -3,6 +3,7 @@
 #ifndef CARPOOL_TEXT_JINJA_AST_H_
 #define CARPOOL_TEXT_JINJA_AST_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -151,6 +152,10 @@ struct Program {
   int caller_id = -1;
   int varargs_id = -1;
   int kwargs_id = -1;
+  // The size of the last render's output: the next render reserves it up front, so a long
+  // prompt is not copied at every doubling of its buffer. (Only a hint: renders on several
+  // threads may race on it harmlessly.)
+  mutable std::atomic<size_t> output_size_hint{4096};
 };
 
 }  // namespace carpool::text::jinja

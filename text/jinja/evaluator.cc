@@ -120,9 +120,11 @@ class Renderer final : public Budget {
       root_set_[it->second] = 1;
     }
     std::string out;
-    out.reserve(4096);
+    out.reserve(std::min<size_t>(p_.output_size_hint.load(std::memory_order_relaxed),
+                                 static_cast<size_t>(limits_.max_output_bytes)));
     out_ = &out;
     RETURN_IF_ERROR(ExecBody(p_.body));
+    p_.output_size_hint.store(std::max<size_t>(out.size(), 4096), std::memory_order_relaxed);
     return out;
   }
 
@@ -449,6 +451,23 @@ absl::Status Renderer::PrintSum(const Expr& e) {
   }
   terms.push_back(left);
   std::reverse(terms.begin(), terms.end());
+  {
+    // The common case: every term a stored string (a constant or a message's field), written
+    // as it is, with nothing to evaluate.
+    absl::InlinedVector<const std::string*, 16> strings;
+    for (const Expr* term : terms) {
+      const Value* v = TryRef(*term);
+      if (v == nullptr || !v->is_string()) break;
+      strings.push_back(&v->string_value());
+    }
+    if (strings.size() == terms.size()) {
+      size_t bytes = 0;
+      for (const std::string* piece : strings) bytes += piece->size();
+      RETURN_IF_ERROR(CheckSize(static_cast<int64_t>(bytes)));
+      for (const std::string* piece : strings) RETURN_IF_ERROR(Append(*piece));
+      return absl::OkStatus();
+    }
+  }
   // Stored values are pointed to; computed ones live in `temps` (sized up front: no moves).
   absl::InlinedVector<std::optional<Value>, 16> temps(terms.size());
   absl::InlinedVector<const Value*, 16> pieces;
@@ -526,6 +545,7 @@ absl::Status Renderer::RunLoop(const Stmt& s, const Value& iterable, int64_t dep
   }
   Frame frame;
   frame.parent = outer;
+  frame.vars.reserve(4);
   Frame* saved = frame_;
   frame_ = &frame;
   List filtered;
@@ -769,6 +789,10 @@ absl::Status Renderer::EvalArgs(const CallSpec& spec, CallArgs* args) {
 }
 
 absl::StatusOr<bool> Renderer::Compare(CmpOp op, const Value& a, const Value& b) {
+  if (a.is_string() && b.is_string()) {  // message.role == "user"
+    if (op == CmpOp::kEq) return a.string_value() == b.string_value();
+    if (op == CmpOp::kNe) return a.string_value() != b.string_value();
+  }
   switch (op) {
     case CmpOp::kEq:
       return Equals(a, b);
@@ -995,6 +1019,16 @@ absl::StatusOr<Value> Renderer::EvalArithmetic(const Expr& e) {
   }
   CARPOOL_JINJA_EVAL_REF(b_ref, b_tmp, *e.a[1]);
   const Value& b = *b_ref;
+  if (a.kind() == Kind::kInt && b.kind() == Kind::kInt) {
+    // (messages|length - 1) - loop.index0 and the like: no trip through Arithmetic.
+    int64_t r = 0;
+    if (e.op == BinaryOp::kAdd && !__builtin_add_overflow(a.int_value(), b.int_value(), &r)) {
+      return Value::Int(r);
+    }
+    if (e.op == BinaryOp::kSub && !__builtin_sub_overflow(a.int_value(), b.int_value(), &r)) {
+      return Value::Int(r);
+    }
+  }
   if (e.op == BinaryOp::kAdd) {
     if (a.is_string() && b.is_string()) {
       RETURN_IF_ERROR(

@@ -279,8 +279,9 @@ absl::StatusOr<Value> FCenter(const Value& v, const CallArgs& args, Budget& budg
 }
 
 absl::StatusOr<Value> FLength(const Value& v, const CallArgs& args, Budget&) {
-  ASSIGN_OR_RETURN(BoundArgs a, BoundArgs::Bind("len", args, {}, false));
-  (void)a;
+  if (!args.positional.empty() || !args.keyword.empty()) {
+    return BoundArgs::Bind("len", args, {}, false).status();  // the error for arguments
+  }
   ASSIGN_OR_RETURN(int64_t n, Length(v));
   return Value::Int(n);
 }
