@@ -334,6 +334,7 @@ Shape ShapeOf(const std::string& name) {
   if (name == "gemma_3_1b_it") return {kGemma3, Gemma3Config(), false};
   if (name == "gemma_3_4b_it") return {kGemma3Multimodal, Gemma3MultimodalConfig(), true};
   if (name == "Mistral_7B_v0_1") return {kMistral, MistralConfig(), false};
+  EXPECT_EQ(name, "Llama_3_2_1B");
   return {kLlama32, Llama32Config(), false};
 }
 
