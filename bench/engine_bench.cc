@@ -22,6 +22,7 @@
 #include "kernels/cpu/cpu_kernels.h"
 #include "nlohmann/json.hpp"
 #include "worker/engine.h"
+#include "worker/weights/weights.h"
 
 extern "C" void openblas_set_num_threads(int num_threads);
 
@@ -287,7 +288,7 @@ int main(int argc, char** argv) {
   parser.AddInt("paged-requests", &paged_requests, "requests of the paged-KV count");
   parser.AddString("only", &only,
                    "comma-separated parts: bandwidth, decode, prefill, batching, overhead, paged, "
-                   "embed; none: all");
+                   "embed, window; none: all");
   parser.AddBool("json", &json_out, "also print a JSON object");
   parser.AddString("json-file", &json_file, "also write the JSON object to this file");
   if (auto s = parser.Parse(argc, argv, 1); !s.ok()) {
@@ -300,7 +301,7 @@ int main(int argc, char** argv) {
     for (std::string part; std::getline(list, part, ',');) {
       if (part.empty()) continue;
       if (part != "bandwidth" && part != "decode" && part != "prefill" && part != "batching" &&
-          part != "overhead" && part != "paged" && part != "embed") {
+          part != "overhead" && part != "paged" && part != "embed" && part != "window") {
         std::cerr << "carpool-bench-engine: unknown part '" << part << "' in --only\n";
         return 2;
       }
@@ -416,6 +417,41 @@ int main(int argc, char** argv) {
     out["batching"] = {{"continuous_tokens_per_s", result[0]},
                        {"static_tokens_per_s", result[1]},
                        {"ratio", result[0] / result[1]}};
+  }
+  if (run("window")) {
+    // Decode at a context of one window and of four: with a sliding window on every layer the
+    // attention reads at most a window of keys, so the second should not be slower; a model
+    // without one (its "window" here: 512) reads the whole context.
+    auto config = worker::SyntheticConfig(model.rfind("synthetic:", 0) == 0 ? model.substr(10)
+                                                                             : "");
+    const int window = config.ok() && config->sliding_window > 0 ? config->sliding_window : 512;
+    EngineOptions o = options;
+    o.scheduler.max_model_len = 4 * window + decode_steps + 8;
+    auto e = worker::Engine::Create(o);
+    if (!e.ok()) {
+      std::cerr << e.status() << "\n";
+      return 1;
+    }
+    std::printf("decode at context = window and 4 x window (window %d%s)\n", window,
+                config.ok() && config->sliding_window > 0 ? "" : ", the model does not slide");
+    std::printf("%-8s %-10s %12s %10s\n", "batch", "context", "tokens/s", "step ms");
+    for (int batch : {1, 8}) {
+      double at_window = 0;
+      for (int factor : {1, 4}) {
+        const int prompt_len = factor * window - decode_steps / 2;
+        DecodeResult r = MeasureDecode(e->get(), batch, prompt_len, decode_steps);
+        if (factor == 1) at_window = r.tokens_per_s;
+        std::printf("%-8d %-10d %12.1f %10.2f\n", batch, factor * window, r.tokens_per_s,
+                    r.step_ms);
+        out["window"][std::to_string(batch)][std::to_string(factor)] = {
+            {"context", factor * window},
+            {"tokens_per_s", r.tokens_per_s},
+            {"step_ms", r.step_ms},
+            {"vs_window", r.tokens_per_s / at_window}};
+      }
+    }
+    out["window"]["window"] = window;
+    out["window"]["slides"] = config.ok() && config->sliding_window > 0;
   }
   if (run("overhead")) {
     std::printf("engine overhead: forward time / Engine::Step wall time\n");
