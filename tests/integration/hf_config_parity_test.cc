@@ -10,7 +10,6 @@
 // values) for prompts shorter and longer than the window, each alone and all batched with
 // prefill chunks that split prompts across the window boundary.
 #include <algorithm>
-#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -20,7 +19,9 @@
 #include "gtest/gtest.h"
 #include "tests/testing/checkpoint_writer.h"
 #include "tests/testing/command.h"
+#include "tests/testing/hf_configs.h"
 #include "tests/testing/reference_llama.h"
+#include "tests/testing/reference_parity.h"
 #include "worker/engine.h"
 #include "worker/weights/model_config.h"
 
@@ -41,35 +42,8 @@ constexpr double kLogprobTolerance = 1e-4;
 
 // ---- the published configs at small sizes ----------------------------------------------------
 
-// Qwen3-0.6B: head_dim 128 with 16 heads of a 1024 hidden size; here 4 heads of 32 over 64.
-constexpr char kQwen3[] = R"({
-  "architectures": ["Qwen3ForCausalLM"],
-  "attention_bias": false,
-  "attention_dropout": 0.0,
-  "bos_token_id": 298,
-  "eos_token_id": 299,
-  "head_dim": 32,
-  "hidden_act": "silu",
-  "hidden_size": 64,
-  "initializer_range": 0.02,
-  "intermediate_size": 192,
-  "max_position_embeddings": 40960,
-  "max_window_layers": 3,
-  "model_type": "qwen3",
-  "num_attention_heads": 4,
-  "num_hidden_layers": 3,
-  "num_key_value_heads": 2,
-  "rms_norm_eps": 1e-06,
-  "rope_scaling": null,
-  "rope_theta": 1000000,
-  "sliding_window": null,
-  "tie_word_embeddings": true,
-  "torch_dtype": "bfloat16",
-  "transformers_version": "4.51.0",
-  "use_cache": true,
-  "use_sliding_window": false,
-  "vocab_size": 300
-})";
+// What the published keys mean, written by hand for each text of tests/testing/hf_configs.cc
+// (whose comments say how its sizes differ from the published file).
 
 ModelConfig Qwen3Config() {
   ModelConfig c;
@@ -90,43 +64,6 @@ ModelConfig Qwen3Config() {
   c.qk_norm = true;
   return c;
 }
-
-// gemma-3-1b-it: 4 heads of 256 over one key/value head, hidden 1152, a local:global pattern
-// of 6 over 26 layers. Here hidden 96 (its sqrt rounds in bfloat16), heads of 32, a pattern of
-// 3 over 4 layers (local, local, global, local) and a window of 8. query_pre_attn_scalar keeps
-// the published 256, so it differs from head_dim.
-constexpr char kGemma3[] = R"({
-  "architectures": ["Gemma3ForCausalLM"],
-  "attention_bias": false,
-  "attention_dropout": 0.0,
-  "attn_logit_softcapping": null,
-  "bos_token_id": 2,
-  "cache_implementation": "hybrid",
-  "eos_token_id": [1, 106],
-  "final_logit_softcapping": null,
-  "head_dim": 32,
-  "hidden_activation": "gelu_pytorch_tanh",
-  "hidden_size": 96,
-  "initializer_range": 0.02,
-  "intermediate_size": 192,
-  "max_position_embeddings": 32768,
-  "model_type": "gemma3_text",
-  "num_attention_heads": 4,
-  "num_hidden_layers": 4,
-  "num_key_value_heads": 1,
-  "pad_token_id": 0,
-  "query_pre_attn_scalar": 256,
-  "rms_norm_eps": 1e-06,
-  "rope_local_base_freq": 10000,
-  "rope_scaling": null,
-  "rope_theta": 1000000,
-  "sliding_window": 8,
-  "sliding_window_pattern": 3,
-  "torch_dtype": "bfloat16",
-  "transformers_version": "4.50.0.dev0",
-  "use_cache": true,
-  "vocab_size": 300
-})";
 
 ModelConfig Gemma3Config() {
   ModelConfig c;
@@ -157,41 +94,7 @@ ModelConfig Gemma3Config() {
   return c;
 }
 
-// gemma-3-4b-it: text_config gives only hidden_size, intermediate_size, num_hidden_layers,
-// rope_scaling and sliding_window, the rest is Gemma3TextConfig's defaults: vocabulary 262208,
-// 8 heads of 256 over 4 key/value heads, query_pre_attn_scalar 256, a pattern of 6, RoPE bases
-// 1e6 and 1e4, tied. Here hidden 80 and 6 layers (5 local, then a global one), a window of 8.
-constexpr char kGemma3Multimodal[] = R"({
-  "architectures": ["Gemma3ForConditionalGeneration"],
-  "boi_token_index": 255999,
-  "eoi_token_index": 256000,
-  "eos_token_id": [1, 106],
-  "image_token_index": 262144,
-  "initializer_range": 0.02,
-  "mm_tokens_per_image": 256,
-  "model_type": "gemma3",
-  "text_config": {
-    "hidden_size": 80,
-    "intermediate_size": 160,
-    "model_type": "gemma3_text",
-    "num_hidden_layers": 6,
-    "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
-    "sliding_window": 8
-  },
-  "torch_dtype": "bfloat16",
-  "transformers_version": "4.50.0.dev0",
-  "vision_config": {
-    "hidden_size": 1152,
-    "image_size": 896,
-    "intermediate_size": 4304,
-    "model_type": "siglip_vision_model",
-    "num_attention_heads": 16,
-    "num_hidden_layers": 27,
-    "patch_size": 14,
-    "vision_use_head": false
-  }
-})";
-
+// text_config leaves the rest to Gemma3TextConfig's defaults.
 ModelConfig Gemma3MultimodalConfig() {
   ModelConfig c;
   c.architecture = "Gemma3ForCausalLM";
@@ -222,30 +125,6 @@ ModelConfig Gemma3MultimodalConfig() {
   return c;
 }
 
-// Mistral-7B-v0.1: no head_dim key (hidden / heads), every layer slides (4096 published).
-constexpr char kMistral[] = R"({
-  "architectures": ["MistralForCausalLM"],
-  "bos_token_id": 1,
-  "eos_token_id": 2,
-  "hidden_act": "silu",
-  "hidden_size": 64,
-  "initializer_range": 0.02,
-  "intermediate_size": 224,
-  "max_position_embeddings": 32768,
-  "model_type": "mistral",
-  "num_attention_heads": 4,
-  "num_hidden_layers": 3,
-  "num_key_value_heads": 2,
-  "rms_norm_eps": 1e-05,
-  "rope_theta": 10000.0,
-  "sliding_window": 8,
-  "tie_word_embeddings": false,
-  "torch_dtype": "bfloat16",
-  "transformers_version": "4.34.0.dev0",
-  "use_cache": true,
-  "vocab_size": 300
-})";
-
 ModelConfig MistralConfig() {
   ModelConfig c;
   c.architecture = "MistralForCausalLM";
@@ -265,43 +144,6 @@ ModelConfig MistralConfig() {
   c.sliding_window = 8;  // every layer: layer_sliding stays empty
   return c;
 }
-
-// Llama-3.2-1B: llama3 RoPE scaling. Its original_max_position_embeddings is 8192; here 64, so
-// that the rule's three bands (kept, smoothed, divided by the factor) all fall among head_dim
-// 16's frequencies at theta 500000 and change positions the prompts reach.
-constexpr char kLlama32[] = R"({
-  "architectures": ["LlamaForCausalLM"],
-  "attention_bias": false,
-  "attention_dropout": 0.0,
-  "bos_token_id": 296,
-  "eos_token_id": 297,
-  "head_dim": 16,
-  "hidden_act": "silu",
-  "hidden_size": 64,
-  "initializer_range": 0.02,
-  "intermediate_size": 256,
-  "max_position_embeddings": 131072,
-  "mlp_bias": false,
-  "model_type": "llama",
-  "num_attention_heads": 4,
-  "num_hidden_layers": 2,
-  "num_key_value_heads": 2,
-  "pretraining_tp": 1,
-  "rms_norm_eps": 1e-05,
-  "rope_scaling": {
-    "factor": 32.0,
-    "high_freq_factor": 4.0,
-    "low_freq_factor": 1.0,
-    "original_max_position_embeddings": 64,
-    "rope_type": "llama3"
-  },
-  "rope_theta": 500000.0,
-  "tie_word_embeddings": true,
-  "torch_dtype": "bfloat16",
-  "transformers_version": "4.45.0.dev0",
-  "use_cache": true,
-  "vocab_size": 300
-})";
 
 ModelConfig Llama32Config() {
   ModelConfig c;
@@ -330,12 +172,14 @@ struct Shape {
 };
 
 Shape ShapeOf(const std::string& name) {
-  if (name == "Qwen3_0_6B") return {kQwen3, Qwen3Config(), false};
-  if (name == "gemma_3_1b_it") return {kGemma3, Gemma3Config(), false};
-  if (name == "gemma_3_4b_it") return {kGemma3Multimodal, Gemma3MultimodalConfig(), true};
-  if (name == "Mistral_7B_v0_1") return {kMistral, MistralConfig(), false};
+  if (name == "Qwen3_0_6B") return {testing::kHfQwen3Config, Qwen3Config(), false};
+  if (name == "gemma_3_1b_it") return {testing::kHfGemma3Config, Gemma3Config(), false};
+  if (name == "gemma_3_4b_it") {
+    return {testing::kHfGemma3MultimodalConfig, Gemma3MultimodalConfig(), true};
+  }
+  if (name == "Mistral_7B_v0_1") return {testing::kHfMistralConfig, MistralConfig(), false};
   EXPECT_EQ(name, "Llama_3_2_1B");
-  return {kLlama32, Llama32Config(), false};
+  return {testing::kHfLlama32Config, Llama32Config(), false};
 }
 
 // Every field of ModelConfig.
@@ -392,44 +236,15 @@ class HfConfigParityTest : public ::testing::TestWithParam<std::string> {
     absl::StatusOr<testing::CheckpointTensors> tensors =
         testing::WriteCheckpoint(dir_.path().string(), spec);
     ASSERT_TRUE(tensors.ok()) << tensors.status();
-    std::map<std::string, std::vector<float>> values;
-    for (auto& [name, t] : *tensors) values[name] = std::move(t.values);
-    reference_ = std::make_unique<testing::ReferenceLlama>(shape_.config, std::move(values));
+    std::mt19937 rng(29);
+    parity_ = std::make_unique<testing::ReferenceParity>(
+        testing::ReferenceLlama(config(), testing::RawValues(*tensors)),
+        testing::WindowPrompts(rng, config().vocab_size, window()), window(), kLogprobTolerance);
   }
 
   const ModelConfig& config() const { return shape_.config; }
   // What prompt lengths are measured against: the window, or 16 where no layer slides.
   int window() const { return config().sliding_window > 0 ? config().sliding_window : 16; }
-
-  std::vector<std::vector<int32_t>> Prompts() const {
-    const int w = window();
-    std::mt19937 rng(29);
-    std::uniform_int_distribution<int32_t> token(3, config().vocab_size - 1);
-    std::vector<std::vector<int32_t>> prompts;
-    for (int n : {1, w - 1, w, w + 1, 3 * w + 5}) {
-      std::vector<int32_t> p(n);
-      for (int32_t& t : p) t = token(rng);
-      prompts.push_back(std::move(p));
-    }
-    return prompts;
-  }
-  // Generations run past the window too.
-  int MaxTokens(size_t prompt) const { return prompt % 2 == 0 ? 2 * window() + 3 : 6; }
-
-  std::vector<EngineRequest> Requests() const {
-    std::vector<EngineRequest> requests;
-    const std::vector<std::vector<int32_t>> prompts = Prompts();
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      EngineRequest r;
-      r.prompt_tokens = prompts[i];
-      r.sampling.temperature = 0;
-      r.sampling.max_tokens = MaxTokens(i);
-      r.sampling.ignore_eos = true;
-      r.sampling.logprobs = 1;
-      requests.push_back(std::move(r));
-    }
-    return requests;
-  }
 
   // Blocks of 4 tokens and prefill chunks of 6, so chunks split prompts across the window.
   EngineOptions Options() const {
@@ -444,42 +259,9 @@ class HfConfigParityTest : public ::testing::TestWithParam<std::string> {
     return o;
   }
 
-  // The reference's greedy continuation of prompt i (computed once).
-  const testing::ReferenceLlama::Greedy& Expected(size_t i) {
-    auto it = expected_.find(i);
-    if (it == expected_.end()) {
-      it = expected_
-               .emplace(i, reference_->Generate(Prompts()[i], MaxTokens(i), /*ignore_eos=*/true))
-               .first;
-    }
-    return it->second;
-  }
-
-  // Each completion against the reference: same tokens, logprobs within kLogprobTolerance.
-  void ExpectReference(const std::vector<absl::StatusOr<Completion>>& got, const char* what) {
-    ASSERT_EQ(got.size(), Prompts().size()) << what;
-    for (size_t i = 0; i < got.size(); ++i) {
-      ASSERT_TRUE(got[i].ok()) << what << ", request " << i << ": " << got[i].status();
-      const testing::ReferenceLlama::Greedy& want = Expected(i);
-      EXPECT_EQ(got[i]->tokens, want.tokens) << what << ", request " << i;
-      ASSERT_EQ(got[i]->logprobs.size(), want.logprobs.size()) << what << ", request " << i;
-      for (size_t j = 0; j < want.logprobs.size(); ++j) {
-        EXPECT_NEAR(got[i]->logprobs[j].logprob, want.logprobs[j], kLogprobTolerance)
-            << what << ", request " << i << ", token " << j;
-      }
-    }
-  }
-
-  std::unique_ptr<Engine> MakeEngine(const EngineOptions& o) {
-    absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(o);
-    EXPECT_TRUE(engine.ok()) << engine.status();
-    return engine.ok() ? std::move(*engine) : nullptr;
-  }
-
   Shape shape_;
   testing::ScratchDir dir_;
-  std::unique_ptr<testing::ReferenceLlama> reference_;
-  std::map<size_t, testing::ReferenceLlama::Greedy> expected_;
+  std::unique_ptr<testing::ReferenceParity> parity_;
 };
 
 TEST_P(HfConfigParityTest, ConfigParsesToWhatThePublishedKeysMean) {
@@ -513,24 +295,26 @@ TEST_P(HfConfigParityTest, ConfigParsesToWhatThePublishedKeysMean) {
     EXPECT_EQ(c.sliding_window, 0);
   }
   // The longest prompt reaches past the window.
-  EXPECT_GT(Prompts().back().size(), 3u * window());
+  EXPECT_GT(parity_->prompts().back().size(), 3u * window());
 }
 
 TEST_P(HfConfigParityTest, AloneAndBatchedMatchTheReference) {
-  std::unique_ptr<Engine> engine = MakeEngine(Options());
+  std::unique_ptr<Engine> engine = testing::MakeEngine(Options());
   ASSERT_NE(engine, nullptr);
   // What the engine loaded from config.json is what the reference computes.
   ExpectSameConfig(engine->model_config(), config());
   std::vector<absl::StatusOr<Completion>> alone;
-  for (EngineRequest& r : Requests()) alone.push_back(std::move(engine->Generate({r})[0]));
-  ExpectReference(alone, "alone");
+  for (EngineRequest& r : parity_->Requests()) {
+    alone.push_back(std::move(engine->Generate({r})[0]));
+  }
+  parity_->ExpectMatches(alone, "alone");
 
   // All together on a fresh engine: decodes beside prefill chunks in every step.
   EngineOptions o = Options();
   o.enable_prefix_caching = false;
-  std::unique_ptr<Engine> batched = MakeEngine(o);
+  std::unique_ptr<Engine> batched = testing::MakeEngine(o);
   ASSERT_NE(batched, nullptr);
-  ExpectReference(batched->Generate(Requests()), "batched");
+  parity_->ExpectMatches(batched->Generate(parity_->Requests()), "batched");
 }
 
 INSTANTIATE_TEST_SUITE_P(Published, HfConfigParityTest,

@@ -12,7 +12,6 @@
 #include <condition_variable>
 #include <cstring>
 #include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -26,6 +25,7 @@
 #include "tests/testing/command.h"
 #include "tests/testing/no_host_memory_device.h"
 #include "tests/testing/reference_llama.h"
+#include "tests/testing/reference_parity.h"
 #include "worker/engine.h"
 #include "worker/mpi_worker.h"
 #include "worker/weights/model_config.h"
@@ -153,11 +153,10 @@ class Family {
     absl::StatusOr<testing::CheckpointTensors> tensors =
         testing::WriteCheckpoint(dir_.path().string(), spec);
     EXPECT_TRUE(tensors.ok()) << tensors.status();
-    std::map<std::string, std::vector<float>> values;
-    if (tensors.ok()) {
-      for (auto& [name, t] : *tensors) values[name] = t.values;
-    }
-    reference_ = std::make_unique<testing::ReferenceLlama>(config_, std::move(values));
+    parity_ = std::make_unique<testing::ReferenceParity>(
+        testing::ReferenceLlama(config_,
+                                testing::RawValues(tensors.value_or(testing::CheckpointTensors{}))),
+        Prompts(), window(), kLogprobTolerance);
   }
 
   const ModelConfig& config() const { return config_; }
@@ -165,51 +164,11 @@ class Family {
   // The window prompts are measured against (16 for a family without one).
   int window() const { return config_.sliding_window > 0 ? config_.sliding_window : 16; }
 
-  // Prompts around and past the window, one sharing another's first 2 windows.
-  std::vector<std::vector<int32_t>> Prompts() const {
-    const int w = window();
-    std::mt19937 rng(17);
-    std::uniform_int_distribution<int32_t> token(3, config_.vocab_size - 1);
-    const auto random = [&](int n) {
-      std::vector<int32_t> t(n);
-      for (int32_t& x : t) x = token(rng);
-      return t;
-    };
-    std::vector<std::vector<int32_t>> prompts = {random(1), random(w - 1), random(w), random(w + 1),
-                                                 random(3 * w + 5)};
-    std::vector<int32_t> shared(prompts.back().begin(), prompts.back().begin() + 2 * w);
-    const std::vector<int32_t> tail = random(5);
-    shared.insert(shared.end(), tail.begin(), tail.end());
-    prompts.push_back(shared);
-    return prompts;
-  }
-  // Generations run past the window too.
-  int MaxTokens(size_t prompt) const { return prompt % 2 == 0 ? 2 * window() + 3 : 6; }
-
-  std::vector<EngineRequest> Requests() const {
-    std::vector<EngineRequest> requests;
-    const std::vector<std::vector<int32_t>> prompts = Prompts();
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      EngineRequest r;
-      r.prompt_tokens = prompts[i];
-      r.sampling.temperature = 0;
-      r.sampling.max_tokens = MaxTokens(i);
-      r.sampling.ignore_eos = true;
-      r.sampling.logprobs = 1;
-      requests.push_back(std::move(r));
-    }
-    return requests;
-  }
-
-  // The reference's greedy continuation of prompt i (computed once).
-  const testing::ReferenceLlama::Greedy& Expected(size_t i) {
-    auto it = expected_.find(i);
-    if (it == expected_.end()) {
-      it = expected_
-               .emplace(i, reference_->Generate(Prompts()[i], MaxTokens(i), /*ignore_eos=*/true))
-               .first;
-    }
-    return it->second;
+  const std::vector<std::vector<int32_t>>& prompts() const { return parity_->prompts(); }
+  std::vector<EngineRequest> Requests() const { return parity_->Requests(); }
+  // Each completion against the reference: same tokens, logprobs within kLogprobTolerance.
+  void ExpectReference(const std::vector<absl::StatusOr<Completion>>& got, const char* what) {
+    parity_->ExpectMatches(got, what);
   }
 
   // Engine options: blocks of 4 tokens and prefill chunks of 6 (windows of 8 and 16 fall inside
@@ -226,27 +185,10 @@ class Family {
     return o;
   }
 
-  const testing::ReferenceLlama& reference() const { return *reference_; }
-
-  // Each completion against the reference: same tokens, logprobs within kLogprobTolerance.
-  void ExpectReference(const std::vector<absl::StatusOr<Completion>>& got, const char* what) {
-    ASSERT_EQ(got.size(), Prompts().size()) << what;
-    for (size_t i = 0; i < got.size(); ++i) {
-      ASSERT_TRUE(got[i].ok()) << what << ", request " << i << ": " << got[i].status();
-      const testing::ReferenceLlama::Greedy& want = Expected(i);
-      EXPECT_EQ(got[i]->tokens, want.tokens) << what << ", request " << i;
-      ASSERT_EQ(got[i]->logprobs.size(), want.logprobs.size()) << what << ", request " << i;
-      for (size_t j = 0; j < want.logprobs.size(); ++j) {
-        EXPECT_NEAR(got[i]->logprobs[j].logprob, want.logprobs[j], kLogprobTolerance)
-            << what << ", request " << i << ", token " << j;
-      }
-    }
-  }
-
   // The engine's embeddings of the prompts (mean and last pooling, normalized or not) against
   // the reference's, within kEmbeddingTolerance.
   void ExpectEmbeddings(Engine* engine, const char* what) {
-    const std::vector<std::vector<int32_t>> prompts = Prompts();
+    const std::vector<std::vector<int32_t>>& prompts = parity_->prompts();
     std::vector<worker::EmbeddingInput> inputs;
     for (size_t i = 0; i < prompts.size(); ++i) {
       worker::EmbeddingInput in;
@@ -261,7 +203,7 @@ class Family {
     ASSERT_TRUE(got.ok()) << what << ": " << got.status();
     for (size_t i = 0; i < inputs.size(); ++i) {
       const std::vector<double> want =
-          reference_->Embedding(inputs[i].tokens, inputs[i].pooling, inputs[i].normalize);
+          parity_->reference().Embedding(inputs[i].tokens, inputs[i].pooling, inputs[i].normalize);
       ASSERT_EQ((*got)[i].size(), want.size()) << what;
       for (size_t k = 0; k < want.size(); ++k) {
         ASSERT_NEAR((*got)[i][k], want[k], kEmbeddingTolerance * (1 + std::abs(want[k])))
@@ -271,17 +213,25 @@ class Family {
   }
 
  private:
+  // Prompts around and past the window (WindowPrompts), and one sharing the longest one's first
+  // 2 windows.
+  std::vector<std::vector<int32_t>> Prompts() const {
+    const int w = window();
+    std::mt19937 rng(17);
+    std::vector<std::vector<int32_t>> prompts = testing::WindowPrompts(rng, config_.vocab_size, w);
+    std::uniform_int_distribution<int32_t> token(3, config_.vocab_size - 1);
+    std::vector<int32_t> shared(prompts.back().begin(), prompts.back().begin() + 2 * w);
+    for (int i = 0; i < 5; ++i) shared.push_back(token(rng));
+    prompts.push_back(shared);
+    return prompts;
+  }
+
   testing::ScratchDir dir_;
   ModelConfig config_;
-  std::unique_ptr<testing::ReferenceLlama> reference_;
-  std::map<size_t, testing::ReferenceLlama::Greedy> expected_;
+  std::unique_ptr<testing::ReferenceParity> parity_;
 };
 
-std::unique_ptr<Engine> MakeEngine(const EngineOptions& o) {
-  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(o);
-  EXPECT_TRUE(engine.ok()) << engine.status();
-  return engine.ok() ? std::move(*engine) : nullptr;
-}
+using testing::MakeEngine;
 
 class ModelFamiliesTest : public ::testing::TestWithParam<std::string> {
  protected:
@@ -310,7 +260,7 @@ TEST_P(ModelFamiliesTest, PresetHasTheFamilysFeatures) {
     EXPECT_GT(c.final_logit_softcapping, 0.0);
   }
   // The prompts reach past the window, with a prefix-sharing pair.
-  EXPECT_GT(family().Prompts()[4].size(), 3u * family().window());
+  EXPECT_GT(family().prompts()[4].size(), 3u * family().window());
 }
 
 TEST_P(ModelFamiliesTest, AloneAndBatchedMatchTheReference) {

@@ -232,6 +232,12 @@ std::vector<float> RoundToDType(const std::vector<float>& values, DType dtype) {
   return rounded;
 }
 
+std::map<std::string, std::vector<float>> RawValues(const CheckpointTensors& tensors) {
+  std::map<std::string, std::vector<float>> values;
+  for (const auto& [name, tensor] : tensors) values[name] = tensor.values;
+  return values;
+}
+
 std::vector<RawTensor> ToRawTensors(const CheckpointTensors& tensors, DType dtype) {
   std::vector<RawTensor> raw;
   for (const auto& [name, tensor] : tensors) {

@@ -55,6 +55,9 @@ using CheckpointTensors = std::map<std::string, CheckpointTensor>;
 absl::StatusOr<CheckpointTensors> WriteCheckpoint(const std::string& dir,
                                                   const CheckpointSpec& spec);
 
+// Each tensor's values by name: what ReferenceLlama takes.
+std::map<std::string, std::vector<float>> RawValues(const CheckpointTensors& tensors);
+
 // The small Llama the model, engine and embedding tests write checkpoints of: vocabulary 300,
 // hidden 64, 2 layers, 4 query heads over 2 key/value heads of 16, BOS 1, EOS 2.
 worker::ModelConfig TinyTestConfig();

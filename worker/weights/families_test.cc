@@ -10,6 +10,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/checkpoint_test.h"
 #include "tests/testing/checkpoint_writer.h"
 #include "tests/testing/reference_llama.h"
 #include "worker/weights/model_config.h"
@@ -22,6 +23,7 @@ namespace {
 namespace fs = std::filesystem;
 using ::carpool::testing::CheckpointSpec;
 using ::carpool::testing::CheckpointTensors;
+using ::carpool::testing::RawValues;
 using ::carpool::testing::ReferenceLlama;
 using ::testing::HasSubstr;
 
@@ -32,30 +34,9 @@ std::vector<float> Values(const Tensor& tensor) {
   return std::vector<float>(tensor.data(), tensor.data() + tensor.numel());
 }
 
-std::map<std::string, std::vector<float>> RawValues(const CheckpointTensors& tensors) {
-  std::map<std::string, std::vector<float>> values;
-  for (const auto& [name, tensor] : tensors) values[name] = tensor.values;
-  return values;
-}
-
-class FamiliesTest : public ::testing::Test {
+class FamiliesTest : public testing::CheckpointTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::string name = std::string(info->test_suite_name()) + "_" + info->name();
-    std::replace(name.begin(), name.end(), '/', '_');
-    dir_ = fs::path(::testing::TempDir()) / ("carpool_families_" + name);
-    fs::remove_all(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  CheckpointTensors Write(const CheckpointSpec& spec) {
-    absl::StatusOr<CheckpointTensors> written = testing::WriteCheckpoint(dir_.string(), spec);
-    EXPECT_TRUE(written.ok()) << written.status();
-    return written.ok() ? *written : CheckpointTensors{};
-  }
-
-  fs::path dir_;
+  FamiliesTest() : CheckpointTest("carpool_families_") {}
 };
 
 // --- Presets --------------------------------------------------------------------------------

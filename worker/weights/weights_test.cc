@@ -11,6 +11,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/checkpoint_test.h"
 #include "tests/testing/checkpoint_writer.h"
 #include "worker/weights/model_config.h"
 #include "worker/weights/safetensors.h"
@@ -48,22 +49,9 @@ void ExpectSameTensors(LlamaWeights* loaded, const CheckpointTensors& written) {
   }
 }
 
-class WeightsTest : public ::testing::Test {
+class WeightsTest : public testing::CheckpointTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::string name = std::string(info->test_suite_name()) + "_" + info->name();
-    std::replace(name.begin(), name.end(), '/', '_');
-    dir_ = fs::path(::testing::TempDir()) / ("carpool_weights_" + name);
-    fs::remove_all(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  CheckpointTensors Write(const CheckpointSpec& spec) {
-    absl::StatusOr<CheckpointTensors> written = testing::WriteCheckpoint(dir_.string(), spec);
-    EXPECT_TRUE(written.ok()) << written.status();
-    return written.ok() ? *written : CheckpointTensors{};
-  }
+  WeightsTest() : CheckpointTest("carpool_weights_") {}
 
   CheckpointTensors WriteTiny() {
     CheckpointSpec spec;
@@ -79,8 +67,6 @@ class WeightsTest : public ::testing::Test {
   std::string Path(const std::string& file) const { return (dir_ / file).string(); }
 
   absl::Status LoadStatus() const { return LoadWeights(dir_.string()).status(); }
-
-  fs::path dir_;
 };
 
 // --- Round trips -------------------------------------------------------------------------
