@@ -17,6 +17,7 @@ packages=(
   slurmctld slurmd slurm-client munge
   libcpp-httplib-dev libboost-dev
   libpcre2-dev libicu-dev
+  libsqlite3-dev
   python3 python3-zmq python3-protobuf python3-numpy python3-pytest python3-matplotlib python3-requests python3-prometheus-client python3-jinja2
 )
 
