@@ -83,8 +83,8 @@ absl::StatusOr<BatchInput> ValidateBatchInput(std::string_view content, std::str
       fail("empty_line", "blank line: every line must be one request");
       continue;
     }
-    nlohmann::json j =
-        nlohmann::json::parse(lines[i].begin(), lines[i].end(), nullptr, /*allow_exceptions=*/false);
+    nlohmann::json j = nlohmann::json::parse(lines[i].begin(), lines[i].end(), nullptr,
+                                             /*allow_exceptions=*/false);
     if (j.is_discarded()) {
       fail("invalid_json", "the line is not valid JSON");
       continue;

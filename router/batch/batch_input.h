@@ -28,8 +28,8 @@ struct BatchInputOptions {
   int64_t max_bytes = 200 * 1000 * 1000;
 };
 
-// The endpoints a batch may target.
-bool IsBatchEndpoint(std::string_view url);  // /v1/chat/completions, /v1/completions, /v1/embeddings
+// The endpoints a batch may target: /v1/chat/completions, /v1/completions, /v1/embeddings.
+bool IsBatchEndpoint(std::string_view url);
 
 struct InputLineError {
   int64_t line = 0;      // 1-based line number in the file

@@ -20,6 +20,21 @@ std::string ChatLine(const std::string& custom_id, const std::string& model = "m
          R"(","messages":[{"role":"user","content":"hi"}]}})";
 }
 
+// One input line from its fields, each a JSON member ("" leaves it out).
+std::string Line(const std::string& custom_id, const std::string& method, const std::string& url,
+                 const std::string& body) {
+  std::string out;
+  for (const std::string* field : {&custom_id, &method, &url, &body}) {
+    if (field->empty()) continue;
+    out += (out.empty() ? "{" : ",") + *field;
+  }
+  return out + "}";
+}
+
+constexpr char kPost[] = R"("method":"POST")";
+constexpr char kChatUrl[] = R"("url":"/v1/chat/completions")";
+constexpr char kMessages[] = R"("messages":[{"role":"user","content":"x"}])";
+
 // The (line, code) pairs of the errors.
 std::vector<std::pair<int64_t, std::string>> Codes(const BatchInput& input) {
   std::vector<std::pair<int64_t, std::string>> out;
@@ -51,38 +66,45 @@ TEST(BatchInputTest, AcceptsAGoodFileInOrder) {
 
 TEST(BatchInputTest, AcceptsEachEndpoint) {
   auto completions = ValidateBatchInput(
-      R"({"custom_id":"x","method":"POST","url":"/v1/completions","body":{"model":"m","prompt":"p"}})",
+      Line(R"("custom_id":"x")", kPost, R"("url":"/v1/completions")",
+           R"("body":{"model":"m","prompt":"p"})"),
       "/v1/completions");
   ASSERT_TRUE(completions.ok());
   EXPECT_TRUE(completions->errors.empty()) << completions->errors[0].message;
   auto embeddings = ValidateBatchInput(
-      R"({"custom_id":"x","method":"POST","url":"/v1/embeddings","body":{"model":"m","input":["a","b"]}})",
+      Line(R"("custom_id":"x")", kPost, R"("url":"/v1/embeddings")",
+           R"("body":{"model":"m","input":["a","b"]})"),
       "/v1/embeddings");
   ASSERT_TRUE(embeddings.ok());
   EXPECT_TRUE(embeddings->errors.empty()) << embeddings->errors[0].message;
 }
 
 TEST(BatchInputTest, ListsEveryBadLineByNumber) {
+  const std::string chat_body = R"("body":{"model":"m",)" + std::string(kMessages) + "}";
   std::vector<std::string> lines = {
-      ChatLine("ok-1"),                                                             // 1
-      "{not json",                                                                  // 2
-      "[1, 2]",                                                                     // 3
-      R"({"method":"POST","url":"/v1/chat/completions","body":{"model":"m","messages":[{"role":"user","content":"x"}]}})",  // 4
-      R"({"custom_id":"","method":"POST","url":"/v1/chat/completions","body":{"model":"m","messages":[{"role":"user","content":"x"}]}})",  // 5
-      R"({"custom_id":7,"method":"POST","url":"/v1/chat/completions","body":{"model":"m","messages":[{"role":"user","content":"x"}]}})",  // 6
-      ChatLine("ok-1"),                                                             // 7
-      R"({"custom_id":"g","method":"GET","url":"/v1/chat/completions","body":{"model":"m","messages":[{"role":"user","content":"x"}]}})",  // 8
-      R"({"custom_id":"h","method":"POST","url":"/v1/responses","body":{"model":"m","messages":[{"role":"user","content":"x"}]}})",  // 9
-      R"({"custom_id":"i","method":"POST","url":"/v1/embeddings","body":{"model":"m","input":"x"}})",  // 10
-      R"({"custom_id":"j","method":"POST","url":"/v1/chat/completions"})",          // 11
-      R"({"custom_id":"k","method":"POST","url":"/v1/chat/completions","body":"text"})",  // 12
-      R"({"custom_id":"l","method":"POST","url":"/v1/chat/completions","body":{"model":"m"}})",  // 13
-      R"({"custom_id":"n","method":"POST","url":"/v1/chat/completions","body":{"messages":[{"role":"user","content":"x"}]}})",  // 14
-      ChatLine("o", "other-model"),                                                 // 15
-      R"({"custom_id":"p","method":"POST","url":"/v1/chat/completions","body":{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}})",  // 16
-      "",                                                                           // 17
-      R"({"custom_id":"q","method":"POST","url":"/v1/chat/completions","body":{"model":"m","messages":[{"role":"wizard","content":"x"}]}})",  // 18
-      ChatLine("ok-2"),                                                             // 19
+      ChatLine("ok-1"),                                                              // 1
+      "{not json",                                                                   // 2
+      "[1, 2]",                                                                      // 3
+      Line("", kPost, kChatUrl, chat_body),                                          // 4
+      Line(R"("custom_id":"")", kPost, kChatUrl, chat_body),                         // 5
+      Line(R"("custom_id":7)", kPost, kChatUrl, chat_body),                          // 6
+      ChatLine("ok-1"),                                                              // 7
+      Line(R"("custom_id":"g")", R"("method":"GET")", kChatUrl, chat_body),          // 8
+      Line(R"("custom_id":"h")", kPost, R"("url":"/v1/responses")", chat_body),      // 9
+      Line(R"("custom_id":"i")", kPost, R"("url":"/v1/embeddings")",
+           R"("body":{"model":"m","input":"x"})"),                                   // 10
+      Line(R"("custom_id":"j")", kPost, kChatUrl, ""),                               // 11
+      Line(R"("custom_id":"k")", kPost, kChatUrl, R"("body":"text")"),               // 12
+      Line(R"("custom_id":"l")", kPost, kChatUrl, R"("body":{"model":"m"})"),        // 13
+      Line(R"("custom_id":"n")", kPost, kChatUrl,
+           R"("body":{)" + std::string(kMessages) + "}"),                            // 14
+      ChatLine("o", "other-model"),                                                  // 15
+      Line(R"("custom_id":"p")", kPost, kChatUrl,
+           R"("body":{"model":"m","stream":true,)" + std::string(kMessages) + "}"),  // 16
+      "",                                                                            // 17
+      Line(R"("custom_id":"q")", kPost, kChatUrl,
+           R"("body":{"model":"m","messages":[{"role":"wizard","content":"x"}]})"),  // 18
+      ChatLine("ok-2"),                                                              // 19
   };
   std::string file;
   for (const std::string& l : lines) file += l + "\n";
@@ -118,7 +140,8 @@ TEST(BatchInputTest, ListsEveryBadLineByNumber) {
 }
 
 TEST(BatchInputTest, ListsSeveralProblemsOfOneLine) {
-  auto input = ValidateBatchInput(R"({"method":"PUT","url":"/v2/x","body":[]})", kChat);
+  auto input = ValidateBatchInput(Line("", R"("method":"PUT")", R"("url":"/v2/x")", R"("body":[])"),
+                                  kChat);
   ASSERT_TRUE(input.ok());
   EXPECT_EQ(Codes(*input), (Codes_{{1, "missing_custom_id"},
                                    {1, "invalid_method"},
@@ -128,13 +151,13 @@ TEST(BatchInputTest, ListsSeveralProblemsOfOneLine) {
 
 TEST(BatchInputTest, EndpointBodiesAreCheckedByTheirOwnParser) {
   auto no_prompt = ValidateBatchInput(
-      R"({"custom_id":"x","method":"POST","url":"/v1/completions","body":{"model":"m"}})",
+      Line(R"("custom_id":"x")", kPost, R"("url":"/v1/completions")", R"("body":{"model":"m"})"),
       "/v1/completions");
   ASSERT_TRUE(no_prompt.ok());
   EXPECT_EQ(Codes(*no_prompt), (Codes_{{1, "invalid_body"}}));
   EXPECT_THAT(no_prompt->errors[0].message, HasSubstr("prompt"));
   auto no_input = ValidateBatchInput(
-      R"({"custom_id":"x","method":"POST","url":"/v1/embeddings","body":{"model":"m"}})",
+      Line(R"("custom_id":"x")", kPost, R"("url":"/v1/embeddings")", R"("body":{"model":"m"})"),
       "/v1/embeddings");
   ASSERT_TRUE(no_input.ok());
   EXPECT_EQ(Codes(*no_input), (Codes_{{1, "invalid_body"}}));

@@ -215,8 +215,11 @@ Batch ReadBatch(const Statement& s) {
 
 // A JSON object given as text, or INVALID_ARGUMENT naming `what`.
 absl::StatusOr<nlohmann::ordered_json> ParseObject(const std::string& text, std::string_view what) {
-  nlohmann::ordered_json j = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(std::string(what), " is not a JSON object"));
+  nlohmann::ordered_json j =
+      nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(std::string(what), " is not a JSON object"));
+  }
   return j;
 }
 
@@ -524,7 +527,9 @@ absl::Status BatchStore::SetTotal(const std::string& batch_id, int64_t total) {
   s.Bind(1, total);
   s.Bind(2, batch_id);
   RETURN_IF_ERROR(s.Step().status());
-  if (sqlite3_changes(db_) == 0) return absl::NotFoundError(absl::StrCat("no such batch: ", batch_id));
+  if (sqlite3_changes(db_) == 0) {
+    return absl::NotFoundError(absl::StrCat("no such batch: ", batch_id));
+  }
   return absl::OkStatus();
 }
 
@@ -539,7 +544,9 @@ absl::Status BatchStore::SetOutputFiles(const std::string& batch_id,
   s.Bind(2, error_file_id);
   s.Bind(3, batch_id);
   RETURN_IF_ERROR(s.Step().status());
-  if (sqlite3_changes(db_) == 0) return absl::NotFoundError(absl::StrCat("no such batch: ", batch_id));
+  if (sqlite3_changes(db_) == 0) {
+    return absl::NotFoundError(absl::StrCat("no such batch: ", batch_id));
+  }
   return absl::OkStatus();
 }
 
