@@ -913,6 +913,9 @@ absl::StatusOr<bool> Renderer::TestImpl(const Expr& e) {
       if (e.compare_ops.size() == 1) {
         CARPOOL_JINJA_EVAL_REF(left, left_tmp, *e.a[0]);
         CARPOOL_JINJA_EVAL_REF(right, right_tmp, *e.a[1]);
+        if (e.compare_ops[0] == CmpOp::kEq && left->is_string() && right->is_string()) {
+          return left->string_value() == right->string_value();  // message.role == "user"
+        }
         return Compare(e.compare_ops[0], *left, *right);
       }
       break;

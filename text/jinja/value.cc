@@ -313,6 +313,7 @@ std::vector<int64_t> SliceIndexes(int64_t length, std::optional<int64_t> start,
 namespace {
 // Dicts smaller than this are searched linearly (faster than hashing, and no index is kept).
 constexpr size_t kIndexFrom = 16;
+
 }  // namespace
 
 const Value* Dict::Find(const Value& key) const {
@@ -323,9 +324,9 @@ const Value* Dict::Find(const Value& key) const {
   return nullptr;
 }
 
-const Value* Dict::Find(absl::string_view key) const {
+const Value* Dict::FindIndexed(absl::string_view key) const {
   size_t from = 0;
-  if (indexed_ > 0 && indexed_ <= entries.size()) {
+  if (indexed_ <= entries.size()) {
     const auto it = index_.find(key);
     if (it != index_.end() && it->second < entries.size() && entries[it->second].first.is_string() &&
         entries[it->second].first.string_value() == key) {

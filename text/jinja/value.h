@@ -48,8 +48,12 @@ struct Dict {
   std::vector<std::pair<Value, Value>> entries;
 
   const Value* Find(const Value& key) const;
-  const Value* Find(absl::string_view key) const;
+  // (Inline for the small dicts a template looks into at every message; FindIndexed for those
+  // with an index.)
+  inline const Value* Find(absl::string_view key) const;
   void Set(Value key, Value value);
+
+  const Value* FindIndexed(absl::string_view key) const;
 
   // Set's index: string key -> position in `entries`, valid for entries[0, indexed_).
   absl::flat_hash_map<std::string, size_t> index_;
@@ -234,6 +238,19 @@ class Value {
     Box* box;
   } bits_{.i = 0};
 };
+
+inline const Value* Dict::Find(absl::string_view key) const {
+  if (indexed_ > 0) return FindIndexed(key);
+  for (const auto& [k, v] : entries) {
+    if (!k.is_string()) continue;
+    const std::string& name = k.string_value();
+    if (name.size() != key.size()) continue;
+    size_t i = 0;
+    while (i < key.size() && name[i] == key[i]) ++i;  // short keys: no call to memcmp
+    if (i == key.size()) return &v;
+  }
+  return nullptr;
+}
 
 // A call's arguments.
 struct CallArgs {
