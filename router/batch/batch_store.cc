@@ -131,6 +131,12 @@ class Statement {
     sqlite3_bind_blob64(stmt_, i, blob.data(), blob.size(), SQLITE_TRANSIENT);
   }
   void Bind(int i, int64_t v) { sqlite3_bind_int64(stmt_, i, v); }
+  // Binds `values` (text or integers) to parameters 1, 2, ... in order.
+  template <typename... Values>
+  void BindAll(const Values&... values) {
+    int i = 0;
+    (Bind(++i, values), ...);
+  }
   // True while there is a row; an error for anything but ROW or DONE.
   absl::StatusOr<bool> Step() {
     int rc = sqlite3_step(stmt_);
@@ -328,12 +334,7 @@ absl::StatusOr<StoredFile> BatchStore::PutFile(StoredFile meta, std::string_view
   RETURN_IF_ERROR(s.Prepare(
       "INSERT INTO files (id, tenant, purpose, filename, bytes, created_at, content) "
       "VALUES (?, ?, ?, ?, ?, ?, ?)"));
-  s.Bind(1, meta.id);
-  s.Bind(2, meta.tenant);
-  s.Bind(3, meta.purpose);
-  s.Bind(4, meta.filename);
-  s.Bind(5, meta.bytes);
-  s.Bind(6, meta.created_at);
+  s.BindAll(meta.id, meta.tenant, meta.purpose, meta.filename, meta.bytes, meta.created_at);
   s.BindBlob(7, content);
   RETURN_IF_ERROR(s.Step().status());
   return meta;
@@ -345,8 +346,7 @@ absl::StatusOr<StoredFile> BatchStore::GetFile(const std::string& tenant, const 
   RETURN_IF_ERROR(s.Prepare(
       "SELECT id, tenant, purpose, filename, bytes, created_at FROM files "
       "WHERE id = ? AND tenant = ?"));
-  s.Bind(1, id);
-  s.Bind(2, tenant);
+  s.BindAll(id, tenant);
   ASSIGN_OR_RETURN(bool row, s.Step());
   if (!row) return absl::NotFoundError(absl::StrCat("no such file: ", id));
   return StoredFile{s.Text(0), s.Text(1), s.Text(2), s.Text(3), s.Int(4), s.Int(5)};
@@ -357,8 +357,7 @@ absl::StatusOr<std::string> BatchStore::GetFileContent(const std::string& tenant
   std::lock_guard<std::mutex> lock(impl_->mu);
   Statement s(db_, path_);
   RETURN_IF_ERROR(s.Prepare("SELECT content FROM files WHERE id = ? AND tenant = ?"));
-  s.Bind(1, id);
-  s.Bind(2, tenant);
+  s.BindAll(id, tenant);
   ASSIGN_OR_RETURN(bool row, s.Step());
   if (!row) return absl::NotFoundError(absl::StrCat("no such file: ", id));
   return s.Blob(0);
@@ -368,8 +367,7 @@ absl::Status BatchStore::DeleteFile(const std::string& tenant, const std::string
   std::lock_guard<std::mutex> lock(impl_->mu);
   Statement s(db_, path_);
   RETURN_IF_ERROR(s.Prepare("DELETE FROM files WHERE id = ? AND tenant = ?"));
-  s.Bind(1, id);
-  s.Bind(2, tenant);
+  s.BindAll(id, tenant);
   RETURN_IF_ERROR(s.Step().status());
   if (sqlite3_changes(db_) == 0) return absl::NotFoundError(absl::StrCat("no such file: ", id));
   return absl::OkStatus();
@@ -383,8 +381,7 @@ absl::StatusOr<Batch> BatchStore::CreateBatch(Batch batch) {
   {
     Statement s(db_, path_);
     RETURN_IF_ERROR(s.Prepare("SELECT 1 FROM files WHERE id = ? AND tenant = ?"));
-    s.Bind(1, batch.input_file_id);
-    s.Bind(2, batch.tenant);
+    s.BindAll(batch.input_file_id, batch.tenant);
     ASSIGN_OR_RETURN(bool row, s.Step());
     if (!row) return absl::NotFoundError(absl::StrCat("no such file: ", batch.input_file_id));
   }
@@ -394,16 +391,9 @@ absl::StatusOr<Batch> BatchStore::CreateBatch(Batch batch) {
   RETURN_IF_ERROR(s.Prepare(
       "INSERT INTO batches (id, tenant, input_file_id, endpoint, completion_window, metadata, "
       "status, total, errors, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"));
-  s.Bind(1, batch.id);
-  s.Bind(2, batch.tenant);
-  s.Bind(3, batch.input_file_id);
-  s.Bind(4, batch.endpoint);
-  s.Bind(5, batch.completion_window);
-  s.Bind(6, batch.metadata_json);
-  s.Bind(7, BatchStatusName(batch.status));
-  s.Bind(8, batch.request_counts.total);
-  s.Bind(9, batch.errors_json);
-  s.Bind(10, batch.created_at);
+  s.BindAll(batch.id, batch.tenant, batch.input_file_id, batch.endpoint, batch.completion_window,
+            batch.metadata_json, BatchStatusName(batch.status), batch.request_counts.total,
+            batch.errors_json, batch.created_at);
   RETURN_IF_ERROR(s.Step().status());
   RETURN_IF_ERROR(txn.Commit());
   return batch;
@@ -414,8 +404,7 @@ absl::StatusOr<Batch> BatchStore::GetBatch(const std::string& tenant, const std:
   Statement s(db_, path_);
   RETURN_IF_ERROR(s.Prepare(
       absl::StrCat("SELECT ", kBatchColumns, " FROM batches WHERE id = ? AND tenant = ?")));
-  s.Bind(1, id);
-  s.Bind(2, tenant);
+  s.BindAll(id, tenant);
   ASSIGN_OR_RETURN(bool row, s.Step());
   if (!row) return absl::NotFoundError(absl::StrCat("no such batch: ", id));
   return ReadBatch(s);
@@ -431,8 +420,7 @@ absl::StatusOr<BatchPage> BatchStore::ListBatches(const std::string& tenant,
   if (!after.empty()) {
     Statement s(db_, path_);
     RETURN_IF_ERROR(s.Prepare("SELECT seq FROM batches WHERE id = ? AND tenant = ?"));
-    s.Bind(1, after);
-    s.Bind(2, tenant);
+    s.BindAll(after, tenant);
     ASSIGN_OR_RETURN(bool row, s.Step());
     if (!row) return absl::NotFoundError(absl::StrCat("no such batch: ", after));
     before_seq = s.Int(0);
@@ -441,8 +429,7 @@ absl::StatusOr<BatchPage> BatchStore::ListBatches(const std::string& tenant,
   RETURN_IF_ERROR(s.Prepare(absl::StrCat(
       "SELECT ", kBatchColumns,
       " FROM batches WHERE tenant = ? AND seq < ? ORDER BY seq DESC LIMIT ?")));
-  s.Bind(1, tenant);
-  s.Bind(2, before_seq);
+  s.BindAll(tenant, before_seq);
   s.Bind(3, static_cast<int64_t>(limit) + 1);  // one more tells whether there is a next page
   BatchPage page;
   while (true) {
@@ -484,8 +471,7 @@ absl::StatusOr<Batch> BatchStore::Transition(const std::string& tenant, const st
     Statement s(db_, path_);
     RETURN_IF_ERROR(s.Prepare(
         absl::StrCat("SELECT ", kBatchColumns, " FROM batches WHERE id = ? AND tenant = ?")));
-    s.Bind(1, id);
-    s.Bind(2, tenant);
+    s.BindAll(id, tenant);
     ASSIGN_OR_RETURN(bool row, s.Step());
     if (!row) return absl::NotFoundError(absl::StrCat("no such batch: ", id));
     batch = ReadBatch(s);
@@ -501,10 +487,7 @@ absl::StatusOr<Batch> BatchStore::Transition(const std::string& tenant, const st
                                          " = ?, errors = ? WHERE id = ?")));
   batch.status = to;
   if (!errors_json.empty()) batch.errors_json = errors_json;
-  s.Bind(1, BatchStatusName(to));
-  s.Bind(2, now);
-  s.Bind(3, batch.errors_json);
-  s.Bind(4, id);
+  s.BindAll(BatchStatusName(to), now, batch.errors_json, id);
   RETURN_IF_ERROR(s.Step().status());
   RETURN_IF_ERROR(txn.Commit());
   switch (to) {
@@ -524,8 +507,7 @@ absl::Status BatchStore::SetTotal(const std::string& batch_id, int64_t total) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   Statement s(db_, path_);
   RETURN_IF_ERROR(s.Prepare("UPDATE batches SET total = ? WHERE id = ?"));
-  s.Bind(1, total);
-  s.Bind(2, batch_id);
+  s.BindAll(total, batch_id);
   RETURN_IF_ERROR(s.Step().status());
   if (sqlite3_changes(db_) == 0) {
     return absl::NotFoundError(absl::StrCat("no such batch: ", batch_id));
@@ -540,9 +522,7 @@ absl::Status BatchStore::SetOutputFiles(const std::string& batch_id,
   Statement s(db_, path_);
   RETURN_IF_ERROR(
       s.Prepare("UPDATE batches SET output_file_id = ?, error_file_id = ? WHERE id = ?"));
-  s.Bind(1, output_file_id);
-  s.Bind(2, error_file_id);
-  s.Bind(3, batch_id);
+  s.BindAll(output_file_id, error_file_id, batch_id);
   RETURN_IF_ERROR(s.Step().status());
   if (sqlite3_changes(db_) == 0) {
     return absl::NotFoundError(absl::StrCat("no such batch: ", batch_id));
@@ -567,13 +547,8 @@ absl::StatusOr<bool> BatchStore::RecordResult(const std::string& batch_id,
     RETURN_IF_ERROR(s.Prepare(
         "INSERT OR IGNORE INTO results (batch_id, line_index, custom_id, id, response, error) "
         "SELECT ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM batches WHERE id = ?)"));
-    s.Bind(1, batch_id);
-    s.Bind(2, result.line_index);
-    s.Bind(3, result.custom_id);
-    s.Bind(4, impl_->NewId("batch_req_"));
-    s.Bind(5, result.response_json);
-    s.Bind(6, result.error_json);
-    s.Bind(7, batch_id);
+    s.BindAll(batch_id, result.line_index, result.custom_id, impl_->NewId("batch_req_"),
+              result.response_json, result.error_json, batch_id);
     RETURN_IF_ERROR(s.Step().status());
   }
   if (sqlite3_changes(db_) == 0) {
