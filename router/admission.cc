@@ -29,6 +29,10 @@ absl::Status AdmissionOptions::Validate() const {
     return absl::InvalidArgumentError("--interactive-reserve must be < --max-inflight-tokens");
   }
   if (priority_aging_ms < 1) return absl::InvalidArgumentError("--priority-aging-ms must be >= 1");
+  if (batch_max_in_flight < 1) {
+    return absl::InvalidArgumentError("--batch-max-in-flight must be >= 1");
+  }
+  if (batch_max_queued < 1) return absl::InvalidArgumentError("--batch-max-queued must be >= 1");
   if (skip_ahead_ms < 0) return absl::InvalidArgumentError("--skip-ahead-ms must be >= 0");
   if (no_worker_timeout_ms < 0) {
     return absl::InvalidArgumentError("--no-worker-timeout-ms must be >= 0");
@@ -43,8 +47,12 @@ AdmissionController::AdmissionController(const AdmissionOptions& options, Tenant
       tenant_state_(tenants_.size()) {
   const int64_t now = clock_->NowMicros();
   for (int i = 0; i < tenants_.size(); ++i) {
-    tenant_state_[i].bucket = static_cast<double>(tenants_.at(i).burst_tokens);
-    tenant_state_[i].refilled_at = now;
+    const TenantConfig& c = tenants_.at(i);
+    // A batch bucket holds a minute of its rate.
+    tenant_state_[i].bucket = {c.tokens_per_minute, c.burst_tokens,
+                               static_cast<double>(c.burst_tokens), now};
+    tenant_state_[i].batch_bucket = {c.batch_tokens_per_minute, c.batch_tokens_per_minute,
+                                     static_cast<double>(c.batch_tokens_per_minute), now};
   }
 }
 
@@ -52,12 +60,12 @@ int64_t AdmissionController::max_inflight_tokens() const {
   return options_.max_inflight_tokens > 0 ? options_.max_inflight_tokens : capacity_tokens_;
 }
 
-void AdmissionController::Refill(TenantState* t, const TenantConfig& c, int64_t now) const {
-  if (c.tokens_per_minute <= 0) return;
-  const double per_micro = static_cast<double>(c.tokens_per_minute) / 60e6;
-  t->bucket = std::min(static_cast<double>(c.burst_tokens),
-                       t->bucket + per_micro * static_cast<double>(now - t->refilled_at));
-  t->refilled_at = now;
+void AdmissionController::Refill(Bucket* b, int64_t now) {
+  if (b->rate <= 0) return;
+  const double per_micro = static_cast<double>(b->rate) / 60e6;
+  b->tokens = std::min(static_cast<double>(b->burst),
+                       b->tokens + per_micro * static_cast<double>(now - b->refilled_at));
+  b->refilled_at = now;
 }
 
 std::optional<Refusal> AdmissionController::CheckTenant(const AdmissionRequest& r, int64_t tokens,
@@ -71,34 +79,40 @@ std::optional<Refusal> AdmissionController::CheckTenant(const AdmissionRequest& 
                                 "'s highest class, ", PriorityName(c.max_priority)),
                    0};
   }
-  if (c.max_concurrent > 0 && t.active >= c.max_concurrent) {
+  // The batch lane has a limit of its own (batch_max_in_flight): a batch job's requests do not
+  // take the tenant's interactive slots.
+  if (!r.batch_job && c.max_concurrent > 0 && t.active >= c.max_concurrent) {
     return Refusal{absl::StatusCode::kResourceExhausted, reason::kTenantQuota,
                    absl::StrCat("tenant ", c.name, " has ", t.active,
                                 " requests in flight, its limit"),
                    kConcurrencyRetryMs};
   }
-  if (c.tokens_per_minute > 0) {
-    Refill(&t, c, now);
-    if (tokens > c.burst_tokens) {
+  Bucket& b = BucketOf(t, r);
+  if (b.rate > 0) {
+    Refill(&b, now);
+    const char* which = r.batch_job ? "batch " : "";
+    if (tokens > b.burst) {
       return Refusal{absl::StatusCode::kResourceExhausted, reason::kTenantQuota,
-                     absl::StrCat("the request needs ", tokens, " tokens; tenant ", c.name,
-                                  "'s bucket holds at most ", c.burst_tokens),
+                     absl::StrCat("the request needs ", tokens, " tokens; tenant ", c.name, "'s ",
+                                  which, "bucket holds at most ", b.burst),
                      0};
     }
-    if (t.bucket < static_cast<double>(tokens)) {
-      const double per_ms = static_cast<double>(c.tokens_per_minute) / 60e3;
+    if (b.tokens < static_cast<double>(tokens)) {
+      const double per_ms = static_cast<double>(b.rate) / 60e3;
       const int64_t wait_ms = static_cast<int64_t>(
-          std::ceil((static_cast<double>(tokens) - t.bucket) / per_ms));
+          std::ceil((static_cast<double>(tokens) - b.tokens) / per_ms));
       return Refusal{absl::StatusCode::kResourceExhausted, reason::kTenantQuota,
-                     absl::StrCat("tenant ", c.name, " is over its ", c.tokens_per_minute,
-                                  " tokens per minute"),
+                     absl::StrCat("tenant ", c.name, " is over its ", b.rate, " ", which,
+                                  "tokens per minute"),
                      std::max<int64_t>(1, wait_ms)};
     }
   }
   return std::nullopt;
 }
 
-std::optional<Refusal> AdmissionController::Admit(const AdmissionRequest& r) {
+std::optional<Refusal> AdmissionController::Admit(const AdmissionRequest& request) {
+  AdmissionRequest r = request;
+  if (r.batch_job) r.priority = Priority::kBatch;  // the lane is the batch class's
   const int64_t now = clock_->NowMicros();
   const int64_t tokens = std::max<int64_t>(1, r.prompt_tokens + r.max_tokens);
   if (std::optional<Refusal> refusal = CheckSize(r.priority, r.kv_resident, tokens)) {
@@ -106,12 +120,19 @@ std::optional<Refusal> AdmissionController::Admit(const AdmissionRequest& r) {
   }
   if (std::optional<Refusal> refusal = CheckTenant(r, tokens, now)) return refusal;
   const int queued = counters_.queued[0] + counters_.queued[1] + counters_.queued[2];
-  if (queued >= options_.max_queued_requests) {
+  if (r.batch_job) {
+    if (counters_.batch_queued >= options_.batch_max_queued) {
+      return Refusal{absl::StatusCode::kUnavailable, reason::kQueueFull,
+                     absl::StrCat("the batch lane holds ", counters_.batch_queued,
+                                  " queued requests, its limit (--batch-max-queued)"),
+                     RetryAfterMs(counters_.batch_queued_tokens / counters_.batch_queued)};
+    }
+  } else if (queued >= options_.max_queued_requests) {
     return Refusal{absl::StatusCode::kUnavailable, reason::kQueueFull,
                    absl::StrCat("the queue holds ", queued, " requests, its limit"),
                    RetryAfterMs(counters_.queued_tokens / std::max(1, queued))};
   }
-  if (options_.max_queued_tokens > 0 &&
+  if (!r.batch_job && options_.max_queued_tokens > 0 &&
       counters_.queued_tokens + tokens > options_.max_queued_tokens) {
     if (tokens > options_.max_queued_tokens) {
       return Refusal{absl::StatusCode::kResourceExhausted, reason::kTokenBudget,
@@ -130,6 +151,7 @@ std::optional<Refusal> AdmissionController::Admit(const AdmissionRequest& r) {
     const double rate = ServiceRate();
     int64_t ahead = 0;
     for (int p = 0; p <= Index(r.priority); ++p) ahead += counters_.queued_tokens_by_class[p];
+    if (r.batch_job) ahead += counters_.batch_queued_tokens;  // the lane is behind every class
     if (rate > 0 && ahead > 0) {
       const double wait_micros = static_cast<double>(ahead) / rate * 1e6;
       if (static_cast<double>(now) + wait_micros > static_cast<double>(r.deadline_micros)) {
@@ -144,20 +166,44 @@ std::optional<Refusal> AdmissionController::Admit(const AdmissionRequest& r) {
   }
   if (r.tenant >= 0) {
     TenantState& t = tenant_state_[r.tenant];
-    ++t.active;
-    if (tenants_.at(r.tenant).tokens_per_minute > 0) t.bucket -= static_cast<double>(tokens);
+    ++(r.batch_job ? t.batch_active : t.active);
+    Bucket& b = BucketOf(t, r);
+    if (b.rate > 0) b.tokens -= static_cast<double>(tokens);
   }
   Entry e;
   e.request = r;
   e.tokens = tokens;
   e.arrival = now;
   e.queued_at = now;
+  QueueOf(e).push_back(r.id);
+  CountQueued(e, +1);
   entries_[r.id] = e;
-  queues_[Index(r.priority)].push_back(r.id);
-  ++counters_.queued[Index(r.priority)];
-  counters_.queued_tokens += tokens;
-  counters_.queued_tokens_by_class[Index(r.priority)] += tokens;
   return std::nullopt;
+}
+
+std::deque<uint64_t>& AdmissionController::QueueOf(const Entry& e) {
+  return e.request.batch_job ? batch_lane_ : queues_[Index(e.request.priority)];
+}
+
+const std::deque<uint64_t>& AdmissionController::QueueOf(const Entry& e) const {
+  return e.request.batch_job ? batch_lane_ : queues_[Index(e.request.priority)];
+}
+
+void AdmissionController::CountQueued(const Entry& e, int sign) {
+  if (e.request.batch_job) {
+    counters_.batch_queued += sign;
+    counters_.batch_queued_tokens += sign * e.tokens;
+    return;
+  }
+  counters_.queued[Index(e.request.priority)] += sign;
+  counters_.queued_tokens += sign * e.tokens;
+  counters_.queued_tokens_by_class[Index(e.request.priority)] += sign * e.tokens;
+}
+
+void AdmissionController::CountInflight(const Entry& e, int sign) {
+  counters_.inflight += sign;
+  counters_.inflight_tokens += sign * e.tokens;
+  if (e.request.batch_job) counters_.batch_inflight += sign;
 }
 
 int AdmissionController::Level(const Entry& e, int64_t now) const {
@@ -220,13 +266,15 @@ bool AdmissionController::Eligible(uint64_t id, int64_t now) const {
 std::optional<uint64_t> AdmissionController::Next(const absl::flat_hash_set<uint64_t>& unplaced) {
   const int64_t now = clock_->NowMicros();
   // Drop ids released while queued from the front of each queue.
-  for (std::deque<uint64_t>& q : queues_) {
+  const auto drop_released = [&](std::deque<uint64_t>& q) {
     while (!q.empty()) {
       auto it = entries_.find(q.front());
       if (it != entries_.end() && it->second.queued) break;
       q.pop_front();
     }
-  }
+  };
+  for (std::deque<uint64_t>& q : queues_) drop_released(q);
+  drop_released(batch_lane_);
   // Walk the dispatch order: a merge of the class queues by (level, arrival).
   std::array<size_t, kNumPriorities> cursor = {0, 0, 0};
   const int64_t skip_micros = options_.skip_ahead_ms * 1000;
@@ -246,7 +294,11 @@ std::optional<uint64_t> AdmissionController::Next(const absl::flat_hash_set<uint
         best_arrival = e.arrival;
       }
     }
-    if (best < 0) return std::nullopt;
+    if (best < 0) {
+      // No request of the classes is queued and eligible (the first pass found none): the
+      // batch lane may go. Once one was seen that cannot go, the lane yields to it.
+      return walked == 0 ? NextBatchJob(unplaced, now) : std::nullopt;
+    }
     const uint64_t id = queues_[best][cursor[best]++];
     const Entry& e = entries_.at(id);
     if (!unplaced.contains(id) && Fits(e)) return id;
@@ -257,15 +309,28 @@ std::optional<uint64_t> AdmissionController::Next(const absl::flat_hash_set<uint
   return std::nullopt;
 }
 
+std::optional<uint64_t> AdmissionController::NextBatchJob(
+    const absl::flat_hash_set<uint64_t>& unplaced, int64_t now) {
+  // The lane's own limit: none of its requests can go.
+  if (counters_.batch_inflight >= options_.batch_max_in_flight) return std::nullopt;
+  const int64_t skip_micros = options_.skip_ahead_ms * 1000;
+  int walked = 0;
+  for (const uint64_t id : batch_lane_) {
+    if (!Eligible(id, now)) continue;
+    const Entry& e = entries_.at(id);
+    if (!unplaced.contains(id) && Fits(e)) return id;
+    // As in the classes: ahead of one that cannot go for skip_ahead_ms, then held for it.
+    if (now - e.arrival >= skip_micros || ++walked > kMaxSkipAhead) return std::nullopt;
+  }
+  return std::nullopt;
+}
+
 void AdmissionController::MarkDispatched(uint64_t id) {
   Entry& e = entries_.at(id);
   e.queued = false;
-  --counters_.queued[Index(e.request.priority)];
-  counters_.queued_tokens -= e.tokens;
-  counters_.queued_tokens_by_class[Index(e.request.priority)] -= e.tokens;
-  ++counters_.inflight;
-  counters_.inflight_tokens += e.tokens;
-  std::deque<uint64_t>& q = queues_[Index(e.request.priority)];
+  CountQueued(e, -1);
+  CountInflight(e, +1);
+  std::deque<uint64_t>& q = QueueOf(e);
   if (!q.empty() && q.front() == id) {
     q.pop_front();
   } else {
@@ -279,12 +344,9 @@ void AdmissionController::Requeue(uint64_t id) {
   Entry& e = entries_.at(id);
   e.queued = true;
   e.queued_at = clock_->NowMicros();
-  --counters_.inflight;
-  counters_.inflight_tokens -= e.tokens;
-  ++counters_.queued[Index(e.request.priority)];
-  counters_.queued_tokens += e.tokens;
-  counters_.queued_tokens_by_class[Index(e.request.priority)] += e.tokens;
-  std::deque<uint64_t>& q = queues_[Index(e.request.priority)];
+  CountInflight(e, -1);
+  CountQueued(e, +1);
+  std::deque<uint64_t>& q = QueueOf(e);
   // A stale copy of the id further back (it was dispatched from behind a tombstone) would make
   // it appear twice; drop it so the queue holds the id once.
   q.erase(std::remove(q.begin(), q.end(), id), q.end());
@@ -297,24 +359,20 @@ bool AdmissionController::Release(uint64_t id, int64_t generated_tokens, bool co
   const Entry& e = it->second;
   const int64_t now = clock_->NowMicros();
   if (e.queued) {
-    --counters_.queued[Index(e.request.priority)];
-    counters_.queued_tokens -= e.tokens;
-    counters_.queued_tokens_by_class[Index(e.request.priority)] -= e.tokens;
+    CountQueued(e, -1);
   } else {
-    --counters_.inflight;
-    counters_.inflight_tokens -= e.tokens;
+    CountInflight(e, -1);
   }
   if (e.request.tenant >= 0) {
     TenantState& t = tenant_state_[e.request.tenant];
-    const TenantConfig& c = tenants_.at(e.request.tenant);
-    --t.active;
-    if (c.tokens_per_minute > 0) {
-      Refill(&t, c, now);
+    --(e.request.batch_job ? t.batch_active : t.active);
+    Bucket& b = BucketOf(t, e.request);
+    if (b.rate > 0) {
+      Refill(&b, now);
       const int64_t refund =
           e.queued ? e.tokens
                    : std::max<int64_t>(0, e.request.max_tokens - generated_tokens);
-      t.bucket = std::min(static_cast<double>(c.burst_tokens),
-                          t.bucket + static_cast<double>(refund));
+      b.tokens = std::min(static_cast<double>(b.burst), b.tokens + static_cast<double>(refund));
     }
   }
   if (completed) RecordFinish(e.tokens, now);
@@ -329,7 +387,7 @@ bool AdmissionController::IsQueued(uint64_t id) const {
 
 int AdmissionController::TenantActive(int tenant) const {
   return tenant >= 0 && tenant < static_cast<int>(tenant_state_.size())
-             ? tenant_state_[tenant].active
+             ? tenant_state_[tenant].active + tenant_state_[tenant].batch_active
              : 0;
 }
 
@@ -425,16 +483,21 @@ int64_t AdmissionController::RetryAfterMs(int64_t tokens) const {
 absl::Status AdmissionController::CheckInvariants() const {
   AdmissionCounters c;
   std::vector<int> active(tenant_state_.size(), 0);
+  std::vector<int> batch_active(tenant_state_.size(), 0);
   for (const auto& [id, e] : entries_) {
-    if (e.queued) {
+    if (e.queued && e.request.batch_job) {
+      ++c.batch_queued;
+      c.batch_queued_tokens += e.tokens;
+    } else if (e.queued) {
       ++c.queued[Index(e.request.priority)];
       c.queued_tokens += e.tokens;
       c.queued_tokens_by_class[Index(e.request.priority)] += e.tokens;
     } else {
       ++c.inflight;
       c.inflight_tokens += e.tokens;
+      if (e.request.batch_job) ++c.batch_inflight;
     }
-    if (e.request.tenant >= 0) ++active[e.request.tenant];
+    if (e.request.tenant >= 0) ++(e.request.batch_job ? batch_active : active)[e.request.tenant];
   }
   const auto mismatch = [](const char* what, int64_t want, int64_t have) {
     return absl::InternalError(absl::StrCat(what, ": entries say ", want, ", counter says ", have));
@@ -455,22 +518,38 @@ absl::Status AdmissionController::CheckInvariants() const {
   if (c.inflight_tokens != counters_.inflight_tokens) {
     return mismatch("inflight_tokens", c.inflight_tokens, counters_.inflight_tokens);
   }
+  if (c.batch_queued != counters_.batch_queued) {
+    return mismatch("batch lane queued", c.batch_queued, counters_.batch_queued);
+  }
+  if (c.batch_queued_tokens != counters_.batch_queued_tokens) {
+    return mismatch("batch lane queued tokens", c.batch_queued_tokens,
+                    counters_.batch_queued_tokens);
+  }
+  if (c.batch_inflight != counters_.batch_inflight) {
+    return mismatch("batch lane inflight", c.batch_inflight, counters_.batch_inflight);
+  }
   for (size_t t = 0; t < active.size(); ++t) {
-    if (active[t] != tenant_state_[t].active) {
-      return mismatch("tenant active", active[t], tenant_state_[t].active);
+    const TenantState& state = tenant_state_[t];
+    if (active[t] != state.active) return mismatch("tenant active", active[t], state.active);
+    if (batch_active[t] != state.batch_active) {
+      return mismatch("tenant batch active", batch_active[t], state.batch_active);
     }
-    const TenantConfig& cfg = tenants_.at(static_cast<int>(t));
-    if (cfg.tokens_per_minute > 0 &&
-        tenant_state_[t].bucket > static_cast<double>(cfg.burst_tokens) + 1e-6) {
-      return absl::InternalError(absl::StrCat("tenant ", cfg.name, "'s bucket overflows"));
+    const std::string& name = tenants_.at(static_cast<int>(t)).name;
+    for (const Bucket* b : {&state.bucket, &state.batch_bucket}) {
+      if (b->rate > 0 && b->tokens > static_cast<double>(b->burst) + 1e-6) {
+        return absl::InternalError(absl::StrCat("tenant ", name, "'s ",
+                                                b == &state.bucket ? "" : "batch ",
+                                                "bucket overflows"));
+      }
     }
   }
-  // Every queued entry is in its class's queue.
+  // Every queued entry is in its queue once, and no queue holds another's entry.
   for (const auto& [id, e] : entries_) {
     if (!e.queued) continue;
-    const auto& q = queues_[Index(e.request.priority)];
-    if (std::find(q.begin(), q.end(), id) == q.end()) {
-      return absl::InternalError(absl::StrCat("queued request ", id, " is in no queue"));
+    const auto& q = QueueOf(e);
+    if (std::count(q.begin(), q.end(), id) != 1) {
+      return absl::InternalError(
+          absl::StrCat("queued request ", id, " is not in its queue exactly once"));
     }
   }
   return absl::OkStatus();

@@ -4,8 +4,10 @@
 //
 // Reservations. An admitted request reserves `tokens` (prompt + max_tokens) and one queue slot.
 // Queued, it counts against max_queued_requests and max_queued_tokens; dispatched, against
-// max_inflight_tokens. Release() gives everything back exactly once, wherever the request is;
-// with no request left every counter is zero (CheckInvariants() verifies the sums).
+// max_inflight_tokens. A batch job's request (below) counts against batch_max_queued instead of
+// both queue limits, and dispatched against batch_max_in_flight as well as max_inflight_tokens.
+// Release() gives everything back exactly once, wherever the request is; with no request left
+// every counter is zero (CheckInvariants() verifies the sums).
 //
 // Size. A request must fit what the cluster could ever run: its tokens at most the in-flight
 // budget of its class (below), and, for a request that lives in one worker's KV cache (generate,
@@ -29,9 +31,22 @@
 // held for it until the requests in flight have left it room. So small requests pass a large
 // one for skip_ahead_ms, and after that nothing overtakes it: it is never starved.
 //
+// The batch lane. A request of a batch job (AdmissionRequest::batch_job, sent by the router's
+// batch runner, docs/batch.md) waits in a FIFO of its own, below all three classes: it runs at
+// the batch class and never ages. Next() takes it only when no other request is queued and
+// eligible (deadline not passed, not oversized), whether or not that one fits the budget now:
+// while interactive work waits, the batch lane yields. It also needs fewer than
+// batch_max_in_flight batch jobs' requests in flight and room in the batch class's budget
+// (max_inflight_tokens - interactive_reserve_tokens); within the lane, requests that fit pass
+// one that does not by the skip-ahead rule above. A batch job's request does not count against
+// its tenant's max_concurrent, and draws on the tenant's batch bucket
+// (TenantConfig::batch_tokens_per_minute), never on its interactive one.
+//
 // Deadlines. Expired() lists queued requests whose deadline has passed (Next() never returns
-// them), and Overdue() the dispatched ones. At admission a request with a deadline is refused `deadline_unmeetable` when
+// them), and Overdue() the dispatched ones. At admission a request with a deadline is refused
+// `deadline_unmeetable` when
 //   queued tokens at its class or better  /  measured service rate  >  its deadline,
+// (for a batch job's request: every queued token, the batch lane's included),
 // where the service rate is the reserved tokens of requests that finished in the last
 // kRateWindowMicros, per second (unknown, and never a reason to refuse, until a full second of
 // observations with at least one finish exists).
@@ -76,8 +91,13 @@ struct AdmissionOptions {
   int64_t max_inflight_tokens = 0;
   // Part of the in-flight budget only interactive requests may use. Default: 0.
   int64_t interactive_reserve_tokens = 0;
-  // Waiting this long raises a queued request one class. Default: 5000.
+  // Waiting this long raises a queued request one class (not a batch job's). Default: 5000.
   int64_t priority_aging_ms = 5000;
+  // Batch jobs' requests dispatched at once (--batch-max-in-flight). Default: 64.
+  int batch_max_in_flight = 64;
+  // Batch jobs' requests queued at once; beyond it UNAVAILABLE queue_full
+  // (--batch-max-queued). Default: 64.
+  int batch_max_queued = 64;
   // How long requests that fit may go ahead of a queued request that does not; after that the
   // in-flight budget is held for it. 0: never overtaken. Default: 2000.
   int64_t skip_ahead_ms = 2000;
@@ -100,6 +120,9 @@ struct AdmissionRequest {
   // Its tokens live in one worker's KV cache while it runs (generate); false for an embed,
   // which keeps no KV once its forward pass is done.
   bool kv_resident = true;
+  // A request of a batch job: admitted in the batch lane (see the top of this file), at
+  // Priority::kBatch whatever `priority` says.
+  bool batch_job = false;
 };
 
 // Why a request was not admitted, as the client will see it.
@@ -111,20 +134,27 @@ struct Refusal {
 };
 
 struct AdmissionCounters {
+  // The class queues: every queued request but batch jobs'.
   std::array<int, kNumPriorities> queued = {0, 0, 0};
-  int inflight = 0;
   int64_t queued_tokens = 0;
   std::array<int64_t, kNumPriorities> queued_tokens_by_class = {0, 0, 0};
+  // Every dispatched request, batch jobs' included (they share the in-flight budget).
+  int inflight = 0;
   int64_t inflight_tokens = 0;
+  // The batch lane: batch jobs' requests queued, and those of `inflight` that are batch jobs'.
+  int batch_queued = 0;
+  int64_t batch_queued_tokens = 0;
+  int batch_inflight = 0;
 };
 
 class AdmissionController {
  public:
   AdmissionController(const AdmissionOptions& options, TenantTable tenants);
 
-  // Admits `request` (it is queued at the back of its class) or says why not. Checks, in order:
-  // size, tenant priority, tenant concurrency and token bucket, queue slots, queued tokens,
-  // deadline.
+  // Admits `request` (it is queued at the back of its class, or of the batch lane) or says why
+  // not. Checks, in order: size, tenant priority, tenant concurrency and token bucket, queue
+  // slots, queued tokens, deadline; for a batch job's request: size, tenant priority, the
+  // tenant's batch bucket, the batch lane's slots, deadline.
   std::optional<Refusal> Admit(const AdmissionRequest& request);
 
   // The queued request that should be dispatched now, by the rule above; nullopt when none may
@@ -134,8 +164,9 @@ class AdmissionController {
   std::optional<uint64_t> Next(const absl::flat_hash_set<uint64_t>& unplaced = {});
   // Moves a queued request to in flight. REQUIRES: it is queued.
   void MarkDispatched(uint64_t id);
-  // Puts an in-flight request back at the front of its class (its worker died or refused it).
-  // Its place in the queue may exceed max_queued_requests for a while. REQUIRES: in flight.
+  // Puts an in-flight request back at the front of its class or of the batch lane (its worker
+  // died or refused it). Its place in the queue may exceed max_queued_requests (or
+  // batch_max_queued) for a while. REQUIRES: in flight.
   void Requeue(uint64_t id);
   // Ends a request wherever it is. `generated_tokens` were produced for it (refunded from the
   // tenant's bucket: what it did not use of max_tokens, or everything if never dispatched);
@@ -176,6 +207,7 @@ class AdmissionController {
   bool IsQueued(uint64_t id) const;
   const AdmissionCounters& counters() const { return counters_; }
   const TenantTable& tenants() const { return tenants_; }
+  // The tenant's requests admitted and not ended, batch jobs' included.
   int TenantActive(int tenant) const;
   // Recomputes every counter from the entries; an error names the first mismatch.
   absl::Status CheckInvariants() const;
@@ -188,10 +220,18 @@ class AdmissionController {
     int64_t queued_at = 0;  // admission or the last Requeue
     bool queued = true;
   };
+  // A token bucket: `rate` tokens per minute up to `burst`; no limit when rate <= 0.
+  struct Bucket {
+    int64_t rate = 0;
+    int64_t burst = 0;
+    double tokens = 0;        // available
+    int64_t refilled_at = 0;  // micros
+  };
   struct TenantState {
-    int active = 0;
-    double bucket = 0;       // tokens available
-    int64_t refilled_at = 0; // micros
+    int active = 0;        // requests that count against max_concurrent (not batch jobs')
+    int batch_active = 0;  // batch jobs' requests
+    Bucket bucket;
+    Bucket batch_bucket;
   };
 
   int Level(const Entry& e, int64_t now) const;
@@ -205,8 +245,22 @@ class AdmissionController {
   // Whether the queued entry `id` may be dispatched now by everything but the budget: queued,
   // deadline not passed, not oversized.
   bool Eligible(uint64_t id, int64_t now) const;
-  void Refill(TenantState* t, const TenantConfig& c, int64_t now) const;
+  static void Refill(Bucket* b, int64_t now);
+  // The bucket a request of tenant `t` draws on: its batch bucket for a batch job's request.
+  static Bucket& BucketOf(TenantState& t, const AdmissionRequest& r) {
+    return r.batch_job ? t.batch_bucket : t.bucket;
+  }
   std::optional<Refusal> CheckTenant(const AdmissionRequest& r, int64_t tokens, int64_t now);
+  // The queue of a queued entry: its class's or the batch lane.
+  std::deque<uint64_t>& QueueOf(const Entry& e);
+  const std::deque<uint64_t>& QueueOf(const Entry& e) const;
+  // Moves `e`'s reservation between the queued and in-flight counters.
+  void CountQueued(const Entry& e, int sign);
+  void CountInflight(const Entry& e, int sign);
+  // The batch lane's next request, by the rule of Next(). REQUIRES: no other request is
+  // queued and eligible.
+  std::optional<uint64_t> NextBatchJob(const absl::flat_hash_set<uint64_t>& unplaced,
+                                       int64_t now);
   void RecordFinish(int64_t tokens, int64_t now);
 
   AdmissionOptions options_;
@@ -214,8 +268,10 @@ class AdmissionController {
   TenantTable tenants_;
   std::vector<TenantState> tenant_state_;
   absl::flat_hash_map<uint64_t, Entry> entries_;
-  // Ids in arrival order per class; ids no longer queued are skipped and dropped lazily.
+  // Ids in arrival order per class, and the batch lane's; ids no longer queued are skipped and
+  // dropped lazily.
   std::array<std::deque<uint64_t>, kNumPriorities> queues_;
+  std::deque<uint64_t> batch_lane_;
   AdmissionCounters counters_;
   int64_t capacity_tokens_ = 0;
   int64_t ceiling_tokens_ = 0;

@@ -37,6 +37,19 @@ class AdmissionTest : public ::testing::Test {
     r.tenant = tenant;
     return r;
   }
+  // A batch job's request, as the router's batch runner sends it.
+  AdmissionRequest BatchJob(int64_t prompt, int64_t max_tokens, int tenant = -1) {
+    AdmissionRequest r = Req(Priority::kBatch, prompt, max_tokens, tenant);
+    r.batch_job = true;
+    return r;
+  }
+  // Dispatches what Next() gives; its id, or 0 when nothing may go.
+  uint64_t DispatchNext(AdmissionController& a) {
+    std::optional<uint64_t> id = a.Next();
+    if (!id) return 0;
+    a.MarkDispatched(*id);
+    return *id;
+  }
   FakeClock clock_{1'000'000};
   uint64_t next_id_ = 1;
 };
@@ -335,6 +348,250 @@ TEST_F(AdmissionTest, QueuedRequestsAreStrandedAfterTheNoWorkerTimeout) {
   EXPECT_TRUE(b.Stranded().empty());
 }
 
+TEST_F(AdmissionTest, TheBatchLaneWaitsWhileAnyOtherRequestIsQueued) {
+  AdmissionOptions o;
+  o.max_inflight_tokens = 100;
+  AdmissionController a = Make(o);
+  const AdmissionRequest job1 = BatchJob(10, 10);
+  const AdmissionRequest job2 = BatchJob(10, 10);
+  for (const auto& r : {job1, job2}) ASSERT_FALSE(a.Admit(r).has_value());
+  EXPECT_EQ(a.counters().batch_queued, 2);
+  EXPECT_EQ(a.counters().batch_queued_tokens, 40);
+  EXPECT_EQ(a.counters().queued[static_cast<int>(Priority::kBatch)], 0);
+  EXPECT_EQ(a.counters().queued_tokens, 0);
+  // A default request arriving after them goes first.
+  const AdmissionRequest big = Req(Priority::kDefault, 30, 30);
+  ASSERT_FALSE(a.Admit(big).has_value());
+  ASSERT_EQ(DispatchNext(a), big.id);
+  // One that cannot go now (60 + 60 > 100) still holds the lane back, though a job would fit.
+  const AdmissionRequest waiting = Req(Priority::kDefault, 30, 30);
+  ASSERT_FALSE(a.Admit(waiting).has_value());
+  EXPECT_EQ(a.Next(), std::nullopt);
+  // So does one that fits but that the router could not place just now.
+  ASSERT_TRUE(a.Release(big.id, 30, true));
+  EXPECT_EQ(a.Next({waiting.id}), std::nullopt);
+  ASSERT_EQ(DispatchNext(a), waiting.id);
+  // Nothing else is queued: the lane goes, in arrival order.
+  EXPECT_EQ(DispatchNext(a), job1.id);
+  // An interactive arrival goes before the job queued ahead of it.
+  const AdmissionRequest inter = Req(Priority::kInteractive, 1, 1);
+  ASSERT_FALSE(a.Admit(inter).has_value());
+  EXPECT_EQ(DispatchNext(a), inter.id);
+  EXPECT_EQ(DispatchNext(a), 0u);  // 60 + 20 + 2 in flight leave 18: the job waits for room
+  ASSERT_TRUE(a.Release(waiting.id, 30, true));
+  EXPECT_EQ(DispatchNext(a), job2.id);
+  EXPECT_EQ(a.counters().batch_inflight, 2);
+  EXPECT_EQ(a.counters().inflight, 3);
+  EXPECT_EQ(a.counters().inflight_tokens, 42);
+  EXPECT_TRUE(a.CheckInvariants().ok()) << a.CheckInvariants();
+  for (uint64_t id : {job1.id, job2.id, inter.id}) ASSERT_TRUE(a.Release(id, 1, true));
+  const AdmissionCounters& c = a.counters();
+  EXPECT_EQ(c.inflight + c.batch_inflight + c.batch_queued, 0);
+  EXPECT_EQ(c.inflight_tokens + c.batch_queued_tokens, 0);
+  EXPECT_TRUE(a.CheckInvariants().ok()) << a.CheckInvariants();
+}
+
+TEST_F(AdmissionTest, ExpiredOrOversizedRequestsDoNotHoldTheBatchLaneBack) {
+  AdmissionOptions o;
+  o.max_inflight_tokens = 100;
+  AdmissionController a = Make(o);
+  AdmissionRequest late = Req(Priority::kInteractive, 1, 1);
+  late.deadline_micros = clock_.NowMicros() + 1000;
+  const AdmissionRequest job = BatchJob(1, 1);
+  for (const auto& r : {late, job}) ASSERT_FALSE(a.Admit(r).has_value());
+  clock_.AdvanceMicros(1000);
+  // `late` waits for Expired() to end it, and never goes: it holds nothing back.
+  EXPECT_EQ(a.Expired(), std::vector<uint64_t>{late.id});
+  EXPECT_EQ(a.Next(), job.id);
+  // Nor does one that no longer fits the cluster (its workers left), until Oversized() ends it.
+  AdmissionController b = Make(AdmissionOptions());
+  b.SetCapacityTokens(1000);
+  const AdmissionRequest large = Req(Priority::kDefault, 400, 400);
+  const AdmissionRequest job2 = BatchJob(1, 1);
+  for (const auto& r : {large, job2}) ASSERT_FALSE(b.Admit(r).has_value());
+  b.SetCapacityTokens(500);
+  ASSERT_EQ(b.Oversized().size(), 1u);
+  EXPECT_EQ(b.Next(), job2.id);
+}
+
+TEST_F(AdmissionTest, BatchJobsNeverAgePastOtherClasses) {
+  AdmissionOptions o;
+  o.priority_aging_ms = 1000;
+  AdmissionController a = Make(o);
+  a.SetCapacityTokens(1 << 20);
+  const AdmissionRequest job = BatchJob(1, 1);
+  const AdmissionRequest plain_batch = Req(Priority::kBatch, 1, 1);
+  for (const auto& r : {job, plain_batch}) ASSERT_FALSE(a.Admit(r).has_value());
+  // An hour later (3600 aging periods) interactive and default arrivals still go first, and a
+  // batch-class request that is not a batch job's ages as before.
+  clock_.AdvanceMicros(3'600'000'000);
+  const AdmissionRequest inter = Req(Priority::kInteractive, 1, 1);
+  const AdmissionRequest def = Req(Priority::kDefault, 1, 1);
+  for (const auto& r : {inter, def}) ASSERT_FALSE(a.Admit(r).has_value());
+  EXPECT_EQ(DispatchNext(a), plain_batch.id);  // aged to level 0, and older
+  EXPECT_EQ(DispatchNext(a), inter.id);
+  EXPECT_EQ(DispatchNext(a), def.id);
+  EXPECT_EQ(DispatchNext(a), job.id);
+  // Whatever class the caller named, a batch job's request is the batch class's.
+  AdmissionRequest odd = BatchJob(1, 1);
+  odd.priority = Priority::kInteractive;
+  ASSERT_FALSE(a.Admit(odd).has_value());
+  EXPECT_EQ(a.counters().batch_queued, 1);
+  EXPECT_EQ(a.counters().queued[static_cast<int>(Priority::kInteractive)], 0);
+  EXPECT_TRUE(a.CheckInvariants().ok()) << a.CheckInvariants();
+}
+
+TEST_F(AdmissionTest, BatchMaxInFlightAndBatchMaxQueuedAreEnforced) {
+  AdmissionOptions o;
+  o.batch_max_in_flight = 2;
+  o.batch_max_queued = 3;
+  AdmissionController a = Make(o);
+  a.SetCapacityTokens(1000);
+  std::vector<AdmissionRequest> jobs;
+  for (int i = 0; i < 3; ++i) {
+    jobs.push_back(BatchJob(5, 5));
+    ASSERT_FALSE(a.Admit(jobs.back()).has_value());
+  }
+  auto full = a.Admit(BatchJob(5, 5));
+  ASSERT_TRUE(full.has_value());
+  EXPECT_EQ(full->code, absl::StatusCode::kUnavailable);
+  EXPECT_EQ(full->reason, std::string(reason::kQueueFull));
+  EXPECT_GT(full->retry_after_ms, 0);
+  EXPECT_THAT(full->message, HasSubstr("batch lane holds 3"));
+  EXPECT_THAT(full->message, HasSubstr("--batch-max-queued"));
+  EXPECT_EQ(DispatchNext(a), jobs[0].id);
+  EXPECT_EQ(DispatchNext(a), jobs[1].id);
+  // Two in flight, the lane's limit, with room to spare in the budget.
+  EXPECT_EQ(a.Next(), std::nullopt);
+  // Queue slots free on dispatch: two more fit in the lane's queue.
+  ASSERT_FALSE(a.Admit(BatchJob(5, 5)).has_value());
+  ASSERT_FALSE(a.Admit(BatchJob(5, 5)).has_value());
+  EXPECT_TRUE(a.Admit(BatchJob(5, 5)).has_value());
+  // A worker died: its job goes back to the front of the lane, past the queue limit.
+  a.Requeue(jobs[1].id);
+  EXPECT_EQ(a.counters().batch_queued, 4);
+  EXPECT_EQ(a.counters().batch_inflight, 1);
+  EXPECT_EQ(DispatchNext(a), jobs[1].id);
+  EXPECT_EQ(a.Next(), std::nullopt);
+  ASSERT_TRUE(a.Release(jobs[0].id, 5, true));
+  EXPECT_EQ(DispatchNext(a), jobs[2].id);
+  EXPECT_TRUE(a.CheckInvariants().ok()) << a.CheckInvariants();
+  // Other work is not limited by the lane's in-flight count.
+  const AdmissionRequest def = Req(Priority::kDefault, 5, 5);
+  ASSERT_FALSE(a.Admit(def).has_value());
+  EXPECT_EQ(DispatchNext(a), def.id);
+}
+
+TEST_F(AdmissionTest, TheBatchLaneAndTheQueueHaveSeparateLimits) {
+  AdmissionOptions o;
+  o.max_queued_requests = 2;
+  o.max_queued_tokens = 50;
+  o.batch_max_queued = 2;
+  AdmissionController a = Make(o);
+  ASSERT_FALSE(a.Admit(Req(Priority::kInteractive, 10, 10)).has_value());
+  ASSERT_FALSE(a.Admit(Req(Priority::kDefault, 10, 10)).has_value());
+  ASSERT_TRUE(a.Admit(Req(Priority::kDefault, 1, 1)).has_value());  // the queue is full
+  // A full queue still admits batch jobs, and their tokens are not the queue's.
+  ASSERT_FALSE(a.Admit(BatchJob(30, 30)).has_value());
+  ASSERT_FALSE(a.Admit(BatchJob(30, 30)).has_value());
+  EXPECT_EQ(a.counters().queued_tokens, 40);
+  auto lane_full = a.Admit(BatchJob(1, 1));
+  ASSERT_TRUE(lane_full.has_value());
+  EXPECT_THAT(lane_full->message, HasSubstr("batch lane"));
+  // And the other way round: a full lane still admits other work.
+  AdmissionController b = Make(o);
+  ASSERT_FALSE(b.Admit(BatchJob(1, 1)).has_value());
+  ASSERT_FALSE(b.Admit(BatchJob(1, 1)).has_value());
+  ASSERT_TRUE(b.Admit(BatchJob(1, 1)).has_value());
+  ASSERT_FALSE(b.Admit(Req(Priority::kDefault, 20, 20)).has_value());
+  ASSERT_FALSE(b.Admit(Req(Priority::kBatch, 1, 1)).has_value());
+  EXPECT_EQ(b.counters().queued[static_cast<int>(Priority::kBatch)], 1);
+  EXPECT_EQ(b.counters().batch_queued, 2);
+  EXPECT_TRUE(a.CheckInvariants().ok()) << a.CheckInvariants();
+  EXPECT_TRUE(b.CheckInvariants().ok()) << b.CheckInvariants();
+}
+
+TEST_F(AdmissionTest, TheBatchLaneUsesTheBatchClassBudget) {
+  AdmissionOptions o;
+  o.max_inflight_tokens = 100;
+  o.interactive_reserve_tokens = 40;
+  AdmissionController a = Make(o);
+  // The batch class may use 60 of 100: a job of 70 could never run.
+  auto too_large = a.Admit(BatchJob(35, 35));
+  ASSERT_TRUE(too_large.has_value());
+  EXPECT_EQ(too_large->reason, std::string(reason::kTooLarge));
+  const AdmissionRequest j1 = BatchJob(20, 20);
+  const AdmissionRequest j2 = BatchJob(20, 20);
+  for (const auto& r : {j1, j2}) ASSERT_FALSE(a.Admit(r).has_value());
+  EXPECT_EQ(DispatchNext(a), j1.id);
+  EXPECT_EQ(a.Next(), std::nullopt);  // 40 + 40 > 60
+  const AdmissionRequest inter = Req(Priority::kInteractive, 25, 25);
+  ASSERT_FALSE(a.Admit(inter).has_value());
+  EXPECT_EQ(DispatchNext(a), inter.id);  // the reserve is interactive's
+}
+
+TEST_F(AdmissionTest, BatchJobsDrawOnTheTenantsBatchBucketNotItsQuota) {
+  AdmissionOptions o;
+  AdmissionController a = [&] {
+    o.clock = &clock_;
+    auto t = TenantTable::Parse(R"pb(
+      tenant {
+        key: "k-alpha"
+        name: "alpha"
+        max_concurrent: 1
+        tokens_per_minute: 600
+        batch_tokens_per_minute: 6000
+      }
+      tenant { key: "k-beta" name: "beta" max_concurrent: 1 }
+    )pb");
+    EXPECT_TRUE(t.ok()) << t.status();
+    return AdmissionController(o, *t);
+  }();
+  a.SetCapacityTokens(100000);
+  // Batch jobs spend 5000 of the 6000 batch tokens, beyond max_concurrent 1.
+  std::vector<AdmissionRequest> jobs;
+  for (int i = 0; i < 5; ++i) {
+    jobs.push_back(BatchJob(500, 500, 0));
+    ASSERT_FALSE(a.Admit(jobs.back()).has_value());
+  }
+  // The interactive quota (600 tokens, one at a time) is untouched.
+  const AdmissionRequest own = Req(Priority::kDefault, 300, 300, 0);
+  ASSERT_FALSE(a.Admit(own).has_value());
+  auto second = a.Admit(Req(Priority::kDefault, 1, 1, 0));
+  ASSERT_TRUE(second.has_value());
+  EXPECT_THAT(second->message, HasSubstr("1 requests in flight"));
+  // The batch bucket has 1000 left: a job of 1200 is refused, retried after 200 tokens refill
+  // at 100 per second.
+  auto over = a.Admit(BatchJob(600, 600, 0));
+  ASSERT_TRUE(over.has_value());
+  EXPECT_EQ(over->reason, std::string(reason::kTenantQuota));
+  EXPECT_THAT(over->message, HasSubstr("6000 batch tokens per minute"));
+  EXPECT_EQ(over->retry_after_ms, 2000);
+  auto never = a.Admit(BatchJob(3500, 3500, 0));
+  ASSERT_TRUE(never.has_value());
+  EXPECT_THAT(never->message, HasSubstr("batch bucket holds at most 6000"));
+  EXPECT_EQ(a.TenantActive(0), 6);
+  // A job released while queued refunds all of its reservation to the batch bucket.
+  ASSERT_TRUE(a.Release(jobs[4].id, 0, false));
+  EXPECT_FALSE(a.Admit(BatchJob(1000, 1000, 0)).has_value());
+  // beta's batch has no limit of its own, and its concurrency limit is for its other work.
+  for (int i = 0; i < 3; ++i) ASSERT_FALSE(a.Admit(BatchJob(500, 500, 1)).has_value());
+  ASSERT_FALSE(a.Admit(Req(Priority::kDefault, 1, 1, 1)).has_value());
+  EXPECT_TRUE(a.CheckInvariants().ok()) << a.CheckInvariants();
+}
+
+TEST_F(AdmissionTest, BatchLaneOptionsAreValidated) {
+  AdmissionOptions o;
+  EXPECT_TRUE(o.Validate().ok());
+  o.batch_max_in_flight = 0;
+  EXPECT_THAT(o.Validate().message(), HasSubstr("--batch-max-in-flight"));
+  o.batch_max_in_flight = 1;
+  o.batch_max_queued = 0;
+  EXPECT_THAT(o.Validate().message(), HasSubstr("--batch-max-queued"));
+  o.batch_max_queued = 1;
+  EXPECT_TRUE(o.Validate().ok());
+}
+
 // Must-show 1: thousands of random admit / reject / dispatch / requeue (worker death) / cancel /
 // expire / finish events on a fake clock; every step keeps the counters equal to the sums over
 // the live requests, no request past its deadline is dispatched, no dispatch exceeds the budget,
@@ -345,20 +602,24 @@ TEST_F(AdmissionTest, RandomEventsKeepInvariantsAndEndAtZero) {
   o.max_queued_tokens = 4000;
   o.interactive_reserve_tokens = 200;
   o.priority_aging_ms = 300;
+  o.batch_max_in_flight = 3;
+  o.batch_max_queued = 10;
   AdmissionController a = Make(o, /*tenants=*/true);
   std::mt19937_64 rng(1234);
   auto uniform = [&](int64_t lo, int64_t hi) {
     return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
   };
-  absl::flat_hash_set<uint64_t> queued, inflight;
+  absl::flat_hash_set<uint64_t> queued, inflight, batch_jobs;
   absl::flat_hash_map<uint64_t, int64_t> deadline;
   int admitted = 0, refused = 0, dispatched = 0, requeued = 0, expired = 0, finished = 0;
+  int batch_dispatched = 0;
   a.SetCapacityTokens(1000);
   for (int step = 0; step < 20000; ++step) {
     const int64_t op = uniform(0, 99);
     if (op < 35) {
       AdmissionRequest r = Req(static_cast<Priority>(uniform(0, 2)), uniform(1, 200),
                                uniform(1, 200), static_cast<int>(uniform(-1, 1)));
+      r.batch_job = uniform(0, 3) == 0;
       if (uniform(0, 3) == 0) r.deadline_micros = clock_.NowMicros() + uniform(1, 400) * 1000;
       if (a.Admit(r).has_value()) {
         ++refused;
@@ -366,16 +627,28 @@ TEST_F(AdmissionTest, RandomEventsKeepInvariantsAndEndAtZero) {
         ++admitted;
         queued.insert(r.id);
         deadline[r.id] = r.deadline_micros;
+        if (r.batch_job) batch_jobs.insert(r.id);
       }
     } else if (op < 60) {
       const int64_t before = a.counters().inflight_tokens;
+      absl::flat_hash_set<uint64_t> oversized;
+      for (const auto& [id, refusal] : a.Oversized()) oversized.insert(id);
       std::optional<uint64_t> id = a.Next();
       if (id) {
         ASSERT_TRUE(queued.contains(*id));
         ASSERT_TRUE(deadline[*id] == 0 || clock_.NowMicros() < deadline[*id]);
         ASSERT_TRUE(before == 0 || a.counters().inflight == 0 ||
                     before <= a.max_inflight_tokens());
+        // A batch job's request goes only when no other request is queued and eligible.
+        if (batch_jobs.contains(*id)) {
+          for (uint64_t other : queued) {
+            const bool expired = deadline[other] != 0 && clock_.NowMicros() >= deadline[other];
+            ASSERT_TRUE(batch_jobs.contains(other) || expired || oversized.contains(other))
+                << "batch job " << *id << " went ahead of " << other << " at step " << step;
+          }
+        }
         a.MarkDispatched(*id);
+        if (batch_jobs.contains(*id)) ++batch_dispatched;
         queued.erase(*id);
         inflight.insert(*id);
         ++dispatched;
@@ -419,9 +692,11 @@ TEST_F(AdmissionTest, RandomEventsKeepInvariantsAndEndAtZero) {
       a.SetCapacityTokens(uniform(0, 2000));  // workers come and go
     }
     ASSERT_TRUE(a.CheckInvariants().ok()) << a.CheckInvariants() << " at step " << step;
+    const AdmissionCounters& c = a.counters();
     ASSERT_EQ(static_cast<int>(queued.size()),
-              a.counters().queued[0] + a.counters().queued[1] + a.counters().queued[2]);
-    ASSERT_EQ(static_cast<int>(inflight.size()), a.counters().inflight);
+              c.queued[0] + c.queued[1] + c.queued[2] + c.batch_queued);
+    ASSERT_EQ(static_cast<int>(inflight.size()), c.inflight);
+    ASSERT_LE(c.batch_inflight, o.batch_max_in_flight);
   }
   for (uint64_t id : queued) ASSERT_TRUE(a.Release(id, 0, false));
   for (uint64_t id : inflight) ASSERT_TRUE(a.Release(id, 3, true));
@@ -430,6 +705,9 @@ TEST_F(AdmissionTest, RandomEventsKeepInvariantsAndEndAtZero) {
   EXPECT_EQ(c.inflight, 0);
   EXPECT_EQ(c.queued_tokens, 0);
   EXPECT_EQ(c.inflight_tokens, 0);
+  EXPECT_EQ(c.batch_queued, 0);
+  EXPECT_EQ(c.batch_queued_tokens, 0);
+  EXPECT_EQ(c.batch_inflight, 0);
   for (int p = 0; p < kNumPriorities; ++p) EXPECT_EQ(c.queued_tokens_by_class[p], 0);
   EXPECT_EQ(a.TenantActive(0), 0);
   EXPECT_EQ(a.TenantActive(1), 0);
@@ -445,6 +723,7 @@ TEST_F(AdmissionTest, RandomEventsKeepInvariantsAndEndAtZero) {
   EXPECT_GT(admitted, 1000);
   EXPECT_GT(refused, 100);
   EXPECT_GT(dispatched, 1000);
+  EXPECT_GT(batch_dispatched, 100);
   EXPECT_GT(requeued, 100);
   EXPECT_GT(expired, 50);
   EXPECT_GT(finished, 500);

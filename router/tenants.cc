@@ -64,7 +64,8 @@ absl::StatusOr<TenantTable> TenantTable::Parse(std::string_view textproto) {
     if (!names.insert(t.name()).second) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": name is used twice"));
     }
-    if (t.max_concurrent() < 0 || t.tokens_per_minute() < 0 || t.burst_tokens() < 0) {
+    if (t.max_concurrent() < 0 || t.tokens_per_minute() < 0 || t.burst_tokens() < 0 ||
+        t.batch_tokens_per_minute() < 0) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": limits must be >= 0"));
     }
     TenantConfig c;
@@ -74,6 +75,7 @@ absl::StatusOr<TenantTable> TenantTable::Parse(std::string_view textproto) {
     c.tokens_per_minute = t.tokens_per_minute();
     c.burst_tokens = t.burst_tokens() > 0 ? t.burst_tokens() : t.tokens_per_minute();
     c.max_priority = PriorityFromWire(t.max_priority());
+    c.batch_tokens_per_minute = t.batch_tokens_per_minute();
     c.cache_salt = StableHash(absl::StrCat("carpool-tenant:", t.name()));
     if (c.cache_salt == 0) c.cache_salt = 1;
     table.tenants_.push_back(std::move(c));

@@ -22,6 +22,9 @@ struct TenantConfig {
   int64_t tokens_per_minute = 0;   // 0: no limit
   int64_t burst_tokens = 0;        // bucket size; tokens_per_minute when 0 in the file
   Priority max_priority = Priority::kDefault;
+  // Batch jobs' requests draw on a bucket of their own at this rate (a minute of it at most),
+  // never on tokens_per_minute's. 0: no limit.
+  int64_t batch_tokens_per_minute = 0;
   uint64_t cache_salt = 0;         // from the name; never 0 (0 is the anonymous tenant's)
 };
 

@@ -18,7 +18,13 @@ TEST(TenantsTest, ParsesTheDocumentedFormat) {
       tokens_per_minute: 60000
       max_priority: PRIORITY_INTERACTIVE
     }
-    tenant { key: "sk-beta" name: "beta" burst_tokens: 10 tokens_per_minute: 600 }
+    tenant {
+      key: "sk-beta"
+      name: "beta"
+      burst_tokens: 10
+      tokens_per_minute: 600
+      batch_tokens_per_minute: 120000
+    }
   )pb");
   ASSERT_TRUE(t.ok()) << t.status();
   ASSERT_EQ(t->size(), 2);
@@ -28,6 +34,8 @@ TEST(TenantsTest, ParsesTheDocumentedFormat) {
   EXPECT_EQ(t->at(0).max_priority, Priority::kInteractive);
   EXPECT_EQ(t->at(1).max_priority, Priority::kDefault);
   EXPECT_EQ(t->at(1).burst_tokens, 10);
+  EXPECT_EQ(t->at(0).batch_tokens_per_minute, 0);  // no limit
+  EXPECT_EQ(t->at(1).batch_tokens_per_minute, 120000);
   EXPECT_NE(t->at(0).cache_salt, 0u);
   EXPECT_NE(t->at(0).cache_salt, t->at(1).cache_salt);
   EXPECT_EQ(t->Authenticate("sk-beta"), 1);
@@ -46,6 +54,10 @@ TEST(TenantsTest, RejectsBadFilesNamingTheProblem) {
                   .message(),
               HasSubstr("key is used twice"));
   EXPECT_THAT(TenantTable::Parse("tenant { key: \"a\" name: \"x\" max_concurrent: -1 }")
+                  .status()
+                  .message(),
+              HasSubstr(">= 0"));
+  EXPECT_THAT(TenantTable::Parse("tenant { key: \"a\" name: \"x\" batch_tokens_per_minute: -5 }")
                   .status()
                   .message(),
               HasSubstr(">= 0"));
