@@ -158,6 +158,32 @@ pb::Pooling ToProto(Pooling p) {
 
 Pooling FromProto(pb::Pooling p) { return p == pb::POOLING_LAST ? Pooling::kLast : Pooling::kMean; }
 
+// Each BatchOp and its proto value; both directions read this one table.
+constexpr std::pair<BatchOp, pb::BatchCall::Op> kBatchOps[] = {
+    {BatchOp::kCreateFile, pb::BatchCall::CREATE_FILE},
+    {BatchOp::kGetFile, pb::BatchCall::GET_FILE},
+    {BatchOp::kFileContent, pb::BatchCall::FILE_CONTENT},
+    {BatchOp::kDeleteFile, pb::BatchCall::DELETE_FILE},
+    {BatchOp::kCreateBatch, pb::BatchCall::CREATE_BATCH},
+    {BatchOp::kGetBatch, pb::BatchCall::GET_BATCH},
+    {BatchOp::kListBatches, pb::BatchCall::LIST_BATCHES},
+    {BatchOp::kCancelBatch, pb::BatchCall::CANCEL_BATCH},
+};
+
+pb::BatchCall::Op ToProto(BatchOp op) {
+  for (const auto& [ours, wire] : kBatchOps) {
+    if (ours == op) return wire;
+  }
+  return pb::BatchCall::OP_UNSPECIFIED;
+}
+
+BatchOp FromProto(pb::BatchCall::Op op) {
+  for (const auto& [ours, wire] : kBatchOps) {
+    if (wire == op) return ours;
+  }
+  return BatchOp::kUnspecified;
+}
+
 void ToProto(const std::vector<std::vector<float>>& embeddings,
              google::protobuf::RepeatedPtrField<pb::Embedding>* p) {
   for (const std::vector<float>& e : embeddings) {
@@ -244,6 +270,7 @@ struct ClientEncoder {
     for (const std::string& stop : g.stop) p->add_stop(stop);
     p->set_include_stop_str_in_output(g.include_stop_str_in_output);
     p->set_skip_special_tokens(g.skip_special_tokens);
+    p->set_batch_job(g.batch_job);
   }
   void operator()(const CancelInput& c) const { m->mutable_cancel()->set_request_id(c.request_id); }
   void operator()(const StatsQuery& q) const { m->mutable_stats()->set_api_key(q.api_key); }
@@ -266,6 +293,7 @@ struct ClientEncoder {
     p->set_api_key(e.api_key);
     p->set_add_bos(e.add_bos);
     p->set_model(e.model);
+    p->set_batch_job(e.batch_job);
   }
   void operator()(const TokenizeInput& t) const {
     pb::TokenizeRequest* p = m->mutable_tokenize();
@@ -283,6 +311,22 @@ struct ClientEncoder {
     p->mutable_token_ids()->Add(d.token_ids.begin(), d.token_ids.end());
     p->set_skip_special_tokens(d.skip_special_tokens);
     p->set_api_key(d.api_key);
+  }
+  void operator()(const BatchCallInfo& b) const {
+    pb::BatchCall* p = m->mutable_batch();
+    p->set_request_id(b.request_id);
+    p->set_api_key(b.api_key);
+    p->set_op(ToProto(b.op));
+    p->set_id(b.id);
+    p->set_filename(b.filename);
+    p->set_purpose(b.purpose);
+    p->set_content(b.content);
+    p->set_input_file_id(b.input_file_id);
+    p->set_endpoint(b.endpoint);
+    p->set_completion_window(b.completion_window);
+    p->set_metadata_json(b.metadata_json);
+    p->set_after(b.after);
+    p->set_limit(b.limit);
   }
 };
 
@@ -353,6 +397,14 @@ struct ServerEncoder {
       q->set_rejected(t.rejected);
     }
     p->set_service_tokens_per_s(s.service_tokens_per_s);
+    p->set_batch_lane_queued(s.batch_lane_queued);
+    p->set_batch_lane_inflight(s.batch_lane_inflight);
+    p->set_batch_max_queued(s.batch_max_queued);
+    p->set_batch_max_inflight(s.batch_max_inflight);
+    for (const auto& [status, n] : s.batches_by_status) {
+      (*p->mutable_batches_by_status())[status] = n;
+    }
+    p->set_batch_requests_pending(s.batch_requests_pending);
   }
   void operator()(const EmbedResultOut& e) const {
     pb::EmbedResult* p = m->mutable_embed_result();
@@ -375,6 +427,12 @@ struct ServerEncoder {
     pb::DetokenizeResult* p = m->mutable_detokenize_result();
     p->set_request_id(d.request_id);
     p->set_text(d.text);
+  }
+  void operator()(const BatchReplyInfo& b) const {
+    pb::BatchReply* p = m->mutable_batch_reply();
+    p->set_request_id(b.request_id);
+    p->set_json(b.json);
+    p->set_content(b.content);
   }
 };
 
@@ -522,6 +580,7 @@ absl::StatusOr<ClientMessage> DecodeClientMessage(std::string_view frame) {
       g.stop.assign(p.stop().begin(), p.stop().end());
       g.include_stop_str_in_output = p.include_stop_str_in_output();
       g.skip_special_tokens = !p.has_skip_special_tokens() || p.skip_special_tokens();
+      g.batch_job = p.batch_job();
       return ClientMessage(std::move(g));
     }
     case pb::ClientMessage::kCancel:
@@ -546,6 +605,7 @@ absl::StatusOr<ClientMessage> DecodeClientMessage(std::string_view frame) {
       e.api_key = p.api_key();
       e.add_bos = p.add_bos();
       e.model = p.model();
+      e.batch_job = p.batch_job();
       return ClientMessage(std::move(e));
     }
     case pb::ClientMessage::kTokenize: {
@@ -572,6 +632,25 @@ absl::StatusOr<ClientMessage> DecodeClientMessage(std::string_view frame) {
       d.api_key = p.api_key();
       return ClientMessage(std::move(d));
     }
+    case pb::ClientMessage::kBatch: {
+      // Moved out: an upload's content may be 200 MB.
+      pb::BatchCall& p = *m.mutable_batch();
+      BatchCallInfo b;
+      b.request_id = std::move(*p.mutable_request_id());
+      b.api_key = std::move(*p.mutable_api_key());
+      b.op = FromProto(p.op());
+      b.id = std::move(*p.mutable_id());
+      b.filename = std::move(*p.mutable_filename());
+      b.purpose = std::move(*p.mutable_purpose());
+      b.content = std::move(*p.mutable_content());
+      b.input_file_id = std::move(*p.mutable_input_file_id());
+      b.endpoint = std::move(*p.mutable_endpoint());
+      b.completion_window = std::move(*p.mutable_completion_window());
+      b.metadata_json = std::move(*p.mutable_metadata_json());
+      b.after = std::move(*p.mutable_after());
+      b.limit = p.limit();
+      return ClientMessage(std::move(b));
+    }
     default:
       return UnknownType("client");
   }
@@ -584,12 +663,14 @@ std::string ScanClientRequestId(std::string_view frame) {
   static_assert(pb::EmbedRequest::kRequestIdFieldNumber == 1);
   static_assert(pb::TokenizeRequest::kRequestIdFieldNumber == 1);
   static_assert(pb::DetokenizeRequest::kRequestIdFieldNumber == 1);
+  static_assert(pb::BatchCall::kRequestIdFieldNumber == 1);
   const auto names_request = [](uint32_t number) {
     return number == pb::ClientMessage::kGenerateFieldNumber ||
            number == pb::ClientMessage::kCancelFieldNumber ||
            number == pb::ClientMessage::kEmbedFieldNumber ||
            number == pb::ClientMessage::kTokenizeFieldNumber ||
-           number == pb::ClientMessage::kDetokenizeFieldNumber;
+           number == pb::ClientMessage::kDetokenizeFieldNumber ||
+           number == pb::ClientMessage::kBatchFieldNumber;
   };
   uint32_t body = 0;
   std::string_view id;
@@ -611,6 +692,21 @@ std::string ScanClientRequestId(std::string_view frame) {
   }
   if (!names_request(body) || !wire::IsValidUtf8(id)) return "";
   return std::string(id);
+}
+
+bool IsBatchCallFrame(std::string_view frame) {
+  const google::protobuf::OneofDescriptor* body = pb::ClientMessage::descriptor()->oneof_decl(0);
+  uint32_t last = 0;
+  wire::Reader envelope(frame);
+  wire::Field f;
+  while (envelope.Next(&f)) {
+    const google::protobuf::FieldDescriptor* field =
+        pb::ClientMessage::descriptor()->FindFieldByNumber(static_cast<int>(f.number));
+    if (f.wire_type == wire::kLen && field != nullptr && field->containing_oneof() == body) {
+      last = f.number;
+    }
+  }
+  return last == pb::ClientMessage::kBatchFieldNumber;
 }
 
 absl::StatusOr<ServerMessage> DecodeServerMessage(std::string_view frame) {
@@ -682,6 +778,12 @@ absl::StatusOr<ServerMessage> DecodeServerMessage(std::string_view frame) {
         s.tenants.push_back({t.name(), t.active(), t.rejected()});
       }
       s.service_tokens_per_s = p.service_tokens_per_s();
+      s.batch_lane_queued = p.batch_lane_queued();
+      s.batch_lane_inflight = p.batch_lane_inflight();
+      s.batch_max_queued = p.batch_max_queued();
+      s.batch_max_inflight = p.batch_max_inflight();
+      for (const auto& [status, n] : p.batches_by_status()) s.batches_by_status[status] = n;
+      s.batch_requests_pending = p.batch_requests_pending();
       return ServerMessage(std::move(s));
     }
     case pb::ServerMessage::kEmbedResult: {
@@ -705,6 +807,12 @@ absl::StatusOr<ServerMessage> DecodeServerMessage(std::string_view frame) {
     case pb::ServerMessage::kDetokenizeResult:
       return ServerMessage(DetokenizeResultOut{m.detokenize_result().request_id(),
                                                m.detokenize_result().text()});
+    case pb::ServerMessage::kBatchReply: {
+      pb::BatchReply& p = *m.mutable_batch_reply();  // moved out: a file's content may be large
+      return ServerMessage(BatchReplyInfo{std::move(*p.mutable_request_id()),
+                                          std::move(*p.mutable_json()),
+                                          std::move(*p.mutable_content())});
+    }
     default:
       return UnknownType("server");
   }

@@ -31,6 +31,10 @@ absl::StatusOr<ClientMessage> DecodeClientMessage(std::string_view frame);
 // request_id. "" when the frame names none (a stats request, garbage) or the id is not valid
 // UTF-8.
 std::string ScanClientRequestId(std::string_view frame);
+// Whether a ClientMessage frame's body is a BatchCall, read without decoding it (as
+// ScanClientRequestId: the last body wins), so that a frame too large for other messages can be
+// held to the batch call's limit instead (an upload of up to --batch-max-file-bytes).
+bool IsBatchCallFrame(std::string_view frame);
 absl::StatusOr<ServerMessage> DecodeServerMessage(std::string_view frame);
 absl::StatusOr<WorkerMessage> DecodeWorkerMessage(std::string_view frame);
 absl::StatusOr<RouterMessage> DecodeRouterMessage(std::string_view frame);

@@ -2,6 +2,10 @@
 // tokenize / detokenize messages of issue 13), and what it refuses.
 #include "common/codec.h"
 
+#include <iterator>
+#include <set>
+#include <string>
+
 #include "gtest/gtest.h"
 #include "proto/carpool.pb.h"
 
@@ -478,6 +482,141 @@ TEST(CodecChatTest, RegisterCarriesTheChatTemplateFile) {
   m = DecodeWorkerMessage(Encode(WorkerMessage(r)));
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(std::get<RegisterInfo>(*m).chat_template_jinja, "");
+}
+
+// ---- batch jobs (issue 16): the batch lane flag, the Batch API calls, the lane in Stats
+
+TEST(CodecBatchTest, BatchJobFlagTravelsOnGenerateAndEmbed) {
+  GenerateInput g;
+  g.request_id = "g1";
+  g.batch_job = true;
+  absl::StatusOr<ClientMessage> m = DecodeClientMessage(Encode(ClientMessage(g)));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(std::get<GenerateInput>(*m).batch_job);
+  g.batch_job = false;
+  m = DecodeClientMessage(Encode(ClientMessage(g)));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_FALSE(std::get<GenerateInput>(*m).batch_job);
+
+  EmbedInput e;
+  e.request_id = "e1";
+  e.inputs.push_back({false, "", {1}});
+  e.batch_job = true;
+  m = DecodeClientMessage(Encode(ClientMessage(e)));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(std::get<EmbedInput>(*m).batch_job);
+  e.batch_job = false;
+  m = DecodeClientMessage(Encode(ClientMessage(e)));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_FALSE(std::get<EmbedInput>(*m).batch_job);
+}
+
+TEST(CodecBatchTest, EveryBatchCallFieldRoundTrips) {
+  BatchCallInfo in;
+  in.request_id = "b1";
+  in.api_key = "key";
+  in.op = BatchOp::kCreateFile;
+  in.id = "file-1";
+  in.filename = "in.jsonl";
+  in.purpose = "batch";
+  in.content = std::string("{\"custom_id\": \"a\"}\n\xff\x00", 22);  // bytes, not UTF-8
+  in.input_file_id = "file-2";
+  in.endpoint = "/v1/chat/completions";
+  in.completion_window = "24h";
+  in.metadata_json = "{\"k\": \"v\"}";
+  in.after = "batch_9";
+  in.limit = 7;
+  absl::StatusOr<ClientMessage> m = DecodeClientMessage(Encode(ClientMessage(in)));
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_TRUE(std::holds_alternative<BatchCallInfo>(*m));
+  EXPECT_EQ(std::get<BatchCallInfo>(*m), in);
+}
+
+TEST(CodecBatchTest, EveryOpKeepsItsName) {
+  const BatchOp ops[] = {BatchOp::kCreateFile,  BatchOp::kGetFile,    BatchOp::kFileContent,
+                         BatchOp::kDeleteFile,  BatchOp::kCreateBatch, BatchOp::kGetBatch,
+                         BatchOp::kListBatches, BatchOp::kCancelBatch};
+  std::set<std::string> names;
+  for (BatchOp op : ops) {
+    BatchCallInfo in;
+    in.request_id = "b";
+    in.op = op;
+    absl::StatusOr<ClientMessage> m = DecodeClientMessage(Encode(ClientMessage(in)));
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(std::get<BatchCallInfo>(*m).op, op) << BatchOpName(op);
+    names.insert(BatchOpName(op));
+  }
+  EXPECT_EQ(names.size(), std::size(ops));
+  EXPECT_EQ(names.count("unspecified"), 0u);
+  EXPECT_STREQ(BatchOpName(BatchOp::kUnspecified), "unspecified");
+}
+
+TEST(CodecBatchTest, AnOpThatNamesNoneIsRefusedWithItsRequestId) {
+  v1::ClientMessage raw;
+  raw.set_protocol_version(kProtocolVersion);
+  raw.mutable_batch()->set_request_id("b7");
+  raw.mutable_batch()->set_op(static_cast<v1::BatchCall::Op>(99));
+  const std::string frame = raw.SerializeAsString();
+  absl::StatusOr<ClientMessage> out = DecodeClientMessage(frame);
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(out.status().message().find("op"), std::string::npos) << out.status();
+  EXPECT_EQ(ScanClientRequestId(frame), "b7");
+  // Unset, it decodes (the router refuses it, naming the op).
+  raw.mutable_batch()->clear_op();
+  out = DecodeClientMessage(raw.SerializeAsString());
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(std::get<BatchCallInfo>(*out).op, BatchOp::kUnspecified);
+}
+
+TEST(CodecBatchTest, IsBatchCallFrameReadsTheLastBody) {
+  BatchCallInfo b;
+  b.request_id = "b1";
+  b.op = BatchOp::kCreateFile;
+  b.content = std::string(5000, 'x');
+  const std::string batch = Encode(ClientMessage(b));
+  EXPECT_TRUE(IsBatchCallFrame(batch));
+  // Cut short, the frame still names its body.
+  EXPECT_TRUE(IsBatchCallFrame(std::string_view(batch).substr(0, 100)));
+  GenerateInput g;
+  g.request_id = "g1";
+  const std::string generate = Encode(ClientMessage(g));
+  EXPECT_FALSE(IsBatchCallFrame(generate));
+  EXPECT_FALSE(IsBatchCallFrame(Encode(ClientMessage(StatsQuery{}))));
+  EXPECT_FALSE(IsBatchCallFrame("garbage \xff\xff"));
+  EXPECT_FALSE(IsBatchCallFrame(""));
+  // Another member of the oneof after the batch call replaces it, as the parser has it.
+  EXPECT_FALSE(IsBatchCallFrame(batch + generate));
+  EXPECT_TRUE(IsBatchCallFrame(generate + batch));
+}
+
+TEST(CodecBatchTest, BatchReplyRoundTripsWithBytes) {
+  BatchReplyInfo r{"b1", "{\"id\": \"file-1\", \"object\": \"file\"}",
+                   std::string("line\n\x00\xfe", 7)};
+  absl::StatusOr<ServerMessage> m = DecodeServerMessage(Encode(ServerMessage(r)));
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_TRUE(std::holds_alternative<BatchReplyInfo>(*m));
+  EXPECT_EQ(std::get<BatchReplyInfo>(*m), r);
+  EXPECT_EQ(RequestIdOf(*m), "b1");
+}
+
+TEST(CodecBatchTest, StatsCarryTheBatchLane) {
+  StatsOut s;
+  s.batch_lane_queued = 40;
+  s.batch_lane_inflight = 8;
+  s.batch_max_queued = 1000;
+  s.batch_max_inflight = 16;
+  s.batches_by_status = {{"in_progress", 2}, {"completed", 5}};
+  s.batch_requests_pending = 12345;
+  absl::StatusOr<ServerMessage> m = DecodeServerMessage(Encode(ServerMessage(s)));
+  ASSERT_TRUE(m.ok()) << m.status();
+  const StatsOut& out = std::get<StatsOut>(*m);
+  EXPECT_EQ(out.batch_lane_queued, 40);
+  EXPECT_EQ(out.batch_lane_inflight, 8);
+  EXPECT_EQ(out.batch_max_queued, 1000);
+  EXPECT_EQ(out.batch_max_inflight, 16);
+  EXPECT_EQ(out.batches_by_status, s.batches_by_status);
+  EXPECT_EQ(out.batch_requests_pending, 12345);
 }
 
 }  // namespace

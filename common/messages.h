@@ -91,6 +91,9 @@ struct GenerateInput {
   std::vector<std::string> stop;     // stop strings, matched on the output text
   bool include_stop_str_in_output = false;
   bool skip_special_tokens = true;   // in the output text
+  // A request of a batch job (docs/batch.md): admitted in the batch lane. Only the router's
+  // in-process batch runner may set it.
+  bool batch_job = false;
 };
 
 // One input of an embed request: text (tokenized by the router) or token ids.
@@ -110,6 +113,7 @@ struct EmbedInput {
   std::string api_key;
   bool add_bos = true;
   std::string model;                 // "": the served model when the cluster has one
+  bool batch_job = false;            // as GenerateInput::batch_job
 };
 
 // Text to token ids with the model's tokenizer (Hugging Face encode).
@@ -142,8 +146,57 @@ struct StatsQuery {
   std::string api_key;  // needed where the router has tenants
 };
 
+// The Batch API's operations (proto BatchCall.Op; docs/batch.md).
+enum class BatchOp {
+  kUnspecified,
+  kCreateFile,   // filename, purpose, content
+  kGetFile,      // id
+  kFileContent,  // id
+  kDeleteFile,   // id
+  kCreateBatch,  // input_file_id, endpoint, completion_window, metadata_json
+  kGetBatch,     // id
+  kListBatches,  // after, limit
+  kCancelBatch,  // id
+};
+
+// "create_file", "get_batch", ...: for messages and logs.
+inline const char* BatchOpName(BatchOp op) {
+  switch (op) {
+    case BatchOp::kUnspecified: break;
+    case BatchOp::kCreateFile: return "create_file";
+    case BatchOp::kGetFile: return "get_file";
+    case BatchOp::kFileContent: return "file_content";
+    case BatchOp::kDeleteFile: return "delete_file";
+    case BatchOp::kCreateBatch: return "create_batch";
+    case BatchOp::kGetBatch: return "get_batch";
+    case BatchOp::kListBatches: return "list_batches";
+    case BatchOp::kCancelBatch: return "cancel_batch";
+  }
+  return "unspecified";
+}
+
+// One operation on the router's batch store, as the HTTP gateway's /v1/files and /v1/batches
+// serve them. Only the fields of its op are read.
+struct BatchCallInfo {
+  std::string request_id;
+  std::string api_key;
+  BatchOp op = BatchOp::kUnspecified;
+  std::string id;                 // a file or batch id
+  std::string filename;
+  std::string purpose;            // "batch"
+  std::string content;            // the uploaded file's bytes
+  std::string input_file_id;
+  std::string endpoint;           // "/v1/chat/completions", ...
+  std::string completion_window;  // "24h"
+  std::string metadata_json;      // a JSON object; "": none
+  std::string after;              // list: the last id of the page before; "": the first page
+  int limit = 0;                  // list: 0 = 20
+
+  bool operator==(const BatchCallInfo&) const = default;
+};
+
 using ClientMessage = std::variant<GenerateInput, CancelInput, StatsQuery, EmbedInput,
-                                   TokenizeInput, DetokenizeInput>;
+                                   TokenizeInput, DetokenizeInput, BatchCallInfo>;
 
 // ---- router -> client
 
@@ -209,6 +262,15 @@ struct StatsOut {
   std::string placement;
   std::vector<TenantStatsOut> tenants;
   double service_tokens_per_s = 0;
+  // The batch lane (docs/batch.md): its requests queued and dispatched, and its limits.
+  int batch_lane_queued = 0;
+  int batch_lane_inflight = 0;
+  int batch_max_queued = 0;
+  int batch_max_inflight = 0;
+  // Batch jobs by status name ("in_progress", ...) and their requests not answered yet; empty
+  // and 0 on a router without a batch store.
+  std::map<std::string, int64_t> batches_by_status;
+  int64_t batch_requests_pending = 0;
 };
 
 struct EmbedResultOut {
@@ -229,8 +291,19 @@ struct DetokenizeResultOut {
   std::string text;
 };
 
+// The answer to a BatchCallInfo: OpenAI's JSON object for it (a file, a batch, a list of
+// batches, a deleted file), and for kFileContent the file's bytes.
+struct BatchReplyInfo {
+  std::string request_id;
+  std::string json;
+  std::string content;
+
+  bool operator==(const BatchReplyInfo&) const = default;
+};
+
 using ServerMessage = std::variant<GenerateChunkOut, GenerateFinalOut, ErrorInfo, StatsOut,
-                                   EmbedResultOut, TokenizeResultOut, DetokenizeResultOut>;
+                                   EmbedResultOut, TokenizeResultOut, DetokenizeResultOut,
+                                   BatchReplyInfo>;
 
 // The client request a message answers; "" for stats.
 inline const std::string& RequestIdOf(const ServerMessage& m) {
@@ -241,6 +314,7 @@ inline const std::string& RequestIdOf(const ServerMessage& m) {
   if (auto* r = std::get_if<EmbedResultOut>(&m)) return r->request_id;
   if (auto* t = std::get_if<TokenizeResultOut>(&m)) return t->request_id;
   if (auto* d = std::get_if<DetokenizeResultOut>(&m)) return d->request_id;
+  if (auto* b = std::get_if<BatchReplyInfo>(&m)) return b->request_id;
   return kNone;
 }
 

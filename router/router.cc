@@ -54,6 +54,9 @@ absl::Status RouterOptions::Validate() const {
     return absl::InvalidArgumentError(
         "client_backlog needs max_messages >= 1 and max_bytes >= 1024");
   }
+  if (max_batch_call_bytes < 1024) {
+    return absl::InvalidArgumentError("max_batch_call_bytes must be >= 1024");
+  }
   if (max_inproc_request_bytes < max_request_bytes) {
     return absl::InvalidArgumentError(
         "max_inproc_request_bytes must be >= --max-request-bytes");
@@ -100,15 +103,19 @@ Router::Impl::Impl(const RouterOptions& o)
   inproc_limits_ = options_.request_limits;
   inproc_limits_.max_prompt_bytes =
       std::max(inproc_limits_.max_prompt_bytes, options_.max_inproc_request_bytes);
+  inproc_limits_.allow_batch_job = true;  // the batch runner is an in-process client
 }
 
 Router::Impl::~Impl() = default;
 
 absl::Status Router::Impl::Init() {
   ASSIGN_OR_RETURN(pool_, TokenizerPool::Create(options_.tokenizer_threads));
+  ASSIGN_OR_RETURN(batch_pool_, TokenizerPool::Create(1));
   SocketOptions so;
   so.max_message_bytes = options_.max_frame_bytes;
   ASSIGN_OR_RETURN(backend_, Socket::Create(&context_, zmq::socket_type::router, so));
+  // Clients may send a batch call's upload.
+  so.max_message_bytes = std::max(options_.max_frame_bytes, options_.max_batch_call_bytes);
   if (!options_.curve_secret_key.empty()) {
     ASSIGN_OR_RETURN(curve_public_key_, CurvePublicKey(options_.curve_secret_key));
     // The ZAP handler must be bound before the frontend accepts its first connection.
@@ -124,7 +131,8 @@ absl::Status Router::Impl::Init() {
   // One context per Router, so a fixed name cannot clash.
   inproc_endpoint_ = "inproc://carpool-frontend";
   SocketOptions io;
-  io.max_message_bytes = std::max(options_.max_frame_bytes, options_.max_inproc_request_bytes);
+  io.max_message_bytes = std::max({options_.max_frame_bytes, options_.max_inproc_request_bytes,
+                                   options_.max_batch_call_bytes});
   io.high_water_mark = options_.client_send_hwm;
   ASSIGN_OR_RETURN(inproc_, Socket::Create(&context_, zmq::socket_type::router, io));
   RETURN_IF_ERROR(inproc_->Bind(inproc_endpoint_));
@@ -134,11 +142,15 @@ absl::Status Router::Impl::Init() {
 absl::Status Router::Impl::Run(const std::atomic<bool>& stop, const std::atomic<bool>& drain) {
   int64_t next_check = 0;
   while (!stop.load(std::memory_order_relaxed)) {
-    const PollItem items[] = {
-        {frontend_.get()}, {backend_.get()}, {inproc_.get()}, {nullptr, pool_->wake_fd()}};
+    const PollItem items[] = {{frontend_.get()},
+                              {backend_.get()},
+                              {inproc_.get()},
+                              {nullptr, pool_->wake_fd()},
+                              {nullptr, batch_pool_->wake_fd()}};
     ASSIGN_OR_RETURN(const PollResult readable,
                      Poll(items, backlog_->empty() ? kPollMillis : kBacklogPollMillis));
     if (readable[3]) pool_->RunCompletions();
+    if (readable[4]) batch_pool_->RunCompletions();
     if (readable[1]) RETURN_IF_ERROR(DrainBackend());
     if (readable[0]) RETURN_IF_ERROR(DrainFrontend(frontend_.get(), kTcpClient));
     if (readable[2]) RETURN_IF_ERROR(DrainFrontend(inproc_.get(), kInprocClient));
@@ -281,12 +293,17 @@ bool Router::Impl::SendError(const std::string& client, const std::string& reque
 // ---- clients
 
 void Router::Impl::OnClientFrame(const std::string& client, const std::string& payload) {
-  const int64_t limit =
+  int64_t limit =
       IsInproc(client) ? options_.max_inproc_request_bytes : options_.max_request_bytes;
+  const char* limit_name = IsInproc(client) ? " (in-process)" : " (--max-request-bytes)";
+  if (static_cast<int64_t>(payload.size()) > limit && IsBatchCallFrame(payload)) {
+    limit = std::max(limit, options_.max_batch_call_bytes);
+    limit_name = " (a batch call: --batch-max-file-bytes + 1 MiB)";
+  }
   if (static_cast<int64_t>(payload.size()) > limit) {
     RefuseFrame(client, payload,
                 absl::StrCat("message of ", payload.size(), " bytes exceeds the limit of ", limit,
-                             IsInproc(client) ? " (in-process)" : " (--max-request-bytes)"));
+                             limit_name));
     return;
   }
   absl::StatusOr<ClientMessage> m = DecodeClientMessage(payload);
@@ -306,6 +323,8 @@ void Router::Impl::OnClientFrame(const std::string& client, const std::string& p
     OnTokenize(client, std::move(*t));
   } else if (auto* d = std::get_if<DetokenizeInput>(&*m)) {
     OnDetokenize(client, std::move(*d));
+  } else if (auto* b = std::get_if<BatchCallInfo>(&*m)) {
+    OnBatchCall(client, std::move(*b));
   } else {
     OnStats(client, std::get<StatsQuery>(*m));
   }
@@ -364,7 +383,8 @@ const RequestLimits& Router::Impl::LimitsFor(const std::string& client) const {
 bool Router::Impl::Accept(const std::string& client, const std::string& request_id,
                           const absl::Status& shape, const std::string& api_key, int* tenant) {
   // First: every refusal below would name a live request.
-  if (by_client_.contains({client, request_id}) || text_calls_.contains({client, request_id})) {
+  if (by_client_.contains({client, request_id}) || text_calls_.contains({client, request_id}) ||
+      batch_calls_.contains({client, request_id})) {
     SendError(client, request_id, absl::StatusCode::kAlreadyExists, reason::kDuplicateRequestId,
               absl::StrCat("request_id '", request_id,
                            "' is already in flight; this request is refused, the one in flight "
@@ -597,7 +617,7 @@ void Router::Impl::StartDraining(int64_t now) {
 }
 
 bool Router::Impl::DrainDone(int64_t now) {
-  if (requests_.empty() && parked_text_calls_.empty()) return true;
+  if (requests_.empty() && parked_text_calls_.empty() && batch_calls_.empty()) return true;
   if (now < drain_deadline_) return false;
   std::vector<uint64_t> router_ids;
   for (const auto& [router_id, r] : requests_) router_ids.push_back(router_id);
@@ -652,6 +672,7 @@ const std::string& Router::curve_public_key() const { return impl_->curve_public
 std::string Router::RenderMetrics() const { return impl_->metrics().Render(); }
 const std::string& Router::inproc_endpoint() const { return impl_->inproc_endpoint(); }
 zmq::context_t* Router::zmq_context() { return impl_->zmq_context(); }
+void Router::SetBatchCalls(BatchCallHandler handler) { impl_->SetBatchCalls(std::move(handler)); }
 
 absl::Status Router::Run() { return impl_->Run(stop_, drain_); }
 

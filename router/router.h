@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/clock.h"
+#include "common/messages.h"
 #include "common/tokenizer.h"
 #include "router/admission.h"
 #include "router/client_backlog.h"
@@ -31,6 +32,15 @@ class context_t;
 }  // namespace zmq
 
 namespace carpool::router {
+
+// What a batch call's frame may hold beyond its file: the envelope and the other fields.
+inline constexpr int64_t kBatchCallEnvelopeBytes = 1 << 20;
+
+// Runs one Batch API call (BatchCall, docs/batch.md) for `tenant` (its name; "" on a router
+// without tenants): its answer (Router::SetBatchCalls), or the error the client gets, with the
+// status's code and message (its reason: the code's name in lower case, "not_found", ...).
+using BatchCallHandler = std::function<absl::StatusOr<BatchReplyInfo>(
+    const std::string& tenant, const BatchCallInfo& call)>;
 
 struct RouterOptions {
   // Where clients connect. "tcp://127.0.0.1:*" picks a free port. Default: tcp://127.0.0.1:5555.
@@ -50,6 +60,11 @@ struct RouterOptions {
   int64_t max_inproc_request_bytes = 64 << 20;
   // Frames larger than this drop the connection (ZMQ_MAXMSGSIZE). Default: 64 MiB.
   int64_t max_frame_bytes = 64 << 20;
+  // A batch call (BatchCall: an upload of a batch input file) may be this large, on the frontend
+  // and in-process; the frontend's ZMQ_MAXMSGSIZE is raised to it. Larger ones get
+  // INVALID_ARGUMENT naming the limit. carpool-router sets it to --batch-max-file-bytes +
+  // kBatchCallEnvelopeBytes. Default: 200 MB + 1 MiB.
+  int64_t max_batch_call_bytes = 200'000'000 + kBatchCallEnvelopeBytes;
   // Answers ZeroMQ queues per client before a send reports the client's pipe full
   // (ZMQ_SNDHWM of the client sockets). Default: 10000.
   int client_send_hwm = 10000;
@@ -138,6 +153,12 @@ class Router {
   // Serves until Stop(), or after Drain() until nothing is left (or the grace period ends).
   // Returns OK then; an error if a socket fails.
   absl::Status Run();
+  // Serves BatchCall messages with `handler`, called on a thread of its own, one call at a time
+  // (a store's fsyncs or a 200 MB upload never hold up the event loop). Without one, batch calls
+  // get FAILED_PRECONDITION. REQUIRES: before Run(). (A setter, not an option: the batch service
+  // talks to the router through inproc_endpoint(), so it starts after the router.)
+  void SetBatchCalls(BatchCallHandler handler);
+
   // Makes Run() return within one poll interval. Async-signal-safe.
   void Stop() { stop_.store(true, std::memory_order_relaxed); }
   // Stops admitting (new requests get UNAVAILABLE / draining), finishes what was admitted within

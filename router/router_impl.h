@@ -2,7 +2,8 @@
 // holds the loop, the sockets and the client side (arrival, admission, ends, draining);
 // router_workers.cc the worker side (dispatch, registrations, worker answers, failover, the
 // watchdog); router_text.cc the tokenizer side (text to the tokenizer pool and back, the
-// models' tokenizers, Tokenize / Detokenize requests). What differs between request kinds lives
+// models' tokenizers, Tokenize / Detokenize requests); router_batch.cc the Batch API calls (on a
+// thread of their own, through the BatchCallHandler). What differs between request kinds lives
 // in their RequestKind (router/request_kind.h: generate_kind.cc, embed_kind.cc); the counts in
 // RouterStats.
 #ifndef CARPOOL_ROUTER_ROUTER_IMPL_H_
@@ -38,6 +39,10 @@ inline constexpr int kStallSteps = 20;
 inline constexpr int64_t kNoWorkersRetryMs = 5000;
 // retry_after_ms of a queue_full refusal for text while the tokenizer threads are full.
 inline constexpr int64_t kTokenizerBusyRetryMs = 200;
+// Batch calls that may wait for the batch thread at once, and the retry_after_ms of a
+// queue_full refusal past them (or past max_batch_call_bytes of uploads waiting).
+inline constexpr int kMaxBatchCallsWaiting = 256;
+inline constexpr int64_t kBatchBusyRetryMs = 500;
 
 class Router::Impl final : public RequestHost {
  public:
@@ -53,6 +58,7 @@ class Router::Impl final : public RequestHost {
   const RouterMetrics& metrics() const { return stats_.metrics(); }
   const std::string& inproc_endpoint() const { return inproc_endpoint_; }
   zmq::context_t* zmq_context() { return &context_; }
+  void SetBatchCalls(BatchCallHandler handler) { batch_handler_ = std::move(handler); }
 
   // RequestHost, for the request kinds.
   bool SendToClient(const std::string& client, const ServerMessage& message) override;
@@ -143,6 +149,11 @@ class Router::Impl final : public RequestHost {
   void OnTokenize(const std::string& client, TokenizeInput in);
   void OnDetokenize(const std::string& client, DetokenizeInput in);
 
+  // ---- router_batch.cc: the Batch API
+  // Authenticated as any request, then run on batch_pool_ through batch_handler_; the
+  // completion answers the client.
+  void OnBatchCall(const std::string& client, BatchCallInfo in);
+
   // ---- router_workers.cc: dispatch, workers, failover
   // Places queued requests (in AdmissionController::Next order) while workers take them.
   void TryDispatch();
@@ -206,6 +217,10 @@ class Router::Impl final : public RequestHost {
   };
   std::vector<ParkedTextCall> parked_text_calls_;
   int64_t tokenizing_bytes_ = 0;  // the texts on the tokenizer pool (max_tokenizing_bytes)
+  BatchCallHandler batch_handler_;
+  // Batch calls on batch_pool_, by (client, request_id), and the bytes of their uploads.
+  absl::flat_hash_set<std::pair<std::string, std::string>> batch_calls_;
+  int64_t batch_call_bytes_ = 0;
   std::unique_ptr<ClientBacklog> backlog_;
   std::vector<std::string> too_slow_;  // clients to end in ServeBacklog
   uint64_t next_router_id_ = 1;
@@ -217,8 +232,10 @@ class Router::Impl final : public RequestHost {
   // The workers' part of a drain: until they confirm, or this deadline passes (0: not started).
   int64_t workers_drain_deadline_ = 0;
   int64_t next_worker_drain_send_ = 0;
-  // Last: destroyed first, so no job outlives what its completion would touch.
+  // Last: destroyed first, so no job outlives what its completion would touch. batch_pool_
+  // runs the batch calls, one at a time, on a thread of its own.
   std::unique_ptr<TokenizerPool> pool_;
+  std::unique_ptr<TokenizerPool> batch_pool_;
 };
 
 }  // namespace carpool::router
