@@ -63,6 +63,11 @@ nlohmann::json StatsToJson(const StatsOut& s) {
           {"draining", s.draining},
           {"placement", s.placement},
           {"service_tokens_per_s", s.service_tokens_per_s},
+          {"batch_lane",
+           {{"queued", s.batch_lane_queued},
+            {"running", s.batch_lane_inflight},
+            {"max_queued", s.batch_max_queued},
+            {"max_in_flight", s.batch_max_inflight}}},
           {"tenants", std::move(tenants)}};
 }
 
@@ -119,9 +124,16 @@ std::string Table(const StatsOut& s, const Rates& rates) {
         w.heartbeat_age_ms);
   }
   if (s.workers.empty()) out += "(no workers registered)\n";
+  // A router that reports the batch lane's limits has one (older ones report 0).
+  const bool batch_lane = s.batch_max_queued > 0;
   absl::StrAppend(&out, "queue: ", s.queued, " waiting (interactive ", s.queued_interactive,
-                  ", default ", s.queued_default, ", batch ", s.queued_batch, "), ", s.inflight,
-                  " in flight", s.draining ? "; DRAINING" : "", "\n");
+                  ", default ", s.queued_default, ", batch ", s.queued_batch,
+                  batch_lane ? absl::StrCat(", batch lane ", s.batch_lane_queued) : "", "), ",
+                  s.inflight, " in flight", s.draining ? "; DRAINING" : "", "\n");
+  if (batch_lane) {
+    absl::StrAppend(&out, "batch lane: ", s.batch_lane_queued, " queued of ", s.batch_max_queued,
+                    ", ", s.batch_lane_inflight, " running of ", s.batch_max_inflight, "\n");
+  }
   absl::StrAppend(&out, "reserved tokens: ", s.queued_tokens, " queued",
                   s.max_queued_tokens > 0 ? absl::StrCat(" of ", s.max_queued_tokens) : "",
                   ", ", s.inflight_tokens, " in flight of ", s.max_inflight_tokens,

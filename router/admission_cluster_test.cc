@@ -2,6 +2,7 @@
 // and scripted clients on real sockets. Must-show items 2-5 of the admission issue.
 #include <algorithm>
 #include <atomic>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -33,7 +34,8 @@ int64_t NowMicros() { return Clock::Real()->NowMicros(); }
 
 // A worker that generates like SimWorker (one token per running request every step_ms) and
 // answers embeds embed_ms after they arrive. KV: 64 blocks of 16 = 1024 tokens. Records the
-// tags of its dispatches (a generate's prompt, an embed's first input) in arrival order.
+// tags of its dispatches (a generate's prompt, an embed's first input) in arrival order, and the
+// class each came at.
 class EmbeddingSimWorker {
  public:
   EmbeddingSimWorker(const std::string& backend, int step_ms, int embed_ms)
@@ -45,6 +47,10 @@ class EmbeddingSimWorker {
   std::vector<int> dispatch_order() const {
     std::lock_guard<std::mutex> lock(mu_);
     return order_;
+  }
+  std::map<int, Priority> priorities() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return priorities_;
   }
 
  private:
@@ -85,10 +91,10 @@ class EmbeddingSimWorker {
           if (auto* ack = std::get_if<RegisterAckInfo>(&*m)) {
             epoch = ack->epoch;
           } else if (auto* d = std::get_if<DispatchInfo>(&*m)) {
-            Record(Tag(d->prompt_tokens));
+            Record(Tag(d->prompt_tokens), d->priority);
             work.push_back({d->dispatch_id, d->sampling.max_tokens, 0, 0});
           } else if (auto* e = std::get_if<EmbedDispatchInfo>(&*m)) {
-            Record(e->inputs.empty() ? -1 : Tag(e->inputs[0]));
+            Record(e->inputs.empty() ? -1 : Tag(e->inputs[0]), e->priority);
             work.push_back({e->dispatch_id, 0, NowMicros() + embed_ms_ * 1000, e->inputs.size()});
           }
         }
@@ -124,9 +130,10 @@ class EmbeddingSimWorker {
       std::erase_if(work, [](const Pending& p) { return p.due == 0 ? p.left <= 0 : p.left < 0; });
     }
   }
-  void Record(int tag) {
+  void Record(int tag, Priority priority) {
     std::lock_guard<std::mutex> lock(mu_);
     order_.push_back(tag);
+    priorities_[tag] = priority;
   }
 
   const int step_ms_;
@@ -134,14 +141,17 @@ class EmbeddingSimWorker {
   std::atomic<bool> stop_{false};
   mutable std::mutex mu_;
   std::vector<int> order_;
+  std::map<int, Priority> priorities_;
   std::thread thread_;
 };
 
 // A client of generate and embed requests on one DEALER: sends now, collects every answer.
+// With `context` (the router's), it may connect to the router's in-process endpoint.
 class ProbeClient {
  public:
-  explicit ProbeClient(const std::string& frontend) {
-    auto s = Socket::Create(&context_, zmq::socket_type::dealer, SocketOptions());
+  explicit ProbeClient(const std::string& frontend, zmq::context_t* context = nullptr) {
+    auto s = Socket::Create(context != nullptr ? context : &context_, zmq::socket_type::dealer,
+                            SocketOptions());
     EXPECT_TRUE(s.ok());
     socket_ = std::move(*s);
     EXPECT_TRUE(socket_->Connect(frontend).ok());
@@ -234,6 +244,8 @@ class AdmissionClusterTest : public ::testing::Test {
     EXPECT_EQ(s.inflight, 0);
     EXPECT_EQ(s.queued_tokens, 0);
     EXPECT_EQ(s.inflight_tokens, 0);
+    EXPECT_EQ(s.batch_lane_queued, 0);
+    EXPECT_EQ(s.batch_lane_inflight, 0);
     for (const TenantStatsOut& t : s.tenants) EXPECT_EQ(t.active, 0) << t.name;
   }
 
@@ -496,6 +508,86 @@ TEST_F(AdmissionClusterTest, SmallRequestsGoAheadOfAWaitingLargeOneThenItIsNotSt
             << small.timings.ttft_ms << " ms\n";
   EXPECT_LT(small.timings.ttft_ms, 1000);
   EXPECT_EQ(worker.dispatch_order(), (std::vector<int>{1, 3, 2, 4}));
+  ExpectIdle();
+}
+
+// Issue 16: batch_job is the batch runner's. A network client's generate or embed naming it is
+// refused INVALID_ARGUMENT before admission. The in-process client's go in the batch lane: at
+// most --batch-max-in-flight at once, dispatched at PRIORITY_BATCH, and a network client's
+// request arriving while they wait goes before them; stats and /metrics show the lane.
+TEST_F(AdmissionClusterTest, BatchJobsAreTheInProcessClientsAndRunInTheBatchLane) {
+  RouterOptions o;
+  o.admission.batch_max_in_flight = 2;
+  o.admission.batch_max_queued = 8;
+  Start(o);
+  EmbeddingSimWorker worker(router_->backend_endpoint(), /*step_ms=*/10, /*embed_ms=*/20);
+  for (int i = 0; i < 200 && QueryStats(router_->frontend_endpoint()).workers.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ProbeClient network(router_->frontend_endpoint());
+  GenerateInput forged = Request(1, 4);
+  forged.batch_job = true;
+  EmbedInput forged_embed = TaggedEmbed("e2", 2, 1, 4);
+  forged_embed.batch_job = true;
+  network.Send(forged);
+  network.Send(forged_embed);
+  network.WaitEnded({"r1", "e2"});
+  for (const char* id : {"r1", "e2"}) {
+    ASSERT_TRUE(network.ended_.contains(id)) << id;
+    ASSERT_TRUE(std::holds_alternative<ErrorInfo>(network.ended_.at(id))) << id;
+    const ErrorInfo& e = std::get<ErrorInfo>(network.ended_.at(id));
+    EXPECT_EQ(e.code, absl::StatusCode::kInvalidArgument) << id;
+    EXPECT_EQ(e.reason, reason::kInvalidArgument) << id;
+    EXPECT_THAT(e.message, ::testing::HasSubstr("batch_job is reserved for the router's batch "
+                                                "runner"));
+  }
+  EXPECT_TRUE(worker.dispatch_order().empty());
+  // Six jobs of 50 tokens (500 ms each at 10 ms a step) from the in-process client.
+  ProbeClient runner(router_->inproc_endpoint(), router_->zmq_context());
+  std::vector<std::string> jobs;
+  for (int i = 0; i < 6; ++i) {
+    GenerateInput g = Request(10 + i, 50);
+    g.batch_job = true;
+    runner.Send(g);
+    jobs.push_back(g.request_id);
+  }
+  StatsOut s;
+  for (int i = 0; i < 200; ++i) {
+    s = QueryStats(router_->frontend_endpoint());
+    if (s.batch_lane_inflight == 2 && s.batch_lane_queued == 4) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(s.batch_lane_inflight, 2);
+  EXPECT_EQ(s.batch_lane_queued, 4);
+  EXPECT_EQ(s.batch_max_inflight, 2);
+  EXPECT_EQ(s.batch_max_queued, 8);
+  EXPECT_EQ(s.queued, 4);  // the lane's, in the total
+  EXPECT_EQ(s.queued_batch, 0);
+  EXPECT_EQ(s.queued_tokens, 0);  // the queue's budget is not the lane's
+  EXPECT_EQ(s.inflight, 2);
+  // Sent while four jobs wait: it goes before them.
+  network.Send(Request(20, 4));
+  std::string metrics;
+  for (int i = 0; i < 200; ++i) {
+    metrics = router_->RenderMetrics();
+    if (metrics.find("carpool_batch_lane_requests{state=\"running\"} 2") != std::string::npos) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_THAT(metrics, ::testing::HasSubstr("carpool_batch_lane_requests{state=\"running\"} 2"));
+  runner.WaitEnded(jobs);
+  network.WaitEnded({"r20"});
+  for (const std::string& id : jobs) {
+    ASSERT_TRUE(runner.ended_.contains(id)) << id;
+    EXPECT_TRUE(std::holds_alternative<GenerateFinalOut>(runner.ended_.at(id))) << id;
+  }
+  ASSERT_TRUE(network.ended_.contains("r20"));
+  EXPECT_TRUE(std::holds_alternative<GenerateFinalOut>(network.ended_.at("r20")));
+  EXPECT_EQ(worker.dispatch_order(), (std::vector<int>{10, 11, 20, 12, 13, 14, 15}));
+  const std::map<int, Priority> priorities = worker.priorities();
+  for (int tag = 10; tag < 16; ++tag) EXPECT_EQ(priorities.at(tag), Priority::kBatch) << tag;
+  EXPECT_EQ(priorities.at(20), Priority::kDefault);
   ExpectIdle();
 }
 

@@ -34,13 +34,19 @@ std::optional<Arrival> EmbedKind::Receive(ClientMessage& message, const RequestL
   return a;
 }
 
-std::optional<Refusal> EmbedKind::Admit(Request&, AdmissionRequest* a) {
+std::optional<Refusal> EmbedKind::Admit(Request& r, AdmissionRequest* a) {
   const WorkerRegistry& registry = host_->workers();
   if (!registry.empty() && !AnyCanEmbed(registry.All())) {
     return Refusal{absl::StatusCode::kFailedPrecondition, kReasonUnsupported, kNoEmbedWorker, 0};
   }
   // Admitted like a generate request of the inputs' tokens and max_tokens 0, but it keeps no KV.
   a->kv_resident = false;
+  // A batch job's request (ValidateEmbedShape let only the batch runner send one): the batch
+  // lane, and the batch class on its worker.
+  if (Of(r).input.batch_job) {
+    r.priority = Priority::kBatch;
+    a->batch_job = true;
+  }
   return std::nullopt;
 }
 

@@ -40,6 +40,12 @@ std::optional<Refusal> GenerateKind::Admit(Request& request, AdmissionRequest* a
     r.sampling.seed = rng_();
   }
   a->max_tokens = r.sampling.max_tokens;
+  // A batch job's request (ValidateShape let only the batch runner send one) runs in the batch
+  // lane, and at the batch class on its worker, which preempts it first.
+  if (r.input.batch_job) {
+    r.priority = Priority::kBatch;
+    a->batch_job = true;
+  }
   return std::nullopt;
 }
 

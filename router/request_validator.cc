@@ -24,6 +24,15 @@ absl::Status NoTokenizer(std::string_view label) {
                    "the served model has no tokenizer in carpool: send token_ids instead of text"));
 }
 
+// A batch job's request is spared its tenant's concurrency limit and the queue's (the batch lane
+// has limits of its own): only the router's batch runner may send one.
+absl::Status CheckBatchJob(bool batch_job, const RequestLimits& limits) {
+  if (batch_job && !limits.allow_batch_job) {
+    return absl::InvalidArgumentError("batch_job is reserved for the router's batch runner");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status CheckRequestId(const std::string& id, const RequestLimits& limits) {
@@ -37,6 +46,7 @@ absl::Status CheckRequestId(const std::string& id, const RequestLimits& limits) 
 
 absl::Status ValidateShape(const GenerateInput& r, const RequestLimits& limits) {
   if (absl::Status s = CheckRequestId(r.request_id, limits); !s.ok()) return s;
+  if (absl::Status s = CheckBatchJob(r.batch_job, limits); !s.ok()) return s;
   if (r.chat.has_value()) {
     if (r.chat->messages_json.empty()) {
       return absl::InvalidArgumentError("chat.messages_json is empty: send a JSON array");
@@ -144,6 +154,7 @@ absl::StatusOr<ValidatedPrompt> ValidateGenerate(const GenerateInput& r,
 
 absl::Status ValidateEmbedShape(const EmbedInput& r, const RequestLimits& limits) {
   if (absl::Status s = CheckRequestId(r.request_id, limits); !s.ok()) return s;
+  if (absl::Status s = CheckBatchJob(r.batch_job, limits); !s.ok()) return s;
   if (r.inputs.empty()) return absl::InvalidArgumentError("inputs is empty: give at least one");
   if (static_cast<int64_t>(r.inputs.size()) > limits.max_embed_inputs) {
     return absl::InvalidArgumentError(absl::StrCat("inputs has ", r.inputs.size(),

@@ -66,6 +66,9 @@ struct RequestLimits {
   int64_t max_max_tokens = 1 << 20;
   // Most inputs in one embed request. Default: 2048.
   int max_embed_inputs = 2048;
+  // Whether a request may say it is a batch job's (GenerateInput::batch_job): true only for the
+  // in-process client, where the router's batch runner sends them. Default: false.
+  bool allow_batch_job = false;
 };
 
 // The request's prompt as token ids (tokenizing text with the model's tokenizer), or an error
@@ -79,14 +82,15 @@ absl::StatusOr<ValidatedPrompt> ValidateGenerate(const GenerateInput& request,
                                                  const RequestLimits& limits);
 // A chat prompt is refused here: only the router's tokenizer pool renders chat templates.
 // The same with its text already tokenized: `encoded` holds one list when request.has_text or
-// request.chat (the router renders and tokenizes on its pool and validates on the loop). REQUIRES: ValidateShape passed
-// (at arrival; the text may since have been moved out).
+// request.chat (the router renders and tokenizes on its pool and validates on the loop).
+// REQUIRES: ValidateShape passed (at arrival; the text may since have been moved out).
 absl::StatusOr<ValidatedPrompt> ValidateGenerate(const GenerateInput& request,
                                                  const EncodedTexts& encoded,
                                                  const ModelLimits& model,
                                                  const RequestLimits& limits);
 
-// Checks that need no model (ids, sizes, sampling ranges); run at arrival.
+// Checks that need no model (ids, sizes, sampling ranges, batch_job against
+// limits.allow_batch_job); run at arrival.
 absl::Status ValidateShape(const GenerateInput& request, const RequestLimits& limits);
 
 // A client's request_id: not empty and at most limits.max_request_id_bytes.
@@ -109,7 +113,7 @@ absl::StatusOr<ValidatedEmbed> ValidateEmbed(const EmbedInput& request,
                                              const ModelLimits& model,
                                              const RequestLimits& limits);
 
-// The embed checks that need no model; run at arrival.
+// The embed checks that need no model (batch_job as for a generate request); run at arrival.
 absl::Status ValidateEmbedShape(const EmbedInput& request, const RequestLimits& limits);
 
 // The texts of a request to tokenize (moved out of it). A chat prompt moves into

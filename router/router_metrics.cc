@@ -71,6 +71,10 @@ RouterMetrics::RouterMetrics()
                                   "Requests admitted and queued in the router.")),
       running_(registry_.AddGauge("carpool_requests_running",
                                   "Requests dispatched to a worker and not finished.")),
+      batch_lane_(registry_.AddGauge(
+          "carpool_batch_lane_requests",
+          "Batch jobs' requests in the router's batch lane: queued, or running on a worker.",
+          {"state"})),
       worker_up_(registry_.AddGauge(
           "carpool_worker_up", "1 while the worker is registered, heartbeating and not draining.",
           {"worker"})),
@@ -124,6 +128,7 @@ RouterMetrics::RouterMetrics()
   fill_ratio_.With({});
   waiting_.With({});
   running_.With({});
+  for (const char* state : {"queued", "running"}) batch_lane_.With({state});
   workers_.With({});
   embed_batches_.With({});
   embed_batch_size_.With({});
@@ -230,6 +235,11 @@ void RouterMetrics::UpdateEmbedBatcher(const std::string& worker_id,
     }
   }
   last = now;
+}
+
+void RouterMetrics::UpdateBatchLane(int queued, int running) {
+  batch_lane_.With({"queued"}).Set(queued);
+  batch_lane_.With({"running"}).Set(running);
 }
 
 void RouterMetrics::UpdateCluster(int waiting, int running,

@@ -50,6 +50,9 @@ class RouterMetrics {
   // Gauges: the router's queue and the workers now registered. Workers not listed any more
   // drop out (their preemptions stay counted).
   void UpdateCluster(int waiting, int running, const std::vector<WorkerMetricsSnapshot>& workers);
+  // Gauges: batch jobs' requests queued in the batch lane and dispatched (counted in
+  // UpdateCluster's waiting and running too).
+  void UpdateBatchLane(int queued, int running);
 
   // A worker's heartbeat carried its embedding batcher's cumulative counts: the cluster-wide
   // embed_* metrics grow by what changed since its last report. Counts that went down mean the
@@ -79,6 +82,7 @@ class RouterMetrics {
   metrics::Family<metrics::Histogram>& embed_inputs_;
   metrics::Family<metrics::Gauge>& waiting_;
   metrics::Family<metrics::Gauge>& running_;
+  metrics::Family<metrics::Gauge>& batch_lane_;
   metrics::Family<metrics::Gauge>& worker_up_;
   metrics::Family<metrics::Gauge>& worker_running_;
   metrics::Family<metrics::Gauge>& worker_waiting_;

@@ -22,12 +22,25 @@ TEST(RouterMetricsTest, EveryFamilyIsThereBeforeAnyTraffic) {
         "carpool_time_per_output_token_seconds_count 0", "carpool_preemptions_total 0",
         "carpool_prefix_cache_hit_ratio 0", "carpool_batch_size_count 0",
         "carpool_batch_fill_ratio_count 0", "carpool_workers 0",
+        "carpool_batch_lane_requests{state=\"queued\"} 0",
+        "carpool_batch_lane_requests{state=\"running\"} 0",
+        "# TYPE carpool_batch_lane_requests gauge",
         "# TYPE carpool_e2e_request_latency_seconds histogram",
         "# TYPE carpool_request_queue_time_seconds histogram",
         "# TYPE carpool_rejections_total counter", "# TYPE carpool_kv_cache_usage_ratio gauge",
         "# TYPE carpool_worker_up gauge"}) {
     EXPECT_THAT(page, HasSubstr(name));
   }
+}
+
+TEST(RouterMetricsTest, TheBatchLaneGaugesFollowTheLastUpdate) {
+  RouterMetrics m;
+  m.UpdateBatchLane(7, 3);
+  EXPECT_THAT(m.Render(), HasSubstr("carpool_batch_lane_requests{state=\"queued\"} 7"));
+  EXPECT_THAT(m.Render(), HasSubstr("carpool_batch_lane_requests{state=\"running\"} 3"));
+  m.UpdateBatchLane(0, 1);
+  EXPECT_THAT(m.Render(), HasSubstr("carpool_batch_lane_requests{state=\"queued\"} 0"));
+  EXPECT_THAT(m.Render(), HasSubstr("carpool_batch_lane_requests{state=\"running\"} 1"));
 }
 
 TEST(RouterMetricsTest, FinishedRequestsFeedHistogramsTokensAndHitRatio) {

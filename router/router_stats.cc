@@ -7,6 +7,8 @@ namespace carpool::router {
 RouterStats::RouterStats(const RouterOptions& options)
     : heartbeat_timeout_ms_(options.heartbeat_timeout_ms),
       max_queued_tokens_(options.admission.max_queued_tokens),
+      batch_max_queued_(options.admission.batch_max_queued),
+      batch_max_in_flight_(options.admission.batch_max_in_flight),
       placement_(options.placement),
       tenant_rejections_(options.tenants.size(), 0) {
   for (int t = 0; t < options.tenants.size(); ++t) {
@@ -49,9 +51,10 @@ void RouterStats::UpdateGauges(const StatsSources& s) {
                        w->load.kv_used_blocks, w->info.num_kv_blocks, w->load.preemptions});
   }
   const AdmissionCounters& c = s.admission.counters();
-  int queued = 0;
+  int queued = c.batch_queued;
   for (int q : c.queued) queued += q;
   metrics_.UpdateCluster(queued, c.inflight, workers);
+  metrics_.UpdateBatchLane(c.batch_queued, c.batch_inflight);
 }
 
 StatsOut RouterStats::Build(const StatsSources& s) const {
@@ -80,8 +83,13 @@ StatsOut RouterStats::Build(const StatsSources& s) const {
   out.queued_interactive = c.queued[static_cast<int>(Priority::kInteractive)];
   out.queued_default = c.queued[static_cast<int>(Priority::kDefault)];
   out.queued_batch = c.queued[static_cast<int>(Priority::kBatch)];
-  out.queued = out.queued_interactive + out.queued_default + out.queued_batch;
+  // Everything waiting, the batch lane too; in flight: every dispatched request.
+  out.queued = out.queued_interactive + out.queued_default + out.queued_batch + c.batch_queued;
   out.inflight = c.inflight;
+  out.batch_lane_queued = c.batch_queued;
+  out.batch_lane_inflight = c.batch_inflight;
+  out.batch_max_queued = batch_max_queued_;
+  out.batch_max_inflight = batch_max_in_flight_;
   out.queued_tokens = c.queued_tokens;
   out.inflight_tokens = c.inflight_tokens;
   out.max_queued_tokens = max_queued_tokens_;

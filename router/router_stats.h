@@ -59,6 +59,8 @@ class RouterStats {
 
   int64_t heartbeat_timeout_ms_;
   int64_t max_queued_tokens_;
+  int batch_max_queued_;
+  int batch_max_in_flight_;
   PlacementPolicy placement_;
   std::vector<std::string> tenant_names_;
   RouterMetrics metrics_;
