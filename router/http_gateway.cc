@@ -20,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "client/carpool_client.h"
 #include "common/status.h"
+#include "router/batch/batch_http.h"
 #include "router/http_server.h"
 #include "router/openai_json.h"
 #include "router/text_stream.h"
@@ -68,11 +69,6 @@ std::string BearerKey(const HttpRequest& req) {
   }
   return "";
 }
-
-bool ByteTokens(const std::string& model) {
-  return model == "echo" || absl::StartsWith(model, "synthetic:");
-}
-
 
 }  // namespace
 
@@ -176,6 +172,9 @@ absl::Status HttpGateway::Impl::Start() {
     return r;
   };
   so.on_response = [this](absl::string_view path, int status) { Count(path, status); };
+  if (options_.batch != nullptr && options_.max_upload_bytes > 0) {
+    so.path_max_body_bytes["/v1/files"] = options_.max_upload_bytes;
+  }
   ASSIGN_OR_RETURN(server_, HttpServer::Start(so, [this](const HttpRequest& req,
                                                          HttpResponder& res) {
                      Handle(req, res);
@@ -202,10 +201,12 @@ void HttpGateway::Impl::Count(absl::string_view path, int status) {
   static const std::set<std::string, std::less<>> kRoutes = {
       "/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/models",
       "/health",         "/ready",               "/metrics",        "/tokenize",
-      "/detokenize"};
-  const std::string route = kRoutes.contains(path)                  ? std::string(path)
-                            : absl::StartsWith(path, "/v1/models/") ? "/v1/models/{id}"
-                                                                    : "other";
+      "/detokenize",     "/v1/files",            "/v1/batches"};
+  const std::string route = kRoutes.contains(path)                   ? std::string(path)
+                            : absl::StartsWith(path, "/v1/models/")  ? "/v1/models/{id}"
+                            : absl::StartsWith(path, "/v1/files/")   ? "/v1/files/{id}"
+                            : absl::StartsWith(path, "/v1/batches/") ? "/v1/batches/{id}"
+                                                                     : "other";
   absl::MutexLock lock(&mu_);
   ++responses_[{route, status}];
 }
@@ -213,6 +214,9 @@ void HttpGateway::Impl::Count(absl::string_view path, int status) {
 void HttpGateway::Impl::Handle(const HttpRequest& req, HttpResponder& res) {
   const std::string& path = req.path;
   const bool get = req.method == "GET", post = req.method == "POST";
+  if (options_.batch != nullptr && batch::IsBatchApiPath(path)) {
+    return res.Send(batch::ServeBatchApi(*options_.batch, req, BearerKey(req)));
+  }
   const char* allowed = nullptr;
   if (path == "/v1/completions" || path == "/v1/chat/completions" || path == "/v1/embeddings" ||
       path == "/tokenize" || path == "/detokenize") {
@@ -331,7 +335,7 @@ void HttpGateway::Impl::HandleGeneration(ApiKind kind, const HttpRequest& req,
   ResponseMeta meta;
   meta.model = ResolveModel(r->model, &error);
   if (error.has_value()) return res.Send(ErrorResponse(*error));
-  meta.byte_tokens = ByteTokens(meta.model);
+  meta.byte_tokens = ByteTokenModel(meta.model);
   meta.created = absl::ToUnixSeconds(absl::Now());
   const std::string id = NextId();
   meta.id = absl::StrCat(kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-", id);

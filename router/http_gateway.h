@@ -5,6 +5,7 @@
 //   POST /v1/completions, /v1/chat/completions   (stream: true -> server-sent events)
 //   POST /v1/embeddings    POST /tokenize    POST /detokenize (vLLM's shapes)
 //   GET /v1/models    GET /health    GET /ready    GET /metrics
+//   /v1/files, /v1/batches (the Batch API, router/batch/batch_http.h)
 //
 // Connections cost memory, not threads: at most server.max_connections are open at once, and one
 // more gets an immediate 503 (Retry-After: 1). A request head must arrive within
@@ -31,6 +32,10 @@ class context_t;
 
 namespace carpool::router {
 
+namespace batch {
+class BatchService;
+}  // namespace batch
+
 struct HttpGatewayOptions {
   // host:port to listen on; port 0 picks a free one (see HttpGateway::port()).
   // Default: 127.0.0.1:8000.
@@ -51,6 +56,12 @@ struct HttpGatewayOptions {
   // Renders the process's Prometheus metrics for GET /metrics (appended after the gateway's
   // own). Default: none.
   std::function<std::string()> metrics;
+  // The Batch API (/v1/files, /v1/batches; router/batch/batch_http.h); not owned, must outlive
+  // the gateway. Default: none (those routes answer 404).
+  batch::BatchService* batch = nullptr;
+  // Largest body of a POST /v1/files upload (the file plus its multipart framing). 0: the same
+  // as server.max_body_bytes. Default: 0.
+  int64_t max_upload_bytes = 0;
 
   absl::Status Validate() const;
 };

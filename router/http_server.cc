@@ -373,7 +373,13 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
     phase_ = Phase::kHead;
     parser_.emplace();
     parser_->header_limit(static_cast<std::uint32_t>(options_.max_header_bytes));
-    parser_->body_limit(static_cast<std::uint64_t>(options_.max_body_bytes));
+    // The largest limit of any path until the head says which path this is (Beast checks a
+    // Content-Length against it as the head completes).
+    body_limit_ = options_.max_body_bytes;
+    for (const auto& [path, limit] : options_.path_max_body_bytes) {
+      body_limit_ = std::max(body_limit_, limit);
+    }
+    parser_->body_limit(static_cast<std::uint64_t>(body_limit_));
     head_bytes_ = 0;
     path_.clear();
     ArmRead(options_.idle_timeout_ms);
@@ -511,7 +517,7 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
   void OnParseError(const beast::error_code& ec) {
     if (ec == http::error::body_limit) {
       return Fail(413, "payload_too_large",
-                  absl::StrCat("the request body exceeds ", options_.max_body_bytes, " bytes"));
+                  absl::StrCat("the request body exceeds ", body_limit_, " bytes"));
     }
     if (ec == http::error::header_limit) {
       return Fail(431, "headers_too_large",
@@ -524,6 +530,15 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
   bool OnHead() {
     const auto& h = parser_->get();
     path_ = std::string(h.target().substr(0, h.target().find('?')));
+    auto limit = options_.path_max_body_bytes.find(path_);
+    body_limit_ = limit != options_.path_max_body_bytes.end() ? limit->second
+                                                              : options_.max_body_bytes;
+    parser_->body_limit(static_cast<std::uint64_t>(body_limit_));
+    if (parser_->content_length().has_value() &&
+        *parser_->content_length() > static_cast<std::uint64_t>(body_limit_)) {
+      OnParseError(http::error::body_limit);
+      return false;
+    }
     if (h.count(http::field::transfer_encoding) > 1 ||
         (h.count(http::field::transfer_encoding) == 1 &&
          !absl::EqualsIgnoreCase(absl::StripAsciiWhitespace(ToAbsl(h[http::field::transfer_encoding])),
@@ -652,6 +667,7 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
   std::string path_;  // of the request being read or answered, for on_response
   bool keep_alive_ = true;
   size_t head_bytes_ = 0;
+  int64_t body_limit_ = 0;  // of the request being read: max_body_bytes or its path's
   size_t head_fields_ = 0;  // fields of the head; more are chunked trailers, not headers
   unsigned version_ = 11;
   bool head_only_ = false;  // a HEAD request: answers carry no body

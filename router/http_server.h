@@ -32,6 +32,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -109,6 +110,9 @@ struct HttpServerOptions {
   int max_concurrent_requests = 1024;
   // Largest decoded body; past it 413. Default: 1 MiB.
   int64_t max_body_bytes = 1 << 20;
+  // A larger (or smaller) limit for the requests to these paths, as sent before any '?' (file
+  // uploads). Default: none.
+  std::map<std::string, int64_t, std::less<>> path_max_body_bytes;
   // Largest request head (request line + headers); past it 431. Default: 16 KiB.
   int64_t max_header_bytes = 16 << 10;
   // A connection must deliver a whole request head within this of its start or of the previous

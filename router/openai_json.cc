@@ -6,6 +6,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/carpool_client.h"
 #include "common/status.h"
@@ -498,6 +499,10 @@ absl::StatusOr<GenerationRequest> ParseGenerationRequest(ApiKind kind, const std
 }
 
 // ---- generation responses
+
+bool ByteTokenModel(const std::string& model) {
+  return model == "echo" || absl::StartsWith(model, "synthetic:");
+}
 
 std::string TokenText(int32_t token, bool byte_tokens) {
   if (byte_tokens) return ByteTokenizer().Decode({token}, /*skip_special_tokens=*/true);

@@ -93,6 +93,8 @@ struct ResponseMeta {
   bool byte_tokens = false;  // the model uses the byte tokenizer: token text is its bytes
 };
 
+// Whether `model` uses the byte tokenizer (echo and the synthetic: presets).
+bool ByteTokenModel(const std::string& model);
 // A token's text for logprobs: its byte (byte tokenizer) or "token_id:N".
 std::string TokenText(int32_t token, bool byte_tokens);
 // How far `t` moves a completion's text_offset: its byte (byte tokenizer), else the text the

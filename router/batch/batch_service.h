@@ -137,6 +137,11 @@ class BatchService {
   std::unique_ptr<Impl> impl_;
 };
 
+// Prometheus text for /metrics: carpool_batch_jobs{status}, carpool_batch_requests{state=
+// pending|running}, carpool_batch_requests_done_total and carpool_batch_tokens_total{kind=
+// prompt|completion} (rate() of it: the batch lane's tokens/s).
+std::string BatchMetricsText(const BatchServiceStats& stats);
+
 // OpenAI's JSON objects.
 // {"id", "object": "file", "bytes", "created_at", "filename", "purpose"}
 std::string FileJson(const StoredFile& file);

@@ -460,6 +460,21 @@ absl::StatusOr<std::vector<Batch>> BatchStore::ListUnfinishedBatches() {
   return out;
 }
 
+absl::StatusOr<std::vector<std::pair<BatchStatus, int64_t>>> BatchStore::CountBatches() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Statement s(db_, path_);
+  RETURN_IF_ERROR(s.Prepare("SELECT status, COUNT(*) FROM batches GROUP BY status"));
+  std::vector<std::pair<BatchStatus, int64_t>> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    if (std::optional<BatchStatus> status = BatchStatusFromName(s.Text(0))) {
+      out.emplace_back(*status, s.Int(1));
+    }
+  }
+  return out;
+}
+
 absl::StatusOr<Batch> BatchStore::Transition(const std::string& tenant, const std::string& id,
                                              BatchStatus to, int64_t now,
                                              const std::string& errors_json) {
@@ -532,40 +547,58 @@ absl::Status BatchStore::SetOutputFiles(const std::string& batch_id,
 
 absl::StatusOr<bool> BatchStore::RecordResult(const std::string& batch_id,
                                               const BatchResult& result) {
-  if (result.response_json.empty() == result.error_json.empty()) {
-    return absl::InvalidArgumentError("a result has exactly one of a response and an error");
+  ASSIGN_OR_RETURN(int64_t recorded, RecordResults(batch_id, {&result, 1}));
+  return recorded == 1;
+}
+
+absl::StatusOr<int64_t> BatchStore::RecordResults(const std::string& batch_id,
+                                                  std::span<const BatchResult> results) {
+  std::vector<bool> failed;
+  failed.reserve(results.size());
+  for (const BatchResult& result : results) {
+    if (result.response_json.empty() == result.error_json.empty()) {
+      return absl::InvalidArgumentError("a result has exactly one of a response and an error");
+    }
+    const bool error = !result.error_json.empty();
+    ASSIGN_OR_RETURN(nlohmann::ordered_json object,
+                     ParseObject(error ? result.error_json : result.response_json,
+                                 error ? "the error" : "the response"));
+    auto code = object.find("status_code");
+    failed.push_back(error || code == object.end() || !code->is_number_integer() ||
+                     code->get<int64_t>() < 200 || code->get<int64_t>() > 299);
   }
-  const bool failed = !result.error_json.empty();
-  RETURN_IF_ERROR(ParseObject(failed ? result.error_json : result.response_json,
-                              failed ? "the error" : "the response")
-                      .status());
   std::lock_guard<std::mutex> lock(impl_->mu);
-  Transaction txn(db_, path_);
-  RETURN_IF_ERROR(txn.Begin());
   {
-    Statement s(db_, path_);
-    RETURN_IF_ERROR(s.Prepare(
-        "INSERT OR IGNORE INTO results (batch_id, line_index, custom_id, id, response, error) "
-        "SELECT ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM batches WHERE id = ?)"));
-    s.BindAll(batch_id, result.line_index, result.custom_id, impl_->NewId("batch_req_"),
-              result.response_json, result.error_json, batch_id);
-    RETURN_IF_ERROR(s.Step().status());
-  }
-  if (sqlite3_changes(db_) == 0) {
     Statement s(db_, path_);
     RETURN_IF_ERROR(s.Prepare("SELECT 1 FROM batches WHERE id = ?"));
     s.Bind(1, batch_id);
     ASSIGN_OR_RETURN(bool row, s.Step());
     if (!row) return absl::NotFoundError(absl::StrCat("no such batch: ", batch_id));
-    return false;  // already answered; the transaction rolls back having changed nothing
   }
+  Transaction txn(db_, path_);
+  RETURN_IF_ERROR(txn.Begin());
+  int64_t completed = 0, failures = 0;
+  for (size_t i = 0; i < results.size(); ++i) {
+    const BatchResult& result = results[i];
+    Statement s(db_, path_);
+    RETURN_IF_ERROR(s.Prepare(
+        "INSERT OR IGNORE INTO results (batch_id, line_index, custom_id, id, response, error) "
+        "VALUES (?, ?, ?, ?, ?, ?)"));
+    s.BindAll(batch_id, result.line_index, result.custom_id, impl_->NewId("batch_req_"),
+              result.response_json, result.error_json);
+    RETURN_IF_ERROR(s.Step().status());
+    // Already answered (a restart ran it again): the first copy stays and is not counted twice.
+    if (sqlite3_changes(db_) == 0) continue;
+    ++(failed[i] ? failures : completed);
+  }
+  if (completed + failures == 0) return 0;  // the transaction rolls back having changed nothing
   Statement s(db_, path_);
-  RETURN_IF_ERROR(s.Prepare(failed ? "UPDATE batches SET failed = failed + 1 WHERE id = ?"
-                                   : "UPDATE batches SET completed = completed + 1 WHERE id = ?"));
-  s.Bind(1, batch_id);
+  RETURN_IF_ERROR(
+      s.Prepare("UPDATE batches SET completed = completed + ?, failed = failed + ? WHERE id = ?"));
+  s.BindAll(completed, failures, batch_id);
   RETURN_IF_ERROR(s.Step().status());
   RETURN_IF_ERROR(txn.Commit());
-  return true;
+  return completed + failures;
 }
 
 absl::StatusOr<std::vector<std::string>> BatchStore::AnsweredCustomIds(

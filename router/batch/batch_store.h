@@ -18,8 +18,10 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -140,6 +142,8 @@ class BatchStore {
                                         int limit);
   // Batches not in a final status, any tenant, oldest first: what to resume after a restart.
   absl::StatusOr<std::vector<Batch>> ListUnfinishedBatches();
+  // How many batches of every tenant are in each status (statuses with none left out).
+  absl::StatusOr<std::vector<std::pair<BatchStatus, int64_t>>> CountBatches();
   // Moves the batch to `to`, stamping its timestamp with `now`; `errors_json` (when not empty)
   // replaces the batch's errors. FAILED_PRECONDITION when the lifecycle forbids the move.
   absl::StatusOr<Batch> Transition(const std::string& tenant, const std::string& id,
@@ -150,9 +154,14 @@ class BatchStore {
                               const std::string& error_file_id);
 
   // ---- results
-  // Records one request's result and counts it (completed or failed). Returns false when the
-  // batch already has a result for this custom_id (kept as it was, not counted again).
+  // Records one request's result and counts it: failed when it has an error or its response's
+  // status_code is not 2xx (as OpenAI counts), else completed. Returns false when the batch
+  // already has a result for this custom_id (kept as it was, not counted again).
   absl::StatusOr<bool> RecordResult(const std::string& batch_id, const BatchResult& result);
+  // RecordResult for many results in one transaction (one sync to disk); returns how many were
+  // new.
+  absl::StatusOr<int64_t> RecordResults(const std::string& batch_id,
+                                        std::span<const BatchResult> results);
   // The custom_ids the batch already has results for: the requests not to run again.
   absl::StatusOr<std::vector<std::string>> AnsweredCustomIds(const std::string& batch_id);
   absl::StatusOr<BatchOutput> BuildOutput(const std::string& batch_id);
