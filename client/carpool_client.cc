@@ -21,9 +21,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "common/codec.h"
 #include "common/status.h"
 #include "common/transport.h"
+#include "nlohmann/json.hpp"
 
 namespace carpool {
 namespace client_internal {
@@ -717,11 +719,14 @@ absl::StatusOr<std::unique_ptr<Stream>> Client::StartChatStream(ChatInput chat,
 
 namespace {
 
-// A one-shot call (embed, tokenize, detokenize): sends `message`, which names `request_id`,
-// and waits for its answer of type Out or an error, retrying UNAVAILABLE as Generate does.
+// A one-shot call (embed, tokenize, detokenize, a batch call): sends `message`, which names
+// `request_id`, and waits for its answer of type Out or an error, retrying UNAVAILABLE as
+// Generate does; with resend_after_loss false, not after router_lost (the router may have done
+// what the message asked).
 template <typename Out>
 absl::StatusOr<Out> OneShot(Core& core, const std::string& request_id,
-                            const ClientMessage& message, int64_t timeout_ms) {
+                            const ClientMessage& message, int64_t timeout_ms,
+                            bool resend_after_loss = true) {
   if (timeout_ms <= 0) timeout_ms = core.options().default_timeout_ms;
   const absl::Time deadline = absl::Now() + absl::Milliseconds(timeout_ms);
   auto call = std::make_shared<Call>(request_id);
@@ -739,7 +744,9 @@ absl::StatusOr<Out> OneShot(Core& core, const std::string& request_id,
     if (!event.has_value()) return finish(CallTimedOut(core, call->request_id, timeout_ms));
     if (auto* out = std::get_if<Out>(&*event)) return finish(std::move(*out));
     if (auto* error = std::get_if<ErrorInfo>(&*event)) {
-      if (!RetryCall(core, call, frame, *error, deadline, &retries)) {
+      const bool lost = error->reason == reason::kRouterLost;
+      if ((lost && !resend_after_loss) ||
+          !RetryCall(core, call, frame, *error, deadline, &retries)) {
         return finish(StatusFromError(*error));
       }
     }
@@ -825,6 +832,258 @@ absl::Status Client::Cancel(const std::string& request_id) {
 absl::StatusOr<StatsOut> Client::Stats(int64_t timeout_ms) {
   if (timeout_ms <= 0) timeout_ms = core_->options().default_timeout_ms;
   return core_->Stats(absl::Now() + absl::Milliseconds(timeout_ms));
+}
+
+// ---- batch jobs
+
+namespace {
+
+using Json = nlohmann::json;
+
+// What a file's FILE_CONTENT answer adds to its bytes: the file object and the envelope.
+constexpr int64_t kContentReplyOverheadBytes = 64 << 10;
+
+bool IsFinalBatchStatus(const std::string& status) {
+  return status == "failed" || status == "completed" || status == "expired" ||
+         status == "cancelled";
+}
+
+std::string StringAt(const Json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+// An integer field; 0 when absent or null (a timestamp not reached yet).
+int64_t IntAt(const Json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number_integer() ? it->get<int64_t>() : 0;
+}
+
+absl::StatusOr<Json> ParseObject(const BatchReplyInfo& reply, const char* what) {
+  Json j = Json::parse(reply.json, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InternalError(absl::StrCat("the router's answer to ", what,
+                                            " is not a JSON object: ", reply.json.substr(0, 200)));
+  }
+  return j;
+}
+
+FileInfo FileFromJson(const Json& j) {
+  return FileInfo{StringAt(j, "id"), IntAt(j, "bytes"), IntAt(j, "created_at"),
+                  StringAt(j, "filename"), StringAt(j, "purpose")};
+}
+
+BatchInfo BatchFromJson(const Json& j) {
+  BatchInfo b;
+  b.id = StringAt(j, "id");
+  b.status = StringAt(j, "status");
+  b.endpoint = StringAt(j, "endpoint");
+  b.input_file_id = StringAt(j, "input_file_id");
+  b.output_file_id = StringAt(j, "output_file_id");
+  b.error_file_id = StringAt(j, "error_file_id");
+  b.completion_window = StringAt(j, "completion_window");
+  if (auto it = j.find("request_counts"); it != j.end() && it->is_object()) {
+    b.request_counts = {IntAt(*it, "total"), IntAt(*it, "completed"), IntAt(*it, "failed")};
+  }
+  if (auto it = j.find("errors"); it != j.end() && it->is_object()) {
+    if (auto data = it->find("data"); data != it->end() && data->is_array()) {
+      for (const Json& e : *data) {
+        if (e.is_object()) b.errors.push_back({StringAt(e, "code"), StringAt(e, "message"),
+                                               IntAt(e, "line")});
+      }
+    }
+  }
+  if (auto it = j.find("metadata"); it != j.end() && it->is_object()) {
+    for (const auto& [key, value] : it->items()) {
+      if (value.is_string()) b.metadata[key] = value.get<std::string>();
+    }
+  }
+  b.created_at = IntAt(j, "created_at");
+  b.in_progress_at = IntAt(j, "in_progress_at");
+  b.expires_at = IntAt(j, "expires_at");
+  b.finalizing_at = IntAt(j, "finalizing_at");
+  b.completed_at = IntAt(j, "completed_at");
+  b.failed_at = IntAt(j, "failed_at");
+  b.expired_at = IntAt(j, "expired_at");
+  b.cancelling_at = IntAt(j, "cancelling_at");
+  b.cancelled_at = IntAt(j, "cancelled_at");
+  return b;
+}
+
+// Sends `call` and waits for its BatchReply. Only the calls that change nothing are sent again
+// after the connection dropped.
+absl::StatusOr<BatchReplyInfo> SendBatchCall(Core& core, BatchCallInfo call,
+                                             const BatchCallOptions& options) {
+  call.request_id = core.NextRequestId();
+  if (call.api_key.empty()) {
+    call.api_key = options.api_key.empty() ? core.options().api_key : options.api_key;
+  }
+  const bool read_only = call.op == BatchOp::kGetFile || call.op == BatchOp::kFileContent ||
+                         call.op == BatchOp::kGetBatch || call.op == BatchOp::kListBatches;
+  const std::string id = call.request_id;
+  return OneShot<BatchReplyInfo>(core, id, ClientMessage(std::move(call)), options.timeout_ms,
+                                 /*resend_after_loss=*/read_only);
+}
+
+BatchCallInfo OnId(BatchOp op, const std::string& id) {
+  BatchCallInfo call;
+  call.op = op;
+  call.id = id;
+  return call;
+}
+
+absl::StatusOr<BatchInfo> BatchCallForBatch(Core& core, BatchCallInfo call,
+                                            const BatchCallOptions& options) {
+  const char* what = BatchOpName(call.op);
+  ASSIGN_OR_RETURN(BatchReplyInfo reply, SendBatchCall(core, std::move(call), options));
+  ASSIGN_OR_RETURN(Json j, ParseObject(reply, what));
+  return BatchFromJson(j);
+}
+
+// The url of the first line of a batch input file.
+absl::StatusOr<std::string> FirstLineUrl(const std::string& jsonl) {
+  const std::string_view line = std::string_view(jsonl).substr(0, jsonl.find('\n'));
+  Json j = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("url") || !j["url"].is_string()) {
+    return absl::InvalidArgumentError(
+        "the batch file's first line is not a JSON object with a string url: name the endpoint");
+  }
+  return j["url"].get<std::string>();
+}
+
+}  // namespace
+
+bool BatchInfo::finished() const { return IsFinalBatchStatus(status); }
+
+absl::StatusOr<FileInfo> Client::UploadFile(std::string filename, std::string content,
+                                            const BatchCallOptions& options) {
+  BatchCallInfo call;
+  call.op = BatchOp::kCreateFile;
+  call.filename = std::move(filename);
+  call.purpose = "batch";
+  call.content = std::move(content);
+  ASSIGN_OR_RETURN(BatchReplyInfo reply, SendBatchCall(*core_, std::move(call), options));
+  ASSIGN_OR_RETURN(Json j, ParseObject(reply, "create_file"));
+  return FileFromJson(j);
+}
+
+absl::StatusOr<FileInfo> Client::GetFile(const std::string& file_id,
+                                         const BatchCallOptions& options) {
+  ASSIGN_OR_RETURN(BatchReplyInfo reply,
+                   SendBatchCall(*core_, OnId(BatchOp::kGetFile, file_id), options));
+  ASSIGN_OR_RETURN(Json j, ParseObject(reply, "get_file"));
+  return FileFromJson(j);
+}
+
+absl::StatusOr<std::string> Client::FileContent(const std::string& file_id,
+                                                const BatchCallOptions& options) {
+  // A message past max_message_bytes would drop the connection: refuse it here, by its size.
+  ASSIGN_OR_RETURN(FileInfo file, GetFile(file_id, options));
+  const int64_t limit = core_->options().max_message_bytes;
+  if (file.bytes + kContentReplyOverheadBytes > limit) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "file ", file_id, " is ", file.bytes, " bytes; this client takes messages of at most ",
+        limit, " bytes (ClientOptions::max_message_bytes, with ", kContentReplyOverheadBytes,
+        " for the envelope)"));
+  }
+  ASSIGN_OR_RETURN(BatchReplyInfo reply,
+                   SendBatchCall(*core_, OnId(BatchOp::kFileContent, file_id), options));
+  return std::move(reply.content);
+}
+
+absl::Status Client::DeleteFile(const std::string& file_id, const BatchCallOptions& options) {
+  return SendBatchCall(*core_, OnId(BatchOp::kDeleteFile, file_id), options).status();
+}
+
+absl::StatusOr<BatchInfo> Client::SubmitBatch(const std::string& input_file_id,
+                                              const SubmitBatchOptions& options) {
+  BatchCallInfo call;
+  call.op = BatchOp::kCreateBatch;
+  call.input_file_id = input_file_id;
+  call.endpoint = options.endpoint;
+  call.completion_window = options.completion_window;
+  if (!options.metadata.empty()) call.metadata_json = Json(options.metadata).dump();
+  return BatchCallForBatch(*core_, std::move(call), options.call);
+}
+
+absl::StatusOr<BatchInfo> Client::SubmitBatchFile(std::string jsonl,
+                                                  const SubmitBatchOptions& options) {
+  SubmitBatchOptions submit = options;
+  if (submit.endpoint.empty()) {
+    ASSIGN_OR_RETURN(submit.endpoint, FirstLineUrl(jsonl));
+  }
+  ASSIGN_OR_RETURN(FileInfo file, UploadFile(options.filename, std::move(jsonl), options.call));
+  return SubmitBatch(file.id, submit);
+}
+
+absl::StatusOr<BatchInfo> Client::GetBatch(const std::string& batch_id,
+                                           const BatchCallOptions& options) {
+  return BatchCallForBatch(*core_, OnId(BatchOp::kGetBatch, batch_id), options);
+}
+
+absl::StatusOr<BatchList> Client::ListBatches(const std::string& after, int limit,
+                                              const BatchCallOptions& options) {
+  BatchCallInfo call;
+  call.op = BatchOp::kListBatches;
+  call.after = after;
+  call.limit = limit;
+  ASSIGN_OR_RETURN(BatchReplyInfo reply, SendBatchCall(*core_, std::move(call), options));
+  ASSIGN_OR_RETURN(Json j, ParseObject(reply, "list_batches"));
+  BatchList list;
+  if (auto it = j.find("data"); it != j.end() && it->is_array()) {
+    for (const Json& b : *it) {
+      if (b.is_object()) list.data.push_back(BatchFromJson(b));
+    }
+  }
+  list.has_more = j.value("has_more", false);
+  return list;
+}
+
+absl::StatusOr<BatchInfo> Client::CancelBatch(const std::string& batch_id,
+                                              const BatchCallOptions& options) {
+  return BatchCallForBatch(*core_, OnId(BatchOp::kCancelBatch, batch_id), options);
+}
+
+absl::StatusOr<BatchInfo> Client::WaitBatch(const std::string& batch_id, int64_t poll_ms,
+                                            const std::function<void(const BatchInfo&)>& on_poll,
+                                            const BatchCallOptions& options) {
+  if (poll_ms <= 0) return absl::InvalidArgumentError("poll_ms must be > 0");
+  const absl::Time deadline = options.timeout_ms > 0
+                                  ? absl::Now() + absl::Milliseconds(options.timeout_ms)
+                                  : absl::InfiniteFuture();
+  BatchCallOptions each = options;
+  each.timeout_ms = 0;  // each poll: the default timeout
+  for (;;) {
+    ASSIGN_OR_RETURN(BatchInfo batch, GetBatch(batch_id, each));
+    if (on_poll) on_poll(batch);
+    if (batch.finished()) return batch;
+    if (absl::Now() + absl::Milliseconds(poll_ms) >= deadline) {
+      absl::Status status = absl::DeadlineExceededError(
+          absl::StrCat("batch ", batch_id, " is still ", batch.status, " after ",
+                       options.timeout_ms, " ms"));
+      status.SetPayload(kReasonPayloadUrl, absl::Cord(reason::kDeadlineExceeded));
+      return status;
+    }
+    absl::SleepFor(absl::Milliseconds(poll_ms));
+  }
+}
+
+absl::StatusOr<BatchResultFiles> Client::BatchResults(const std::string& batch_id,
+                                                      const BatchCallOptions& options) {
+  ASSIGN_OR_RETURN(BatchInfo batch, GetBatch(batch_id, options));
+  if (!batch.finished()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("batch ", batch_id, " is ", batch.status,
+                     ": its results are written once it ends (completed, expired, cancelled)"));
+  }
+  BatchResultFiles files;
+  if (!batch.output_file_id.empty()) {
+    ASSIGN_OR_RETURN(files.output_jsonl, FileContent(batch.output_file_id, options));
+  }
+  if (!batch.error_file_id.empty()) {
+    ASSIGN_OR_RETURN(files.error_jsonl, FileContent(batch.error_file_id, options));
+  }
+  return files;
 }
 
 }  // namespace carpool

@@ -1,6 +1,6 @@
 // carpool's C++ SDK: generate and chat (blocking or streaming), embed, tokenize / detokenize,
-// cancel and stats against a carpool router over ZeroMQ (docs/protocol.md; usage in
-// docs/client.md).
+// cancel, stats and batch jobs (files and batches, OpenAI's Batch API) against a carpool router
+// over ZeroMQ (docs/protocol.md; usage in docs/client.md).
 //
 //   auto client = carpool::Client::Connect({.router_endpoint = "tcp://10.0.0.1:5555"});
 //   carpool::GenerateInput request;
@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -140,6 +141,94 @@ struct DetokenizeOptions {
   std::string api_key;
   // Default: 0 (ClientOptions::default_timeout_ms).
   int64_t timeout_ms = 0;
+};
+
+// ---- batch jobs (docs/batch.md): files and batches as OpenAI's Batch API has them
+
+// Options of one batch call (files and batches).
+struct BatchCallOptions {
+  // Default: "" (ClientOptions::api_key). With tenants, a batch is its creator's tenant's: other
+  // keys get NOT_FOUND for its ids.
+  std::string api_key;
+  // Default: 0 (ClientOptions::default_timeout_ms). An upload of a large file may need more.
+  int64_t timeout_ms = 0;
+};
+
+// A stored file (OpenAI's file object).
+struct FileInfo {
+  std::string id;        // "file-..."
+  int64_t bytes = 0;
+  int64_t created_at = 0;  // unix seconds
+  std::string filename;
+  std::string purpose;   // "batch" (uploads), "batch_output" (a batch's output and error files)
+};
+
+struct BatchRequestCounts {
+  int64_t total = 0;
+  int64_t completed = 0;
+  int64_t failed = 0;
+};
+
+// One entry of a batch's `errors`: a line of its input file that failed validation.
+struct BatchError {
+  std::string code;     // "invalid_json", "duplicate_custom_id", ...
+  std::string message;
+  int64_t line = 0;     // 1-based line of the input file; 0 when the error names none
+};
+
+// A batch (OpenAI's batch object). Timestamps are unix seconds, 0 while not reached.
+struct BatchInfo {
+  std::string id;  // "batch_..."
+  // validating, failed, in_progress, finalizing, completed, expired, cancelling, cancelled.
+  std::string status;
+  std::string endpoint;  // "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
+  std::string input_file_id;
+  std::string output_file_id;  // "" until the batch has written it
+  std::string error_file_id;   // "" when no request failed (or not written yet)
+  std::string completion_window;
+  BatchRequestCounts request_counts;
+  std::vector<BatchError> errors;  // validation errors of a failed batch, by line
+  std::map<std::string, std::string> metadata;
+  int64_t created_at = 0;
+  int64_t in_progress_at = 0;
+  int64_t expires_at = 0;
+  int64_t finalizing_at = 0;
+  int64_t completed_at = 0;
+  int64_t failed_at = 0;
+  int64_t expired_at = 0;
+  int64_t cancelling_at = 0;
+  int64_t cancelled_at = 0;
+
+  // failed, completed, expired or cancelled: nothing changes any more.
+  bool finished() const;
+};
+
+struct BatchList {
+  std::vector<BatchInfo> data;  // newest first
+  bool has_more = false;        // more after data.back(): ListBatches(data.back().id)
+};
+
+// A SubmitBatch or SubmitBatchFile call.
+struct SubmitBatchOptions {
+  // The endpoint every line names in its url. SubmitBatchFile: "" takes the first line's url.
+  // Default: "".
+  std::string endpoint;
+  // How long the batch may run before it ends expired: "24h", or carpool's "Ns", "Nm", "Nh" up to
+  // 24h. Default: "24h".
+  std::string completion_window = "24h";
+  // Up to 16 string values, kept with the batch. Default: none.
+  std::map<std::string, std::string> metadata;
+  // SubmitBatchFile: the uploaded file's name. Default: "batch.jsonl".
+  std::string filename = "batch.jsonl";
+  BatchCallOptions call;
+};
+
+// What a finished batch wrote: its output file (one line per answered request,
+// {"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}) and its error
+// file (the lines whose request failed), in input order; "" when the batch has none.
+struct BatchResultFiles {
+  std::string output_jsonl;
+  std::string error_jsonl;
 };
 
 // Payload keys of a server error's details on an absl::Status.
@@ -271,6 +360,54 @@ class Client {
 
   // The router's view of the cluster. timeout_ms 0: ClientOptions::default_timeout_ms.
   absl::StatusOr<StatsOut> Stats(int64_t timeout_ms = 0);
+
+  // ---- batch jobs (docs/batch.md). Errors are the router's: NOT_FOUND (reason not_found) for an
+  // id this key's tenant does not own, INVALID_ARGUMENT for a bad endpoint, window or metadata,
+  // OUT_OF_RANGE for a file above the router's --batch-max-file-bytes, FAILED_PRECONDITION for a
+  // router without a batch store or a cancel of a finished batch. A call that may have changed
+  // the store (an upload, a submit, a cancel, a delete) is not sent again after the connection
+  // dropped (router_lost), whatever max_retries says.
+
+  // Uploads `content` (JSONL, one request a line: {"custom_id", "method": "POST", "url",
+  // "body"}) as a batch input file.
+  absl::StatusOr<FileInfo> UploadFile(std::string filename, std::string content,
+                                      const BatchCallOptions& options = {});
+  absl::StatusOr<FileInfo> GetFile(const std::string& file_id,
+                                   const BatchCallOptions& options = {});
+  // The file's bytes. RESOURCE_EXHAUSTED, before asking for them, when the file is larger than
+  // ClientOptions::max_message_bytes lets through.
+  absl::StatusOr<std::string> FileContent(const std::string& file_id,
+                                          const BatchCallOptions& options = {});
+  absl::Status DeleteFile(const std::string& file_id, const BatchCallOptions& options = {});
+
+  // Starts a batch of the uploaded file `input_file_id` (options.endpoint required). The batch
+  // starts in validating: the whole file is checked before any request runs, and a bad line
+  // fails the batch with every error listed (BatchInfo::errors).
+  absl::StatusOr<BatchInfo> SubmitBatch(const std::string& input_file_id,
+                                        const SubmitBatchOptions& options);
+  // UploadFile then SubmitBatch; an empty options.endpoint is the first line's url
+  // (INVALID_ARGUMENT, before sending, when that line is not JSON with a string url).
+  absl::StatusOr<BatchInfo> SubmitBatchFile(std::string jsonl, const SubmitBatchOptions& options);
+  absl::StatusOr<BatchInfo> GetBatch(const std::string& batch_id,
+                                     const BatchCallOptions& options = {});
+  // This tenant's batches, newest first: `limit` (1..100; 0: 20) after the batch `after` ("":
+  // from the newest).
+  absl::StatusOr<BatchList> ListBatches(const std::string& after = "", int limit = 0,
+                                        const BatchCallOptions& options = {});
+  // validating or in_progress: cancelling, then cancelled once the requests in flight ended,
+  // with what finished kept. Cancelling or cancelled: unchanged. FAILED_PRECONDITION when it
+  // already ended otherwise.
+  absl::StatusOr<BatchInfo> CancelBatch(const std::string& batch_id,
+                                        const BatchCallOptions& options = {});
+  // Polls the batch every poll_ms until it is finished() or options.timeout_ms passes (0: no
+  // limit; DEADLINE_EXCEEDED then), calling on_poll (when set) with each state it read.
+  absl::StatusOr<BatchInfo> WaitBatch(const std::string& batch_id, int64_t poll_ms = 1000,
+                                      const std::function<void(const BatchInfo&)>& on_poll = {},
+                                      const BatchCallOptions& options = {});
+  // The output and error files of a finished batch (completed, expired or cancelled: what
+  // finished; failed validation: none). FAILED_PRECONDITION while it still runs.
+  absl::StatusOr<BatchResultFiles> BatchResults(const std::string& batch_id,
+                                                const BatchCallOptions& options = {});
 
   const ClientOptions& options() const;
 

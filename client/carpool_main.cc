@@ -2,6 +2,7 @@
 #include <cstring>
 #include <iostream>
 
+#include "client/batch_command.h"
 #include "client/bench_serve_command.h"
 #include "client/chat_template_command.h"
 #include "client/embed_command.h"
@@ -24,6 +25,8 @@ constexpr char kUsage[] =
     "  chat-template  the prompt a model's chat template makes of a conversation\n"
     "             (--model DIR --messages-file F.json)  (carpool chat-template --help)\n"
     "  status     show a router's workers, queue and totals (carpool status --help)\n"
+    "  batch      batch jobs on a router: submit FILE.jsonl [--wait], status ID, results ID,\n"
+    "             cancel ID, list                       (carpool batch --help)\n"
     "  bench      serving benchmark against a router: carpool bench serve (--help)\n";
 
 }  // namespace
@@ -43,6 +46,7 @@ int main(int argc, char** argv) {
     return carpool::client::RunChatTemplate(argc, argv, 2);
   }
   if (std::strcmp(argv[1], "status") == 0) return carpool::client::RunStatus(argc, argv, 2);
+  if (std::strcmp(argv[1], "batch") == 0) return carpool::client::RunBatch(argc, argv, 2);
   if (std::strcmp(argv[1], "bench") == 0) return carpool::client::RunBench(argc, argv, 2);
   std::cerr << "carpool: unknown command '" << argv[1] << "'\n" << kUsage;
   return 2;
