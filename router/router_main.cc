@@ -10,11 +10,14 @@
 #include <cstdint>
 #include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "cluster/router_launch.h"
 #include "common/flags.h"
+#include "router/batch/batch_calls.h"
+#include "router/batch/batch_service.h"
 #include "router/http_gateway.h"
 #include "router/router.h"
 #include "router/served_models.h"
@@ -62,6 +65,7 @@ int main(int argc, char** argv) {
   http.listen.clear();
   std::string chat_template;
   int64_t chat_template_timeout_ms = options.chat_render.limits.max_run_time_us / 1000;
+  carpool::router::batch::BatchServiceOptions batch;
   bool help = false;
   carpool::FlagParser flags;
   flags.AddString("frontend", &options.frontend, "client endpoint");
@@ -139,6 +143,16 @@ int main(int argc, char** argv) {
                  "largest prompt a chat template render may write; past it the request gets 400");
   flags.AddInt64("chat-template-timeout-ms", &chat_template_timeout_ms,
                  "longest one chat template render may run; past it the request gets 400");
+  flags.AddString("state-dir", &batch.state_dir,
+                  "where batch jobs, their files and results are kept (SQLite; created on first "
+                  "use; docs/batch.md)");
+  flags.AddInt("batch-max-in-flight", &a.batch_max_in_flight,
+               "batch jobs' requests dispatched to workers at once");
+  flags.AddInt("batch-max-queued", &a.batch_max_queued,
+               "batch jobs' requests queued in the batch lane at once");
+  flags.AddInt64("batch-max-lines", &batch.input.max_lines, "most requests in one batch file");
+  flags.AddBytes("batch-max-file-bytes", &batch.input.max_bytes,
+                 "largest batch input file; larger uploads get 413");
   flags.AddBool("help", &help, "show this help");
   if (absl::Status s = flags.Parse(argc, argv, 1); !s.ok()) {
     std::cerr << "carpool-router: " << s.message() << "\n";
@@ -206,6 +220,8 @@ int main(int argc, char** argv) {
     options.max_inproc_request_bytes =
         std::max(options.max_inproc_request_bytes, 4 * http.server.max_body_bytes);
   }
+  // A batch file upload travels whole in one message, over HTTP or the SDK.
+  options.max_batch_call_bytes = batch.input.max_bytes + carpool::router::kBatchCallEnvelopeBytes;
   auto router = carpool::router::Router::Create(options);
   if (!router.ok()) return fail(router.status(), 1);
   g_router = router->get();
@@ -233,6 +249,27 @@ int main(int argc, char** argv) {
   if (*mpi != nullptr) {
     if (absl::Status p = (*mpi)->Publish((*router)->backend_endpoint()); !p.ok()) return fail(p, 1);
   }
+  // Batch jobs: the runner is an in-process client of the router, so it starts after it. An
+  // unusable --state-dir stops the start here, naming it. The handler holds the service weakly:
+  // it ends with the router's batch thread, never after the router's context.
+  batch.router_endpoint = (*router)->inproc_endpoint();
+  batch.zmq_context = (*router)->zmq_context();
+  batch.tenants = options.tenants;
+  batch.max_outstanding = a.batch_max_in_flight + a.batch_max_queued;
+  batch.completion_max_tokens = http.completion_max_tokens;
+  batch.chat_max_tokens = http.chat_max_tokens;
+  auto batch_started = carpool::router::batch::BatchService::Start(batch);
+  if (!batch_started.ok()) return fail(batch_started.status(), 1);
+  std::shared_ptr<carpool::router::batch::BatchService> batch_service = std::move(*batch_started);
+  (*router)->SetBatchCalls(
+      [weak = std::weak_ptr<carpool::router::batch::BatchService>(batch_service)](
+          const std::string& tenant, const carpool::BatchCallInfo& call)
+          -> absl::StatusOr<carpool::BatchReplyInfo> {
+        std::shared_ptr<carpool::router::batch::BatchService> service = weak.lock();
+        if (service == nullptr) return absl::UnavailableError("the router is stopping");
+        return carpool::router::batch::HandleBatchCall(*service, tenant, call);
+      });
+  std::cerr << "carpool-router: batch jobs kept in " << batch.state_dir << std::endl;
   std::unique_ptr<carpool::router::HttpGateway> gateway;
   if (!http.listen.empty()) {
     // Every HTTP connection is a descriptor: take the hard limit, and say so when even that is
@@ -250,7 +287,11 @@ int main(int argc, char** argv) {
     }
     http.router_endpoint = (*router)->inproc_endpoint();
     http.zmq_context = (*router)->zmq_context();
-    http.metrics = [r = router->get()] { return r->RenderMetrics(); };
+    http.metrics = [r = router->get(), service = batch_service.get()] {
+      return r->RenderMetrics() + carpool::router::batch::BatchMetricsText(service->Stats());
+    };
+    http.batch = batch_service.get();
+    http.max_upload_bytes = batch.input.max_bytes + carpool::router::kBatchCallEnvelopeBytes;
     auto started = carpool::router::HttpGateway::Start(http);
     if (!started.ok()) return fail(started.status(), 1);
     gateway = std::move(*started);
@@ -260,6 +301,7 @@ int main(int argc, char** argv) {
   }
   absl::Status s = (*router)->Run();
   gateway.reset();  // its client socket lives in the router's context
+  batch_service.reset();  // what is in flight runs again after the next start
   g_router = nullptr;
   if (*mpi != nullptr) (*mpi)->Stop();  // the job's workers stop too
   if (!s.ok()) return fail(s, 1);

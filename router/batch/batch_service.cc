@@ -340,6 +340,16 @@ absl::StatusOr<StoredFile> BatchService::Impl::CreateFile(const std::string& ten
                                               options_.input.max_bytes,
                                               " (--batch-max-file-bytes)"));
   }
+  // Lines are counted here too, so an oversized file is refused at upload, not only when a
+  // batch validates it.
+  const int64_t lines = std::count(content.begin(), content.end(), '\n') +
+                        (content.back() == '\n' ? 0 : 1);
+  if (lines > options_.input.max_lines) {
+    return absl::InvalidArgumentError(absl::StrCat("the file has ", lines,
+                                                   " lines, more than the limit of ",
+                                                   options_.input.max_lines,
+                                                   " (--batch-max-lines)"));
+  }
   ASSIGN_OR_RETURN(BatchStore * store, Store());
   StoredFile meta;
   meta.tenant = tenant;

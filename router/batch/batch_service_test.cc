@@ -329,6 +329,17 @@ TEST_F(BatchServiceTest, OversizedFileIsOutOfRange) {
   EXPECT_THAT(file.status().message(), HasSubstr("--batch-max-file-bytes"));
 }
 
+TEST_F(BatchServiceTest, TooManyLinesIsRefusedAtUpload) {
+  StartRouter();
+  BatchServiceOptions o = Options();
+  o.input.max_lines = 3;
+  StartService(o);
+  EXPECT_TRUE(service_->CreateFile("", "f", "batch", Lines(3, 1)).ok());
+  auto file = service_->CreateFile("", "f", "batch", Lines(4, 1));
+  EXPECT_EQ(file.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(file.status().message(), HasSubstr("--batch-max-lines"));
+}
+
 TEST_F(BatchServiceTest, UnusableStateDirFailsTheStartNamingIt) {
   StartRouter();
   std::filesystem::create_directories(dir_);
