@@ -30,8 +30,9 @@ stop_all() {
 }
 trap stop_all INT TERM EXIT
 
+# Batch jobs live in the build folder, so they outlast a restart of `make run`.
 "$bin/carpool-router" --frontend "$frontend" --backend "$backend" --http "127.0.0.1:$http_port" \
-  >"$logs/router.log" 2>&1 &
+  --state-dir "$build/carpool-state" >"$logs/router.log" 2>&1 &
 pids+=($!)
 # On a machine with an NVIDIA GPU the workers run on it (--device auto); the two share it, so
 # each sizes its KV cache from 40% of its memory instead of 90%.
@@ -67,6 +68,7 @@ try, in another terminal:
   $bin/carpool generate --router $frontend --prompt "hello, carpool" --max-tokens 32 --json
   $bin/carpool embed --router $frontend --input "hello" --input "carpool" --json
   $bin/carpool status --router $frontend
+  $bin/carpool batch submit --router $frontend requests.jsonl --wait   (docs/batch.md)
   curl -s 127.0.0.1:$http_port/v1/chat/completions -H 'Content-Type: application/json' \\
     -d '{"model": "$model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}'
 
