@@ -145,6 +145,122 @@ class EmbeddingSimWorker {
   std::thread thread_;
 };
 
+// The token PositionalSimWorker generates at output position `i` of the request tagged `tag`:
+// one of its own for each position, so a resume that lost or repeated tokens shows in them.
+int32_t TokenAt(int tag, int i) { return 1 + (tag * 31 + i) % 250; }
+
+// A generating worker like SimWorker (one token per running request every step_ms) whose tokens
+// are TokenAt their position, and that continues a dispatch after the output_tokens it carries,
+// as a worker resuming a moved request does. Records each dispatch and the cancels.
+class PositionalSimWorker {
+ public:
+  struct Dispatched {
+    int tag = 0;
+    size_t resumed_from = 0;  // output tokens the dispatch carried
+    Priority priority = Priority::kDefault;
+  };
+  PositionalSimWorker(const std::string& backend, int max_num_seqs, int step_ms)
+      : max_num_seqs_(max_num_seqs),
+        step_ms_(step_ms),
+        thread_([this, backend] { Run(backend); }) {}
+  ~PositionalSimWorker() {
+    stop_.store(true);
+    thread_.join();
+  }
+  std::vector<Dispatched> dispatches() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return dispatches_;
+  }
+  int cancels() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cancels_;
+  }
+
+ private:
+  struct Running {
+    uint64_t id = 0;
+    int tag = 0;
+    int next = 0;  // output position of its next token
+    int max_tokens = 0;
+  };
+  void Run(const std::string& backend) {
+    zmq::context_t context;
+    SocketOptions so;
+    so.routing_id = "positional-sim";
+    auto socket = Socket::Create(&context, zmq::socket_type::dealer, so);
+    if (!socket.ok() || !(*socket)->Connect(backend).ok()) return;
+    Socket& s = **socket;
+    RegisterInfo reg;
+    reg.worker_id = "positional-sim";
+    reg.model = "sim";
+    reg.max_num_seqs = max_num_seqs_;
+    reg.num_kv_blocks = 4096;
+    reg.block_size = 16;
+    reg.max_model_len = 4096;
+    reg.vocab_size = 300;
+    reg.tokenizer = TokenizerKind::kByte;
+    reg.bos_token_id = 256;
+    (void)s.Send({Encode(WorkerMessage(reg))});
+    uint64_t epoch = 0;
+    std::vector<Running> running;
+    int64_t next_step = NowMicros(), next_beat = NowMicros();
+    while (!stop_.load()) {
+      auto frames = s.Recv(1);
+      if (frames.ok() && frames->has_value() && (*frames)->size() == 1) {
+        auto m = DecodeRouterMessage((**frames)[0]);
+        if (m.ok()) {
+          if (auto* ack = std::get_if<RegisterAckInfo>(&*m)) {
+            epoch = ack->epoch;
+          } else if (auto* d = std::get_if<DispatchInfo>(&*m)) {
+            const int tag = Tag(d->prompt_tokens);
+            {
+              std::lock_guard<std::mutex> lock(mu_);
+              dispatches_.push_back({tag, d->output_tokens.size(), d->priority});
+            }
+            running.push_back({d->dispatch_id, tag, static_cast<int>(d->output_tokens.size()),
+                               d->sampling.max_tokens});
+          } else if (auto* c = std::get_if<WorkerCancelInfo>(&*m)) {
+            std::lock_guard<std::mutex> lock(mu_);
+            cancels_ += static_cast<int>(std::erase_if(
+                running, [&](const Running& r) { return r.id == c->dispatch_id; }));
+          }
+        }
+      }
+      const int64_t now = NowMicros();
+      if (epoch > 0 && now >= next_beat) {
+        WorkerLoad load;
+        load.running = static_cast<int>(running.size());
+        (void)s.Send({Encode(WorkerMessage(HeartbeatInfo{epoch, load}))});
+        next_beat = now + 100'000;
+      }
+      if (now < next_step || epoch == 0 || running.empty()) continue;
+      next_step = now + step_ms_ * 1000;
+      StepTokensInfo step;
+      step.epoch = epoch;
+      for (Running& r : running) {
+        TokenEvent e;
+        e.dispatch_id = r.id;
+        e.has_token = true;
+        e.token.token = TokenAt(r.tag, r.next);
+        e.finished = ++r.next >= r.max_tokens;
+        if (e.finished) e.finish_reason = "length";
+        step.events.push_back(e);
+      }
+      std::erase_if(running, [](const Running& r) { return r.next >= r.max_tokens; });
+      step.load.running = static_cast<int>(running.size());
+      (void)s.Send({Encode(WorkerMessage(step))});
+    }
+  }
+
+  const int max_num_seqs_;
+  const int step_ms_;
+  std::atomic<bool> stop_{false};
+  mutable std::mutex mu_;
+  std::vector<Dispatched> dispatches_;
+  int cancels_ = 0;
+  std::thread thread_;
+};
+
 // A client of generate and embed requests on one DEALER: sends now, collects every answer.
 // With `context` (the router's), it may connect to the router's in-process endpoint.
 class ProbeClient {
@@ -174,6 +290,8 @@ class ProbeClient {
     while (!all() && NowMicros() < give_up) ReadOne(10);
   }
   std::map<std::string, ServerMessage> ended_;
+  // A stream's chunks in the order they came.
+  std::map<std::string, std::vector<GenerateChunkOut>> chunks_;
 
  private:
   void ReadOne(int wait_ms) {
@@ -189,6 +307,9 @@ class ProbeClient {
           }
         },
         *m);
+    if (const auto* chunk = std::get_if<GenerateChunkOut>(&*m)) {
+      chunks_[chunk->request_id].push_back(*chunk);
+    }
   }
 
   zmq::context_t context_;
@@ -588,6 +709,123 @@ TEST_F(AdmissionClusterTest, BatchJobsAreTheInProcessClientsAndRunInTheBatchLane
   const std::map<int, Priority> priorities = worker.priorities();
   for (int tag = 10; tag < 16; ++tag) EXPECT_EQ(priorities.at(tag), Priority::kBatch) << tag;
   EXPECT_EQ(priorities.at(20), Priority::kDefault);
+  ExpectIdle();
+}
+
+// Issue 16: every sequence slot of the only worker is a batch job's. A network request does not
+// wait for one to finish: the router preempts the newest (its worker drops it) and the request
+// runs at once. The preempted one waits in the batch lane and resumes from its tokens once the
+// slot is free; both jobs answer with exactly the tokens an unpreempted run gives, a stream's
+// chunks unbroken. A preemption is no migration: with max_migrations 0 a migration would fail.
+TEST_F(AdmissionClusterTest, BatchJobsYieldTheirSlotsToAWaitingRequest) {
+  RouterOptions o;
+  o.max_migrations = 0;
+  Start(o);
+  PositionalSimWorker worker(router_->backend_endpoint(), /*max_num_seqs=*/2, /*step_ms=*/10);
+  for (int i = 0; i < 200 && QueryStats(router_->frontend_endpoint()).workers.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  // Two jobs of 150 tokens: 1.5 s each at 10 ms a step. The first streams.
+  ProbeClient runner(router_->inproc_endpoint(), router_->zmq_context());
+  for (int tag : {10, 11}) {
+    GenerateInput g = Request(tag, 150);
+    g.batch_job = true;
+    g.stream = tag == 10;
+    runner.Send(g);
+  }
+  runner.WaitFor("r10");
+  for (int i = 0; i < 200 && worker.dispatches().size() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(worker.dispatches().size(), 2u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // ~20 tokens each
+  ProbeClient network(router_->frontend_endpoint());
+  GenerateInput interactive = Request(20, 4, Priority::kInteractive);
+  interactive.stream = true;
+  const int64_t sent = NowMicros();
+  network.Send(interactive);
+  network.WaitFor("r20");
+  const int64_t first_token_ms = (NowMicros() - sent) / 1000;
+  std::cout << "interactive request beside 2 batch jobs holding both slots: first token "
+            << first_token_ms << " ms after its send (preempting one)\n";
+  // The jobs had more than a second to go: it did not wait for one.
+  EXPECT_LT(first_token_ms, 300);
+  network.WaitEnded({"r20"});
+  runner.WaitEnded({"r10", "r11"});
+  ASSERT_TRUE(network.ended_.contains("r20"));
+  ASSERT_TRUE(std::holds_alternative<GenerateFinalOut>(network.ended_.at("r20")));
+  EXPECT_EQ(std::get<GenerateFinalOut>(network.ended_.at("r20")).usage.completion_tokens, 4);
+  for (const char* id : {"r10", "r11"}) {
+    ASSERT_TRUE(runner.ended_.contains(id)) << id;
+    ASSERT_TRUE(std::holds_alternative<GenerateFinalOut>(runner.ended_.at(id)))
+        << id << ": " << std::get<ErrorInfo>(runner.ended_.at(id)).message;
+    const GenerateFinalOut& f = std::get<GenerateFinalOut>(runner.ended_.at(id));
+    EXPECT_EQ(f.usage.completion_tokens, 150) << id;
+    EXPECT_EQ(f.finish_reason, "length") << id;
+  }
+  const std::vector<GenerateChunkOut>& chunks = runner.chunks_["r10"];
+  ASSERT_EQ(chunks.size(), 150u);
+  for (int i = 0; i < 150; ++i) {
+    EXPECT_EQ(chunks[i].index, i);
+    ASSERT_EQ(chunks[i].tokens.size(), 1u);
+    EXPECT_EQ(chunks[i].tokens[0].token, TokenAt(10, i)) << i;
+  }
+  const std::vector<SampleResult>& tokens = std::get<GenerateFinalOut>(runner.ended_["r11"]).tokens;
+  ASSERT_EQ(tokens.size(), 150u);
+  for (int i = 0; i < 150; ++i) EXPECT_EQ(tokens[i].token, TokenAt(11, i)) << i;
+  // r11, dispatched last, was preempted for r20 and resumed after the tokens it had, at the
+  // batch class still; r10 ran through.
+  const std::vector<PositionalSimWorker::Dispatched> d = worker.dispatches();
+  ASSERT_EQ(d.size(), 4u);
+  EXPECT_EQ(d[0].tag, 10);
+  EXPECT_EQ(d[1].tag, 11);
+  EXPECT_EQ(d[2].tag, 20);
+  EXPECT_EQ(d[3].tag, 11);
+  EXPECT_GT(d[3].resumed_from, 0u);
+  EXPECT_LT(d[3].resumed_from, 150u);
+  EXPECT_EQ(d[3].priority, Priority::kBatch);
+  EXPECT_EQ(worker.cancels(), 1);
+  const std::string metrics = router_->RenderMetrics();
+  EXPECT_THAT(metrics, ::testing::HasSubstr("carpool_batch_preemptions_total 1\n"));
+  EXPECT_THAT(metrics, ::testing::HasSubstr("carpool_migrations_total 0\n"));
+  ExpectIdle();
+}
+
+// The same full worker without batch jobs: requests of the batch class from a network client are
+// never preempted. The interactive request waits for one of them to finish.
+TEST_F(AdmissionClusterTest, AFullWorkerWithoutBatchJobsStillQueues) {
+  Start(RouterOptions());
+  PositionalSimWorker worker(router_->backend_endpoint(), /*max_num_seqs=*/2, /*step_ms=*/10);
+  for (int i = 0; i < 200 && QueryStats(router_->frontend_endpoint()).workers.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ProbeClient network(router_->frontend_endpoint());
+  for (int tag : {10, 11}) network.Send(Request(tag, 150, Priority::kBatch));
+  for (int i = 0; i < 200 && worker.dispatches().size() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(worker.dispatches().size(), 2u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  GenerateInput interactive = Request(20, 4, Priority::kInteractive);
+  interactive.stream = true;
+  const int64_t sent = NowMicros();
+  network.Send(interactive);
+  network.WaitFor("r20");
+  const int64_t first_token_ms = (NowMicros() - sent) / 1000;
+  std::cout << "interactive request beside 2 batch-class requests holding both slots: first "
+               "token "
+            << first_token_ms << " ms after its send (no preemption)\n";
+  // ~1.3 s: the time the first of them still needed.
+  EXPECT_GT(first_token_ms, 1000);
+  network.WaitEnded({"r10", "r11", "r20"});
+  for (const char* id : {"r10", "r11", "r20"}) {
+    ASSERT_TRUE(network.ended_.contains(id)) << id;
+    EXPECT_TRUE(std::holds_alternative<GenerateFinalOut>(network.ended_.at(id))) << id;
+  }
+  EXPECT_EQ(worker.dispatches().size(), 3u);
+  EXPECT_EQ(worker.cancels(), 0);
+  EXPECT_THAT(router_->RenderMetrics(),
+              ::testing::HasSubstr("carpool_batch_preemptions_total 0\n"));
   ExpectIdle();
 }
 

@@ -158,6 +158,14 @@ class Router::Impl final : public RequestHost {
   // Places queued requests (in AdmissionController::Next order) while workers take them.
   void TryDispatch();
   void Dispatch(Request& r, WorkerState* w, int64_t cached_prefix_tokens);
+  // `r` (seen as `view` by `workers`, its model's) fits no worker now: when it is not a batch
+  // job's and takes a sequence slot, preempts the most recently dispatched batch job's request
+  // on a worker where `r` could then be placed. True when one was preempted.
+  bool PreemptBatchJobFor(const Request& r, const std::vector<WorkerState*>& workers,
+                          const PlacementView& view);
+  // Takes batch job's request `r` off `w` (told to drop it) and back to the front of the batch
+  // lane, to resume later from its prompt and the tokens it already produced.
+  void PreemptBatchJob(Request& r, WorkerState* w);
   // Takes `r` off its worker's books (its kind's part, and outstanding tokens); false when the
   // worker does not hold it.
   bool DetachFromWorker(Request& r, WorkerState* w);

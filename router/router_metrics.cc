@@ -45,6 +45,10 @@ RouterMetrics::RouterMetrics()
                                         "Sequences preempted by the workers' schedulers.")),
       migrations_(registry_.AddCounter(
           "carpool_migrations_total", "Requests moved to another worker after theirs died.")),
+      batch_preemptions_(registry_.AddCounter(
+          "carpool_batch_preemptions_total",
+          "Batch jobs' requests the router took off a worker for other requests to run; each "
+          "resumes later from the tokens it had.")),
       ttft_(registry_.AddHistogram("carpool_time_to_first_token_seconds",
                                    "From arrival at the router to the first token.",
                                    LatencyBuckets())),
@@ -122,6 +126,7 @@ RouterMetrics::RouterMetrics()
   prefix_hit_ratio_.With({});
   preemptions_.With({});
   migrations_.With({});
+  batch_preemptions_.With({});
   ttft_.With({});
   tpot_.With({});
   batch_size_.With({});
@@ -181,6 +186,8 @@ void RouterMetrics::OnStep(int sequences, int max_num_seqs) {
 }
 
 void RouterMetrics::OnMigration() { migrations_.With({}).Inc(); }
+
+void RouterMetrics::OnBatchPreemption() { batch_preemptions_.With({}).Inc(); }
 
 namespace {
 

@@ -46,6 +46,8 @@ class RouterMetrics {
   // One engine step's message from a worker: `sequences` got news, of `max_num_seqs`.
   void OnStep(int sequences, int max_num_seqs);
   void OnMigration();
+  // The router took a batch job's request off its worker for a request waiting for its room.
+  void OnBatchPreemption();
 
   // Gauges: the router's queue and the workers now registered. Workers not listed any more
   // drop out (their preemptions stay counted).
@@ -73,6 +75,7 @@ class RouterMetrics {
   metrics::Family<metrics::Gauge>& prefix_hit_ratio_;
   metrics::Family<metrics::Counter>& preemptions_;
   metrics::Family<metrics::Counter>& migrations_;
+  metrics::Family<metrics::Counter>& batch_preemptions_;
   metrics::Family<metrics::Histogram>& ttft_;
   metrics::Family<metrics::Histogram>& tpot_;
   metrics::Family<metrics::Histogram>& e2e_;

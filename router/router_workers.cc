@@ -20,6 +20,8 @@ void Router::Impl::TryDispatch() {
   // A request no worker can take now is passed over: the ones behind it may go (by the rule of
   // AdmissionController::Next), up to a bound per call.
   absl::flat_hash_set<uint64_t> unplaced;
+  // Requests a batch job's request was preempted for in this call: one each.
+  absl::flat_hash_set<uint64_t> preempted_for;
   const auto pass_over = [&](uint64_t router_id) {
     unplaced.insert(router_id);
     return unplaced.size() < kMaxUnplacedPerPass;
@@ -64,6 +66,11 @@ void Router::Impl::TryDispatch() {
     in.affinity_load_weight = options_.affinity_load_weight;
     const std::optional<int> pick = Place(options_.placement, view.snapshots, in);
     if (!pick) {
+      // Batch jobs hold the room it needs: one of them yields, and Next() gives it again.
+      if (!preempted_for.contains(*router_id) && PreemptBatchJobFor(r, workers, view)) {
+        preempted_for.insert(*router_id);
+        continue;
+      }
       if (!pass_over(*router_id)) return;
       continue;
     }
@@ -71,6 +78,58 @@ void Router::Impl::TryDispatch() {
     ++placements_;
     Dispatch(r, workers[*pick], view.snapshots[*pick].cached_prefix_tokens);
   }
+}
+
+bool Router::Impl::PreemptBatchJobFor(const Request& r, const std::vector<WorkerState*>& workers,
+                                      const PlacementView& view) {
+  // A batch job's request never preempts (the lane only takes room nothing else waits for), and
+  // an embed needs no sequence slot or KV room that a generate would give back.
+  if (r.admission.batch_job || !r.admission.kv_resident) return false;
+  Request* victim = nullptr;
+  WorkerState* victim_worker = nullptr;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    WorkerState* w = workers[i];
+    const int64_t capacity = CapacityTokens(*w);
+    if (!w->serving() || (capacity > 0 && view.request_tokens > capacity)) continue;
+    // Its newest batch job: the least work lost (a resume recomputes its prompt and tokens).
+    Request* newest = nullptr;
+    for (uint64_t router_id : w->requests) {
+      auto it = requests_.find(router_id);
+      if (it == requests_.end() || !it->second->admission.batch_job) continue;
+      if (newest == nullptr || it->second->dispatch_id > newest->dispatch_id) {
+        newest = it->second.get();
+      }
+    }
+    if (newest == nullptr) continue;
+    // Only where `r` then becomes a candidate by placement's own rule: a slot free, its tokens
+    // within the worker's capacity.
+    WorkerSnapshot after = view.snapshots[i];
+    after.credit = std::max(0, w->info.max_num_seqs - static_cast<int>(w->requests.size()) + 1);
+    after.outstanding_tokens -= newest->outstanding;
+    PlacementInput in;
+    in.request_tokens = view.request_tokens;
+    if (!Place(PlacementPolicy::kLeastLoaded, {after}, in)) continue;
+    if (victim == nullptr || newest->dispatch_id > victim->dispatch_id) {
+      victim = newest;
+      victim_worker = w;
+    }
+  }
+  if (victim == nullptr) return false;
+  PreemptBatchJob(*victim, victim_worker);
+  return true;
+}
+
+void Router::Impl::PreemptBatchJob(Request& r, WorkerState* w) {
+  // As a failover moves a request, without counting toward max_migrations: the worker drops it
+  // (its KV blocks free; its late tokens are stale), and it waits at the front of the batch lane
+  // to resume from its prompt and the tokens it has, so its client sees one answer.
+  SendToWorker(w->identity, WorkerCancelInfo{r.dispatch_id});
+  DetachFromWorker(r, w);
+  by_dispatch_.erase(r.dispatch_id);
+  r.worker.clear();
+  r.outstanding = 0;
+  admission_->Requeue(r.router_id);
+  stats_.metrics().OnBatchPreemption();
 }
 
 void Router::Impl::Dispatch(Request& r, WorkerState* w, int64_t cached_prefix_tokens) {
