@@ -93,9 +93,9 @@ TEST_F(BatchCliTest, SubmitWaitShowsProgressLinesAndWritesTheOutput) {
   const std::string path = dir_.WriteFile("in.jsonl", Line("a") + Line("bad-b") + Line("c"));
   const std::string out = (dir_.path() / "out.jsonl").string();
   const std::string errors = (dir_.path() / "errors.jsonl").string();
-  testing::CommandResult r = RunCarpool("batch submit " + path + Router() +
-                                        " --poll-ms 5 --output " + out + " --errors-output " +
-                                        errors);
+  testing::CommandResult r =
+      RunCarpool("batch submit " + path + Router() + " --poll-ms 5 --output " + out +
+                 " --errors-output " + errors);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   // Not a terminal: a line per change, no bar.
   EXPECT_THAT(r.output, HasSubstr("in_progress  1/3 done"));

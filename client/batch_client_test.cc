@@ -15,9 +15,9 @@ namespace carpool {
 namespace {
 
 using ::testing::ElementsAre;
-using ::testing::HasSubstr;
 using testing::FakeBatchStore;
 using testing::FakeRouter;
+using ::testing::HasSubstr;
 
 std::unique_ptr<Client> ConnectTo(const FakeRouter& router, ClientOptions options = {}) {
   options.router_endpoint = router.endpoint();
@@ -133,8 +133,8 @@ TEST(ClientBatchTest, WaitBatchPollsToTheEndAndResultsHoldBothFiles) {
   EXPECT_THAT(early.message(), HasSubstr("in_progress"));
 
   std::vector<int64_t> progress;
-  absl::StatusOr<BatchInfo> done = client->WaitBatch(
-      batch->id, /*poll_ms=*/5, [&](const BatchInfo& b) {
+  absl::StatusOr<BatchInfo> done =
+      client->WaitBatch(batch->id, /*poll_ms=*/5, [&](const BatchInfo& b) {
         progress.push_back(b.request_counts.completed + b.request_counts.failed);
       });
   ASSERT_TRUE(done.ok()) << done.status();

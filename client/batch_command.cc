@@ -55,8 +55,7 @@ void RegisterFlags(FlagParser* p, BatchFlags* f) {
   p->AddString("router", &f->router, "the carpool router (tcp://host:port); required");
   p->AddString("api-key", &f->api_key, "API key (a router with tenants: the batch's owner)");
   p->AddInt64("timeout-ms", &f->timeout_ms, "timeout of each call to the router");
-  p->AddInt("retries", &f->retries,
-            "resend a call refused with UNAVAILABLE up to this many times");
+  p->AddInt("retries", &f->retries, "resend a call refused with UNAVAILABLE up to this many times");
   p->AddBytes("max-message-bytes", &f->max_message_bytes,
               "largest answer taken from the router (results: the output file)");
   p->AddString("endpoint", &f->endpoint,
@@ -122,7 +121,9 @@ std::string Time(int64_t t) {
   return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::FromUnixSeconds(t), absl::UTCTimeZone());
 }
 
-int64_t Answered(const BatchInfo& b) { return b.request_counts.completed + b.request_counts.failed; }
+int64_t Answered(const BatchInfo& b) {
+  return b.request_counts.completed + b.request_counts.failed;
+}
 
 // The batch's details, one "name  value" line each, then its errors.
 std::string Details(const BatchInfo& b) {
@@ -292,9 +293,8 @@ int List(Client& client, const BatchFlags& f, const BatchCallOptions& call) {
   if (f.json) {
     nlohmann::json data = nlohmann::json::array();
     for (const BatchInfo& b : list->data) data.push_back(BatchInfoToJson(b));
-    std::cout << nlohmann::json({{"object", "list"},
-                                 {"data", std::move(data)},
-                                 {"has_more", list->has_more}})
+    std::cout << nlohmann::json(
+                     {{"object", "list"}, {"data", std::move(data)}, {"has_more", list->has_more}})
                      .dump()
               << "\n";
     return 0;
@@ -345,10 +345,10 @@ nlohmann::json BatchInfoToJson(const BatchInfo& b) {
 }
 
 std::string BatchLine(const BatchInfo& b) {
-  std::string line = absl::StrFormat("%s  %s  %d/%d done", b.id, b.status, Answered(b),
-                                     b.request_counts.total);
-  if (b.request_counts.failed > 0) absl::StrAppend(&line, " (", b.request_counts.failed,
-                                                   " failed)");
+  std::string line =
+      absl::StrFormat("%s  %s  %d/%d done", b.id, b.status, Answered(b), b.request_counts.total);
+  if (b.request_counts.failed > 0)
+    absl::StrAppend(&line, " (", b.request_counts.failed, " failed)");
   absl::StrAppend(&line, "  ", b.endpoint);
   return line;
 }
@@ -362,8 +362,7 @@ std::string ProgressBar(const BatchInfo& b, int width) {
 }
 
 int RunBatch(int argc, char** argv, int first) {
-  if (first >= argc || std::string(argv[first]) == "--help" ||
-      std::string(argv[first]) == "help") {
+  if (first >= argc || std::string(argv[first]) == "--help" || std::string(argv[first]) == "help") {
     BatchFlags f;
     FlagParser parser;
     RegisterFlags(&parser, &f);

@@ -130,8 +130,8 @@ class FakeBatchStore {
                   {"expires_at", 1700086400 + next_id_},
                   {"completed_at", nullptr},
                   {"request_counts", {{"total", total}, {"completed", 0}, {"failed", 0}}},
-                  {"metadata", call.metadata_json.empty() ? Json(nullptr)
-                                                          : Json::parse(call.metadata_json)}};
+                  {"metadata",
+                   call.metadata_json.empty() ? Json(nullptr) : Json::parse(call.metadata_json)}};
         if (!errors.empty()) {
           b["status"] = "failed";
           b["failed_at"] = 1700000002 + next_id_;

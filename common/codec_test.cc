@@ -533,7 +533,7 @@ TEST(CodecBatchTest, EveryBatchCallFieldRoundTrips) {
 }
 
 TEST(CodecBatchTest, EveryOpKeepsItsName) {
-  const BatchOp ops[] = {BatchOp::kCreateFile,  BatchOp::kGetFile,    BatchOp::kFileContent,
+  const BatchOp ops[] = {BatchOp::kCreateFile,  BatchOp::kGetFile,     BatchOp::kFileContent,
                          BatchOp::kDeleteFile,  BatchOp::kCreateBatch, BatchOp::kGetBatch,
                          BatchOp::kListBatches, BatchOp::kCancelBatch};
   std::set<std::string> names;

@@ -162,15 +162,24 @@ enum class BatchOp {
 // "create_file", "get_batch", ...: for messages and logs.
 inline const char* BatchOpName(BatchOp op) {
   switch (op) {
-    case BatchOp::kUnspecified: break;
-    case BatchOp::kCreateFile: return "create_file";
-    case BatchOp::kGetFile: return "get_file";
-    case BatchOp::kFileContent: return "file_content";
-    case BatchOp::kDeleteFile: return "delete_file";
-    case BatchOp::kCreateBatch: return "create_batch";
-    case BatchOp::kGetBatch: return "get_batch";
-    case BatchOp::kListBatches: return "list_batches";
-    case BatchOp::kCancelBatch: return "cancel_batch";
+    case BatchOp::kUnspecified:
+      break;
+    case BatchOp::kCreateFile:
+      return "create_file";
+    case BatchOp::kGetFile:
+      return "get_file";
+    case BatchOp::kFileContent:
+      return "file_content";
+    case BatchOp::kDeleteFile:
+      return "delete_file";
+    case BatchOp::kCreateBatch:
+      return "create_batch";
+    case BatchOp::kGetBatch:
+      return "get_batch";
+    case BatchOp::kListBatches:
+      return "list_batches";
+    case BatchOp::kCancelBatch:
+      return "cancel_batch";
   }
   return "unspecified";
 }

@@ -58,8 +58,8 @@ class RouterBatchTest : public ScriptedRouterTest {
 
   // A handler that records each call and answers with its op's name and the content's size.
   BatchCallHandler Recording() {
-    return [this](const std::string& tenant, const BatchCallInfo& call)
-               -> absl::StatusOr<BatchReplyInfo> {
+    return [this](const std::string& tenant,
+                  const BatchCallInfo& call) -> absl::StatusOr<BatchReplyInfo> {
       absl::MutexLock lock(&mu_);
       seen_.push_back({tenant, call});
       return BatchReplyInfo{"", absl::StrCat("{\"op\": \"", BatchOpName(call.op), "\"}"),
@@ -139,8 +139,7 @@ TEST_F(RouterBatchTest, HandlerErrorsKeepTheirCodeAndMessageWithTheCodeAsReason)
   };
   const Case cases[] = {
       {"batch_other", absl::StatusCode::kNotFound, "not_found", "no batch 'batch_other'"},
-      {"batch_done", absl::StatusCode::kFailedPrecondition, "failed_precondition",
-       "is completed"},
+      {"batch_done", absl::StatusCode::kFailedPrecondition, "failed_precondition", "is completed"},
       {"file-big", absl::StatusCode::kOutOfRange, "out_of_range", "--batch-max-file-bytes"},
   };
   for (const Case& c : cases) {

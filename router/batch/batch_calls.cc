@@ -23,8 +23,8 @@ absl::StatusOr<BatchReplyInfo> Run(BatchService& service, const std::string& ten
     case BatchOp::kUnspecified:
       break;
     case BatchOp::kCreateFile: {
-      ASSIGN_OR_RETURN(StoredFile file, service.CreateFile(tenant, call.filename, call.purpose,
-                                                           call.content));
+      ASSIGN_OR_RETURN(StoredFile file,
+                       service.CreateFile(tenant, call.filename, call.purpose, call.content));
       return BatchReplyInfo{"", FileJson(file), ""};
     }
     case BatchOp::kGetFile: {
@@ -51,9 +51,9 @@ absl::StatusOr<BatchReplyInfo> Run(BatchService& service, const std::string& ten
     }
     case BatchOp::kListBatches: {
       if (call.limit < 0 || call.limit > kMaxListLimit) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "limit is ", call.limit, "; it must be in [1, ", kMaxListLimit, "] (0: ",
-            kDefaultListLimit, ")"));
+        return absl::InvalidArgumentError(absl::StrCat("limit is ", call.limit,
+                                                       "; it must be in [1, ", kMaxListLimit,
+                                                       "] (0: ", kDefaultListLimit, ")"));
       }
       ASSIGN_OR_RETURN(BatchPage page,
                        service.ListBatches(tenant, call.after,
@@ -74,10 +74,9 @@ absl::StatusOr<BatchReplyInfo> Run(BatchService& service, const std::string& ten
 absl::StatusOr<BatchReplyInfo> HandleBatchCall(BatchService& service, const std::string& tenant,
                                                const BatchCallInfo& call) {
   if (NeedsId(call.op) && call.id.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("BatchCall ", BatchOpName(call.op), " needs the id of a ",
-                     call.op == BatchOp::kGetBatch || call.op == BatchOp::kCancelBatch ? "batch"
-                                                                                        : "file"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "BatchCall ", BatchOpName(call.op), " needs the id of a ",
+        call.op == BatchOp::kGetBatch || call.op == BatchOp::kCancelBatch ? "batch" : "file"));
   }
   ASSIGN_OR_RETURN(BatchReplyInfo reply, Run(service, tenant, call));
   reply.request_id = call.request_id;

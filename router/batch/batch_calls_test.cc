@@ -24,13 +24,13 @@
 namespace carpool::router::batch {
 namespace {
 
-using ::testing::HasSubstr;
 using nlohmann::json;
+using ::testing::HasSubstr;
 
 // One /v1/completions line with a token prompt (the simulated worker has no tokenizer).
 std::string Line(const std::string& custom_id, int max_tokens, int tag) {
-  json body = {{"model", "sim"}, {"prompt", testing::TaggedPrompt(tag)},
-               {"max_tokens", max_tokens}};
+  json body = {
+      {"model", "sim"}, {"prompt", testing::TaggedPrompt(tag)}, {"max_tokens", max_tokens}};
   return json({{"custom_id", custom_id},
                {"method", "POST"},
                {"url", "/v1/completions"},

@@ -1,5 +1,5 @@
-"""carpool's Python SDK: generate, stream, chat, embed, tokenize, detokenize, cancel and stats
-against a carpool router over ZeroMQ.
+"""carpool's Python SDK: generate, stream, chat, embed, tokenize, detokenize, cancel, stats and
+batch jobs (files and batches) against a carpool router over ZeroMQ.
 
   import carpool
   with carpool.Client("tcp://127.0.0.1:5555") as client:
@@ -19,21 +19,25 @@ from .aio import AsyncClient, AsyncStream  # noqa: E402
 from .client import Client, Stream  # noqa: E402
 from .errors import (  # noqa: E402
     Cancelled, CarpoolError, ClientTooSlow, DeadlineExceeded, DeadlineUnmeetable, Draining,
-    DuplicateRequestId, InternalError, InvalidArgument, NoWorkers, PromptTooLong, QueueFull,
-    RouterLost, TenantQuota, Timeout, TokenBudget, TooLarge, Unauthenticated, UnknownModel,
-    Unsupported, WorkerLost)
+    DuplicateRequestId, FailedPrecondition, InternalError, InvalidArgument, NoWorkers, NotFound,
+    OutOfRange, PromptTooLong, QueueFull, ResourceExhausted, RouterLost, TenantQuota, Timeout,
+    TokenBudget, TooLarge, Unauthenticated, UnknownModel, Unsupported, WorkerLost)
 from .sampling import SamplingParams  # noqa: E402
 from .types import (  # noqa: E402
-    Chunk, EmbedResult, GenerateResult, Stats, TenantStats, Timings, Token, TokenizeResult,
-    TokenLogprob, Usage, WorkerStats)
+    Batch, BatchError, BatchList, BatchRequestCounts, BatchResults, Chunk, EmbedResult,
+    FileObject, GenerateResult, Stats, TenantStats, Timings, Token, TokenizeResult, TokenLogprob,
+    Usage, WorkerStats)
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AsyncClient", "AsyncStream", "Cancelled", "CarpoolError", "Chunk", "Client",
+    "AsyncClient", "AsyncStream", "Batch", "BatchError", "BatchList", "BatchRequestCounts",
+    "BatchResults", "Cancelled", "CarpoolError", "Chunk", "Client",
     "ClientTooSlow", "DeadlineExceeded", "DeadlineUnmeetable", "Draining", "DuplicateRequestId",
-    "EmbedResult", "GenerateResult", "InternalError", "InvalidArgument", "NoWorkers",
-    "PromptTooLong", "QueueFull", "RouterLost", "SamplingParams", "Stats", "Stream",
+    "EmbedResult", "FailedPrecondition", "FileObject", "GenerateResult", "InternalError",
+    "InvalidArgument", "NoWorkers", "NotFound", "OutOfRange",
+    "PromptTooLong", "QueueFull", "ResourceExhausted", "RouterLost", "SamplingParams", "Stats",
+    "Stream",
     "TenantQuota", "TenantStats", "Timeout", "Timings", "Token", "TokenBudget", "TokenizeResult",
     "TokenLogprob",
     "TooLarge", "Unauthenticated", "UnknownModel", "Unsupported", "Usage", "WorkerLost",

@@ -351,12 +351,13 @@ def _fields(cls: Any, message: Any) -> Dict[str, Any]:
 
 
 def stats_from(s: Any) -> Stats:
+    maps = ("rejections_by_reason", "batches_by_status")
     scalars = {k: v for k, v in _fields(Stats, s).items()
-               if k not in ("workers", "tenants", "rejections_by_reason")}
+               if k not in ("workers", "tenants") + maps}
     return Stats(workers=[WorkerStats(**_fields(WorkerStats, w)) for w in s.workers],
                  tenants=[TenantStats(**_fields(TenantStats, t))
                           for t in getattr(s, "tenants", ())],
-                 rejections_by_reason=dict(s.rejections_by_reason), **scalars)
+                 **{name: dict(getattr(s, name, {})) for name in maps}, **scalars)
 
 
 class Accumulator:

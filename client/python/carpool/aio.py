@@ -8,18 +8,20 @@ once: one reader task per client routes the router's messages by request_id.
 import asyncio
 import collections
 import time
-from typing import Any, Deque, Dict, Mapping, Optional, Sequence, Set, Union
+from typing import Any, Callable, Deque, Dict, Mapping, Optional, Sequence, Set, Union
 
 import zmq
 import zmq.asyncio
 
+from . import _batch
 from . import _requests
 from . import _wire
 from . import errors
 from .client import (DEFAULT_URL, ConnectionWatch, SocketOptions, close_monitor,
                      configure_socket, router_lost_error)
 from .sampling import SamplingParams
-from .types import Chunk, EmbedResult, GenerateResult, Stats, TokenizeResult
+from .types import (Batch, BatchList, BatchResults, Chunk, EmbedResult, FileObject,
+                    GenerateResult, Stats, TokenizeResult)
 
 
 class AsyncStream:
@@ -138,6 +140,7 @@ class AsyncClient:
         self._ids = _wire.RequestIds()
         options = SocketOptions(max_message_bytes, heartbeat_ms, curve_server_key,
                                 curve_public_key, curve_secret_key)
+        self._max_message_bytes = options.max_message_bytes
         self._own_context = context is None
         self._context = context if context is not None else zmq.asyncio.Context()
         try:
@@ -277,6 +280,114 @@ class AsyncClient:
             skip_special_tokens=skip_special_tokens, request_id=request_id, api_key=api_key,
             timeout=timeout)
         return await self._one_shot(req, _requests.detokenize_answer)
+
+    # ---- batch jobs: as Client's (docs/batch.md)
+
+    async def upload_file(self, content: _batch.Content, filename: str = "batch.jsonl", *,
+                          api_key: Optional[str] = None,
+                          timeout: Optional[float] = None) -> FileObject:
+        """As Client.upload_file."""
+        reply = await self._batch_call("create_file", api_key, timeout, filename=filename,
+                                       purpose="batch", content=_batch.jsonl(content))
+        return _batch.file_from(_batch.reply_json(reply, "create_file"))
+
+    async def get_file(self, file_id: str, *, api_key: Optional[str] = None,
+                       timeout: Optional[float] = None) -> FileObject:
+        reply = await self._batch_call("get_file", api_key, timeout, id=file_id)
+        return _batch.file_from(_batch.reply_json(reply, "get_file"))
+
+    async def file_content(self, file_id: str, *, api_key: Optional[str] = None,
+                           timeout: Optional[float] = None) -> bytes:
+        """As Client.file_content."""
+        file = await self.get_file(file_id, api_key=api_key, timeout=timeout)
+        too_large = _batch.too_large_for_client(file, self._max_message_bytes)
+        if too_large is not None:
+            raise too_large
+        reply = await self._batch_call("file_content", api_key, timeout, id=file_id)
+        return bytes(reply.content)
+
+    async def delete_file(self, file_id: str, *, api_key: Optional[str] = None,
+                          timeout: Optional[float] = None) -> None:
+        await self._batch_call("delete_file", api_key, timeout, id=file_id)
+
+    async def submit_batch(self, input_file_id: str, endpoint: str, *,
+                           completion_window: str = "24h",
+                           metadata: Optional[Mapping[str, str]] = None,
+                           api_key: Optional[str] = None,
+                           timeout: Optional[float] = None) -> Batch:
+        """As Client.submit_batch."""
+        reply = await self._batch_call(
+            "create_batch", api_key, timeout, input_file_id=input_file_id, endpoint=endpoint,
+            completion_window=completion_window, metadata_json=_batch.metadata_json(metadata))
+        return _batch.batch_from(_batch.reply_json(reply, "create_batch"))
+
+    async def submit_batch_file(self, content: _batch.Content, endpoint: Optional[str] = None,
+                                *, filename: str = "batch.jsonl",
+                                completion_window: str = "24h",
+                                metadata: Optional[Mapping[str, str]] = None,
+                                api_key: Optional[str] = None,
+                                timeout: Optional[float] = None) -> Batch:
+        """As Client.submit_batch_file."""
+        data = _batch.jsonl(content)
+        if endpoint is None:
+            endpoint = _batch.first_line_url(data)
+        file = await self.upload_file(data, filename, api_key=api_key, timeout=timeout)
+        return await self.submit_batch(file.id, endpoint, completion_window=completion_window,
+                                       metadata=metadata, api_key=api_key, timeout=timeout)
+
+    async def get_batch(self, batch_id: str, *, api_key: Optional[str] = None,
+                        timeout: Optional[float] = None) -> Batch:
+        reply = await self._batch_call("get_batch", api_key, timeout, id=batch_id)
+        return _batch.batch_from(_batch.reply_json(reply, "get_batch"))
+
+    async def list_batches(self, after: str = "", limit: int = 0, *,
+                           api_key: Optional[str] = None,
+                           timeout: Optional[float] = None) -> BatchList:
+        """As Client.list_batches."""
+        reply = await self._batch_call("list_batches", api_key, timeout, after=after,
+                                       limit=limit)
+        return _batch.list_from(_batch.reply_json(reply, "list_batches"))
+
+    async def cancel_batch(self, batch_id: str, *, api_key: Optional[str] = None,
+                           timeout: Optional[float] = None) -> Batch:
+        """As Client.cancel_batch."""
+        reply = await self._batch_call("cancel_batch", api_key, timeout, id=batch_id)
+        return _batch.batch_from(_batch.reply_json(reply, "cancel_batch"))
+
+    async def wait_batch(self, batch_id: str, *, poll_interval: float = 1.0,
+                         timeout: Optional[float] = None,
+                         on_poll: Optional[Callable[[Batch], None]] = None,
+                         api_key: Optional[str] = None) -> Batch:
+        """As Client.wait_batch."""
+        interval = _wire.check_timeout(poll_interval)
+        end = None if timeout is None else time.monotonic() + _wire.check_timeout(timeout)
+        while True:
+            batch = await self.get_batch(batch_id, api_key=api_key)
+            if on_poll is not None:
+                on_poll(batch)
+            if batch.finished:
+                return batch
+            if end is not None and time.monotonic() + interval >= end:
+                raise _batch.wait_timeout(batch, timeout)
+            await asyncio.sleep(interval)
+
+    async def batch_results(self, batch_id: str, *, api_key: Optional[str] = None,
+                            timeout: Optional[float] = None) -> BatchResults:
+        """As Client.batch_results."""
+        batch = await self.get_batch(batch_id, api_key=api_key, timeout=timeout)
+        if not batch.finished:
+            raise _batch.not_finished(batch)
+        files = []
+        for file_id in (batch.output_file_id, batch.error_file_id):
+            files.append(await self.file_content(file_id, api_key=api_key, timeout=timeout)
+                         if file_id else b"")
+        return BatchResults(*files)
+
+    async def _batch_call(self, op: str, api_key: Optional[str], timeout: Optional[float],
+                          **fields: Any) -> Any:
+        req = _batch.call_request(self._ids, self.api_key, self.timeout, op, api_key=api_key,
+                                  timeout=timeout, **fields)
+        return await self._one_shot(req, _batch.reply_answer)
 
     async def _one_shot(self, req: _requests.Request, answer: Any) -> Any:
         """Sends a one-shot call and waits for the answer `answer` finds in its events."""

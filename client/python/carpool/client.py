@@ -1,5 +1,5 @@
 """The blocking client: generate and chat (whole or streamed), embed, tokenize, detokenize,
-cancel and stats against a carpool router.
+cancel, stats and batch jobs (files and batches) against a carpool router.
 
 Thread safety: a Client may be shared by any number of threads. One background I/O thread per
 Client owns its ZeroMQ DEALER socket (ZeroMQ sockets are not thread-safe); calling threads hand it
@@ -13,16 +13,18 @@ import os
 import queue
 import threading
 import time
-from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence, Union
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from . import _batch
 from . import _requests
 from . import _wire
 from . import errors
 from .sampling import SamplingParams
-from .types import Chunk, EmbedResult, GenerateResult, Stats, TokenizeResult
+from .types import (Batch, BatchList, BatchResults, Chunk, EmbedResult, FileObject,
+                    GenerateResult, Stats, TokenizeResult)
 
 DEFAULT_URL = "tcp://127.0.0.1:5555"
 
@@ -528,6 +530,7 @@ class Client:
         self._ids = _wire.RequestIds()
         options = SocketOptions(max_message_bytes, heartbeat_ms, curve_server_key,
                                 curve_public_key, curve_secret_key)
+        self._max_message_bytes = options.max_message_bytes
         self._core = _Core(url, options, context)
 
     def generate(self, prompt: Optional[_wire.Prompt] = None, *,
@@ -671,6 +674,122 @@ class Client:
             skip_special_tokens=skip_special_tokens, request_id=request_id, api_key=api_key,
             timeout=timeout)
         return self._one_shot(req, _requests.detokenize_answer)
+
+    # ---- batch jobs (docs/batch.md). Each call takes api_key and timeout as generate does.
+    # With tenants a batch is its creator's tenant's: other keys get NotFound for its ids.
+    # Errors: NotFound, InvalidArgument (a bad endpoint, window or metadata), OutOfRange (a file
+    # over the router's --batch-max-file-bytes), FailedPrecondition (a cancel of a batch that
+    # ended; a router without a batch store).
+
+    def upload_file(self, content: _batch.Content, filename: str = "batch.jsonl", *,
+                    api_key: Optional[str] = None,
+                    timeout: Optional[float] = None) -> FileObject:
+        """Uploads a batch input file: JSONL (str or bytes, one request a line: {"custom_id",
+        "method": "POST", "url", "body"}) or a list of such request dicts."""
+        reply = self._batch_call("create_file", api_key, timeout, filename=filename,
+                                 purpose="batch", content=_batch.jsonl(content))
+        return _batch.file_from(_batch.reply_json(reply, "create_file"))
+
+    def get_file(self, file_id: str, *, api_key: Optional[str] = None,
+                 timeout: Optional[float] = None) -> FileObject:
+        reply = self._batch_call("get_file", api_key, timeout, id=file_id)
+        return _batch.file_from(_batch.reply_json(reply, "get_file"))
+
+    def file_content(self, file_id: str, *, api_key: Optional[str] = None,
+                     timeout: Optional[float] = None) -> bytes:
+        """The file's bytes. ResourceExhausted, before asking for them, when the file is larger
+        than this client's max_message_bytes takes (the connection would drop)."""
+        file = self.get_file(file_id, api_key=api_key, timeout=timeout)
+        too_large = _batch.too_large_for_client(file, self._max_message_bytes)
+        if too_large is not None:
+            raise too_large
+        return bytes(self._batch_call("file_content", api_key, timeout, id=file_id).content)
+
+    def delete_file(self, file_id: str, *, api_key: Optional[str] = None,
+                    timeout: Optional[float] = None) -> None:
+        self._batch_call("delete_file", api_key, timeout, id=file_id)
+
+    def submit_batch(self, input_file_id: str, endpoint: str, *,
+                     completion_window: str = "24h",
+                     metadata: Optional[Mapping[str, str]] = None,
+                     api_key: Optional[str] = None, timeout: Optional[float] = None) -> Batch:
+        """Starts a batch of an uploaded file. endpoint: "/v1/chat/completions",
+        "/v1/completions" or "/v1/embeddings", the url of every line. completion_window: "24h"
+        (or "Ns", "Nm", "Nh" up to 24h); past it the batch ends expired. metadata: up to 16
+        str values kept with the batch. The batch starts in validating: a bad line fails it
+        with every error listed (Batch.errors) before any request runs."""
+        reply = self._batch_call("create_batch", api_key, timeout, input_file_id=input_file_id,
+                                 endpoint=endpoint, completion_window=completion_window,
+                                 metadata_json=_batch.metadata_json(metadata))
+        return _batch.batch_from(_batch.reply_json(reply, "create_batch"))
+
+    def submit_batch_file(self, content: _batch.Content, endpoint: Optional[str] = None, *,
+                          filename: str = "batch.jsonl", completion_window: str = "24h",
+                          metadata: Optional[Mapping[str, str]] = None,
+                          api_key: Optional[str] = None,
+                          timeout: Optional[float] = None) -> Batch:
+        """upload_file then submit_batch; endpoint None: the first line's url (InvalidArgument,
+        before sending, when it has none)."""
+        data = _batch.jsonl(content)
+        if endpoint is None:
+            endpoint = _batch.first_line_url(data)
+        file = self.upload_file(data, filename, api_key=api_key, timeout=timeout)
+        return self.submit_batch(file.id, endpoint, completion_window=completion_window,
+                                 metadata=metadata, api_key=api_key, timeout=timeout)
+
+    def get_batch(self, batch_id: str, *, api_key: Optional[str] = None,
+                  timeout: Optional[float] = None) -> Batch:
+        reply = self._batch_call("get_batch", api_key, timeout, id=batch_id)
+        return _batch.batch_from(_batch.reply_json(reply, "get_batch"))
+
+    def list_batches(self, after: str = "", limit: int = 0, *, api_key: Optional[str] = None,
+                     timeout: Optional[float] = None) -> BatchList:
+        """This tenant's batches, newest first: `limit` (1..100; 0: 20) after the batch
+        `after` ("": from the newest)."""
+        reply = self._batch_call("list_batches", api_key, timeout, after=after, limit=limit)
+        return _batch.list_from(_batch.reply_json(reply, "list_batches"))
+
+    def cancel_batch(self, batch_id: str, *, api_key: Optional[str] = None,
+                     timeout: Optional[float] = None) -> Batch:
+        """validating or in_progress: cancelling, then cancelled once its requests in flight
+        ended, what finished kept. FailedPrecondition when it already ended otherwise."""
+        reply = self._batch_call("cancel_batch", api_key, timeout, id=batch_id)
+        return _batch.batch_from(_batch.reply_json(reply, "cancel_batch"))
+
+    def wait_batch(self, batch_id: str, *, poll_interval: float = 1.0,
+                   timeout: Optional[float] = None,
+                   on_poll: Optional[Callable[[Batch], None]] = None,
+                   api_key: Optional[str] = None) -> Batch:
+        """Polls the batch every poll_interval seconds until it is finished (timeout: seconds in
+        all, None: no limit; Timeout past it), calling on_poll with each state read."""
+        interval = _wire.check_timeout(poll_interval)
+        end = None if timeout is None else time.monotonic() + _wire.check_timeout(timeout)
+        while True:
+            batch = self.get_batch(batch_id, api_key=api_key)
+            if on_poll is not None:
+                on_poll(batch)
+            if batch.finished:
+                return batch
+            if end is not None and time.monotonic() + interval >= end:
+                raise _batch.wait_timeout(batch, timeout)
+            time.sleep(interval)
+
+    def batch_results(self, batch_id: str, *, api_key: Optional[str] = None,
+                      timeout: Optional[float] = None) -> BatchResults:
+        """The output and error files of a finished batch (b"" for one it has none of).
+        FailedPrecondition while it still runs."""
+        batch = self.get_batch(batch_id, api_key=api_key, timeout=timeout)
+        if not batch.finished:
+            raise _batch.not_finished(batch)
+        files = [self.file_content(f, api_key=api_key, timeout=timeout) if f else b""
+                 for f in (batch.output_file_id, batch.error_file_id)]
+        return BatchResults(*files)
+
+    def _batch_call(self, op: str, api_key: Optional[str], timeout: Optional[float],
+                    **fields: Any) -> Any:
+        req = _batch.call_request(self._ids, self.api_key, self.timeout, op, api_key=api_key,
+                                  timeout=timeout, **fields)
+        return self._one_shot(req, _batch.reply_answer)
 
     def _one_shot(self, req: _requests.Request, answer: Any) -> Any:
         """Sends a one-shot call and waits for the answer `answer` finds in its events."""

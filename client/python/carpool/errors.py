@@ -141,6 +141,28 @@ class DuplicateRequestId(CarpoolError):
     default_code, default_reason = "ALREADY_EXISTS", "duplicate_request_id"
 
 
+class NotFound(CarpoolError):
+    """No file or batch with that id for this key's tenant (another tenant's ids read so)."""
+    default_code, default_reason = "NOT_FOUND", "not_found"
+
+
+class FailedPrecondition(CarpoolError):
+    """The call does not fit the object's state: a cancel of a batch that already ended,
+    results of a batch still running, a router without a batch store."""
+    default_code, default_reason = "FAILED_PRECONDITION", "failed_precondition"
+
+
+class OutOfRange(InvalidArgument):
+    """A value past a limit: a batch file larger than the router's --batch-max-file-bytes."""
+    default_code, default_reason = "OUT_OF_RANGE", "out_of_range"
+
+
+class ResourceExhausted(CarpoolError):
+    """The router's batch store is full, or an answer is too large for this client's
+    max_message_bytes."""
+    default_code, default_reason = "RESOURCE_EXHAUSTED", "resource_exhausted"
+
+
 class Timeout(DeadlineExceeded, TimeoutError):
     """This client's timeout passed before the request ended; the router was told to cancel it."""
     default_code, default_reason = "DEADLINE_EXCEEDED", "deadline_exceeded"
@@ -151,13 +173,15 @@ _BY_REASON: Dict[str, Type[CarpoolError]] = {
     for cls in (QueueFull, TokenBudget, TenantQuota, DeadlineUnmeetable, DeadlineExceeded,
                 PromptTooLong, InvalidArgument, UnknownModel, WorkerLost, RouterLost, Cancelled,
                 Draining, InternalError, Unauthenticated, Unsupported, TooLarge, NoWorkers,
-                ClientTooSlow, DuplicateRequestId)
+                ClientTooSlow, DuplicateRequestId, NotFound, FailedPrecondition, OutOfRange,
+                ResourceExhausted)
 }
 
 # For reasons this SDK does not know (a newer server), the class of the canonical code.
 _BY_CODE: Dict[str, Type[CarpoolError]] = {
     "INVALID_ARGUMENT": InvalidArgument,
-    "OUT_OF_RANGE": InvalidArgument,
+    "OUT_OF_RANGE": OutOfRange,
+    "NOT_FOUND": NotFound,
     "CANCELLED": Cancelled,
     "DEADLINE_EXCEEDED": DeadlineExceeded,
     "UNAUTHENTICATED": Unauthenticated,

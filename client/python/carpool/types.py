@@ -1,8 +1,9 @@
-"""What the SDK returns: generation and embedding results, stream chunks and cluster stats
-(plain dataclasses)."""
+"""What the SDK returns: generation and embedding results, stream chunks, cluster stats and
+batch jobs (plain dataclasses)."""
 
+import json
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Any, Dict, List
 
 
 @dataclass
@@ -154,3 +155,98 @@ class Stats:
     placement: str = ""
     tenants: List[TenantStats] = field(default_factory=list)
     service_tokens_per_s: float = 0.0
+    # The batch lane (docs/batch.md): its requests queued and dispatched, its limits, batch jobs
+    # by status and their requests not answered yet.
+    batch_lane_queued: int = 0
+    batch_lane_inflight: int = 0
+    batch_max_queued: int = 0
+    batch_max_inflight: int = 0
+    batches_by_status: Dict[str, int] = field(default_factory=dict)
+    batch_requests_pending: int = 0
+
+
+# ---- batch jobs (docs/batch.md): OpenAI's file and batch objects
+
+
+@dataclass
+class FileObject:
+    """A stored file: an uploaded batch input ("batch") or a batch's output ("batch_output")."""
+    id: str = ""
+    bytes: int = 0
+    created_at: int = 0  # unix seconds
+    filename: str = ""
+    purpose: str = ""
+
+
+@dataclass
+class BatchRequestCounts:
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+
+
+@dataclass
+class BatchError:
+    """A line of a batch's input file that failed validation."""
+    code: str = ""     # "invalid_json", "duplicate_custom_id", ...
+    message: str = ""
+    line: int = 0      # 1-based; 0 when the error names no line
+
+
+@dataclass
+class Batch:
+    """A batch job. status: validating, failed, in_progress, finalizing, completed, expired,
+    cancelling or cancelled. Timestamps are unix seconds, 0 while not reached; file ids ""
+    until written."""
+    TIMESTAMPS = ("created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at",
+                  "failed_at", "expired_at", "cancelling_at", "cancelled_at")
+
+    id: str = ""
+    status: str = ""
+    endpoint: str = ""
+    input_file_id: str = ""
+    output_file_id: str = ""
+    error_file_id: str = ""
+    completion_window: str = ""
+    request_counts: BatchRequestCounts = field(default_factory=BatchRequestCounts)
+    errors: List[BatchError] = field(default_factory=list)
+    metadata: Dict[str, str] = field(default_factory=dict)
+    created_at: int = 0
+    in_progress_at: int = 0
+    expires_at: int = 0
+    finalizing_at: int = 0
+    completed_at: int = 0
+    failed_at: int = 0
+    expired_at: int = 0
+    cancelling_at: int = 0
+    cancelled_at: int = 0
+
+    @property
+    def finished(self) -> bool:
+        """failed, completed, expired or cancelled: nothing changes any more."""
+        return self.status in ("failed", "completed", "expired", "cancelled")
+
+
+@dataclass
+class BatchList:
+    data: List[Batch] = field(default_factory=list)  # newest first
+    has_more: bool = False  # more after data[-1]: list_batches(after=data[-1].id)
+
+
+@dataclass
+class BatchResults:
+    """A finished batch's output file (a line per answered request: {"id", "custom_id",
+    "response": {"status_code", "request_id", "body"}, "error"}) and error file (the failed
+    ones), in input order; b"" when it has none."""
+    output_jsonl: bytes = b""
+    error_jsonl: bytes = b""
+
+    @property
+    def output(self) -> List[Dict[str, Any]]:
+        """The output file's lines, parsed."""
+        return [json.loads(line) for line in self.output_jsonl.splitlines() if line.strip()]
+
+    @property
+    def errors(self) -> List[Dict[str, Any]]:
+        """The error file's lines, parsed."""
+        return [json.loads(line) for line in self.error_jsonl.splitlines() if line.strip()]
