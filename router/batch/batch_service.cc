@@ -39,6 +39,8 @@ constexpr size_t kMaxMetadataValueBytes = 512;
 constexpr int64_t kMaxWindowSeconds = 24 * 3600;
 // How often the control thread looks for expired batches when nothing wakes it.
 constexpr absl::Duration kControlTick = absl::Milliseconds(250);
+// How often the batches' statuses are counted for Stats().
+constexpr absl::Duration kCountEvery = absl::Milliseconds(500);
 // How often a request's executor looks up from its stream (to stop with the service).
 constexpr int64_t kPollMs = 100;
 
@@ -214,6 +216,8 @@ class BatchService::Impl {
   // while validating): finalized from the store alone.
   void FinishOrphan(const Batch& batch);
   void FailBatch(const Batch& batch, const std::string& code, const std::string& message);
+  // Refreshes batches_by_status_ from the store.
+  void CountBatches();
 
   // ---- executor threads: one request at a time
   void ExecutorLoop();
@@ -241,6 +245,9 @@ class BatchService::Impl {
   // Running batches by id; `order_` is oldest first, the order requests are taken in.
   std::map<std::string, Active> active_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> order_ ABSL_GUARDED_BY(mu_);
+  // The store's batches by status, counted by the control thread (Stats() never waits for the
+  // store, whose lock a large upload may hold for seconds).
+  std::array<int64_t, 8> batches_by_status_ ABSL_GUARDED_BY(mu_) = {};
   int64_t done_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t prompt_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t completion_tokens_ ABSL_GUARDED_BY(mu_) = 0;
@@ -451,26 +458,25 @@ absl::StatusOr<Batch> BatchService::Impl::CancelBatch(const std::string& tenant,
   return cancelling;
 }
 
-BatchServiceStats BatchService::Impl::Stats() {
-  BatchServiceStats s;
-  bool opened;
+void BatchService::Impl::CountBatches() {
+  BatchStore* store;
   {
     absl::MutexLock lock(&store_mu_);
-    opened = store_ != nullptr;
+    store = store_.get();
   }
-  if (opened) {
-    absl::StatusOr<BatchStore*> store = Store();
-    if (store.ok()) {
-      absl::StatusOr<std::vector<std::pair<BatchStatus, int64_t>>> counts =
-          (*store)->CountBatches();
-      if (counts.ok()) {
-        for (const auto& [status, n] : *counts) {
-          s.batches_by_status[static_cast<int>(status)] = n;
-        }
-      }
-    }
-  }
+  if (store == nullptr) return;  // never used: nothing to count
+  absl::StatusOr<std::vector<std::pair<BatchStatus, int64_t>>> counts = store->CountBatches();
+  if (!counts.ok()) return;
+  std::array<int64_t, 8> by_status = {};
+  for (const auto& [status, n] : *counts) by_status[static_cast<int>(status)] = n;
   absl::MutexLock lock(&mu_);
+  batches_by_status_ = by_status;
+}
+
+BatchServiceStats BatchService::Impl::Stats() {
+  BatchServiceStats s;
+  absl::MutexLock lock(&mu_);
+  s.batches_by_status = batches_by_status_;
   for (const auto& [id, a] : active_) {
     if (a.end == End::kNone) s.requests_pending += static_cast<int64_t>(a.pending.size());
     s.requests_running += static_cast<int64_t>(a.in_flight.size());
@@ -484,6 +490,7 @@ BatchServiceStats BatchService::Impl::Stats() {
 // ---- control
 
 void BatchService::Impl::ControlLoop() {
+  absl::Time next_count = absl::InfinitePast();
   for (;;) {
     std::optional<std::string> load;
     std::vector<Active> finished;
@@ -514,6 +521,10 @@ void BatchService::Impl::ControlLoop() {
     }
     for (const std::string& rid : cancel) (void)client_->Cancel(rid);
     for (Active& a : finished) Finalize(std::move(a));
+    if (absl::Now() >= next_count) {
+      CountBatches();
+      next_count = absl::Now() + kCountEvery;
+    }
     if (!load.has_value()) continue;
     absl::StatusOr<BatchStore*> store = Store();
     if (!store.ok()) {

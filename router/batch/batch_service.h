@@ -79,7 +79,8 @@ struct BatchServiceOptions {
 
 // What /metrics and `carpool status` show of the batch lane.
 struct BatchServiceStats {
-  // Batches by BatchStatus (indexed by its value), over the whole store.
+  // Batches by BatchStatus (indexed by its value), over the whole store, as counted at most
+  // half a second ago.
   std::array<int64_t, 8> batches_by_status = {};
   int64_t requests_pending = 0;    // of running batches, not sent to the router yet
   int64_t requests_running = 0;    // at the router now (queued or on a worker)

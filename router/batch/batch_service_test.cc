@@ -183,6 +183,12 @@ TEST_F(BatchServiceTest, RunsEveryRequestOnceInInputOrder) {
   BatchServiceStats stats = service_->Stats();
   EXPECT_EQ(stats.requests_done, 30);
   EXPECT_EQ(stats.completion_tokens, 90);
+  EXPECT_EQ(stats.requests_pending + stats.requests_running, 0);
+  for (int i = 0; i < 40 && stats.batches_by_status[static_cast<int>(BatchStatus::kCompleted)] == 0;
+       ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // counted every 500 ms
+    stats = service_->Stats();
+  }
   EXPECT_EQ(stats.batches_by_status[static_cast<int>(BatchStatus::kCompleted)], 1);
 }
 
