@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "router/router_impl.h"
 #include "router/testing/scripted_router.h"
 
 namespace carpool::router {
@@ -244,6 +245,49 @@ TEST_F(RouterBatchTest, ASlowCallDoesNotHoldUpAGenerateOrAnotherClient) {
   BatchReplyInfo reply = RecvClientAs<BatchReplyInfo>(batch_client.get());
   EXPECT_EQ(reply.request_id, "slow");
   EXPECT_EQ(reply.json, "{}");
+}
+
+TEST_F(RouterBatchTest, CallsWaitingForTheBatchThreadAreBounded) {
+  absl::Notification release;
+  std::atomic<int> started{0};
+  RouterOptions o;
+  o.max_batch_call_bytes = 256 << 10;
+  Start(
+      [&](const std::string&, const BatchCallInfo&) -> absl::StatusOr<BatchReplyInfo> {
+        ++started;
+        release.WaitForNotificationWithTimeout(absl::Seconds(20));
+        return BatchReplyInfo{"", "{}", ""};
+      },
+      {}, o);
+  auto client = Dealer(router_->frontend_endpoint(), "c1");
+  BatchCallInfo upload = Call("up-1", BatchOp::kCreateFile);
+  upload.content = std::string(200 << 10, 'x');
+  SendClient(client.get(), upload);
+  while (started == 0) absl::SleepFor(absl::Milliseconds(1));
+  // A second upload would hold more than max_batch_call_bytes of uploads at once.
+  upload.request_id = "up-2";
+  SendClient(client.get(), upload);
+  ErrorInfo e = RecvError(client.get());
+  EXPECT_EQ(e.request_id, "up-2");
+  EXPECT_EQ(e.code, absl::StatusCode::kUnavailable);
+  EXPECT_EQ(e.reason, reason::kQueueFull);
+  EXPECT_GT(e.retry_after_ms, 0);
+  // Calls without content queue up to the bound, then are refused the same way.
+  for (int i = 1; i < kMaxBatchCallsWaiting; ++i) {
+    SendClient(client.get(), Call(absl::StrCat("get-", i), BatchOp::kGetBatch));
+  }
+  SendClient(client.get(), Call("one-too-many", BatchOp::kGetBatch));
+  e = RecvError(client.get());
+  EXPECT_EQ(e.request_id, "one-too-many");
+  EXPECT_EQ(e.reason, reason::kQueueFull);
+  release.Notify();
+  int replies = 0;
+  while (std::optional<ServerMessage> m = TryRecvClient(client.get(), 2000)) {
+    ASSERT_TRUE(std::holds_alternative<BatchReplyInfo>(*m));
+    if (++replies == kMaxBatchCallsWaiting) break;
+  }
+  EXPECT_EQ(replies, kMaxBatchCallsWaiting);
+  EXPECT_EQ(started.load(), kMaxBatchCallsWaiting);
 }
 
 }  // namespace
