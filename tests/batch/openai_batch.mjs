@@ -1,11 +1,11 @@
 // The Batch API through the official OpenAI Node SDK (the `openai` npm package), end to end against
-// a carpool-router (issue 16, "How it is checked"; driven by test_openai_sdk.py, which starts the
+// a carpool-router (issue 16, "How it is checked"; driven by openai_sdk_e2e.py, which starts the
 // cluster). Every call goes through the SDK as an application's would; the script asserts and
 // exits 1 with the failed assertion, or prints one JSON summary line and exits 0.
 //
 // usage: node openai_batch.mjs NODE_MODULES BASE_URL MODEL MAX_FILE_BYTES
-//   BASE_URL: the gateway (http://127.0.0.1:PORT); MAX_FILE_BYTES: the router's
-//   --batch-max-file-bytes.
+//   BASE_URL: the gateway (http://127.0.0.1:PORT); MODEL: the served model (chat, completions
+//   and embeddings); MAX_FILE_BYTES: the router's --batch-max-file-bytes.
 import assert from 'node:assert/strict';
 import { createRequire } from 'node:module';
 import path from 'node:path';
@@ -120,6 +120,9 @@ for (const o of output) {
   byId.set(o.custom_id, o);
 }
 assert.deepEqual([...byId.keys()].sort(), requests.map((r) => r.custom_id).sort());
+// prompt_tokens_details.cached_tokens tells the prefix cache's state, which the batch's run
+// changed (the direct requests find its prompts cached): the token counts are compared.
+const counts = (u) => [u.prompt_tokens, u.completion_tokens, u.total_tokens];
 const direct = await Promise.all(requests.map((r) => client.chat.completions.create(r.body)));
 requests.forEach((r, i) => {
   const o = byId.get(r.custom_id);
@@ -132,9 +135,6 @@ requests.forEach((r, i) => {
   // Greedy: the same request sent directly gives the same message, finish reason and usage.
   assert.deepEqual(body.choices[0].message, direct[i].choices[0].message, r.custom_id);
   assert.equal(body.choices[0].finish_reason, direct[i].choices[0].finish_reason);
-  // prompt_tokens_details.cached_tokens tells the prefix cache's state, which the batch's run
-  // changed (the direct requests find its prompts cached): the counts are compared.
-  const counts = (u) => [u.prompt_tokens, u.completion_tokens, u.total_tokens];
   assert.deepEqual(counts(body.usage), counts(direct[i].usage), r.custom_id);
   assert.equal(body.usage.completion_tokens, r.body.max_tokens);
 });
@@ -142,6 +142,46 @@ requests.forEach((r, i) => {
 const conflict = await failure(client.batches.cancel(done.id));
 assert.equal(conflict.status, 409);
 assert.ok(conflict instanceof sdk.ConflictError, conflict.constructor.name);
+
+// ---- the other two batch endpoints, each against the SDK's direct call
+async function runBatch(endpoint, lines, name) {
+  const file = await upload(jsonl(lines), name);
+  const b = await waitFinal((await client.batches.create({
+    input_file_id: file.id, endpoint, completion_window: '24h' })).id, 60000);
+  assert.equal(b.status, 'completed', JSON.stringify(b));
+  const out = new Map((await outputLines(b.output_file_id)).map((o) => [o.custom_id, o]));
+  assert.deepEqual([...out.keys()].sort(), lines.map((l) => l.custom_id).sort());
+  return { id: b.id, bodies: lines.map((l) => {
+    assert.equal(out.get(l.custom_id).response.status_code, 200);
+    return out.get(l.custom_id).response.body;
+  }) };
+}
+const textLines = ['The carpool', 'Once upon a time', '1, 2, 3,'].map((p, i) => line(
+  `text-${i}`, { model, prompt: p, temperature: 0, max_tokens: 4 + i }, '/v1/completions'));
+const texts = await runBatch('/v1/completions', textLines, 'text.jsonl');
+for (const [i, l] of textLines.entries()) {
+  const d = await client.completions.create(l.body);
+  const body = texts.bodies[i];
+  assert.equal(body.object, 'text_completion');
+  assert.equal(body.choices[0].text, d.choices[0].text, l.custom_id);
+  assert.deepEqual(counts(body.usage), counts(d.usage), l.custom_id);
+}
+const embedLines = ['hello', 'carpool', 'a longer sentence to embed'].map((t, i) => line(
+  `embed-${i}`, { model, input: t }, '/v1/embeddings'));
+const embeds = await runBatch('/v1/embeddings', embedLines, 'embed.jsonl');
+for (const [i, l] of embedLines.entries()) {
+  const d = await client.embeddings.create(l.body);
+  const body = embeds.bodies[i];
+  const got = body.data[0].embedding;
+  const want = d.data[0].embedding;
+  assert.equal(body.object, 'list');
+  assert.equal(got.length, want.length);
+  // The batch's floats are JSON text, the SDK's direct call decodes base64 float32: equal to
+  // float32 precision.
+  got.forEach((x, k) => assert.ok(Math.abs(x - want[k]) <= 1e-6 * Math.max(1, Math.abs(x)),
+                                  `${l.custom_id}[${k}]: ${x} vs ${want[k]}`));
+  assert.equal(body.usage.prompt_tokens, d.usage.prompt_tokens);
+}
 
 // ---- batches.list: newest first, pages of `limit` chained by `after`
 const small = await upload(jsonl([line('a', { model, messages: [{ role: 'user', content: 'a' }],
@@ -152,12 +192,13 @@ for (let i = 0; i < 3; i++) {
                                            completion_window: '24h' }));
 }
 for (const b of extra) assert.equal((await waitFinal(b.id, 60000)).status, 'completed');
-const newest = [extra[2].id, extra[1].id, extra[0].id, done.id];
+const newest = [extra[2].id, extra[1].id, extra[0].id, embeds.id, texts.id, done.id];
 const first = await client.batches.list({ limit: 2 });
 assert.deepEqual(first.data.map((b) => b.id), newest.slice(0, 2));
 assert.equal(first.has_more, true);
 const second = await client.batches.list({ limit: 2, after: newest[1] });
 assert.deepEqual(second.data.map((b) => b.id), newest.slice(2, 4));
+assert.equal(second.has_more, true);
 const listed = [];
 for await (const b of client.batches.list({ limit: 3 })) listed.push(b.id);  // SDK pagination
 assert.deepEqual(listed, newest);
