@@ -325,6 +325,34 @@ std::optional<uint64_t> AdmissionController::NextBatchJob(
   return std::nullopt;
 }
 
+std::optional<std::pair<uint64_t, int64_t>> AdmissionController::HeldForBudget(
+    const absl::flat_hash_set<uint64_t>& unplaced) const {
+  if (max_inflight_tokens() <= 0) return std::nullopt;
+  const int64_t now = clock_->NowMicros();
+  // The head of Next()'s order: the first eligible request of each class queue, merged.
+  const Entry* head = nullptr;
+  int head_level = 0;
+  for (const std::deque<uint64_t>& q : queues_) {
+    auto it = std::find_if(q.begin(), q.end(), [&](uint64_t id) { return Eligible(id, now); });
+    if (it == q.end()) continue;
+    const Entry& e = entries_.at(*it);
+    const int level = Level(e, now);
+    if (head == nullptr || level < head_level ||
+        (level == head_level && e.arrival < head->arrival)) {
+      head = &e;
+      head_level = level;
+    }
+  }
+  if (head == nullptr || unplaced.contains(head->request.id) || Fits(*head)) return std::nullopt;
+  return std::make_pair(head->request.id, counters_.inflight_tokens + head->tokens -
+                                              ClassBudget(head->request.priority));
+}
+
+int64_t AdmissionController::ReservedTokens(uint64_t id) const {
+  auto it = entries_.find(id);
+  return it != entries_.end() ? it->second.tokens : 0;
+}
+
 void AdmissionController::MarkDispatched(uint64_t id) {
   Entry& e = entries_.at(id);
   e.queued = false;

@@ -40,7 +40,9 @@
 // (max_inflight_tokens - interactive_reserve_tokens); within the lane, requests that fit pass
 // one that does not by the skip-ahead rule above. A batch job's request does not count against
 // its tenant's max_concurrent, and draws on the tenant's batch bucket
-// (TenantConfig::batch_tokens_per_minute), never on its interactive one.
+// (TenantConfig::batch_tokens_per_minute), never on its interactive one. Those already in flight
+// yield as well: HeldForBudget() names the request at the head of the order that waits for the
+// budget, and the router preempts batch jobs' requests to make it room (router_workers.cc).
 //
 // Deadlines. Expired() lists queued requests whose deadline has passed (Next() never returns
 // them), and Overdue() the dispatched ones. At admission a request with a deadline is refused
@@ -162,6 +164,14 @@ class AdmissionController {
   // (and are overtaken, or held for, like one). At most kMaxSkipAhead requests that cannot go
   // are passed over. Does not change state (but forgets ids released while queued).
   std::optional<uint64_t> Next(const absl::flat_hash_set<uint64_t>& unplaced = {});
+  // The first request of the dispatch order (queued, eligible, not a batch job's) when it waits
+  // for in-flight budget: not in `unplaced`, and its tokens do not fit its class's budget now.
+  // With the tokens it lacks, which the router may free by preempting batch jobs' requests.
+  // nullopt when it fits, none waits, or the budget is unknown.
+  std::optional<std::pair<uint64_t, int64_t>> HeldForBudget(
+      const absl::flat_hash_set<uint64_t>& unplaced) const;
+  // The tokens a request reserves (prompt + max_tokens; an embed's inputs); 0 for an unknown id.
+  int64_t ReservedTokens(uint64_t id) const;
   // Moves a queued request to in flight. REQUIRES: it is queued.
   void MarkDispatched(uint64_t id);
   // Puts an in-flight request back at the front of its class or of the batch lane (its worker

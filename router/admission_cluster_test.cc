@@ -712,23 +712,24 @@ TEST_F(AdmissionClusterTest, BatchJobsAreTheInProcessClientsAndRunInTheBatchLane
   ExpectIdle();
 }
 
-// Issue 16: every sequence slot of the only worker is a batch job's. A network request does not
-// wait for one to finish: the router preempts the newest (its worker drops it) and the request
-// runs at once. The preempted one waits in the batch lane and resumes from its tokens once the
-// slot is free; both jobs answer with exactly the tokens an unpreempted run gives, a stream's
-// chunks unbroken. A preemption is no migration: with max_migrations 0 a migration would fail.
-TEST_F(AdmissionClusterTest, BatchJobsYieldTheirSlotsToAWaitingRequest) {
-  RouterOptions o;
-  o.max_migrations = 0;
-  Start(o);
-  PositionalSimWorker worker(router_->backend_endpoint(), /*max_num_seqs=*/2, /*step_ms=*/10);
-  for (int i = 0; i < 200 && QueryStats(router_->frontend_endpoint()).workers.empty(); ++i) {
+// Issue 16: running batch jobs yield. Two batch jobs of `job_tokens` tokens (10 ms a step) from
+// the in-process client, the first streaming, run on `worker`; once they have ~20 tokens each,
+// an interactive request of 4 tokens comes from the network. Checks that the newer job (r11) was
+// preempted for it once and resumed after the tokens it had, at the batch class still, that both
+// jobs answer with exactly the tokens an unpreempted run gives (the stream's chunks unbroken),
+// and that every reservation is back at the end. Returns the milliseconds from the interactive
+// request's send to its first token.
+int64_t InteractiveBesideTwoBatchJobs(Router* router, const PositionalSimWorker& worker,
+                                      int job_tokens) {
+  for (int i = 0; i < 200 && QueryStats(router->frontend_endpoint()).workers.empty(); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  // Two jobs of 150 tokens: 1.5 s each at 10 ms a step. The first streams.
-  ProbeClient runner(router_->inproc_endpoint(), router_->zmq_context());
+  ProbeClient runner(router->inproc_endpoint(), router->zmq_context());
   for (int tag : {10, 11}) {
-    GenerateInput g = Request(tag, 150);
+    GenerateInput g;
+    g.request_id = absl::StrCat("r", tag);
+    g.token_ids = TaggedPrompt(tag);
+    g.sampling.max_tokens = job_tokens;
     g.batch_job = true;
     g.stream = tag == 10;
     runner.Send(g);
@@ -737,57 +738,94 @@ TEST_F(AdmissionClusterTest, BatchJobsYieldTheirSlotsToAWaitingRequest) {
   for (int i = 0; i < 200 && worker.dispatches().size() < 2; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  ASSERT_EQ(worker.dispatches().size(), 2u);
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // ~20 tokens each
-  ProbeClient network(router_->frontend_endpoint());
-  GenerateInput interactive = Request(20, 4, Priority::kInteractive);
+  EXPECT_EQ(worker.dispatches().size(), 2u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ProbeClient network(router->frontend_endpoint());
+  GenerateInput interactive;
+  interactive.request_id = "r20";
+  interactive.token_ids = TaggedPrompt(20);
+  interactive.sampling.max_tokens = 4;
+  interactive.priority = Priority::kInteractive;
   interactive.stream = true;
   const int64_t sent = NowMicros();
   network.Send(interactive);
   network.WaitFor("r20");
   const int64_t first_token_ms = (NowMicros() - sent) / 1000;
+  network.WaitEnded({"r20"});
+  runner.WaitEnded({"r10", "r11"});
+  EXPECT_TRUE(network.ended_.contains("r20") &&
+              std::holds_alternative<GenerateFinalOut>(network.ended_.at("r20")));
+  for (const char* id : {"r10", "r11"}) {
+    EXPECT_TRUE(runner.ended_.contains(id)) << id;
+    if (!runner.ended_.contains(id)) return first_token_ms;
+    const ServerMessage& end = runner.ended_.at(id);
+    EXPECT_TRUE(std::holds_alternative<GenerateFinalOut>(end))
+        << id << ": " << std::get<ErrorInfo>(end).message;
+    if (!std::holds_alternative<GenerateFinalOut>(end)) return first_token_ms;
+    const GenerateFinalOut& f = std::get<GenerateFinalOut>(end);
+    EXPECT_EQ(f.usage.completion_tokens, job_tokens) << id;
+    EXPECT_EQ(f.finish_reason, "length") << id;
+  }
+  const std::vector<GenerateChunkOut>& chunks = runner.chunks_["r10"];
+  EXPECT_EQ(chunks.size(), static_cast<size_t>(job_tokens));
+  for (int i = 0; i < static_cast<int>(chunks.size()); ++i) {
+    EXPECT_EQ(chunks[i].index, i);
+    EXPECT_EQ(chunks[i].tokens.size(), 1u);
+    if (!chunks[i].tokens.empty()) {
+      EXPECT_EQ(chunks[i].tokens[0].token, TokenAt(10, i)) << i;
+    }
+  }
+  const std::vector<SampleResult>& tokens = std::get<GenerateFinalOut>(runner.ended_["r11"]).tokens;
+  EXPECT_EQ(tokens.size(), static_cast<size_t>(job_tokens));
+  for (int i = 0; i < static_cast<int>(tokens.size()); ++i) {
+    EXPECT_EQ(tokens[i].token, TokenAt(11, i)) << i;
+  }
+  const std::vector<PositionalSimWorker::Dispatched> d = worker.dispatches();
+  EXPECT_EQ(d.size(), 4u);
+  if (d.size() == 4) {
+    EXPECT_EQ(d[0].tag, 10);
+    EXPECT_EQ(d[1].tag, 11);
+    EXPECT_EQ(d[2].tag, 20);
+    EXPECT_EQ(d[3].tag, 11);
+    EXPECT_GT(d[3].resumed_from, 0u);
+    EXPECT_LT(d[3].resumed_from, static_cast<size_t>(job_tokens));
+    EXPECT_EQ(d[3].priority, Priority::kBatch);
+  }
+  EXPECT_EQ(worker.cancels(), 1);
+  const std::string metrics = router->RenderMetrics();
+  EXPECT_THAT(metrics, ::testing::HasSubstr("carpool_batch_preemptions_total 1\n"));
+  EXPECT_THAT(metrics, ::testing::HasSubstr("carpool_migrations_total 0\n"));
+  return first_token_ms;
+}
+
+// Every sequence slot of the only worker is a batch job's: the request does not wait for one to
+// finish. A preemption is no migration: with max_migrations 0 a migration would fail the job.
+TEST_F(AdmissionClusterTest, BatchJobsYieldTheirSlotsToAWaitingRequest) {
+  RouterOptions o;
+  o.max_migrations = 0;
+  Start(o);
+  PositionalSimWorker worker(router_->backend_endpoint(), /*max_num_seqs=*/2, /*step_ms=*/10);
+  const int64_t first_token_ms = InteractiveBesideTwoBatchJobs(router_.get(), worker, 150);
   std::cout << "interactive request beside 2 batch jobs holding both slots: first token "
             << first_token_ms << " ms after its send (preempting one)\n";
   // The jobs had more than a second to go: it did not wait for one.
   EXPECT_LT(first_token_ms, 300);
-  network.WaitEnded({"r20"});
-  runner.WaitEnded({"r10", "r11"});
-  ASSERT_TRUE(network.ended_.contains("r20"));
-  ASSERT_TRUE(std::holds_alternative<GenerateFinalOut>(network.ended_.at("r20")));
-  EXPECT_EQ(std::get<GenerateFinalOut>(network.ended_.at("r20")).usage.completion_tokens, 4);
-  for (const char* id : {"r10", "r11"}) {
-    ASSERT_TRUE(runner.ended_.contains(id)) << id;
-    ASSERT_TRUE(std::holds_alternative<GenerateFinalOut>(runner.ended_.at(id)))
-        << id << ": " << std::get<ErrorInfo>(runner.ended_.at(id)).message;
-    const GenerateFinalOut& f = std::get<GenerateFinalOut>(runner.ended_.at(id));
-    EXPECT_EQ(f.usage.completion_tokens, 150) << id;
-    EXPECT_EQ(f.finish_reason, "length") << id;
-  }
-  const std::vector<GenerateChunkOut>& chunks = runner.chunks_["r10"];
-  ASSERT_EQ(chunks.size(), 150u);
-  for (int i = 0; i < 150; ++i) {
-    EXPECT_EQ(chunks[i].index, i);
-    ASSERT_EQ(chunks[i].tokens.size(), 1u);
-    EXPECT_EQ(chunks[i].tokens[0].token, TokenAt(10, i)) << i;
-  }
-  const std::vector<SampleResult>& tokens = std::get<GenerateFinalOut>(runner.ended_["r11"]).tokens;
-  ASSERT_EQ(tokens.size(), 150u);
-  for (int i = 0; i < 150; ++i) EXPECT_EQ(tokens[i].token, TokenAt(11, i)) << i;
-  // r11, dispatched last, was preempted for r20 and resumed after the tokens it had, at the
-  // batch class still; r10 ran through.
-  const std::vector<PositionalSimWorker::Dispatched> d = worker.dispatches();
-  ASSERT_EQ(d.size(), 4u);
-  EXPECT_EQ(d[0].tag, 10);
-  EXPECT_EQ(d[1].tag, 11);
-  EXPECT_EQ(d[2].tag, 20);
-  EXPECT_EQ(d[3].tag, 11);
-  EXPECT_GT(d[3].resumed_from, 0u);
-  EXPECT_LT(d[3].resumed_from, 150u);
-  EXPECT_EQ(d[3].priority, Priority::kBatch);
-  EXPECT_EQ(worker.cancels(), 1);
-  const std::string metrics = router_->RenderMetrics();
-  EXPECT_THAT(metrics, ::testing::HasSubstr("carpool_batch_preemptions_total 1\n"));
-  EXPECT_THAT(metrics, ::testing::HasSubstr("carpool_migrations_total 0\n"));
+  ExpectIdle();
+}
+
+// A free slot, but the in-flight budget (--max-inflight-tokens 400) is the two batch jobs' (4 +
+// 196 tokens each): the request would wait for budget; a batch job yields it.
+TEST_F(AdmissionClusterTest, BatchJobsYieldTheBudgetToAWaitingRequest) {
+  RouterOptions o;
+  o.max_migrations = 0;
+  o.admission.max_inflight_tokens = 400;
+  Start(o);
+  PositionalSimWorker worker(router_->backend_endpoint(), /*max_num_seqs=*/4, /*step_ms=*/10);
+  const int64_t first_token_ms = InteractiveBesideTwoBatchJobs(router_.get(), worker, 196);
+  std::cout << "interactive request beside 2 batch jobs holding the in-flight budget: first "
+               "token "
+            << first_token_ms << " ms after its send (preempting one)\n";
+  EXPECT_LT(first_token_ms, 300);
   ExpectIdle();
 }
 

@@ -161,8 +161,14 @@ class Router::Impl final : public RequestHost {
   // `r` (seen as `view` by `workers`, its model's) fits no worker now: when it is not a batch
   // job's and takes a sequence slot, preempts the most recently dispatched batch job's request
   // on a worker where `r` could then be placed. True when one was preempted.
-  bool PreemptBatchJobFor(const Request& r, const std::vector<WorkerState*>& workers,
-                          const PlacementView& view);
+  bool PreemptBatchJobForSlot(const Request& r, const std::vector<WorkerState*>& workers,
+                              const PlacementView& view);
+  // When nothing more can be dispatched and the head of the order (not in `unplaced`, nor in
+  // `preempted_for`) waits for in-flight budget that batch jobs' generations on its model's
+  // workers hold: preempts one of them (the newest that makes room alone, else the newest) and
+  // adds the head to `preempted_for`. True when one was preempted.
+  bool PreemptBatchJobForBudget(const absl::flat_hash_set<uint64_t>& unplaced,
+                                absl::flat_hash_set<uint64_t>* preempted_for);
   // Takes batch job's request `r` off `w` (told to drop it) and back to the front of the batch
   // lane, to resume later from its prompt and the tokens it already produced.
   void PreemptBatchJob(Request& r, WorkerState* w);

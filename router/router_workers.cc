@@ -26,7 +26,13 @@ void Router::Impl::TryDispatch() {
     unplaced.insert(router_id);
     return unplaced.size() < kMaxUnplacedPerPass;
   };
-  while (std::optional<uint64_t> router_id = admission_->Next(unplaced)) {
+  for (;;) {
+    const std::optional<uint64_t> router_id = admission_->Next(unplaced);
+    if (!router_id) {
+      // Nothing more goes: the head of the order may wait for budget that batch jobs hold.
+      if (PreemptBatchJobForBudget(unplaced, &preempted_for)) continue;
+      return;
+    }
     Request& r = *requests_.at(*router_id);
     if (!r.validated && !((r.model_resolved || ResolveModel(r)) && Validate(r, {}))) {
       End(*router_id);
@@ -67,7 +73,7 @@ void Router::Impl::TryDispatch() {
     const std::optional<int> pick = Place(options_.placement, view.snapshots, in);
     if (!pick) {
       // Batch jobs hold the room it needs: one of them yields, and Next() gives it again.
-      if (!preempted_for.contains(*router_id) && PreemptBatchJobFor(r, workers, view)) {
+      if (!preempted_for.contains(*router_id) && PreemptBatchJobForSlot(r, workers, view)) {
         preempted_for.insert(*router_id);
         continue;
       }
@@ -80,11 +86,13 @@ void Router::Impl::TryDispatch() {
   }
 }
 
-bool Router::Impl::PreemptBatchJobFor(const Request& r, const std::vector<WorkerState*>& workers,
-                                      const PlacementView& view) {
+bool Router::Impl::PreemptBatchJobForSlot(const Request& r,
+                                          const std::vector<WorkerState*>& workers,
+                                          const PlacementView& view) {
   // A batch job's request never preempts (the lane only takes room nothing else waits for), and
   // an embed needs no sequence slot or KV room that a generate would give back.
   if (r.admission.batch_job || !r.admission.kv_resident) return false;
+  if (admission_->counters().batch_inflight == 0) return false;
   Request* victim = nullptr;
   WorkerState* victim_worker = nullptr;
   for (size_t i = 0; i < workers.size(); ++i) {
@@ -116,6 +124,49 @@ bool Router::Impl::PreemptBatchJobFor(const Request& r, const std::vector<Worker
   }
   if (victim == nullptr) return false;
   PreemptBatchJob(*victim, victim_worker);
+  return true;
+}
+
+bool Router::Impl::PreemptBatchJobForBudget(const absl::flat_hash_set<uint64_t>& unplaced,
+                                            absl::flat_hash_set<uint64_t>* preempted_for) {
+  if (admission_->counters().batch_inflight == 0) return false;
+  const std::optional<std::pair<uint64_t, int64_t>> held = admission_->HeldForBudget(unplaced);
+  if (!held || preempted_for->contains(held->first)) return false;
+  auto it = requests_.find(held->first);
+  if (it == requests_.end()) return false;
+  const Request& r = *it->second;
+  // The budget is the cluster's, but only its model's workers can run it: their batch jobs'
+  // generations (an embed or a generate waits on budget alike).
+  struct Running {
+    Request* request;
+    WorkerState* worker;
+    int64_t tokens;
+  };
+  std::vector<Running> running;
+  int64_t held_by_batch = 0;
+  for (WorkerState* w : registry_.Mutable()) {
+    if (w->info.model != r.model || !w->serving()) continue;
+    for (uint64_t router_id : w->requests) {
+      auto b = requests_.find(router_id);
+      if (b == requests_.end() || !b->second->admission.batch_job) continue;
+      const int64_t tokens = admission_->ReservedTokens(router_id);
+      running.push_back({b->second.get(), w, tokens});
+      held_by_batch += tokens;
+    }
+  }
+  // Preempting all of them would not make room: it waits for what else runs, as before.
+  if (held_by_batch < held->second) return false;
+  // The newest that makes room alone; else the newest (later dispatches take more).
+  const Running* victim = nullptr;
+  for (bool alone : {true, false}) {
+    for (const Running& b : running) {
+      if (alone && b.tokens < held->second) continue;
+      if (victim == nullptr || b.request->dispatch_id > victim->request->dispatch_id) victim = &b;
+    }
+    if (victim != nullptr) break;
+  }
+  preempted_for->insert(r.router_id);
+  PreemptBatchJob(*victim->request, victim->worker);
   return true;
 }
 
