@@ -179,9 +179,3 @@ def request_line(custom_id, body, url="/v1/chat/completions"):
 def jsonl(lines):
     return "".join(line + "\n" for line in lines)
 
-
-def answer_content(body):
-    """What of a completion's body greedy decoding fixes: choices (text or message, finish
-    reason, logprobs) and usage; the id and created differ from run to run."""
-    return {"choices": body["choices"], "usage": body["usage"], "model": body["model"],
-            "object": body["object"]}

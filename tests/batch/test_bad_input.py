@@ -6,7 +6,6 @@ two tenants), unknown and missing API keys (401), bad batch parameters (400), an
 that cannot be created (the router exits at start naming it)."""
 
 import json
-import os
 import subprocess
 
 import pytest
@@ -193,9 +192,12 @@ def test_unknown_or_missing_key_is_401(cluster):
 
 
 def test_an_unusable_state_dir_stops_the_start(tmp_path):
+    """Refused at start, before the gateway listens, with a message naming the path."""
     plain = tmp_path / "plain-file"
     plain.write_text("not a directory\n")
-    for state_dir in (plain / "state", plain):
+    # Under a regular file, a regular file itself, and a folder no one may create even as root
+    # (the tests may run as root, who writes into any directory of a normal filesystem).
+    for state_dir in (plain / "state", plain, "/proc/carpool-state"):
         run = subprocess.run([ROUTER_BIN, "--frontend", "tcp://127.0.0.1:*",
                               "--backend", "tcp://127.0.0.1:*", "--http", "127.0.0.1:0",
                               "--state-dir", str(state_dir)],

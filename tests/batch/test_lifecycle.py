@@ -83,7 +83,8 @@ def test_a_batch_expires_at_the_end_of_its_window(cluster):
     assert b["completion_window"] == "2s"
     ended = cluster.wait_batch(b["id"], 60)
     assert ended["status"] == "expired", ended
-    assert ended["expired_at"] - ended["created_at"] in (2, 3), ended
+    # Timestamps are whole seconds; the runner notices the end of the window soon after it.
+    assert 2 <= ended["expired_at"] - ended["created_at"] <= 5, ended
     answered = split_results(cluster, ended, "expire", "batch_expired")
     print("expired with %d of %d answered" % (answered, LINES))
     assert 0 < answered < LINES
