@@ -1,8 +1,9 @@
 """Batch jobs survive crashes (issue 16, "Crash test"): a 2,000-request batch on synthetic:tiny,
 the router killed with SIGKILL at a random point while the batch runs and started again on the
-same --state-dir (the worker, on the same backend port, reconnects); then the same with the
-worker killed and another started. Each time the batch completes, its output holds every
-custom_id exactly once, nothing failed, and every body equals the same request sent directly.
+same --state-dir (the worker, on the same backend port, reconnects), and once more after it
+resumed; one killed right after a batch's create; then the same with the worker killed and
+another started. Each time the batch completes, its output holds every custom_id exactly once,
+nothing failed, and every body equals the same request sent directly.
 
 The reference is direct requests (/v1/completions, the same bodies) rather than a second batch:
 greedy answers depend only on the request (openai_sdk_e2e.py checks batch bodies against direct
@@ -74,9 +75,9 @@ def reference(cluster):
         return list(pool.map(one, range(LINES)))
 
 
-def submit(c, prefix):
+def submit(c, prefix, lines=LINES):
     return c.submit(jsonl(request_line("%s-%d" % (prefix, i), body(i), url=URL)
-                          for i in range(LINES)), URL)["id"]
+                          for i in range(lines)), URL)["id"]
 
 
 def wait_for_progress(c, batch_id, at_least):
@@ -86,7 +87,7 @@ def wait_for_progress(c, batch_id, at_least):
         b = c.get("/v1/batches/" + batch_id).json()
         done = b["request_counts"]["completed"] + b["request_counts"]["failed"]
         if done >= at_least:
-            assert b["status"] == "in_progress" and done < LINES, (
+            assert b["status"] == "in_progress" and done < b["request_counts"]["total"], (
                 "the batch ended before the kill: %s" % b)
             return b
         assert b["status"] in ("validating", "in_progress"), b
@@ -94,13 +95,13 @@ def wait_for_progress(c, batch_id, at_least):
         time.sleep(0.01)
 
 
-def check_output(c, b, prefix, reference):
+def check_output(c, b, prefix, reference, lines=LINES):
     assert b["status"] == "completed", b
-    assert b["request_counts"] == {"total": LINES, "completed": LINES, "failed": 0}, b
+    assert b["request_counts"] == {"total": lines, "completed": lines, "failed": 0}, b
     out = c.content_lines(b["output_file_id"])
     ids = [o["custom_id"] for o in out]
     assert len(ids) == len(set(ids)), "a custom_id answered twice"
-    assert sorted(ids) == sorted("%s-%d" % (prefix, i) for i in range(LINES))
+    assert sorted(ids) == sorted("%s-%d" % (prefix, i) for i in range(lines))
     for o in out:
         i = int(o["custom_id"].rsplit("-", 1)[1])
         assert o["error"] is None and o["response"]["status_code"] == 200, o
@@ -109,25 +110,47 @@ def check_output(c, b, prefix, reference):
         assert c.content_lines(b["error_file_id"]) == []
 
 
-def test_router_killed_mid_batch(cluster, rng, reference):
-    batch_id = submit(cluster, "router")
-    before = wait_for_progress(cluster, batch_id, rng.randint(LINES // 10, LINES * 6 // 10))
-    cluster.kill_router()
-    recorded = before["request_counts"]["completed"]
-    print("router killed with %d of %d results recorded" % (recorded, LINES))
-
-    cluster.start_router()
-    b = cluster.get("/v1/batches/" + batch_id).json()
-    # What was recorded before the crash is still there.
+def restart_router(c, batch_id, recorded):
+    """Starts the router again after a kill; asserts that the `recorded` results seen before it
+    are still there."""
+    c.start_router()
+    b = c.get("/v1/batches/" + batch_id).json()
     assert b["request_counts"]["completed"] >= recorded, b
-    cluster.wait_ready(cluster.worker)  # the worker reconnects to the same backend port
-    b = cluster.wait_batch(batch_id, 180)
-    check_output(cluster, b, "router", reference)
-    # The restarted router ran the rest: no more than what had no result at the kill.
-    metrics = cluster.get("/metrics").text
-    m = re.search(r"^carpool_batch_requests_done_total (\d+)", metrics, re.M)
+    c.wait_ready(c.worker)  # the worker reconnects to the same backend port
+    return b
+
+
+def batch_requests_done(c):
+    """carpool_batch_requests_done_total: results this router process recorded."""
+    metrics = c.get("/metrics").text
+    m = re.search(r"^carpool_batch_requests_done_total (\d+)$", metrics, re.M)
     assert m, metrics
-    assert 0 < int(m.group(1)) <= LINES - recorded, (m.group(0), recorded)
+    return int(m.group(1))
+
+
+def test_router_killed_mid_batch_twice(cluster, rng, reference):
+    batch_id = submit(cluster, "router")
+    # Two kills: the second one hits a router that resumed the batch after the first.
+    recorded = 0
+    for low, high in ((0.1, 0.35), (0.45, 0.7)):
+        before = wait_for_progress(cluster, batch_id,
+                                   rng.randint(int(LINES * low), int(LINES * high)))
+        cluster.kill_router()
+        recorded = before["request_counts"]["completed"]
+        print("router killed with %d of %d results recorded" % (recorded, LINES))
+        restart_router(cluster, batch_id, recorded)
+    check_output(cluster, cluster.wait_batch(batch_id, 180), "router", reference)
+    # The last router ran the rest: no more than what had no result at the kill.
+    assert 0 < batch_requests_done(cluster) <= LINES - recorded, recorded
+
+
+def test_router_killed_as_the_batch_starts(cluster, reference):
+    # Killed right after the create is answered: the batch is stored, validating or just begun.
+    batch_id = submit(cluster, "start", lines=200)
+    cluster.kill_router()
+    b = restart_router(cluster, batch_id, 0)
+    print("router killed at the start; after the restart the batch is %s" % b["status"])
+    check_output(cluster, cluster.wait_batch(batch_id, 120), "start", reference, lines=200)
 
 
 def test_worker_killed_mid_batch(cluster, rng, reference):

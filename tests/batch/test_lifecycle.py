@@ -3,12 +3,13 @@ it runs, and expired at the end of a short completion_window (carpool takes "Ns"
 keep what finished in the output file and list every request that did not run in the error file
 (batch_cancelled, batch_expired): each custom_id appears once across the two. And what a router
 stopped cleanly leaves in its --state-dir (finished batches, their files) is served by the next
-one.
+one, and /metrics counts its batches by status.
 
 The batch lane is one request wide with 64 tokens each, so a 2,000-line batch runs for many
 seconds on synthetic:tiny (about 100 requests a second here) and the cancel or the 2 s window
 lands well inside it."""
 
+import re
 import time
 
 import pytest
@@ -104,3 +105,17 @@ def test_a_restarted_router_serves_what_the_last_one_stored(cluster):
     assert cluster.get("/v1/batches?limit=100").json()["data"] == listed
     assert cluster.get("/v1/files/" + f.json()["id"]).json() == f.json()
     assert cluster.get("/v1/files/%s/content" % b["output_file_id"]).text == output
+    # /metrics counts the batches in the state dir by status (this module's three; the service
+    # counts them every 500 ms, so the new router's first count may take a moment), and the lane
+    # is idle.
+    want = {"completed": "1", "cancelled": "1", "expired": "1"}
+    deadline = time.monotonic() + 5
+    while True:
+        metrics = cluster.get("/metrics").text
+        jobs = re.findall(r'^carpool_batch_jobs\{status="(\w+)"\} (\d+)$', metrics, re.M)
+        if {k: v for k, v in jobs if v != "0"} == want or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert len(jobs) == 8 and {k: v for k, v in jobs if v != "0"} == want, metrics
+    assert re.search(r'^carpool_batch_requests\{state="running"\} 0$', metrics, re.M), metrics
+    assert re.search(r'^carpool_batch_requests\{state="pending"\} 0$', metrics, re.M), metrics
