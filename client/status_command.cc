@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -68,6 +69,9 @@ nlohmann::json StatsToJson(const StatsOut& s) {
             {"running", s.batch_lane_inflight},
             {"max_queued", s.batch_max_queued},
             {"max_in_flight", s.batch_max_inflight}}},
+          {"batch_jobs",
+           {{"by_status", s.batches_by_status},
+            {"requests_not_answered", s.batch_requests_pending}}},
           {"tenants", std::move(tenants)}};
 }
 
@@ -133,6 +137,14 @@ std::string Table(const StatsOut& s, const Rates& rates) {
   if (batch_lane) {
     absl::StrAppend(&out, "batch lane: ", s.batch_lane_queued, " queued of ", s.batch_max_queued,
                     ", ", s.batch_lane_inflight, " running of ", s.batch_max_inflight, "\n");
+  }
+  if (!s.batches_by_status.empty()) {
+    std::vector<std::string> counts;
+    for (const auto& [status, n] : s.batches_by_status) {
+      counts.push_back(absl::StrCat(n, " ", status));
+    }
+    absl::StrAppend(&out, "batch jobs: ", absl::StrJoin(counts, ", "), "; ",
+                    s.batch_requests_pending, " requests not answered yet\n");
   }
   absl::StrAppend(&out, "reserved tokens: ", s.queued_tokens, " queued",
                   s.max_queued_tokens > 0 ? absl::StrCat(" of ", s.max_queued_tokens) : "",

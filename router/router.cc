@@ -332,6 +332,7 @@ void Router::Impl::OnClientFrame(const std::string& client, const std::string& p
 
 void Router::Impl::OnStats(const std::string& client, const StatsQuery& query) {
   StatsOut stats = stats_.Build(Sources());
+  if (batch_stats_) batch_stats_(&stats);
   // The in-process client (the HTTP gateway) is trusted. Over the network, with tenants, a key
   // is needed, and a tenant sees the cluster and itself, not the other tenants.
   if (options_.tenants.enabled() && !IsInproc(client)) {
@@ -673,6 +674,9 @@ std::string Router::RenderMetrics() const { return impl_->metrics().Render(); }
 const std::string& Router::inproc_endpoint() const { return impl_->inproc_endpoint(); }
 zmq::context_t* Router::zmq_context() { return impl_->zmq_context(); }
 void Router::SetBatchCalls(BatchCallHandler handler) { impl_->SetBatchCalls(std::move(handler)); }
+void Router::SetBatchStats(std::function<void(StatsOut*)> source) {
+  impl_->SetBatchStats(std::move(source));
+}
 
 absl::Status Router::Run() { return impl_->Run(stop_, drain_); }
 

@@ -158,6 +158,10 @@ class Router {
   // get FAILED_PRECONDITION. REQUIRES: before Run(). (A setter, not an option: the batch service
   // talks to the router through inproc_endpoint(), so it starts after the router.)
   void SetBatchCalls(BatchCallHandler handler);
+  // Fills the batch jobs' part of the router's stats (batches_by_status, batch_requests_pending)
+  // each time a client asks for them; called on the event loop, so it must not wait on a lock
+  // held for long. REQUIRES: before Run().
+  void SetBatchStats(std::function<void(StatsOut*)> source);
 
   // Makes Run() return within one poll interval. Async-signal-safe.
   void Stop() { stop_.store(true, std::memory_order_relaxed); }

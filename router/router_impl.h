@@ -59,6 +59,7 @@ class Router::Impl final : public RequestHost {
   const std::string& inproc_endpoint() const { return inproc_endpoint_; }
   zmq::context_t* zmq_context() { return &context_; }
   void SetBatchCalls(BatchCallHandler handler) { batch_handler_ = std::move(handler); }
+  void SetBatchStats(std::function<void(StatsOut*)> source) { batch_stats_ = std::move(source); }
 
   // RequestHost, for the request kinds.
   bool SendToClient(const std::string& client, const ServerMessage& message) override;
@@ -232,6 +233,7 @@ class Router::Impl final : public RequestHost {
   std::vector<ParkedTextCall> parked_text_calls_;
   int64_t tokenizing_bytes_ = 0;  // the texts on the tokenizer pool (max_tokenizing_bytes)
   BatchCallHandler batch_handler_;
+  std::function<void(StatsOut*)> batch_stats_;  // Router::SetBatchStats
   // Batch calls on batch_pool_, by (client, request_id), and the bytes of their uploads.
   absl::flat_hash_set<std::pair<std::string, std::string>> batch_calls_;
   int64_t batch_call_bytes_ = 0;

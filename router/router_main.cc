@@ -269,6 +269,19 @@ int main(int argc, char** argv) {
         if (service == nullptr) return absl::UnavailableError("the router is stopping");
         return carpool::router::batch::HandleBatchCall(*service, tenant, call);
       });
+  (*router)->SetBatchStats(
+      [weak = std::weak_ptr<carpool::router::batch::BatchService>(batch_service)](
+          carpool::StatsOut* stats) {
+        std::shared_ptr<carpool::router::batch::BatchService> service = weak.lock();
+        if (service == nullptr) return;
+        const carpool::router::batch::BatchServiceStats b = service->Stats();
+        for (int i = 0; i < static_cast<int>(b.batches_by_status.size()); ++i) {
+          if (b.batches_by_status[i] == 0) continue;
+          stats->batches_by_status[std::string(carpool::router::batch::BatchStatusName(
+              static_cast<carpool::router::batch::BatchStatus>(i)))] = b.batches_by_status[i];
+        }
+        stats->batch_requests_pending = b.requests_pending + b.requests_running;
+      });
   std::cerr << "carpool-router: batch jobs kept in " << batch.state_dir << std::endl;
   std::unique_ptr<carpool::router::HttpGateway> gateway;
   if (!http.listen.empty()) {
