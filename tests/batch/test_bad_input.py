@@ -2,13 +2,14 @@
 every validation error of router/batch/batch_input.h (alone, and all in one file, each listed by
 its line), the file limits (413 above --batch-max-file-bytes, 400 above --batch-max-lines),
 unknown ids (404), cancelling a finished batch (409), another tenant's ids (404, with --tenants of
-two tenants), unknown and missing API keys (401), bad batch parameters (400), and a --state-dir
-that cannot be created (the router exits at start naming it)."""
+two tenants), unknown and missing API keys (401), bad batch parameters and malformed requests
+(400, 405), and a --state-dir that cannot be created (the router exits at start naming it)."""
 
 import json
 import subprocess
 
 import pytest
+import requests
 
 from harness import BUILT, MODEL, ROUTER_BIN, Cluster, jsonl, request_line
 
@@ -207,3 +208,18 @@ def test_an_unusable_state_dir_stops_the_start(tmp_path):
         assert str(state_dir) in run.stderr, run.stderr
         assert "http gateway listening" not in run.stderr + run.stdout
     assert plain.read_text() == "not a directory\n"
+
+
+def test_malformed_requests(cluster):
+    auth = cluster.headers(KEY_A)
+    for query in ("limit=0", "limit=101", "limit=abc"):
+        error_of(cluster.get("/v1/batches?" + query, key=KEY_A), 400)
+    error_of(cluster.get("/v1/batches?after=batch_unknown", key=KEY_A), 404)
+    error_of(requests.put(cluster.url + "/v1/batches", headers=auth, timeout=30), 405)
+    error_of(requests.post(cluster.url + "/v1/files", data=b"{}", timeout=30,
+                           headers=dict(auth, **{"Content-Type": "application/json"})), 400)
+    err = error_of(requests.post(cluster.url + "/v1/files", files={"purpose": (None, "batch")},
+                                 headers=auth, timeout=30), 400)
+    assert err["param"] == "file", err
+    error_of(requests.post(cluster.url + "/v1/batches", data=b"{not json", headers=auth,
+                           timeout=30), 400)
