@@ -214,7 +214,12 @@ void HttpGateway::Impl::Count(absl::string_view path, int status) {
 void HttpGateway::Impl::Handle(const HttpRequest& req, HttpResponder& res) {
   const std::string& path = req.path;
   const bool get = req.method == "GET", post = req.method == "POST";
-  if (options_.batch != nullptr && batch::IsBatchApiPath(path)) {
+  if (batch::IsBatchApiPath(path)) {
+    if (options_.batch == nullptr) {
+      return res.Send(ErrorResponse(MakeError(
+          404, "invalid_request_error", "not_found",
+          "this router serves no batch jobs: its state dir is off (see --state-dir)")));
+    }
     return res.Send(batch::ServeBatchApi(*options_.batch, req, BearerKey(req)));
   }
   const char* allowed = nullptr;

@@ -259,30 +259,41 @@ int main(int argc, char** argv) {
   batch.completion_max_tokens = http.completion_max_tokens;
   batch.chat_max_tokens = http.chat_max_tokens;
   auto batch_started = carpool::router::batch::BatchService::Start(batch);
-  if (!batch_started.ok()) return fail(batch_started.status(), 1);
-  std::shared_ptr<carpool::router::batch::BatchService> batch_service = std::move(*batch_started);
-  (*router)->SetBatchCalls(
-      [weak = std::weak_ptr<carpool::router::batch::BatchService>(batch_service)](
-          const std::string& tenant, const carpool::BatchCallInfo& call)
-          -> absl::StatusOr<carpool::BatchReplyInfo> {
-        std::shared_ptr<carpool::router::batch::BatchService> service = weak.lock();
-        if (service == nullptr) return absl::UnavailableError("the router is stopping");
-        return carpool::router::batch::HandleBatchCall(*service, tenant, call);
-      });
-  (*router)->SetBatchStats(
-      [weak = std::weak_ptr<carpool::router::batch::BatchService>(batch_service)](
-          carpool::StatsOut* stats) {
-        std::shared_ptr<carpool::router::batch::BatchService> service = weak.lock();
-        if (service == nullptr) return;
-        const carpool::router::batch::BatchServiceStats b = service->Stats();
-        for (int i = 0; i < static_cast<int>(b.batches_by_status.size()); ++i) {
-          if (b.batches_by_status[i] == 0) continue;
-          stats->batches_by_status[std::string(carpool::router::batch::BatchStatusName(
-              static_cast<carpool::router::batch::BatchStatus>(i)))] = b.batches_by_status[i];
-        }
-        stats->batch_requests_pending = b.requests_pending + b.requests_running;
-      });
-  std::cerr << "carpool-router: batch jobs kept in " << batch.state_dir << std::endl;
+  std::shared_ptr<carpool::router::batch::BatchService> batch_service;
+  if (batch_started.ok()) {
+    batch_service = std::move(*batch_started);
+  } else if (flags.WasSet("state-dir")) {
+    return fail(batch_started.status(), 1);
+  } else {
+    // The default state dir is only a convenience: where it cannot be used (a read-only working
+    // directory), the router serves without batch jobs and says why.
+    std::cerr << "carpool-router: batch jobs off: " << batch_started.status().message()
+              << " (give --state-dir)\n";
+  }
+  if (batch_service != nullptr) {
+    (*router)->SetBatchCalls(
+        [weak = std::weak_ptr<carpool::router::batch::BatchService>(batch_service)](
+            const std::string& tenant, const carpool::BatchCallInfo& call)
+            -> absl::StatusOr<carpool::BatchReplyInfo> {
+          std::shared_ptr<carpool::router::batch::BatchService> service = weak.lock();
+          if (service == nullptr) return absl::UnavailableError("the router is stopping");
+          return carpool::router::batch::HandleBatchCall(*service, tenant, call);
+        });
+    (*router)->SetBatchStats(
+        [weak = std::weak_ptr<carpool::router::batch::BatchService>(batch_service)](
+            carpool::StatsOut* stats) {
+          std::shared_ptr<carpool::router::batch::BatchService> service = weak.lock();
+          if (service == nullptr) return;
+          const carpool::router::batch::BatchServiceStats b = service->Stats();
+          for (int i = 0; i < static_cast<int>(b.batches_by_status.size()); ++i) {
+            if (b.batches_by_status[i] == 0) continue;
+            stats->batches_by_status[std::string(carpool::router::batch::BatchStatusName(
+                static_cast<carpool::router::batch::BatchStatus>(i)))] = b.batches_by_status[i];
+          }
+          stats->batch_requests_pending = b.requests_pending + b.requests_running;
+        });
+    std::cerr << "carpool-router: batch jobs kept in " << batch.state_dir << std::endl;
+  }
   std::unique_ptr<carpool::router::HttpGateway> gateway;
   if (!http.listen.empty()) {
     // Every HTTP connection is a descriptor: take the hard limit, and say so when even that is
@@ -301,7 +312,9 @@ int main(int argc, char** argv) {
     http.router_endpoint = (*router)->inproc_endpoint();
     http.zmq_context = (*router)->zmq_context();
     http.metrics = [r = router->get(), service = batch_service.get()] {
-      return r->RenderMetrics() + carpool::router::batch::BatchMetricsText(service->Stats());
+      return r->RenderMetrics() +
+             (service != nullptr ? carpool::router::batch::BatchMetricsText(service->Stats())
+                                 : std::string());
     };
     http.batch = batch_service.get();
     http.max_upload_bytes = batch.input.max_bytes + carpool::router::kBatchCallEnvelopeBytes;

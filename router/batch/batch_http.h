@@ -4,7 +4,8 @@
 //   GET    /v1/files/{id}             the file object
 //   GET    /v1/files/{id}/content     the file's bytes (an output or error file: JSONL)
 //   DELETE /v1/files/{id}
-//   POST   /v1/batches                {"input_file_id", "endpoint", "completion_window", "metadata"}
+//   POST   /v1/batches                {"input_file_id", "endpoint", "completion_window",
+//                                      "metadata"}
 //   GET    /v1/batches                ?after=ID&limit=N (1..100, default 20), newest first
 //   GET    /v1/batches/{id}
 //   POST   /v1/batches/{id}/cancel

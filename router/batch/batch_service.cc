@@ -118,10 +118,12 @@ absl::Status CheckStateDir(const std::string& dir) {
     missing.push_back(p);
     if (p == p.parent_path()) break;
   }
-  if (!fs::create_directories(path, ec) || ec) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--state-dir ", path.string(), " cannot be created: ",
-        ec ? ec.message() : std::string("create_directories failed")));
+  // Another router starting beside this one may create it at the same moment: fine.
+  fs::create_directories(path, ec);
+  if (ec || !fs::is_directory(path)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--state-dir ", path.string(), " cannot be created: ",
+                     ec ? ec.message() : std::string("not a directory")));
   }
   // Writable too: a directory on a read-only mount can exist yet refuse files.
   const fs::path probe = path / ".carpool-probe";
@@ -438,7 +440,8 @@ absl::StatusOr<Batch> BatchService::Impl::CancelBatch(const std::string& tenant,
   if (b.status == BatchStatus::kCancelling || b.status == BatchStatus::kCancelled) return b;
   if (b.status != BatchStatus::kValidating && b.status != BatchStatus::kInProgress) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "the batch ", id, " is ", std::string(BatchStatusName(b.status)), " and can no longer be cancelled"));
+        "the batch ", id, " is ", std::string(BatchStatusName(b.status)),
+        " and can no longer be cancelled"));
   }
   ASSIGN_OR_RETURN(Batch cancelling, store->Transition(tenant, id, BatchStatus::kCancelling,
                                                        now_()));
@@ -621,7 +624,9 @@ void BatchService::Impl::Load(const Batch& batch) {
     a.batch = *started;
   }
   absl::StatusOr<std::vector<std::string>> answered = store->AnsweredCustomIds(batch.id);
-  if (!answered.ok()) return FailBatch(batch, "storage_error", std::string(answered.status().message()));
+  if (!answered.ok()) {
+    return FailBatch(batch, "storage_error", std::string(answered.status().message()));
+  }
   const absl::flat_hash_set<std::string> done(answered->begin(), answered->end());
   a.api_key = KeyOf(batch.tenant);
   a.expires_at = batch.created_at + *WindowSeconds(batch.completion_window);
@@ -649,7 +654,9 @@ void BatchService::Impl::Finalize(Active a) {
                                 "window expired."
                               : "This request was not executed: the batch was cancelled.";
     absl::StatusOr<std::vector<std::string>> answered = store->AnsweredCustomIds(b.id);
-    if (!answered.ok()) return FailBatch(b, "storage_error", std::string(answered.status().message()));
+    if (!answered.ok()) {
+      return FailBatch(b, "storage_error", std::string(answered.status().message()));
+    }
     const absl::flat_hash_set<std::string> done(answered->begin(), answered->end());
     std::vector<BatchResult> unrun;
     const std::string error = Json({{"code", code}, {"message", message}}).dump();
