@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "text/jinja/builtins.h"
 #include "text/jinja/value.h"
 
@@ -21,6 +22,7 @@ struct Stmt;
 using ExprPtr = std::unique_ptr<Expr>;
 using StmtPtr = std::unique_ptr<Stmt>;
 using Body = std::vector<StmtPtr>;
+using Operands = absl::InlinedVector<ExprPtr, 2>;
 
 enum class ExprKind : uint8_t {
   kConst,       // value
@@ -47,9 +49,32 @@ enum class ExprKind : uint8_t {
 };
 
 enum class CmpOp : uint8_t { kEq, kNe, kLt, kLe, kGt, kGe, kIn, kNotIn };
+using CmpOps = absl::InlinedVector<CmpOp, 4>;
 
 // A filter or test the evaluator handles itself (the rest go to builtins by name).
 enum class FastTest : uint8_t { kNone, kDefined, kUndefined, kIsNone, kString, kTrue, kFalse };
+
+// The attributes of Jinja2's loop object, resolved when parsing `loop.<name>` (kOther: a name
+// the loop object lacks). kLoopAttrNames spells them, in this order.
+enum class LoopAttr : uint8_t {
+  kNone,  // not an attribute of `loop`
+  kIndex,
+  kIndex0,
+  kFirst,
+  kLast,
+  kLength,
+  kRevindex,
+  kRevindex0,
+  kDepth,
+  kDepth0,
+  kPrevitem,
+  kNextitem,
+  kCycle,
+  kOther,
+};
+inline constexpr const char* kLoopAttrNames[] = {
+    "",          "index", "index0", "first",    "last",     "length", "revindex",
+    "revindex0", "depth", "depth0", "previtem", "nextitem", "cycle"};
 
 struct CallSpec {
   std::vector<ExprPtr> args;
@@ -58,22 +83,26 @@ struct CallSpec {
   ExprPtr dyn_kwargs;  // **kwargs
 };
 
+// (The fields a render reads at most nodes come first, so that a node's first cache line or
+// two hold them, and operands up to two live in the node.)
 struct Expr {
   ExprKind kind = ExprKind::kConst;
-  int line = 0;
-  int depth = 1;                         // of this subtree (the parser bounds it)
-  Value value;                           // kConst
-  int name = -1;                         // kName: the interned name
-  std::string str;                       // kGetAttr: the attribute; kFilter, kTest: the name
-  BinaryOp op = BinaryOp::kAdd;          // kBinary
-  std::vector<CmpOp> compare_ops;        // kCompare
   FastTest fast_test = FastTest::kNone;  // kTest
   bool known = true;                     // kFilter, kTest: false = "No filter named" at run
-  FilterFn filter = nullptr;             // kFilter: the filter, when known
   bool dict_method = false;              // kGetAttr: DictAttributeIsSpecial(str) (items, pop...)
-  StrMethodFn str_method = nullptr;      // kGetAttr: str names a string method of FindStrMethod
-  std::vector<ExprPtr> a;                // operands (see ExprKind)
-  CallSpec call;                         // kCall, kFilter, kTest
+  LoopAttr loop_attr = LoopAttr::kNone;  // kGetAttr on the name `loop`: which attribute
+  bool length_filter = false;            // kFilter: `length` or `count`, without arguments
+  BinaryOp op = BinaryOp::kAdd;          // kBinary
+  int name = -1;                         // kName: the interned name
+  int line = 0;
+  int depth = 1;                     // of this subtree (the parser bounds it)
+  Operands a;                        // operands (see ExprKind)
+  Value value;                       // kConst
+  std::string str;                   // kGetAttr: the attribute; kFilter, kTest: the name
+  CmpOps compare_ops;                // kCompare
+  StrMethodFn str_method = nullptr;  // kGetAttr: str names a string method of FindStrMethod
+  FilterFn filter = nullptr;         // kFilter: the filter, when known
+  CallSpec call;                     // kCall, kFilter, kTest
 };
 
 // What `set` or `for` assigns to.
@@ -116,8 +145,10 @@ enum class StmtKind : uint8_t {
 struct Stmt {
   StmtKind kind = StmtKind::kText;
   int line = 0;
-  std::string text;
   ExprPtr expr;
+  // kPrint of a sum `a + b + c ...`: its terms, left to right (the nodes of `expr`).
+  std::vector<const Expr*> sum_terms;
+  std::string text;
   ExprPtr test;            // kFor: the `if` filter
   bool recursive = false;  // kFor: `recursive` (the body may call loop(items))
   ExprPtr filter;          // kSetBlock, kFilterBlock: a filter chain over a kBlockValue

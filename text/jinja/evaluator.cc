@@ -223,12 +223,188 @@ class Renderer final : public Budget {
     *out = obj->dict_value().Find(absl::string_view(e.str));
     return *out != nullptr ? Probe::kFound : Probe::kMissing;
   }
-  LoopState* FindLoop() {
-    for (Frame* f = frame_; f != nullptr; f = f->parent) {
+  LoopState* FindLoop() const {
+    for (const Frame* f = frame_; f != nullptr; f = f->parent) {
       if (f->Find(p_.loop_id) != nullptr) return nullptr;
       if (f->loop != nullptr) return f->loop;
     }
     return nullptr;
+  }
+  // `e`'s value when it is an int that needs no error path: an int constant or stored variable,
+  // one of the loop's counters, `x|length` of a stored list or dict, and sums and differences of
+  // those that do not overflow. False when it is not (ask Eval, which does what Python does).
+  bool TryInt(const Expr& e, int64_t* out) const {
+    switch (e.kind) {
+      case ExprKind::kBinary: {
+        if (e.op != BinaryOp::kAdd && e.op != BinaryOp::kSub) return false;
+        int64_t a = 0, b = 0;
+        if (!TryInt(*e.a[0], &a) || !TryInt(*e.a[1], &b)) return false;
+        return e.op == BinaryOp::kAdd ? !__builtin_add_overflow(a, b, out)
+                                      : !__builtin_sub_overflow(a, b, out);
+      }
+      case ExprKind::kFilter: {
+        if (!e.length_filter) return false;
+        const Value* v = TryRef(*e.a[0]);
+        if (v == nullptr) return false;
+        if (v->is_sequence() && !v->is_generator()) {
+          *out = static_cast<int64_t>(v->list_value().size());
+          return true;
+        }
+        if (v->kind() != Kind::kDict) return false;
+        *out = static_cast<int64_t>(v->dict_value().entries.size());
+        return true;
+      }
+      case ExprKind::kGetAttr:
+        if (e.loop_attr != LoopAttr::kNone) {
+          if (const LoopState* loop = FindLoop()) return LoopInt(*loop, e.loop_attr, out);
+        }
+        break;
+      default:
+        break;
+    }
+    const Value* v = TryRef(e);
+    if (v == nullptr || v->kind() != Kind::kInt) return false;
+    *out = v->int_value();
+    return true;
+  }
+  // bool(e) for the leaves conditions are made of, when it needs no error path: a stored value,
+  // loop.first and loop.last, `is defined` / `undefined` / `none` / `string` of a stored value
+  // or of a dict's missing item, ==, != and `in` of stored strings, comparisons of TryInt's ints.
+  // False when `e` is none of these (ask Test). Leaves only: Test walks `not`, `and` and `or`,
+  // so that no node is tried twice.
+  bool QuickTest(const Expr& e, bool* out) const {
+    switch (e.kind) {
+      case ExprKind::kConst:
+        *out = e.value.Truthy();
+        return true;
+      case ExprKind::kName: {
+        const Value* v = LookupRef(e.name);
+        if (v == nullptr) return false;
+        *out = v->Truthy();
+        return true;
+      }
+      case ExprKind::kGetAttr: {
+        if (e.loop_attr == LoopAttr::kFirst || e.loop_attr == LoopAttr::kLast) {
+          if (const LoopState* loop = FindLoop()) {
+            *out = e.loop_attr == LoopAttr::kFirst ? loop->index0 == 0
+                                                   : loop->index0 == loop->length - 1;
+            return true;
+          }
+        }
+        const Value* found = nullptr;
+        switch (ProbeAttr(e, &found)) {
+          case Probe::kFound:
+            *out = found->Truthy();
+            return true;
+          case Probe::kMissing:
+            *out = false;  // an Undefined is false
+            return true;
+          case Probe::kSlow:
+            return false;
+        }
+        return false;
+      }
+      case ExprKind::kCompare:
+        return e.compare_ops.size() == 1 && QuickCompare(e.compare_ops[0], *e.a[0], *e.a[1], out);
+      case ExprKind::kTest:
+        return QuickIs(e, out);
+      default:
+        return false;
+    }
+  }
+  bool QuickCompare(CmpOp op, const Expr& left, const Expr& right, bool* out) const {
+    const Value* a = TryRef(left);
+    const Value* b = a != nullptr && a->is_string() ? TryRef(right) : nullptr;
+    if (b != nullptr && b->is_string()) {
+      const std::string& x = a->string_value();
+      const std::string& y = b->string_value();
+      switch (op) {
+        case CmpOp::kEq:
+          *out = x == y;
+          return true;
+        case CmpOp::kNe:
+          *out = x != y;
+          return true;
+        case CmpOp::kIn:
+          *out = y.find(x) != std::string::npos;
+          return true;
+        case CmpOp::kNotIn:
+          *out = y.find(x) == std::string::npos;
+          return true;
+        default:
+          return false;
+      }
+    }
+    int64_t i = 0, j = 0;
+    if (op == CmpOp::kIn || op == CmpOp::kNotIn || !TryInt(left, &i) || !TryInt(right, &j)) {
+      return false;
+    }
+    switch (op) {
+      case CmpOp::kEq:
+        *out = i == j;
+        break;
+      case CmpOp::kNe:
+        *out = i != j;
+        break;
+      case CmpOp::kLt:
+        *out = i < j;
+        break;
+      case CmpOp::kLe:
+        *out = i <= j;
+        break;
+      case CmpOp::kGt:
+        *out = i > j;
+        break;
+      case CmpOp::kGe:
+        *out = i >= j;
+        break;
+      default:
+        return false;
+    }
+    return true;
+  }
+  // `x is defined` and the other FastTests over a stored value or a dict's missing item.
+  bool QuickIs(const Expr& e, bool* out) const {
+    if (e.fast_test == FastTest::kNone) return false;
+    const Expr& operand = *e.a[0];
+    const Value* v = nullptr;
+    if (operand.kind == ExprKind::kGetAttr) {
+      switch (ProbeAttr(operand, &v)) {
+        case Probe::kFound:
+          break;
+        case Probe::kMissing:
+          *out = e.fast_test == FastTest::kUndefined;
+          return true;
+        case Probe::kSlow:
+          return false;
+      }
+    } else {
+      v = TryRef(operand);
+      if (v == nullptr) return false;
+    }
+    switch (e.fast_test) {
+      case FastTest::kDefined:
+        *out = !v->is_undefined();
+        return true;
+      case FastTest::kUndefined:
+        *out = v->is_undefined();
+        return true;
+      case FastTest::kIsNone:
+        *out = v->is_none();
+        return true;
+      case FastTest::kString:
+        *out = v->is_string();
+        return true;
+      case FastTest::kTrue:
+        *out = v->kind() == Kind::kBool && v->bool_value();
+        return true;
+      case FastTest::kFalse:
+        *out = v->kind() == Kind::kBool && !v->bool_value();
+        return true;
+      case FastTest::kNone:
+        break;
+    }
+    return false;
   }
   void SetVar(int id, Value v) {
     if (frame_ != nullptr) {
@@ -259,7 +435,7 @@ class Renderer final : public Budget {
   absl::Status ExecFor(const Stmt& s);
   absl::Status RunLoop(const Stmt& s, const Value& iterable, int64_t depth, Frame* outer);
   absl::Status ExecScoped(const Body& body, std::string* capture);
-  ABSL_ATTRIBUTE_NOINLINE absl::Status PrintSum(const Expr& e);
+  ABSL_ATTRIBUTE_NOINLINE absl::Status PrintSum(const std::vector<const Expr*>& terms);
   absl::StatusOr<Value> CallMacro(const MacroDef& def, Frame* closure, const CallArgs& args);
   Value MakeMacro(std::shared_ptr<const MacroDef> def, Frame* closure);
 
@@ -281,6 +457,8 @@ class Renderer final : public Budget {
   absl::StatusOr<Value> EvalImpl(const Expr& e);
   // bool(e), without building the values of `and`, `or`, `not`, comparisons and tests.
   absl::StatusOr<bool> Test(const Expr& e) {
+    bool quick = false;
+    if (QuickTest(e, &quick)) return quick;
     if (ABSL_PREDICT_FALSE(++depth_ > kMaxEvalDepth)) {
       --depth_;
       return DepthError();
@@ -309,7 +487,10 @@ class Renderer final : public Budget {
   ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<Value> EvalSlice(const Expr& e);
 
   Value LoopValue(const LoopState& loop);
-  Value LoopAttr(const LoopState& loop, absl::string_view attr);
+  // loop.<attr>; `name` spells it (for kOther's error).
+  Value LoopAttrValue(const LoopState& loop, LoopAttr attr, absl::string_view name);
+  // loop.<attr> when it is an int (index, index0, length, revindex, revindex0, depth, depth0).
+  static bool LoopInt(const LoopState& loop, LoopAttr attr, int64_t* out);
   Value GlobalValue(Global g);
   absl::StatusOr<Value> CallGlobal(Global g, const CallArgs& args);
 
@@ -341,9 +522,7 @@ absl::Status Renderer::Exec(const Stmt& s) {
     case StmtKind::kText:
       return Append(s.text);
     case StmtKind::kPrint: {
-      if (s.expr->kind == ExprKind::kBinary && s.expr->op == BinaryOp::kAdd) {
-        return Located(PrintSum(*s.expr), s.line);
-      }
+      if (!s.sum_terms.empty()) return Located(PrintSum(s.sum_terms), s.line);
       CARPOOL_JINJA_EVAL_REF(v, tmp, *s.expr);
       return AppendValue(*v);
     }
@@ -356,6 +535,19 @@ absl::Status Renderer::Exec(const Stmt& s) {
     case StmtKind::kFor:
       return ExecFor(s);
     case StmtKind::kSet: {
+      if (s.target.kind == Target::Kind::kName) {
+        // `set content = message.content`, `set index = (messages|length - 1) - loop.index0`:
+        // a stored value or an int, with nothing to build.
+        if (const Value* v = TryRef(*s.expr)) {
+          SetVar(s.target.name, *v);
+          return absl::OkStatus();
+        }
+        int64_t i = 0;
+        if (TryInt(*s.expr, &i)) {
+          SetVar(s.target.name, Value::Int(i));
+          return absl::OkStatus();
+        }
+      }
       ASSIGN_OR_RETURN(Value v, Eval(*s.expr));
       return Located(Assign(s.target, std::move(v)), s.line);
     }
@@ -442,15 +634,7 @@ absl::Status Renderer::ExecRare(const Stmt& s) {
 
 // {{ a + b + c }}: while the operands are strings, writes them without building the sum
 // (Python would only concatenate them); from the first other operand on, computes as Python.
-absl::Status Renderer::PrintSum(const Expr& e) {
-  absl::InlinedVector<const Expr*, 16> terms;
-  const Expr* left = &e;
-  while (left->kind == ExprKind::kBinary && left->op == BinaryOp::kAdd && terms.size() < 64) {
-    terms.push_back(left->a[1].get());
-    left = left->a[0].get();
-  }
-  terms.push_back(left);
-  std::reverse(terms.begin(), terms.end());
+absl::Status Renderer::PrintSum(const std::vector<const Expr*>& terms) {
   {
     // The common case: every term a stored string (a constant or a message's field), written
     // as it is, with nothing to evaluate.
@@ -945,9 +1129,8 @@ Value Renderer::MissingElse(int line) {
 
 absl::StatusOr<Value> Renderer::EvalLookup(const Expr& e) {
   const Expr& obj_expr = *e.a[0];
-  if (e.kind == ExprKind::kGetAttr && obj_expr.kind == ExprKind::kName &&
-      obj_expr.name == p_.loop_id) {
-    if (LoopState* loop = FindLoop()) return LoopAttr(*loop, e.str);
+  if (e.loop_attr != LoopAttr::kNone) {
+    if (LoopState* loop = FindLoop()) return LoopAttrValue(*loop, e.loop_attr, e.str);
   }
   CARPOOL_JINJA_EVAL_REF(obj, tmp, obj_expr);
   RETURN_IF_ERROR(CheckDefined(*obj));
@@ -1134,9 +1317,9 @@ absl::StatusOr<Value> Renderer::EvalCollection(const Expr& e) {
 
 absl::StatusOr<Value> Renderer::EvalCall(const Expr& e) {
   const Expr& callee_expr = *e.a[0];
-  if (callee_expr.kind == ExprKind::kGetAttr && callee_expr.a[0]->kind == ExprKind::kName &&
-      callee_expr.a[0]->name == p_.loop_id &&
-      (callee_expr.str == "cycle" || callee_expr.str == "changed")) {
+  if (callee_expr.kind == ExprKind::kGetAttr &&
+      (callee_expr.loop_attr == LoopAttr::kCycle ||
+       (callee_expr.loop_attr == LoopAttr::kOther && callee_expr.str == "changed"))) {
     if (LoopState* loop = FindLoop()) return EvalLoopCall(e, *loop);
   }
   if (callee_expr.kind == ExprKind::kName && callee_expr.name == p_.loop_id) {
@@ -1236,42 +1419,69 @@ absl::StatusOr<Value> Renderer::EvalRecursiveLoop(const Expr& e, const LoopState
   return Value::String(std::move(out));
 }
 
-Value Renderer::LoopAttr(const LoopState& loop, absl::string_view attr) {
+bool Renderer::LoopInt(const LoopState& loop, LoopAttr attr, int64_t* out) {
   const int64_t i = loop.index0, n = loop.length;
-  if (attr == "index") return Value::Int(i + 1);
-  if (attr == "index0") return Value::Int(i);
-  if (attr == "first") return Value::Bool(i == 0);
-  if (attr == "last") return Value::Bool(i == n - 1);
-  if (attr == "length") return Value::Int(n);
-  if (attr == "revindex") return Value::Int(n - i);
-  if (attr == "revindex0") return Value::Int(n - i - 1);
-  if (attr == "depth") return Value::Int(loop.depth);
-  if (attr == "depth0") return Value::Int(loop.depth - 1);
-  if (attr == "previtem") {
-    if (i > 0) return (*loop.items)[i - 1];
-    return Value::Undefined("there is no previous item");
+  switch (attr) {
+    case LoopAttr::kIndex:
+      *out = i + 1;
+      return true;
+    case LoopAttr::kIndex0:
+      *out = i;
+      return true;
+    case LoopAttr::kLength:
+      *out = n;
+      return true;
+    case LoopAttr::kRevindex:
+      *out = n - i;
+      return true;
+    case LoopAttr::kRevindex0:
+      *out = n - i - 1;
+      return true;
+    case LoopAttr::kDepth:
+      *out = loop.depth;
+      return true;
+    case LoopAttr::kDepth0:
+      *out = loop.depth - 1;
+      return true;
+    default:
+      return false;
   }
-  if (attr == "nextitem") {
-    if (i + 1 < n) return (*loop.items)[i + 1];
-    return Value::Undefined("there is no next item");
+}
+
+Value Renderer::LoopAttrValue(const LoopState& loop, LoopAttr attr, absl::string_view name) {
+  const int64_t i = loop.index0, n = loop.length;
+  int64_t counter = 0;
+  if (LoopInt(loop, attr, &counter)) return Value::Int(counter);
+  switch (attr) {
+    case LoopAttr::kFirst:
+      return Value::Bool(i == 0);
+    case LoopAttr::kLast:
+      return Value::Bool(i == n - 1);
+    case LoopAttr::kPrevitem:
+      if (i > 0) return (*loop.items)[i - 1];
+      return Value::Undefined("there is no previous item");
+    case LoopAttr::kNextitem:
+      if (i + 1 < n) return (*loop.items)[i + 1];
+      return Value::Undefined("there is no next item");
+    case LoopAttr::kCycle:
+      return Value::MakeCallable(
+          "cycle", [i](const CallArgs& args, Budget&) -> absl::StatusOr<Value> {
+            if (args.positional.empty())
+              return absl::InvalidArgumentError("no items for cycling given");
+            return args.positional[i % static_cast<int64_t>(args.positional.size())];
+          });
+    default:
+      break;
   }
-  if (attr == "cycle") {
-    return Value::MakeCallable(
-        "cycle", [i](const CallArgs& args, Budget&) -> absl::StatusOr<Value> {
-          if (args.positional.empty())
-            return absl::InvalidArgumentError("no items for cycling given");
-          return args.positional[i % static_cast<int64_t>(args.positional.size())];
-        });
-  }
-  return Value::Undefined(absl::StrCat("'LoopContext' object has no attribute '", attr, "'"));
+  return Value::Undefined(absl::StrCat("'LoopContext' object has no attribute '", name, "'"));
 }
 
 Value Renderer::LoopValue(const LoopState& loop) {
   Dict d;
-  for (absl::string_view attr : {"index", "index0", "first", "last", "length", "revindex",
-                                 "revindex0", "depth", "depth0", "previtem", "nextitem", "cycle"}) {
-    Value v = LoopAttr(loop, attr);
-    if (!v.is_undefined()) d.Set(Value::String(std::string(attr)), std::move(v));
+  for (int k = 1; k < static_cast<int>(LoopAttr::kOther); ++k) {
+    const absl::string_view name = kLoopAttrNames[k];
+    Value v = LoopAttrValue(loop, static_cast<LoopAttr>(k), name);
+    if (!v.is_undefined()) d.Set(Value::String(std::string(name)), std::move(v));
   }
   return Value::MakeDict(std::move(d));
 }

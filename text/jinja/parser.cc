@@ -54,6 +54,22 @@ Global GlobalFor(absl::string_view name) {
   return Global::kNone;
 }
 
+// The terms of a print's `a + b + c ...` (left to right, at most 64: a longer sum's first terms
+// stay one), which the evaluator writes one by one while they are strings; empty for other
+// expressions.
+std::vector<const Expr*> SumTerms(const Expr& e) {
+  std::vector<const Expr*> terms;
+  if (e.kind != ExprKind::kBinary || e.op != BinaryOp::kAdd) return terms;
+  const Expr* left = &e;
+  while (left->kind == ExprKind::kBinary && left->op == BinaryOp::kAdd && terms.size() < 64) {
+    terms.push_back(left->a[1].get());
+    left = left->a[0].get();
+  }
+  terms.push_back(left);
+  std::reverse(terms.begin(), terms.end());
+  return terms;
+}
+
 std::string Describe(const Token& t) {
   switch (t.type) {
     case TokenType::kEof:
@@ -175,6 +191,11 @@ class Parser {
   }
 
   absl::StatusOr<ExprPtr> Make(ExprKind kind, int line, std::vector<ExprPtr> a) {
+    Operands operands;
+    for (ExprPtr& x : a) operands.push_back(std::move(x));
+    return Make(kind, line, std::move(operands));
+  }
+  absl::StatusOr<ExprPtr> Make(ExprKind kind, int line, Operands a) {
     auto e = std::make_unique<Expr>();
     e->kind = kind;
     e->line = line;
@@ -190,13 +211,13 @@ class Parser {
     }
     return e;
   }
-  static std::vector<ExprPtr> Ptrs(ExprPtr x) {
-    std::vector<ExprPtr> v;
+  static Operands Ptrs(ExprPtr x) {
+    Operands v;
     v.push_back(std::move(x));
     return v;
   }
-  static std::vector<ExprPtr> Ptrs(ExprPtr x, ExprPtr y) {
-    std::vector<ExprPtr> v;
+  static Operands Ptrs(ExprPtr x, ExprPtr y) {
+    Operands v;
     v.push_back(std::move(x));
     v.push_back(std::move(y));
     return v;
@@ -294,6 +315,7 @@ absl::StatusOr<Body> Parser::Subparse(Ends ends) {
       ASSIGN_OR_RETURN(s->expr, ParseTuple(false, true, {}, false));
       RETURN_IF_ERROR(Expect(TokenType::kVariableEnd, "end of print statement"));
       if (!pending_.empty()) return pending_.front();
+      s->sum_terms = SumTerms(*s->expr);
       body.push_back(std::move(s));
     } else if (t.type == TokenType::kBlockBegin) {
       Next();
@@ -354,6 +376,7 @@ absl::Status Parser::ParseStatement(Body* body) {
       s->kind = StmtKind::kPrint;
       s->line = line;
       ASSIGN_OR_RETURN(s->expr, ParseExpression());
+      s->sum_terms = SumTerms(*s->expr);
       body->push_back(std::move(s));
     }
     return absl::OkStatus();
@@ -504,7 +527,7 @@ absl::Status Parser::ParseSet(Body* body, int line) {
   const bool outer_soft = soft_;
   soft_ = false;
   if (IsOp("|")) {
-    ASSIGN_OR_RETURN(ExprPtr input, Make(ExprKind::kBlockValue, line, {}));
+    ASSIGN_OR_RETURN(ExprPtr input, Make(ExprKind::kBlockValue, line, Operands()));
     ASSIGN_OR_RETURN(s->filter, ParseFilter(std::move(input), false));
   }
   ASSIGN_OR_RETURN(s->body, ParseBody({"endset"}, nullptr));
@@ -594,7 +617,7 @@ absl::Status Parser::ParseFilterBlock(Body* body, int line) {
   s->line = line;
   const bool outer_soft = soft_;
   soft_ = false;
-  ASSIGN_OR_RETURN(ExprPtr input, Make(ExprKind::kBlockValue, line, {}));
+  ASSIGN_OR_RETURN(ExprPtr input, Make(ExprKind::kBlockValue, line, Operands()));
   ASSIGN_OR_RETURN(s->filter, ParseFilter(std::move(input), true));
   ASSIGN_OR_RETURN(s->body, ParseBody({"endfilter"}, nullptr));
   soft_ = outer_soft;
@@ -723,7 +746,7 @@ absl::StatusOr<ExprPtr> Parser::ParseCompare() {
   }
   if (ops.empty()) return std::move(operands[0]);
   ASSIGN_OR_RETURN(ExprPtr e, Make(ExprKind::kCompare, line, std::move(operands)));
-  e->compare_ops = std::move(ops);
+  e->compare_ops.assign(ops.begin(), ops.end());
   return e;
 }
 
@@ -982,6 +1005,12 @@ absl::StatusOr<ExprPtr> Parser::ParseSubscript(ExprPtr node) {
       ASSIGN_OR_RETURN(ExprPtr e, Make(ExprKind::kGetAttr, t.line, Ptrs(std::move(node))));
       e->dict_method = DictAttributeIsSpecial(attr.text);
       e->str_method = FindStrMethod(attr.text);
+      if (e->a[0]->kind == ExprKind::kName && e->a[0]->name == program_->loop_id) {
+        e->loop_attr = LoopAttr::kOther;
+        for (int k = 1; k < static_cast<int>(LoopAttr::kOther); ++k) {
+          if (attr.text == kLoopAttrNames[k]) e->loop_attr = static_cast<LoopAttr>(k);
+        }
+      }
       e->str = attr.text;
       return e;
     }
@@ -1096,6 +1125,9 @@ absl::StatusOr<ExprPtr> Parser::ParseFilter(ExprPtr node, bool start_inline) {
       if (!soft_) pending_.push_back(Fail(line, absl::StrCat("unknown filter '", name, "'")));
       f->known = false;
     }
+    f->length_filter = (name == "length" || name == "count") && f->call.args.empty() &&
+                       f->call.kwargs.empty() && f->call.dyn_args == nullptr &&
+                       f->call.dyn_kwargs == nullptr;
     f->str = std::move(name);
     node = std::move(f);
   }
