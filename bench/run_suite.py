@@ -6,7 +6,7 @@ ports, runs the scenarios, stops every process it started, and rewrites the suit
 docs/PERFORMANCE.md (between `<!-- bench:KEY begin -->` / `end` markers; the hand-written
 sections are left alone) and its plots in docs/img/bench_*.png.
 
-    bench/run_suite.py --build build                 # every scenario, a to g
+    bench/run_suite.py --build build                 # every scenario, a to h
     bench/run_suite.py --build build --scenarios b,d # some of them; only their sections change
 
 Scenarios (README of each is its section in docs/PERFORMANCE.md):
@@ -17,6 +17,7 @@ Scenarios (README of each is its section in docs/PERFORMANCE.md):
   e  CPU roofline: batch-1 decode vs bandwidth floor; GEMM vs OpenBLAS     carpool-bench-engine, -kernels
   f  engine overhead: forward time / step wall time                        carpool-bench-engine
   g  paged KV: concurrent sequences at a fixed KV budget                   carpool-bench-engine
+  h  batch jobs under an interactive load: isolation, capacity they use   carpool bench serve
 """
 import argparse
 import datetime
@@ -27,12 +28,15 @@ import random
 import re
 import shlex
 import signal
+import shutil
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ALL_SCENARIOS = "abcdefg"
+ALL_SCENARIOS = "abcdefgh"
 
 # KV cache bytes per token: 2 (K and V) x layers x KV heads x head dim x 4 bytes (fp32), from
 # the presets in worker/weights/synthetic.cc.
@@ -47,12 +51,15 @@ def log(msg):
 
 
 class Cluster:
-    """One router and the given workers, on free loopback ports; stopped on exit."""
+    """One router and the given workers, on free loopback ports; stopped on exit. With
+    `--http 127.0.0.1:0` among router_args, `http` is the gateway's base URL."""
 
-    def __init__(self, bindir, logdir, name, workers):
+    def __init__(self, bindir, logdir, name, workers, router_args=()):
         self.bindir, self.logdir, self.name, self.workers = bindir, logdir, name, workers
+        self.router_args = list(router_args)
         self.procs = []
         self.frontend = None
+        self.http = None
 
     def _spawn(self, argv, log_name):
         out = open(os.path.join(self.logdir, f"{self.name}_{log_name}.log"), "w")
@@ -75,17 +82,23 @@ class Cluster:
 
     def _start(self):
         router = self._spawn([os.path.join(self.bindir, "carpool-router"), "--frontend",
-                              "tcp://127.0.0.1:*", "--backend", "tcp://127.0.0.1:*"], "router")
+                              "tcp://127.0.0.1:*", "--backend", "tcp://127.0.0.1:*"] +
+                             self.router_args, "router")
+        pattern = r"frontend (tcp://[0-9.:]+), backend (tcp://[0-9.:]+)"
+        if "--http" in self.router_args:
+            pattern += r"(?s:.*)http gateway listening on (http://[0-9.:]+)"
         m = None
         deadline = time.time() + 20
         while m is None and time.time() < deadline:
-            m = re.search(r"frontend (tcp://[0-9.:]+), backend (tcp://[0-9.:]+)", self._router_log())
+            m = re.search(pattern, self._router_log())
             if router.poll() is not None:
                 raise RuntimeError(f"carpool-router exited:\n{self._router_log()}")
             time.sleep(0.05)
         if m is None:
             raise RuntimeError("carpool-router did not report its endpoints")
         self.frontend, backend = m.group(1), m.group(2)
+        if "--http" in self.router_args:
+            self.http = m.group(3)
         for i, args in enumerate(self.workers):
             self._spawn([os.path.join(self.bindir, "carpool-worker"), "--router", backend,
                          "--worker-id", f"bench-{i + 1}"] + args, f"worker{i + 1}")
@@ -546,6 +559,279 @@ class Suite:
             "decoding runs out of blocks)."]
         return {"data": j}, md
 
+    def scenario_h(self):
+        model, seqs, max_len = "synthetic:small", 8, 512
+        in_len, out_len = 32, 64
+        load = 0.6
+        batch_in_flight, batch_queued = 4, 8
+        state = os.path.join(self.results, "h_state")
+        shutil.rmtree(state, ignore_errors=True)  # a batch left by an earlier run would resume
+        worker = ["--model", model, "--max-num-seqs", str(seqs), "--max-model-len", str(max_len)]
+        router = ["--http", "127.0.0.1:0", "--state-dir", state, "--batch-max-in-flight",
+                  str(batch_in_flight), "--batch-max-queued", str(batch_queued)]
+        shape = ["--input-len", str(in_len), "--output-len", str(out_len)]
+        capacity = ["--num-prompts", str(4 * seqs), *shape, "--max-concurrency", str(seqs),
+                    "--seed", "8", "--num-warmups", "2"]
+        runs, loads, windows = {}, {}, []
+        with Cluster(self.bindir, self.logdir, "h", [worker], router) as c:
+            def run(tag, args):
+                loads[tag] = os.getloadavg()[0]
+                runs[tag] = self.bench_serve(c, args, f"h_{tag}")
+
+            # The runs go capacity, alone, with the batch, with the batch, alone, capacity, each
+            # pair pooled, so a machine that gets slower or faster over the scenario moves both
+            # sides of every ratio alike. The interactive load is a fraction of the capacity
+            # measured first; every interactive run sends the same requests at the same times
+            # (same seed), about 25 s of arrivals and at least 40 requests.
+            run("capacity1", capacity)
+            rate = round(load * runs["capacity1"]["request_throughput"], 2)
+            half = max(40, round(25 * rate))
+            interactive = ["--num-prompts", str(half), *shape, "--request-rate", str(rate),
+                           "--seed", "8", "--save-detailed"]
+            run("alone1", interactive)
+            # Enough batch requests to keep the lane full past both loaded runs even if the
+            # batch had the whole capacity; cancelled after them.
+            lines = round(1.5 * runs["capacity1"]["request_throughput"] * 2 * half / rate) + \
+                batch_in_flight + batch_queued
+            batch_url = self.start_batch(c, model, lines, in_len, out_len,
+                                         min(batch_in_flight, seqs))
+            for tag in ("batch1", "batch2"):
+                before = self.batch_counters(c)
+                run(tag, interactive)
+                windows.append((before, self.batch_counters(c)))
+            at_end = http_json(batch_url)
+            http_json(batch_url + "/cancel", {})
+            # The second alone run starts once the batch has ended and left the lane.
+            deadline = time.time() + 120
+            while http_json(batch_url)["status"] not in ("cancelled", "completed", "failed",
+                                                         "expired") or \
+                    metric(c.http, "carpool_batch_lane_requests", 'state="running"') or \
+                    metric(c.http, "carpool_batch_lane_requests", 'state="queued"'):
+                if time.time() > deadline:
+                    raise RuntimeError(f"{batch_url} did not end within 120 s of its cancel")
+                time.sleep(0.2)
+            final = http_json(batch_url)
+            log(f"  batch {final['id']}: {at_end['status']} at the end of the load, then "
+                f"{final['status']} ({final['request_counts']})")
+            run("alone2", interactive)
+            run("capacity2", capacity)
+        alone = pooled([runs["alone1"], runs["alone2"]])
+        mixed = pooled([runs["batch1"], runs["batch2"]])
+        window = sum(a["time"] - b["time"] for b, a in windows)
+        delta = {k: sum(a[k] - b[k] for b, a in windows)
+                 for k in ("completion_tokens", "done", "kv_preemptions")}
+        router_preemptions = None if windows[0][0]["batch_preemptions"] is None else sum(
+            a["batch_preemptions"] - b["batch_preemptions"] for b, a in windows)
+        b_tok = delta["completion_tokens"] / window
+        c_tok = (runs["capacity1"]["output_throughput"] +
+                 runs["capacity2"]["output_throughput"]) / 2
+        i_tok = alone["output_throughput"]
+        left = c_tok - i_tok
+        share = b_tok / left if left > 0 else 0.0
+        both = mixed["output_throughput"] + b_tok
+        ttft = mixed["p99_ttft_ms"] / alone["p99_ttft_ms"]
+        tpot = mixed["p99_tpot_ms"] / alone["p99_tpot_ms"]
+        md = [
+            f"Model `{model}`, the smallest preset whose engine step, not the per-token work of "
+            "the router and the client, bounds the throughput (with `synthetic:tiny` the 2 "
+            "cores spend most of a token on messages, which the batch's tokens would compete "
+            f"for instead of the engine's steps). One worker, `--max-num-seqs {seqs}`; every "
+            f"request, interactive or batch, has a {in_len}-token prompt and exactly {out_len} "
+            "output tokens. One cluster, in this order: capacity C (closed loop, "
+            f"{seqs} in flight); interactive alone (Poisson arrivals at {load} of the first "
+            f"C's requests/s, {half} requests, seed 8); a batch of {lines} `/v1/completions` "
+            "requests of the same shape uploaded to `/v1/files` and created on `/v1/batches`; "
+            f"once {min(batch_in_flight, seqs)} of them run, the same interactive load twice; "
+            "the batch cancelled; interactive alone again; C again. Alone and with the batch "
+            "are each the two runs' requests pooled (I = their output tokens over their "
+            "durations), C the mean of its two runs, so a drift of the shared machine's speed "
+            "moves both sides alike. The batch's tokens/s B is the growth of "
+            "`carpool_batch_tokens_total{kind=\"completion\"}` on `/metrics` over the two "
+            "loaded runs' wall time.", "",
+            f"Knobs: `--max-num-seqs {seqs}`, because up to about that many sequences the "
+            "step of this model grows little with the batch (scenario b), so a worker kept full "
+            "by the batch slows the interactive tokens little, while its capacity is not "
+            f"much below 16's; `--batch-max-in-flight {batch_in_flight}` leaves the other "
+            "slots to the interactive load's bursts (when an interactive request finds no slot "
+            f"the router preempts a batch request); `--batch-max-queued {batch_queued}` keeps "
+            "a refill at the router without a long tail to cancel; `--interactive-reserve` "
+            f"stays 0: sequence slots bind here, not the in-flight token budget ({seqs} x "
+            f"{max_len} tokens of KV against {in_len + out_len}-token requests).", "",
+            "```",
+            f"carpool-worker --model {model} --max-num-seqs {seqs} --max-model-len {max_len}",
+            f"carpool-router --http 127.0.0.1:0 --state-dir STATE --batch-max-in-flight "
+            f"{batch_in_flight} --batch-max-queued {batch_queued}",
+            f"carpool bench serve {' '.join(capacity)}   # C",
+            f"carpool bench serve {' '.join(interactive)}   # alone, with the batch",
+            "```", "",
+            "| run | requests ok / failed | req/s | output tok/s | TTFT p50 / p99 ms | TPOT p50 "
+            "/ p99 ms | peak running | load avg |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        names = {"capacity1": "C, first", "alone1": "alone, first", "batch1": "with the batch, "
+                 "first", "batch2": "with the batch, second", "alone2": "alone, second",
+                 "capacity2": "C, second"}
+        for tag, name in names.items():
+            j = runs[tag]
+            md.append(f"| {name} | {j['completed']} / {j['failed']} | "
+                      f"{j['request_throughput']:.2f} | {j['output_throughput']:.1f} | "
+                      f"{j['median_ttft_ms']:.0f} / {j['p99_ttft_ms']:.0f} | "
+                      f"{j['median_tpot_ms']:.1f} / {j['p99_tpot_ms']:.1f} | "
+                      f"{j.get('server', {}).get('peak_running', '-')} | {loads[tag]:.2f} |")
+        for name, p in (("**alone, pooled (I)**", alone), ("**with the batch, pooled**", mixed)):
+            md.append(f"| {name} | {p['completed']} / {p['failed']} | {p['request_throughput']:.2f}"
+                      f" | {p['output_throughput']:.1f} | {p['median_ttft_ms']:.0f} / "
+                      f"{p['p99_ttft_ms']:.0f} | {p['median_tpot_ms']:.1f} / "
+                      f"{p['p99_tpot_ms']:.1f} | | |")
+        md.append(f"| **batch B**, over the loaded runs ({window:.0f} s) | {delta['done']:.0f} "
+                  f"done | {delta['done'] / window:.2f} | {b_tok:.1f} | | | | |")
+        md += [
+            "", f"- p99 TTFT with / without the batch: **{ttft:.2f}** ({mixed['p99_ttft_ms']:.0f} "
+            f"/ {alone['p99_ttft_ms']:.0f} ms; target <= 1.25: {verdict(ttft <= 1.25)}); at "
+            f"p50: {mixed['median_ttft_ms'] / alone['median_ttft_ms']:.2f}.",
+            f"- p99 TPOT with / without the batch: **{tpot:.2f}** ({mixed['p99_tpot_ms']:.1f} / "
+            f"{alone['p99_tpot_ms']:.1f} ms; target <= 1.25: {verdict(tpot <= 1.25)}); at p50: "
+            f"{mixed['median_tpot_ms'] / alone['median_tpot_ms']:.2f}.",
+            f"- Batch tokens/s / capacity the interactive load leaves: **{share:.2f}** (B "
+            f"{b_tok:.1f} / (C {c_tok:.1f} - I {i_tok:.1f}) tok/s; target >= 0.70: "
+            f"{verdict(share >= 0.70)}). Interactive with the batch + B: {both:.1f} tok/s = "
+            f"{both / c_tok:.2f} of C.",
+            f"- The batch was {at_end['status']} at the end of the loaded runs "
+            f"({at_end['request_counts']['completed']} of {lines} done"
+            + ("" if at_end["status"] == "in_progress" else
+               "; it did not outlast the load, so B is too low") +
+            f"), then {final['status']}. During the loaded runs the router preempted "
+            + ("(not reported)" if router_preemptions is None else f"{router_preemptions:.0f}")
+            + f" batch requests for interactive ones; the worker preempted "
+            f"{delta['kv_preemptions']:.0f} sequences for KV blocks."]
+        busiest = max(loads.values())
+        if busiest > 1.25 * (os.cpu_count() or 1):
+            md.append(f"- The machine was busy (1-minute load average up to {busiest:.1f} on "
+                      f"{os.cpu_count()} cores): the other load slows the runs unevenly, so "
+                      "these ratios measure it as much as the batch. Rerun on an idle machine.")
+        for j in runs.values():
+            for k in ("itls", "ttfts", "e2els", "input_lens", "output_lens", "errors"):
+                j.pop(k, None)
+        return {"data": {"runs": runs, "alone": alone, "mixed": mixed, "windows": windows,
+                         "batch_at_end": at_end, "batch_final": final,
+                         "ratios": {"p99_ttft": ttft, "p99_tpot": tpot, "batch_share": share}}}, md
+
+    def start_batch(self, cluster, model, lines, in_len, out_len, running):
+        """Uploads and creates a batch of `lines` completions, returns its URL once `running`
+        of its requests are running."""
+        rng = random.Random(8)
+        body = "".join(json.dumps({
+            "custom_id": f"h-{i}", "method": "POST", "url": "/v1/completions",
+            "body": {"model": model, "prompt": [rng.randrange(256) for _ in range(in_len)],
+                     "max_tokens": out_len, "temperature": 0, "ignore_eos": True}}) + "\n"
+            for i in range(lines))
+        file_id = http_upload(cluster.http, "h_batch.jsonl", body.encode())["id"]
+        batch = http_json(cluster.http + "/v1/batches", {"input_file_id": file_id,
+                                                         "endpoint": "/v1/completions",
+                                                         "completion_window": "24h"})
+        url = f"{cluster.http}/v1/batches/{batch['id']}"
+        deadline = time.time() + 60
+        while True:
+            status = http_json(url)["status"]
+            if status not in ("validating", "in_progress"):
+                raise RuntimeError(f"batch {batch['id']} ended {status} before the load")
+            now = metric(cluster.http, "carpool_batch_lane_requests", 'state="running"')
+            if status == "in_progress" and now >= running:
+                return url
+            if time.time() > deadline:
+                raise RuntimeError(f"batch {batch['id']} has {now:.0f} of {running} requests "
+                                   f"running after 60 s ({status})")
+            time.sleep(0.1)
+
+    def batch_counters(self, cluster):
+        text = metrics_text(cluster.http)
+        return {"time": time.time(),
+                "completion_tokens": metric(cluster.http, "carpool_batch_tokens_total",
+                                            'kind="completion"', text),
+                "done": metric(cluster.http, "carpool_batch_requests_done_total", "", text),
+                "batch_preemptions": metric(cluster.http, "carpool_batch_preemptions_total", "",
+                                            text, missing=None),
+                "kv_preemptions": metric_sum(text, "carpool_preemptions_total")}
+
+
+# ---- the router's HTTP API (scenario h)
+
+def http_json(url, body=None, timeout=30):
+    """GET url, or POST body as JSON; the answer's JSON. An error status raises with its body."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data,
+                                 headers={} if data is None else
+                                 {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.load(r)
+    except urllib.error.HTTPError as e:
+        raise RuntimeError(f"{url}: HTTP {e.code}: {e.read().decode(errors='replace')}")
+
+
+def http_upload(base, filename, content):
+    """POST /v1/files (multipart/form-data, purpose=batch): the file object."""
+    boundary = f"carpool-bench-{random.getrandbits(64):016x}"
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n"
+            f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; "
+            f"filename=\"{filename}\"\r\nContent-Type: application/jsonl\r\n\r\n").encode() + \
+        content + f"\r\n--{boundary}--\r\n".encode()
+    req = urllib.request.Request(base + "/v1/files", data=body, headers={
+        "Content-Type": f"multipart/form-data; boundary={boundary}"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return json.load(r)
+    except urllib.error.HTTPError as e:
+        raise RuntimeError(f"/v1/files: HTTP {e.code}: {e.read().decode(errors='replace')}")
+
+
+def pooled(results):
+    """TTFT and TPOT percentiles over the requests of several `--save-detailed` results (TPOT
+    as bench serve computes it), and their output tokens over their summed durations."""
+    ttfts, tpots = [], []
+    for j in results:
+        for ttft, e2el, n, error in zip(j["ttfts"], j["e2els"], j["output_lens"], j["errors"]):
+            if error:
+                continue
+            ttfts.append(ttft * 1e3)
+            if n > 1:
+                tpots.append((e2el - ttft) / (n - 1) * 1e3)
+    duration = sum(j["duration"] for j in results)
+    return {"completed": len(ttfts), "failed": sum(j["failed"] for j in results),
+            "request_throughput": len(ttfts) / duration,
+            "output_throughput": sum(j["total_output_tokens"] for j in results) / duration,
+            "median_ttft_ms": percentile(ttfts, 50), "p99_ttft_ms": percentile(ttfts, 99),
+            "median_tpot_ms": percentile(tpots, 50), "p99_tpot_ms": percentile(tpots, 99)}
+
+
+def percentile(xs, q):
+    """numpy's default (linear between ranks), as bench serve reports them."""
+    xs = sorted(xs)
+    if not xs:
+        return 0.0
+    pos = q / 100 * (len(xs) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def metrics_text(base):
+    with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
+def metric(base, name, labels="", text=None, missing=0.0):
+    """The sample `name{labels}` of the router's /metrics; `missing` when it has none."""
+    text = metrics_text(base) if text is None else text
+    key = f"{name}{{{labels}}}" if labels else name
+    m = re.search(rf"^{re.escape(key)} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else missing
+
+
+def metric_sum(text, name):
+    """The sum of every sample of counter `name`, whatever its labels."""
+    return sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$",
+                                            text, re.M))
+
 
 def verdict(ok):
     return "**met**" if ok else "**NOT met**"
@@ -598,6 +884,7 @@ TITLES = {
     "e": "e. CPU roofline: batch-1 decode vs bandwidth; GEMM vs OpenBLAS",
     "f": "f. Engine overhead: forward time / step wall time",
     "g": "g. Paged KV: concurrent sequences at a fixed KV budget",
+    "h": "h. Batch jobs under interactive load: isolation and the capacity they use",
 }
 
 INTRO = """## Serving benchmark suite (issue 9): `make bench`
@@ -633,7 +920,7 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default="build", help="build folder holding bin/ (default build)")
     ap.add_argument("--scenarios", default=ALL_SCENARIOS,
-                    help="which to run, e.g. b or a,c (default: all, a to g)")
+                    help="which to run, e.g. b or a,c (default: all, a to h)")
     ap.add_argument("--doc", default=os.path.join(ROOT, "docs", "PERFORMANCE.md"),
                     help="the report to update (default docs/PERFORMANCE.md)")
     args = ap.parse_args()
