@@ -5,6 +5,7 @@ sets it), else build/bin. Every process a Cluster started is stopped by close().
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import requests
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "tests", "testing"))
-from processes import stop, wait_for_log  # noqa: E402
+from processes import stop  # noqa: E402
 
 BIN_DIR = os.environ.get("CARPOOL_BIN_DIR") or os.path.join(REPO, "build", "bin")
 ROUTER_BIN = os.path.join(BIN_DIR, "carpool-router")
@@ -52,20 +53,45 @@ class Cluster:
         """Starts the router; after the first start, on the same frontend and backend ports (the
         HTTP port is a new ephemeral one: self.url follows it)."""
         assert self.router is None or self.router.poll() is not None
-        log_path = self._log("router")
-        with open(log_path, "w") as log:
-            self.router = subprocess.Popen(
-                [ROUTER_BIN, "--frontend", self.frontend, "--backend", self.backend,
-                 "--http", "127.0.0.1:0", "--state-dir", self.state_dir] + self.router_args,
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        m = wait_for_log(log_path, r"frontend (tcp://[0-9.:]+), backend (tcp://[0-9.:]+)", 30)
-        h = wait_for_log(log_path, r"http gateway listening on (http://127\.0\.0\.1:\d+)", 30)
-        if m is None or h is None:
-            text = self.log_text()
-            self.close()
-            raise AssertionError("the router did not start:\n" + text)
-        self.frontend, self.backend = m.group(1), m.group(2)
-        self.url = h.group(1)
+        restart = self.router is not None
+        # A port the killed router held can be taken for a moment (a client's connect to it can
+        # land on it as its own source port): a restart that finds it in use tries again.
+        for attempt in range(20):
+            log_path = self._log("router")
+            with open(log_path, "w") as log:
+                self.router = subprocess.Popen(
+                    [ROUTER_BIN, "--frontend", self.frontend, "--backend", self.backend,
+                     "--http", "127.0.0.1:0", "--state-dir", self.state_dir] + self.router_args,
+                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            started = self._wait_started(log_path, 30)
+            if started is not None:
+                break
+            with open(log_path, errors="replace") as f:
+                in_use = "Address already in use" in f.read()
+            if not (restart and in_use and self.router.poll() is not None):
+                text = self.log_text()
+                self.close()
+                raise AssertionError("the router did not start:\n" + text)
+            time.sleep(0.25)
+        else:
+            raise AssertionError("the router's ports stayed in use:\n" + self.log_text())
+        (self.frontend, self.backend), self.url = started
+
+    def _wait_started(self, log_path, timeout):
+        """The router's endpoints and gateway URL from its log; None when it exits or `timeout`
+        seconds pass first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with open(log_path, errors="replace") as f:
+                text = f.read()
+            m = re.search(r"frontend (tcp://[0-9.:]+), backend (tcp://[0-9.:]+)", text)
+            h = re.search(r"http gateway listening on (http://127\.0\.0\.1:\d+)", text)
+            if m and h:
+                return (m.group(1), m.group(2)), h.group(1)
+            if self.router.poll() is not None:
+                return None
+            time.sleep(0.05)
+        return None
 
     def kill_router(self):
         """SIGKILL: no chance to stop cleanly, as a crash."""
