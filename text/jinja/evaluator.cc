@@ -65,8 +65,14 @@ struct LoopState {
   Frame* outer = nullptr;      // the scope around the for statement
   int64_t depth = 1;           // loop.depth: 1, and one more in each loop(items)
   const List* items = nullptr;
+  bool reversed = false;  // the loop walks `items` from the end (for x in xs[::-1])
   int64_t index0 = 0;
   int64_t length = 0;
+
+  // The item of iteration i.
+  const Value& Item(int64_t i) const {
+    return (*items)[static_cast<size_t>(reversed ? length - 1 - i : i)];
+  }
   bool has_changed = false;
   Value last_changed = Value::None();
 };
@@ -76,11 +82,17 @@ struct Frame {
   Frame* parent = nullptr;
   std::vector<std::pair<int, Value>> vars;
   LoopState* loop = nullptr;
+  // A for iteration's loop variable (a plain name): the item itself, which the loop's list
+  // keeps alive, rather than a counted copy in `vars`. A `set` of the same name in the body
+  // goes to `vars`, which Find reads first.
+  int item_id = -1;
+  const Value* item = nullptr;
 
   const Value* Find(int id) const {
     for (const auto& [k, v] : vars) {
       if (k == id) return &v;
     }
+    if (id == item_id) return item;
     return nullptr;
   }
   void Set(int id, Value v) {
@@ -433,7 +445,8 @@ class Renderer final : public Budget {
   absl::Status Exec(const Stmt& s);
   ABSL_ATTRIBUTE_NOINLINE absl::Status ExecRare(const Stmt& s);
   absl::Status ExecFor(const Stmt& s);
-  absl::Status RunLoop(const Stmt& s, const Value& iterable, int64_t depth, Frame* outer);
+  absl::Status RunLoop(const Stmt& s, const Value& iterable, int64_t depth, Frame* outer,
+                       bool reversed = false);
   absl::Status ExecScoped(const Body& body, std::string* capture);
   ABSL_ATTRIBUTE_NOINLINE absl::Status PrintSum(const std::vector<const Expr*>& terms);
   absl::StatusOr<Value> CallMacro(const MacroDef& def, Frame* closure, const CallArgs& args);
@@ -712,11 +725,24 @@ absl::Status Renderer::ExecScoped(const Body& body, std::string* capture) {
 }
 
 absl::Status Renderer::ExecFor(const Stmt& s) {
-  ASSIGN_OR_RETURN(Value iterable, Eval(*s.expr));
+  const Expr& e = *s.expr;
+  if (e.kind == ExprKind::kSlice && e.a[1] == nullptr && e.a[2] == nullptr && e.a[3] != nullptr &&
+      e.a[3]->kind == ExprKind::kConst && e.a[3]->value.kind() == Kind::kInt &&
+      e.a[3]->value.int_value() == -1 && s.test == nullptr) {
+    // for x in xs[::-1]: xs walked from its end, without the reversed copy. (A counted copy of
+    // xs: the body may assign to where xs is stored.)
+    const Value* seq = TryRef(*e.a[0]);
+    if (seq != nullptr && seq->is_sequence() && !seq->is_generator()) {
+      const Value held = *seq;
+      return RunLoop(s, held, 1, frame_, /*reversed=*/true);
+    }
+  }
+  ASSIGN_OR_RETURN(Value iterable, Eval(e));
   return RunLoop(s, iterable, 1, frame_);
 }
 
-absl::Status Renderer::RunLoop(const Stmt& s, const Value& iterable, int64_t depth, Frame* outer) {
+absl::Status Renderer::RunLoop(const Stmt& s, const Value& iterable, int64_t depth, Frame* outer,
+                               bool reversed) {
   List storage;
   const List* items;
   if (iterable.is_sequence()) {
@@ -748,8 +774,11 @@ absl::Status Renderer::RunLoop(const Stmt& s, const Value& iterable, int64_t dep
   loop.outer = outer;
   loop.depth = depth;
   loop.items = items;
+  loop.reversed = reversed;
   loop.length = static_cast<int64_t>(items->size());
   frame.loop = &loop;
+  const bool bind_item = s.target.kind == Target::Kind::kName;
+  if (bind_item) frame.item_id = s.target.name;
   // As Jinja2: the else body runs unless some iteration reached the end of the body (an
   // iteration left by break or continue does not count).
   bool completed = false;
@@ -757,7 +786,11 @@ absl::Status Renderer::RunLoop(const Stmt& s, const Value& iterable, int64_t dep
     RETURN_IF_ERROR(Iterate(1));
     loop.index0 = i;
     frame.vars.clear();
-    RETURN_IF_ERROR(Located(Assign(s.target, (*items)[i]), s.line));
+    if (bind_item) {
+      frame.item = &loop.Item(i);
+    } else {
+      RETURN_IF_ERROR(Located(Assign(s.target, loop.Item(i)), s.line));
+    }
     RETURN_IF_ERROR(ExecBody(s.body));
     if (control_ == Control::kBreak) {
       control_ = Control::kNone;
@@ -837,6 +870,9 @@ Frame* Renderer::Snapshot() {
   for (Frame* f = frame_; f != nullptr; f = f->parent) {
     for (const auto& [id, v] : f->vars) {
       if (copy->Find(id) == nullptr) copy->vars.emplace_back(id, v);
+    }
+    if (f->item_id >= 0 && copy->Find(f->item_id) == nullptr) {
+      copy->vars.emplace_back(f->item_id, *f->item);
     }
   }
   snapshots_.push_back(std::move(copy));
@@ -1458,10 +1494,10 @@ Value Renderer::LoopAttrValue(const LoopState& loop, LoopAttr attr, absl::string
     case LoopAttr::kLast:
       return Value::Bool(i == n - 1);
     case LoopAttr::kPrevitem:
-      if (i > 0) return (*loop.items)[i - 1];
+      if (i > 0) return loop.Item(i - 1);
       return Value::Undefined("there is no previous item");
     case LoopAttr::kNextitem:
-      if (i + 1 < n) return (*loop.items)[i + 1];
+      if (i + 1 < n) return loop.Item(i + 1);
       return Value::Undefined("there is no next item");
     case LoopAttr::kCycle:
       return Value::MakeCallable(
