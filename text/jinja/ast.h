@@ -93,7 +93,7 @@ struct Expr {
   LoopAttr loop_attr = LoopAttr::kNone;  // kGetAttr on the name `loop`: which attribute
   bool length_filter = false;            // kFilter: `length` or `count`, without arguments
   BinaryOp op = BinaryOp::kAdd;          // kBinary
-  int name = -1;                         // kName: the interned name
+  int name = -1;                         // kName: the interned name; kGetAttr: a[0]'s if a kName
   int line = 0;
   int depth = 1;                     // of this subtree (the parser bounds it)
   Operands a;                        // operands (see ExprKind)

@@ -87,15 +87,22 @@ struct Frame {
   // goes to `vars`, which Find reads first.
   int item_id = -1;
   const Value* item = nullptr;
+  bool item_shadowed = false;  // `vars` holds item_id too (and wins)
 
   const Value* Find(int id) const {
+    if (id == item_id && !item_shadowed) return item;
     for (const auto& [k, v] : vars) {
       if (k == id) return &v;
     }
-    if (id == item_id) return item;
     return nullptr;
   }
+  // Empties the scope for the next iteration.
+  void Clear() {
+    vars.clear();
+    item_shadowed = false;
+  }
   void Set(int id, Value v) {
+    if (id == item_id) item_shadowed = true;
     for (auto& [k, old] : vars) {
       if (k == id) {
         old = std::move(v);
@@ -224,10 +231,10 @@ class Renderer final : public Budget {
   enum class Probe { kFound, kMissing, kSlow };
   Probe ProbeAttr(const Expr& e, const Value** out) const {
     if (e.dict_method) return Probe::kSlow;
-    const Expr& obj_expr = *e.a[0];
-    const Value* obj = obj_expr.kind == ExprKind::kName      ? LookupRef(obj_expr.name)
-                       : obj_expr.kind == ExprKind::kGetAttr ? TryRef(obj_expr)
-                                                             : nullptr;
+    // (The object's name is on this node: no visit to the operand's for `message.role`.)
+    const Value* obj = e.name >= 0                          ? LookupRef(e.name)
+                       : e.a[0]->kind == ExprKind::kGetAttr ? TryRef(*e.a[0])
+                                                            : nullptr;
     // (A namespace's attribute is its item, as a dict's whose name is no method.)
     if (obj == nullptr || (obj->kind() != Kind::kDict && obj->kind() != Kind::kNamespace)) {
       return Probe::kSlow;
@@ -724,11 +731,17 @@ absl::Status Renderer::ExecScoped(const Body& body, std::string* capture) {
   return absl::OkStatus();
 }
 
+// `-1` as the parser gives it (the negation of the constant 1), or a constant -1.
+bool IsMinusOne(const Expr& e) {
+  const Expr& c = e.kind == ExprKind::kNeg ? *e.a[0] : e;
+  if (c.kind != ExprKind::kConst || c.value.kind() != Kind::kInt) return false;
+  return c.value.int_value() == (e.kind == ExprKind::kNeg ? 1 : -1);
+}
+
 absl::Status Renderer::ExecFor(const Stmt& s) {
   const Expr& e = *s.expr;
   if (e.kind == ExprKind::kSlice && e.a[1] == nullptr && e.a[2] == nullptr && e.a[3] != nullptr &&
-      e.a[3]->kind == ExprKind::kConst && e.a[3]->value.kind() == Kind::kInt &&
-      e.a[3]->value.int_value() == -1 && s.test == nullptr) {
+      IsMinusOne(*e.a[3]) && s.test == nullptr) {
     // for x in xs[::-1]: xs walked from its end, without the reversed copy. (A counted copy of
     // xs: the body may assign to where xs is stored.)
     const Value* seq = TryRef(*e.a[0]);
@@ -785,7 +798,7 @@ absl::Status Renderer::RunLoop(const Stmt& s, const Value& iterable, int64_t dep
   for (int64_t i = 0; i < loop.length; ++i) {
     RETURN_IF_ERROR(Iterate(1));
     loop.index0 = i;
-    frame.vars.clear();
+    frame.Clear();
     if (bind_item) {
       frame.item = &loop.Item(i);
     } else {
@@ -871,7 +884,7 @@ Frame* Renderer::Snapshot() {
     for (const auto& [id, v] : f->vars) {
       if (copy->Find(id) == nullptr) copy->vars.emplace_back(id, v);
     }
-    if (f->item_id >= 0 && copy->Find(f->item_id) == nullptr) {
+    if (f->item != nullptr && copy->Find(f->item_id) == nullptr) {
       copy->vars.emplace_back(f->item_id, *f->item);
     }
   }

@@ -1005,6 +1005,7 @@ absl::StatusOr<ExprPtr> Parser::ParseSubscript(ExprPtr node) {
       ASSIGN_OR_RETURN(ExprPtr e, Make(ExprKind::kGetAttr, t.line, Ptrs(std::move(node))));
       e->dict_method = DictAttributeIsSpecial(attr.text);
       e->str_method = FindStrMethod(attr.text);
+      if (e->a[0]->kind == ExprKind::kName) e->name = e->a[0]->name;
       if (e->a[0]->kind == ExprKind::kName && e->a[0]->name == program_->loop_id) {
         e->loop_attr = LoopAttr::kOther;
         for (int k = 1; k < static_cast<int>(LoopAttr::kOther); ++k) {
