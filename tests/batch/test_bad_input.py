@@ -3,7 +3,8 @@ every validation error of router/batch/batch_input.h (alone, and all in one file
 its line), the file limits (413 above --batch-max-file-bytes, 400 above --batch-max-lines),
 unknown ids (404), cancelling a finished batch (409), another tenant's ids (404, with --tenants of
 two tenants), unknown and missing API keys (401), bad batch parameters and malformed requests
-(400, 405), and a --state-dir that cannot be created (the router exits at start naming it)."""
+(400, 405), and a --state-dir that cannot be created (the router exits at start naming it; an
+unusable default one turns batch jobs off instead)."""
 
 import json
 import subprocess
@@ -12,6 +13,7 @@ import pytest
 import requests
 
 from harness import BUILT, MODEL, ROUTER_BIN, Cluster, jsonl, request_line
+from processes import stop, wait_for_log
 
 pytestmark = pytest.mark.skipif(not BUILT, reason="carpool binaries not built")
 
@@ -223,3 +225,25 @@ def test_malformed_requests(cluster):
     assert err["param"] == "file", err
     error_of(requests.post(cluster.url + "/v1/batches", data=b"{not json", headers=auth,
                            timeout=30), 400)
+
+
+def test_an_unusable_default_state_dir_turns_batch_jobs_off(tmp_path):
+    """Without --state-dir the default ("carpool-state" in the working directory) is only a
+    convenience: where it cannot be made the router serves on without batch jobs, says why, and
+    the Batch API's routes answer 404."""
+    (tmp_path / "carpool-state").write_text("a regular file where the state dir would go\n")
+    log = tmp_path / "router.log"
+    with open(log, "w") as out:
+        router = subprocess.Popen([ROUTER_BIN, "--frontend", "tcp://127.0.0.1:*",
+                                   "--backend", "tcp://127.0.0.1:*", "--http", "127.0.0.1:0"],
+                                  cwd=str(tmp_path), stdout=out, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL)
+    try:
+        m = wait_for_log(str(log), r"http gateway listening on (http://127\.0\.0\.1:\d+)", 30)
+        assert m, log.read_text()
+        assert "batch jobs off" in log.read_text() and "carpool-state" in log.read_text()
+        err = error_of(requests.get(m.group(1) + "/v1/batches", timeout=30), 404)
+        assert "state" in err["message"], err
+        assert requests.get(m.group(1) + "/health", timeout=30).status_code == 200
+    finally:
+        stop(router)
