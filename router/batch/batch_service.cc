@@ -274,6 +274,7 @@ absl::Status BatchService::Impl::Start() {
   if (std::filesystem::exists(std::filesystem::path(options_.state_dir) / "batches.db", ec)) {
     ASSIGN_OR_RETURN(BatchStore * store, Store());
     ASSIGN_OR_RETURN(std::vector<Batch> unfinished, store->ListUnfinishedBatches());
+    CountBatches();  // /metrics right after a restart counts the batches already there
     absl::MutexLock lock(&mu_);
     for (const Batch& b : unfinished) to_load_.push_back(b.id);
   }
