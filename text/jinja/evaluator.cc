@@ -339,10 +339,10 @@ class Renderer final : public Budget {
       const std::string& y = b->string_value();
       switch (op) {
         case CmpOp::kEq:
-          *out = x == y;
+          *out = x.size() == y.size() && SameBytes(x.data(), y.data(), x.size());
           return true;
         case CmpOp::kNe:
-          *out = x != y;
+          *out = !(x.size() == y.size() && SameBytes(x.data(), y.data(), x.size()));
           return true;
         case CmpOp::kIn:
           *out = y.find(x) != std::string::npos;

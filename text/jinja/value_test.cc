@@ -46,6 +46,29 @@ std::string Err(const absl::StatusOr<T>& s) {
   return std::string(s.status().message());
 }
 
+TEST(ValueTest, SameBytesComparesEveryByteOfEveryLength) {
+  const std::string base = "abcdefghijklmnopqrstuvwxyz0123456789ABCD";
+  for (size_t n = 0; n <= base.size(); ++n) {
+    const std::string a = base.substr(0, n);
+    std::string b = a;
+    EXPECT_TRUE(SameBytes(a.data(), b.data(), n)) << n;
+    for (size_t i = 0; i < n; ++i) {
+      b[i] ^= 0x20;
+      EXPECT_FALSE(SameBytes(a.data(), b.data(), n)) << n << " differing at " << i;
+      b[i] ^= 0x20;
+    }
+  }
+  Dict d;
+  d.Set(Value::String("rolf"), Value::Int(1));
+  d.Set(Value::String("role"), Value::Int(2));
+  d.Set(Value::String("reasoning_content"), Value::Int(3));
+  d.Set(Value::String("reasoning_contenu"), Value::Int(4));
+  ASSERT_NE(d.Find(absl::string_view("role")), nullptr);
+  EXPECT_EQ(d.Find(absl::string_view("role"))->int_value(), 2);
+  EXPECT_EQ(d.Find(absl::string_view("reasoning_contenu"))->int_value(), 4);
+  EXPECT_EQ(d.Find(absl::string_view("rola")), nullptr);
+}
+
 TEST(ValueTest, StringRepr) {
   // repr('a\x7f\x00\u200b\U0001F600\t\n\r\\\'\x1b\ud7ff\U000e0001\xa0é')
   const std::string nul(1, '\0');
