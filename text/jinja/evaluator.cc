@@ -216,7 +216,11 @@ class Renderer final : public Budget {
     if (root_set_[id]) return &root_[id];
     return nullptr;
   }
-  // `e`'s value without a copy when it is a constant or a stored variable; nullptr otherwise.
+  // Whether the name `id`, which LookupRef did not find, is undefined (rather than the loop
+  // object or a global).
+  bool IsUndefinedName(int id) const { return id != p_.loop_id && p_.globals[id] == Global::kNone; }
+  // `e`'s value without a copy when it is a constant or a stored variable, or an item of one
+  // found by name or index (message.role, messages[0]); nullptr otherwise.
   const Value* TryRef(const Expr& e) const {
     if (e.kind == ExprKind::kConst) return &e.value;
     if (e.kind == ExprKind::kName) return LookupRef(e.name);
@@ -224,7 +228,27 @@ class Renderer final : public Budget {
       const Value* found = nullptr;
       if (ProbeAttr(e, &found) == Probe::kFound) return found;
     }
+    if (e.kind == ExprKind::kGetItem) return ProbeItem(e);
     return nullptr;
+  }
+  // `obj[key]` where GetItem would return a stored item: an int index in range of a stored list
+  // or tuple, a string key a stored dict has; nullptr otherwise (ask GetItem).
+  const Value* ProbeItem(const Expr& e) const {
+    const Value* obj = TryRef(*e.a[0]);
+    if (obj == nullptr) return nullptr;
+    if (obj->is_sequence() && !obj->is_generator()) {
+      int64_t i = 0;
+      if (!TryInt(*e.a[1], &i)) return nullptr;
+      const List& items = obj->list_value();
+      const int64_t n = static_cast<int64_t>(items.size());
+      if (i < 0) i += n;
+      if (i < 0 || i >= n) return nullptr;
+      return &items[static_cast<size_t>(i)];
+    }
+    if (obj->kind() != Kind::kDict) return nullptr;
+    const Value* key = TryRef(*e.a[1]);
+    if (key == nullptr || !key->is_string()) return nullptr;
+    return obj->dict_value().Find(absl::string_view(key->string_value()));
   }
   // `obj.name` on a stored dict without building anything: kFound (*out is the item, which
   // GetAttr would return), kMissing (GetAttr would return an Undefined), or kSlow (ask GetAttr).
@@ -232,9 +256,12 @@ class Renderer final : public Budget {
   Probe ProbeAttr(const Expr& e, const Value** out) const {
     if (e.dict_method) return Probe::kSlow;
     // (The object's name is on this node: no visit to the operand's for `message.role`.)
-    const Value* obj = e.name >= 0                          ? LookupRef(e.name)
-                       : e.a[0]->kind == ExprKind::kGetAttr ? TryRef(*e.a[0])
-                                                            : nullptr;
+    const Value* obj = nullptr;
+    if (e.name >= 0) {
+      obj = LookupRef(e.name);
+    } else if (e.a[0]->kind == ExprKind::kGetAttr || e.a[0]->kind == ExprKind::kGetItem) {
+      obj = TryRef(*e.a[0]);
+    }
     // (A namespace's attribute is its item, as a dict's whose name is no method.)
     if (obj == nullptr || (obj->kind() != Kind::kDict && obj->kind() != Kind::kNamespace)) {
       return Probe::kSlow;
@@ -298,7 +325,11 @@ class Renderer final : public Budget {
         return true;
       case ExprKind::kName: {
         const Value* v = LookupRef(e.name);
-        if (v == nullptr) return false;
+        if (v == nullptr) {
+          if (!IsUndefinedName(e.name)) return false;
+          *out = false;  // `if tools` without tools
+          return true;
+        }
         *out = v->Truthy();
         return true;
       }
@@ -399,7 +430,11 @@ class Renderer final : public Budget {
       }
     } else {
       v = TryRef(operand);
-      if (v == nullptr) return false;
+      if (v == nullptr) {
+        if (operand.kind != ExprKind::kName || !IsUndefinedName(operand.name)) return false;
+        *out = e.fast_test == FastTest::kUndefined;  // `enable_thinking is defined` without it
+        return true;
+      }
     }
     switch (e.fast_test) {
       case FastTest::kDefined:
