@@ -79,8 +79,9 @@ inline constexpr const char* kLoopAttrNames[] = {
 struct CallSpec {
   std::vector<ExprPtr> args;
   std::vector<std::pair<std::string, ExprPtr>> kwargs;
-  ExprPtr dyn_args;    // *args
-  ExprPtr dyn_kwargs;  // **kwargs
+  std::vector<Value> kwarg_keys;  // kwargs' names as string Values (namespace(...)'s keys)
+  ExprPtr dyn_args;               // *args
+  ExprPtr dyn_kwargs;             // **kwargs
 };
 
 // (The fields a render reads at most nodes come first, so that a node's first cache line or

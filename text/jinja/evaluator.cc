@@ -533,6 +533,7 @@ class Renderer final : public Budget {
   ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<Value> EvalCollection(const Expr& e);
   ABSL_ATTRIBUTE_NOINLINE Value MissingElse(int line);
   ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<Value> EvalCall(const Expr& e);
+  absl::StatusOr<Value> EvalNamespace(const CallSpec& spec);
   // callee(args): Python's error when callee is not callable.
   absl::StatusOr<Value> CallValue(const Value& callee, const CallArgs& args);
   absl::StatusOr<Value> EvalLoopCall(const Expr& e, LoopState& loop);
@@ -1274,6 +1275,8 @@ absl::StatusOr<Value> Renderer::EvalTest(const Expr& e) {
 }
 
 absl::StatusOr<Value> Renderer::EvalArithmetic(const Expr& e) {
+  int64_t sum = 0;
+  if (e.kind == ExprKind::kBinary && TryInt(e, &sum)) return Value::Int(sum);
   CARPOOL_JINJA_EVAL_REF(a_ref, a_tmp, *e.a[0]);
   const Value& a = *a_ref;
   if (e.kind == ExprKind::kNeg) {
@@ -1416,6 +1419,10 @@ absl::StatusOr<Value> Renderer::EvalCall(const Expr& e) {
       shadowed = f->Find(id) != nullptr;
     }
     if (!shadowed) {
+      if (p_.globals[id] == Global::kNamespace && e.call.args.empty() &&
+          e.call.dyn_args == nullptr && e.call.dyn_kwargs == nullptr) {
+        return EvalNamespace(e.call);
+      }
       CallArgs args;
       RETURN_IF_ERROR(EvalArgs(e.call, &args));
       return CallGlobal(p_.globals[id], args);
@@ -1444,6 +1451,20 @@ absl::StatusOr<Value> Renderer::EvalCall(const Expr& e) {
   CallArgs args;
   RETURN_IF_ERROR(EvalArgs(e.call, &args));
   return callee.callable_value().fn(args, *this);
+}
+
+// namespace(a=..., b=...): the keywords' values under the names the parser made Values of,
+// with no CallArgs and no string built (what CallGlobal's namespace makes of them).
+absl::StatusOr<Value> Renderer::EvalNamespace(const CallSpec& spec) {
+  Dict d;
+  d.entries.reserve(spec.kwargs.size());
+  for (size_t k = 0; k < spec.kwargs.size(); ++k) {
+    ASSIGN_OR_RETURN(Value v, Eval(*spec.kwargs[k].second));
+    d.Set(spec.kwarg_keys[k], std::move(v));
+  }
+  Value ns = Value::Namespace(std::move(d));
+  namespaces_.push_back(ns);
+  return ns;
 }
 
 absl::StatusOr<Value> Renderer::CallValue(const Value& callee, const CallArgs& args) {

@@ -1093,6 +1093,7 @@ absl::Status Parser::ParseCallArgs(CallSpec* call) {
       Next();
       Next();
       ASSIGN_OR_RETURN(ExprPtr value, ParseExpression());
+      call->kwarg_keys.push_back(Value::String(key));
       call->kwargs.emplace_back(std::move(key), std::move(value));
     } else {
       RETURN_IF_ERROR(
