@@ -684,13 +684,25 @@ class Suite:
                       f"{p['p99_tpot_ms']:.1f} | | |")
         md.append(f"| **batch B**, over the loaded runs ({window:.0f} s) | {delta['done']:.0f} "
                   f"done | {delta['done'] / window:.2f} | {b_tok:.1f} | | | | |")
+        md.append("")
+        busiest = max(loads.values())
+        if busiest > 1.25 * (os.cpu_count() or 1):
+            md.append(f"- **The machine was busy** (1-minute load average up to {busiest:.1f} on "
+                      f"{os.cpu_count()} cores): the other load slowed the runs unevenly (see "
+                      "the two C runs), so the ratios below measure it as much as the batch and "
+                      "are no verdict; rerun on an idle machine.")
+        pairs = (("alone1", "batch1"), ("alone2", "batch2"))
         md += [
-            "", f"- p99 TTFT with / without the batch: **{ttft:.2f}** ({mixed['p99_ttft_ms']:.0f} "
+            f"- p99 TTFT with / without the batch: **{ttft:.2f}** ({mixed['p99_ttft_ms']:.0f} "
             f"/ {alone['p99_ttft_ms']:.0f} ms; target <= 1.25: {verdict(ttft <= 1.25)}); at "
             f"p50: {mixed['median_ttft_ms'] / alone['median_ttft_ms']:.2f}.",
             f"- p99 TPOT with / without the batch: **{tpot:.2f}** ({mixed['p99_tpot_ms']:.1f} / "
             f"{alone['p99_tpot_ms']:.1f} ms; target <= 1.25: {verdict(tpot <= 1.25)}); at p50: "
-            f"{mixed['median_tpot_ms'] / alone['median_tpot_ms']:.2f}.",
+            f"{mixed['median_tpot_ms'] / alone['median_tpot_ms']:.2f}. Each loaded run against "
+            "the alone run next to it (first, second): p99 TTFT " + ", ".join(
+                f"{runs[b]['p99_ttft_ms'] / runs[a]['p99_ttft_ms']:.2f}" for a, b in pairs) +
+            "; p99 TPOT " + ", ".join(
+                f"{runs[b]['p99_tpot_ms'] / runs[a]['p99_tpot_ms']:.2f}" for a, b in pairs) + ".",
             f"- Batch tokens/s / capacity the interactive load leaves: **{share:.2f}** (B "
             f"{b_tok:.1f} / (C {c_tok:.1f} - I {i_tok:.1f}) tok/s; target >= 0.70: "
             f"{verdict(share >= 0.70)}). Interactive with the batch + B: {both:.1f} tok/s = "
@@ -703,11 +715,6 @@ class Suite:
             + ("(not reported)" if router_preemptions is None else f"{router_preemptions:.0f}")
             + f" batch requests for interactive ones; the worker preempted "
             f"{delta['kv_preemptions']:.0f} sequences for KV blocks."]
-        busiest = max(loads.values())
-        if busiest > 1.25 * (os.cpu_count() or 1):
-            md.append(f"- The machine was busy (1-minute load average up to {busiest:.1f} on "
-                      f"{os.cpu_count()} cores): the other load slows the runs unevenly, so "
-                      "these ratios measure it as much as the batch. Rerun on an idle machine.")
         for j in runs.values():
             for k in ("itls", "ttfts", "e2els", "input_lens", "output_lens", "errors"):
                 j.pop(k, None)
