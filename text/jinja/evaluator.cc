@@ -704,6 +704,10 @@ absl::Status Renderer::PrintSum(const std::vector<const Expr*>& terms) {
       size_t bytes = 0;
       for (const std::string* piece : strings) bytes += piece->size();
       RETURN_IF_ERROR(CheckSize(static_cast<int64_t>(bytes)));
+      if (static_cast<int64_t>(out_->size() + bytes) <= limits_.max_output_bytes) {
+        for (const std::string* piece : strings) out_->append(*piece);  // (all within the limit)
+        return absl::OkStatus();
+      }
       for (const std::string* piece : strings) RETURN_IF_ERROR(Append(*piece));
       return absl::OkStatus();
     }
