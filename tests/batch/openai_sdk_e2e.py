@@ -22,7 +22,7 @@ from harness import BUILT, REPO, Cluster
 sys.path.insert(0, os.path.join(REPO, "tests", "tokenizer"))
 import llama3_checkpoint  # noqa: E402
 
-NPM_DIR = os.environ.get("CARPOOL_BATCH_NPM_DIR") or os.path.join(REPO, "build", "batch-npm")
+NPM_DIR = os.environ.get("CARPOOL_BATCH_NPM_DIR") or os.path.join(REPO, "build", "tokenizer-npm")
 MODULES = os.path.join(NPM_DIR, "node_modules")
 TOKENIZER_DIR = os.path.join(MODULES, "@lenml", "tokenizer-llama3_1", "models")
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "openai_batch.mjs")
