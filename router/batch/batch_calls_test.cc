@@ -3,8 +3,6 @@
 // simulated worker answering the batch's requests.
 #include "router/batch/batch_calls.h"
 
-#include <unistd.h>
-
 #include <filesystem>
 #include <memory>
 #include <set>
@@ -18,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "router/batch/batch_test_util.h"
 #include "router/router.h"
 #include "router/testing/sim_worker.h"
 
@@ -27,25 +26,10 @@ namespace {
 using nlohmann::json;
 using ::testing::HasSubstr;
 
-// One /v1/completions line with a token prompt (the simulated worker has no tokenizer).
-std::string Line(const std::string& custom_id, int max_tokens, int tag) {
-  json body = {
-      {"model", "sim"}, {"prompt", testing::TaggedPrompt(tag)}, {"max_tokens", max_tokens}};
-  return json({{"custom_id", custom_id},
-               {"method", "POST"},
-               {"url", "/v1/completions"},
-               {"body", body}})
-             .dump() +
-         "\n";
-}
-
 class BatchCallsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = std::filesystem::temp_directory_path() /
-           absl::StrCat("carpool_batch_calls_", info->name(), "_", ::getpid());
-    std::filesystem::remove_all(dir_);
+    dir_ = FreshTestDir("carpool_batch_calls");
   }
   void TearDown() override {
     clients_.clear();
@@ -122,7 +106,7 @@ TEST_F(BatchCallsTest, ABatchRunsToCompletedThroughTheSdk) {
   Start();
   Client& client = Connect();
   std::string content;
-  for (int i = 0; i < 12; ++i) content += Line(absl::StrCat("req-", i), 3, i + 1);
+  for (int i = 0; i < 12; ++i) content += CompletionLine(absl::StrCat("req-", i), 3, i + 1);
   SubmitBatchOptions submit;
   submit.metadata = {{"run", "e2e"}};
   absl::StatusOr<BatchInfo> batch = client.SubmitBatchFile(content, submit);
@@ -177,7 +161,7 @@ TEST_F(BatchCallsTest, TenantsSeeOnlyTheirOwnBatchesAndNeedAKey) {
   Client& alpha = Connect("key-alpha");
   Client& beta = Connect("key-beta");
   Client& anonymous = Connect();
-  absl::StatusOr<BatchInfo> batch = alpha.SubmitBatchFile(Line("a", 2, 1), {});
+  absl::StatusOr<BatchInfo> batch = alpha.SubmitBatchFile(CompletionLine("a", 2, 1), {});
   ASSERT_TRUE(batch.ok()) << batch.status();
   EXPECT_TRUE(alpha.GetBatch(batch->id).ok());
   absl::Status other = beta.GetBatch(batch->id).status();
@@ -196,13 +180,13 @@ TEST_F(BatchCallsTest, BadCallsGetTheServicesErrors) {
   Client& client = Connect();
   SubmitBatchOptions submit;
   submit.endpoint = "/v1/images";
-  absl::Status s = client.SubmitBatchFile(Line("a", 2, 1), submit).status();
+  absl::Status s = client.SubmitBatchFile(CompletionLine("a", 2, 1), submit).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_EQ(ErrorReason(s), "invalid_argument");
 
   submit.endpoint = "/v1/completions";
   submit.completion_window = "48h";
-  s = client.SubmitBatchFile(Line("a", 2, 1), submit).status();
+  s = client.SubmitBatchFile(CompletionLine("a", 2, 1), submit).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
 
   s = client.GetBatch("").status();
@@ -215,9 +199,9 @@ TEST_F(BatchCallsTest, BadCallsGetTheServicesErrors) {
   // Past the router's request limit, within the upload limit: stored. Past the upload limit:
   // OUT_OF_RANGE from the service, the frame having been let through.
   std::string big;
-  while (big.size() < (80 << 10)) big += Line(absl::StrCat("r", big.size()), 2, 1);
+  while (big.size() < (80 << 10)) big += CompletionLine(absl::StrCat("r", big.size()), 2, 1);
   EXPECT_TRUE(client.UploadFile("big.jsonl", big).ok());
-  while (big.size() < (120 << 10)) big += Line(absl::StrCat("r", big.size()), 2, 1);
+  while (big.size() < (120 << 10)) big += CompletionLine(absl::StrCat("r", big.size()), 2, 1);
   s = client.UploadFile("bigger.jsonl", big).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
   EXPECT_EQ(ErrorReason(s), "out_of_range");

@@ -215,7 +215,7 @@ class BatchService::Impl {
   // the error file, the output files are written, the batch reaches its final status.
   void Finalize(Active a);
   // A batch in `cancelling` or `finalizing` that no thread holds (found at start, or cancelled
-  // while validating): finalized from the store alone.
+  // while validating): finalized from the store and its input file.
   void FinishOrphan(const Batch& batch);
   void FailBatch(const Batch& batch, const std::string& code, const std::string& message);
   // Refreshes batches_by_status_ from the store.
@@ -706,7 +706,6 @@ void BatchService::Impl::Finalize(Active a) {
 }
 
 void BatchService::Impl::FinishOrphan(const Batch& batch) {
-  if (batch.status == BatchStatus::kValidating) return Load(batch);
   // cancelling (or finalizing after a crash): finalize from the input file and the store.
   Active a;
   a.batch = batch;

@@ -5,8 +5,6 @@
 // tenants cannot see each other's ids; an unusable state dir and a full store are clear errors.
 #include "router/batch/batch_service.h"
 
-#include <unistd.h>
-
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -21,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "router/batch/batch_test_util.h"
 #include "router/router.h"
 #include "router/testing/sim_worker.h"
 
@@ -30,21 +29,9 @@ namespace {
 using ::testing::HasSubstr;
 using nlohmann::json;
 
-// One /v1/completions line with a token prompt (the simulated worker has no tokenizer).
-std::string Line(const std::string& custom_id, int max_tokens, int tag = 1) {
-  json body = {{"model", "sim"}, {"prompt", testing::TaggedPrompt(tag)},
-               {"max_tokens", max_tokens}};
-  return json({{"custom_id", custom_id},
-               {"method", "POST"},
-               {"url", "/v1/completions"},
-               {"body", body}})
-             .dump() +
-         "\n";
-}
-
 std::string Lines(int n, int max_tokens) {
   std::string out;
-  for (int i = 0; i < n; ++i) out += Line(absl::StrCat("req-", i), max_tokens, i + 1);
+  for (int i = 0; i < n; ++i) out += CompletionLine(absl::StrCat("req-", i), max_tokens, i + 1);
   return out;
 }
 
@@ -64,10 +51,7 @@ bool Final(BatchStatus s) {
 class BatchServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = std::filesystem::temp_directory_path() /
-           absl::StrCat("carpool_batch_service_", info->name(), "_", ::getpid());
-    std::filesystem::remove_all(dir_);
+    dir_ = FreshTestDir("carpool_batch_service");
   }
   void TearDown() override {
     service_.reset();
@@ -196,7 +180,7 @@ TEST_F(BatchServiceTest, BadLinesFailTheBatchWithEveryErrorAndRunNothing) {
   StartRouter();
   StartWorker();
   StartService(Options());
-  std::string content = Line("a", 2) + "not json\n" + Line("a", 2) +
+  std::string content = CompletionLine("a", 2) + "not json\n" + CompletionLine("a", 2) +
                         R"({"custom_id": "c", "method": "POST", "url": "/v1/embeddings", )"
                         R"("body": {"model": "sim", "input": "x"}})" "\n";
   Batch b = Await(Submit(content).id);
@@ -216,7 +200,7 @@ TEST_F(BatchServiceTest, RequestErrorsAreResultsInTheErrorFile) {
   StartWorker();
   StartService(Options());
   // max_tokens past the simulated worker's max_model_len: the router refuses it (4xx).
-  Batch b = Await(Submit(Line("ok", 2) + Line("too-long", 100000)).id);
+  Batch b = Await(Submit(CompletionLine("ok", 2) + CompletionLine("too-long", 100000)).id);
   ASSERT_EQ(b.status, BatchStatus::kCompleted);
   EXPECT_EQ(b.request_counts.completed, 1);
   EXPECT_EQ(b.request_counts.failed, 1);
@@ -312,7 +296,7 @@ TEST_F(BatchServiceTest, RefusesBadCallsByName) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(service_->CreateBatch("", "file-nope", "/v1/completions", "24h", "").status().code(),
             absl::StatusCode::kNotFound);
-  auto file = service_->CreateFile("", "f", "batch", Line("a", 1));
+  auto file = service_->CreateFile("", "f", "batch", CompletionLine("a", 1));
   ASSERT_TRUE(file.ok());
   auto bad_url = service_->CreateBatch("", file->id, "/v1/images", "24h", "");
   EXPECT_THAT(bad_url.status().message(), HasSubstr("endpoint"));
@@ -375,7 +359,7 @@ TEST_F(BatchServiceTest, AFullStoreFailsTheBatchWithAReason) {
   StartService(o);
   // Answers of ~2 KB each outgrow the cap while the batch runs.
   std::string content;
-  for (int i = 0; i < 60; ++i) content += Line(absl::StrCat("r", i), 400, i + 1);
+  for (int i = 0; i < 60; ++i) content += CompletionLine(absl::StrCat("r", i), 400, i + 1);
   auto file = service_->CreateFile("", "in.jsonl", "batch", content);
   ASSERT_TRUE(file.ok()) << file.status();
   auto created = service_->CreateBatch("", file->id, "/v1/completions", "24h", "");
