@@ -1,0 +1,1 @@
+// linear_bf16: being written (issue 17).

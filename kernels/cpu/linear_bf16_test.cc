@@ -1,0 +1,1 @@
+// Tests of linear_bf16: being written (issue 17).

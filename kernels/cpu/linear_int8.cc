@@ -1,0 +1,1 @@
+// linear_int8: being written (issue 17).

@@ -1,0 +1,1 @@
+// Tests of linear_int8: being written (issue 17).
