@@ -6,6 +6,10 @@
 // fp32), and the values accumulated. An item's result depends only on its own sequence, never
 // on the rest of the batch or the thread split, and PagedAttentionDecode runs the very same
 // item code, so a token's output is bit-identical whichever entry point and batch computed it.
+//
+// The item code is a template on the cache element type: fp32, or bf16 bits widened to fp32 as
+// they are loaded (kernels/cpu/bf16.h). Widening is exact and every operation after the load is
+// the same, so the bf16 kernels give exactly what the fp32 ones give on the widened values.
 
 #include <algorithm>
 #include <cstdint>
@@ -13,6 +17,7 @@
 #include <vector>
 
 #include "common/thread_pool.h"
+#include "kernels/cpu/bf16.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/simd.h"
 
@@ -51,6 +56,41 @@ int64_t CacheOffset(const KvCacheLayout& c, const int32_t* block_table, int posi
   return (slot * c.num_kv_heads + kv_head) * c.head_dim;
 }
 
+// Eight cache elements at p as fp32 lanes, and the first n of them with zero lanes after
+// (never touching p[n..7]), as simd::Load and simd::LoadPartial give for fp32.
+F8 LoadLanes(const float* p) { return simd::Load(p); }
+F8 LoadLanesPartial(const float* p, int n) { return simd::LoadPartial(p, n); }
+
+F8 LoadLanes(const uint16_t* p) {
+#ifdef CARPOOL_SIMD_AVX2
+  return LoadBf16x8(p);
+#else
+  float wide[simd::kLanes];
+  Bf16ToFloat(p, simd::kLanes, wide);
+  return simd::Load(wide);
+#endif
+}
+F8 LoadLanesPartial(const uint16_t* p, int n) {
+  float wide[simd::kLanes];
+  Bf16ToFloat(p, n, wide);
+  return simd::LoadPartial(wide, n);
+}
+
+// simd::Dot(a, b, n) with b read through LoadLanes: the same operations in the same order.
+template <typename T>
+float DotCache(const float* a, const T* b, int n) {
+  F8 acc = simd::Zero();
+  int i = 0;
+  for (; i + simd::kLanes <= n; i += simd::kLanes) {
+    acc = simd::Fma(simd::Load(a + i), LoadLanes(b + i), acc);
+  }
+  if (i < n) {
+    const int rest = n - i;
+    acc = simd::Fma(simd::LoadPartial(a + i, rest), LoadLanesPartial(b + i, rest), acc);
+  }
+  return simd::HSum(acc);
+}
+
 // acc[0..n) *= s.
 void Scale(float* acc, float s, int n) {
   int i = 0;
@@ -63,16 +103,17 @@ void Scale(float* acc, float s, int n) {
 }
 
 // acc[0..n) += p * v[0..n).
-void AddScaled(float* acc, float p, const float* v, int n) {
+template <typename T>
+void AddScaled(float* acc, float p, const T* v, int n) {
   const F8 pv = simd::Set1(p);
   int i = 0;
   for (; i + simd::kLanes <= n; i += simd::kLanes) {
-    simd::Store(acc + i, simd::Fma(pv, simd::Load(v + i), simd::Load(acc + i)));
+    simd::Store(acc + i, simd::Fma(pv, LoadLanes(v + i), simd::Load(acc + i)));
   }
   if (i < n) {
     const int rest = n - i;
     simd::StorePartial(
-        acc + i, simd::Fma(pv, simd::LoadPartial(v + i, rest), simd::LoadPartial(acc + i, rest)),
+        acc + i, simd::Fma(pv, LoadLanesPartial(v + i, rest), simd::LoadPartial(acc + i, rest)),
         rest);
   }
 }
@@ -102,7 +143,8 @@ float ExpShifted(float* s, float m, int n) {
 
 // Attention of one query token for the query heads of one kv head. Writes
 // out[row, h, :] for every h in the group.
-void AttendItem(const float* q, const float* key_cache, const float* value_cache,
+template <typename T>
+void AttendItem(const float* q, const T* key_cache, const T* value_cache,
                 const AttentionParams& p, const QueryRow& query, int kv_head, Scratch* scratch,
                 float* out) {
   const KvCacheLayout& c = p.cache;
@@ -121,9 +163,9 @@ void AttendItem(const float* q, const float* key_cache, const float* value_cache
   for (int start = first; start < num_positions; start += kChunk) {
     const int len = std::min(kChunk, num_positions - start);
     for (int i = 0; i < len; ++i) {
-      const float* k = key_cache + CacheOffset(c, table, start + i, kv_head);
+      const T* k = key_cache + CacheOffset(c, table, start + i, kv_head);
       for (int g = 0; g < group; ++g) {
-        scratch->scores[g * kChunk + i] = simd::Dot(q_group + g * d, k, d) * p.scale;
+        scratch->scores[g * kChunk + i] = DotCache(q_group + g * d, k, d) * p.scale;
       }
     }
     for (int g = 0; g < group; ++g) {
@@ -140,7 +182,7 @@ void AttendItem(const float* q, const float* key_cache, const float* value_cache
       scratch->sum[g] += ExpShifted(s, new_max, len);
     }
     for (int i = 0; i < len; ++i) {
-      const float* v = value_cache + CacheOffset(c, table, start + i, kv_head);
+      const T* v = value_cache + CacheOffset(c, table, start + i, kv_head);
       for (int g = 0; g < group; ++g) {
         AddScaled(&scratch->acc[g * d], scratch->scores[g * kChunk + i], v, d);
       }
@@ -165,7 +207,8 @@ std::vector<QueryRow> ListQueryRows(const AttentionParams& p) {
   return rows;
 }
 
-void RunItems(const float* q, const float* key_cache, const float* value_cache,
+template <typename T>
+void RunItems(const float* q, const T* key_cache, const T* value_cache,
               const AttentionParams& p, const std::vector<QueryRow>& rows, float* out,
               ThreadPool* pool) {
   const int kv_heads = p.cache.num_kv_heads;
@@ -179,6 +222,16 @@ void RunItems(const float* q, const float* key_cache, const float* value_cache,
   });
 }
 
+// The decode fast path's rows: one per sequence, its last position.
+std::vector<QueryRow> ListDecodeRows(const AttentionParams& p) {
+  std::vector<QueryRow> rows(p.num_seqs);
+  for (int s = 0; s < p.num_seqs; ++s) {
+    const AttentionSeq& seq = p.seqs[s];
+    rows[s] = QueryRow{seq.query_start, seq.context_len - 1, &seq};
+  }
+  return rows;
+}
+
 }  // namespace
 
 void PagedAttention(const float* q, const float* key_cache, const float* value_cache,
@@ -188,12 +241,18 @@ void PagedAttention(const float* q, const float* key_cache, const float* value_c
 
 void PagedAttentionDecode(const float* q, const float* key_cache, const float* value_cache,
                           const AttentionParams& params, float* out, ThreadPool* pool) {
-  std::vector<QueryRow> rows(params.num_seqs);
-  for (int s = 0; s < params.num_seqs; ++s) {
-    const AttentionSeq& seq = params.seqs[s];
-    rows[s] = QueryRow{seq.query_start, seq.context_len - 1, &seq};
-  }
-  RunItems(q, key_cache, value_cache, params, rows, out, pool);
+  RunItems(q, key_cache, value_cache, params, ListDecodeRows(params), out, pool);
+}
+
+void PagedAttentionBf16(const float* q, const uint16_t* key_cache, const uint16_t* value_cache,
+                        const AttentionParams& params, float* out, ThreadPool* pool) {
+  RunItems(q, key_cache, value_cache, params, ListQueryRows(params), out, pool);
+}
+
+void PagedAttentionDecodeBf16(const float* q, const uint16_t* key_cache,
+                              const uint16_t* value_cache, const AttentionParams& params,
+                              float* out, ThreadPool* pool) {
+  RunItems(q, key_cache, value_cache, params, ListDecodeRows(params), out, pool);
 }
 
 }  // namespace carpool::kernels::cpu

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/thread_pool.h"
+#include "kernels/cpu/bf16.h"
 #include "kernels/cpu/simd.h"
 
 namespace carpool::kernels::cpu {
@@ -193,6 +194,16 @@ void WriteKvCache(const float* k, const float* v, const int64_t* slots, int64_t 
     if (slots[r] < 0) continue;
     std::memcpy(key_cache + slots[r] * row, k + r * row, row * sizeof(float));
     std::memcpy(value_cache + slots[r] * row, v + r * row, row * sizeof(float));
+  }
+}
+
+void WriteKvCacheBf16(const float* k, const float* v, const int64_t* slots, int64_t t,
+                      const KvCacheLayout& layout, uint16_t* key_cache, uint16_t* value_cache) {
+  const int64_t row = static_cast<int64_t>(layout.num_kv_heads) * layout.head_dim;
+  for (int64_t r = 0; r < t; ++r) {
+    if (slots[r] < 0) continue;
+    FloatToBf16(k + r * row, row, key_cache + slots[r] * row);
+    FloatToBf16(v + r * row, row, value_cache + slots[r] * row);
   }
 }
 

@@ -73,6 +73,11 @@ void EmbeddingGather(const float* table, const int32_t* ids, float* out, int64_t
 void WriteKvCache(const float* k, const float* v, const int64_t* slots, int64_t t,
                   const KvCacheLayout& layout, float* key_cache, float* value_cache);
 
+// WriteKvCache for a bf16 cache (same layout, elements bf16 bits): each value rounded to the
+// nearest bf16, ties to even (kernels/cpu/bf16.h). slots[t] < 0 are skipped.
+void WriteKvCacheBf16(const float* k, const float* v, const int64_t* slots, int64_t t,
+                      const KvCacheLayout& layout, uint16_t* key_cache, uint16_t* value_cache);
+
 // Paged attention for a mixed batch of prefill chunks and decodes (see AttentionSeq).
 // q, out: [total query tokens, num_heads, head_dim]. Query head h reads kv head
 // h / (num_heads / num_kv_heads). Softmax in fp32 with a running max (online). With
@@ -84,6 +89,15 @@ void PagedAttention(const float* q, const float* key_cache, const float* value_c
 // Decode-only fast path: every seq has query_len == 1. Same contract as PagedAttention.
 void PagedAttentionDecode(const float* q, const float* key_cache, const float* value_cache,
                           const AttentionParams& params, float* out, ThreadPool* pool);
+
+// PagedAttention and PagedAttentionDecode over a bf16 cache (written by WriteKvCacheBf16): the
+// same operations on the widened values, so the output is bit-identical to the fp32 kernel's on
+// a cache holding those values, and half the cache bytes are read.
+void PagedAttentionBf16(const float* q, const uint16_t* key_cache, const uint16_t* value_cache,
+                        const AttentionParams& params, float* out, ThreadPool* pool);
+void PagedAttentionDecodeBf16(const float* q, const uint16_t* key_cache,
+                              const uint16_t* value_cache, const AttentionParams& params,
+                              float* out, ThreadPool* pool);
 
 // In place log-softmax of each row of x ([rows, n]).
 void LogSoftmax(float* x, int64_t rows, int64_t n, ThreadPool* pool);
