@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -278,37 +279,24 @@ const SafetensorsEntry* SafetensorsFile::Find(const std::string& name) const {
   return it == tensors_.end() ? nullptr : &it->second;
 }
 
-absl::StatusOr<Tensor> SafetensorsFile::Read(const SafetensorsEntry& entry,
-                                             ThreadPool* pool) const {
-  if (!entry.supported) {
-    return absl::UnimplementedError(absl::StrCat(path(), ": dtype ", entry.dtype_name,
-                                                 " of tensor ", entry.name,
-                                                 " is not supported (F32, F16, BF16)"));
-  }
-  if (entry.dtype == DType::kF32 && reinterpret_cast<uintptr_t>(entry.data) % alignof(float) == 0) {
-    return Tensor::View(reinterpret_cast<const float*>(entry.data), entry.shape);
-  }
+absl::Status SafetensorsFile::CheckSupported(const SafetensorsEntry& entry) const {
+  if (entry.supported) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(path(), ": dtype ", entry.dtype_name,
+                                               " of tensor ", entry.name,
+                                               " is not supported (F32, F16, BF16)"));
+}
+
+absl::StatusOr<Tensor> SafetensorsFile::Read(const SafetensorsEntry& entry, ThreadPool* pool,
+                                             const LoadOptions& options) const {
+  RETURN_IF_ERROR(CheckSupported(entry));
   const int64_t count = static_cast<int64_t>(entry.nbytes / DTypeSize(entry.dtype));
-  auto values = std::make_unique_for_overwrite<float[]>(count);
-  float* out = values.get();
-  constexpr int64_t kChunk = 1 << 16;
-  ParallelFor(pool, (count + kChunk - 1) / kChunk, [&](int64_t begin, int64_t end) {
-    const int64_t first = begin * kChunk;
-    const int64_t last = std::min(count, end * kChunk);
-    ConvertToFloat(entry.dtype, entry.data + first * DTypeSize(entry.dtype), last - first,
-                   out + first);
-  });
-  return Tensor::Owned(std::move(values), entry.shape);
+  return Contiguous(entry, entry.data, count, entry.shape, pool, options);
 }
 
 absl::StatusOr<Tensor> SafetensorsFile::ReadSlice(const SafetensorsEntry& entry, int dim,
-                                                  int64_t begin, int64_t end,
-                                                  ThreadPool* pool) const {
-  if (!entry.supported) {
-    return absl::UnimplementedError(absl::StrCat(path(), ": dtype ", entry.dtype_name,
-                                                 " of tensor ", entry.name,
-                                                 " is not supported (F32, F16, BF16)"));
-  }
+                                                  int64_t begin, int64_t end, ThreadPool* pool,
+                                                  const LoadOptions& options) const {
+  RETURN_IF_ERROR(CheckSupported(entry));
   const int rank = static_cast<int>(entry.shape.size());
   if (rank < 1 || rank > 2 || dim < 0 || dim >= rank || begin < 0 || begin > end ||
       end > entry.shape[dim]) {
@@ -323,29 +311,60 @@ absl::StatusOr<Tensor> SafetensorsFile::ReadSlice(const SafetensorsEntry& entry,
   const size_t element = DTypeSize(entry.dtype);
   if (dim == 0) {
     const uint8_t* first = entry.data + static_cast<size_t>(begin * cols) * element;
-    const int64_t count = (end - begin) * cols;
-    if (entry.dtype == DType::kF32 && reinterpret_cast<uintptr_t>(first) % alignof(float) == 0) {
-      return Tensor::View(reinterpret_cast<const float*>(first), std::move(shape));
-    }
-    auto values = std::make_unique_for_overwrite<float[]>(count);
-    float* out = values.get();
-    constexpr int64_t kChunk = 1 << 16;
-    ParallelFor(pool, (count + kChunk - 1) / kChunk, [&](int64_t chunk_begin, int64_t chunk_end) {
-      const int64_t from = chunk_begin * kChunk;
-      const int64_t to = std::min(count, chunk_end * kChunk);
-      ConvertToFloat(entry.dtype, first + from * element, to - from, out + from);
-    });
-    return Tensor::Owned(std::move(values), std::move(shape));
+    return Contiguous(entry, first, (end - begin) * cols, std::move(shape), pool, options);
   }
   // Columns: one run per row.
   const int64_t width = end - begin;
+  const auto row_run = [&](int64_t r) {
+    return entry.data + static_cast<size_t>(r * cols + begin) * element;
+  };
+  if (KeepsBf16(entry, options)) {
+    auto values = std::make_unique_for_overwrite<uint16_t[]>(rows * width);
+    uint16_t* out = values.get();
+    ParallelFor(pool, rows, [&](int64_t first_row, int64_t last_row) {
+      for (int64_t r = first_row; r < last_row; ++r) {
+        std::memcpy(out + r * width, row_run(r), static_cast<size_t>(width) * element);
+      }
+    });
+    return Tensor::OwnedBf16(std::move(values), std::move(shape));
+  }
   auto values = std::make_unique_for_overwrite<float[]>(rows * width);
   float* out = values.get();
   ParallelFor(pool, rows, [&](int64_t first_row, int64_t last_row) {
     for (int64_t r = first_row; r < last_row; ++r) {
-      ConvertToFloat(entry.dtype, entry.data + static_cast<size_t>(r * cols + begin) * element,
-                     width, out + r * width);
+      ConvertToFloat(entry.dtype, row_run(r), width, out + r * width);
     }
+  });
+  return Tensor::Owned(std::move(values), std::move(shape));
+}
+
+bool SafetensorsFile::KeepsBf16(const SafetensorsEntry& entry, const LoadOptions& options) {
+  return options.keep_bf16 && entry.dtype == DType::kBF16;
+}
+
+Tensor SafetensorsFile::Contiguous(const SafetensorsEntry& entry, const uint8_t* first,
+                                   int64_t count, std::vector<int64_t> shape, ThreadPool* pool,
+                                   const LoadOptions& options) const {
+  const uintptr_t address = reinterpret_cast<uintptr_t>(first);
+  if (KeepsBf16(entry, options)) {
+    if (address % alignof(uint16_t) == 0) {
+      return Tensor::ViewBf16(reinterpret_cast<const uint16_t*>(first), std::move(shape), file_);
+    }
+    auto values = std::make_unique_for_overwrite<uint16_t[]>(count);
+    std::memcpy(values.get(), first, static_cast<size_t>(count) * sizeof(uint16_t));
+    return Tensor::OwnedBf16(std::move(values), std::move(shape));
+  }
+  if (entry.dtype == DType::kF32 && address % alignof(float) == 0) {
+    return Tensor::View(reinterpret_cast<const float*>(first), std::move(shape), file_);
+  }
+  const size_t element = DTypeSize(entry.dtype);
+  auto values = std::make_unique_for_overwrite<float[]>(count);
+  float* out = values.get();
+  constexpr int64_t kChunk = 1 << 16;
+  ParallelFor(pool, (count + kChunk - 1) / kChunk, [&](int64_t chunk_begin, int64_t chunk_end) {
+    const int64_t from = chunk_begin * kChunk;
+    const int64_t to = std::min(count, chunk_end * kChunk);
+    ConvertToFloat(entry.dtype, first + from * element, to - from, out + from);
   });
   return Tensor::Owned(std::move(values), std::move(shape));
 }

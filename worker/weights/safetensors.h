@@ -45,7 +45,7 @@ class MappedFile {
   size_t size_;
 };
 
-// The dtypes carpool converts to fp32.
+// The dtypes carpool reads (as fp32, or BF16 kept as bf16: LoadOptions).
 enum class DType { kF32, kF16, kBF16 };
 const char* DTypeName(DType dtype);  // "F32", "F16", "BF16"
 size_t DTypeSize(DType dtype);
@@ -88,19 +88,31 @@ class SafetensorsFile {
   // nullptr when absent.
   const SafetensorsEntry* Find(const std::string& name) const;
 
-  // The tensor as fp32: a View into the mapping for 4-byte-aligned F32 data (valid while
-  // file() lives), otherwise an owned converted copy, converted on `pool`'s threads (null: on
-  // the calling thread). UNIMPLEMENTED for other dtypes.
-  absl::StatusOr<Tensor> Read(const SafetensorsEntry& entry, ThreadPool* pool = nullptr) const;
-  // Indices [begin, end) of dimension `dim` (0: rows, 1: columns of a 2-D tensor) as fp32: a
-  // View for a row slice of 4-byte-aligned F32 data, otherwise an owned copy of the slice alone.
-  // INVALID_ARGUMENT for a dimension or range outside the tensor; UNIMPLEMENTED for other dtypes.
-  // Converts on `pool` as Read does.
+  // The tensor as fp32: a View into the mapping for 4-byte-aligned F32 data, otherwise an owned
+  // converted copy, converted on `pool`'s threads (null: on the calling thread). With
+  // options.keep_bf16 a BF16 tensor is returned as bf16 instead: a ViewBf16 of 2-byte-aligned
+  // data, otherwise an owned copy. Views hold file(), so the mapping lives as long as they do.
+  // UNIMPLEMENTED for other dtypes.
+  absl::StatusOr<Tensor> Read(const SafetensorsEntry& entry, ThreadPool* pool = nullptr,
+                              const LoadOptions& options = {}) const;
+  // Indices [begin, end) of dimension `dim` (0: rows, 1: columns of a 2-D tensor), as Read
+  // types them: a view for a row slice of aligned F32 (or kept BF16) data, otherwise an owned
+  // copy of the slice alone. INVALID_ARGUMENT for a dimension or range outside the tensor;
+  // UNIMPLEMENTED for other dtypes. Converts on `pool` as Read does.
   absl::StatusOr<Tensor> ReadSlice(const SafetensorsEntry& entry, int dim, int64_t begin,
-                                   int64_t end, ThreadPool* pool = nullptr) const;
+                                   int64_t end, ThreadPool* pool = nullptr,
+                                   const LoadOptions& options = {}) const;
 
  private:
   SafetensorsFile() = default;
+
+  // UNIMPLEMENTED unless entry's dtype is one carpool reads.
+  absl::Status CheckSupported(const SafetensorsEntry& entry) const;
+  static bool KeepsBf16(const SafetensorsEntry& entry, const LoadOptions& options);
+  // `count` consecutive elements of `entry` from `first` (inside its data), typed as Read says.
+  Tensor Contiguous(const SafetensorsEntry& entry, const uint8_t* first, int64_t count,
+                    std::vector<int64_t> shape, ThreadPool* pool,
+                    const LoadOptions& options) const;
 
   std::shared_ptr<MappedFile> file_;
   std::map<std::string, SafetensorsEntry> tensors_;

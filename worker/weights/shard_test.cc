@@ -34,11 +34,12 @@ ModelConfig SmallConfig(int heads, int kv_heads) {
 }
 
 // Rows or columns [begin, end) of a row-major tensor of `shape`.
-std::vector<float> Slice(const std::vector<float>& whole, const std::vector<int64_t>& shape,
-                         int dim, int64_t begin, int64_t end) {
+template <typename T>
+std::vector<T> Slice(const std::vector<T>& whole, const std::vector<int64_t>& shape, int dim,
+                     int64_t begin, int64_t end) {
   if (dim < 0) return whole;
   const int64_t cols = shape.size() == 2 ? shape[1] : 1;
-  std::vector<float> out;
+  std::vector<T> out;
   if (dim == 0) {
     out.assign(whole.begin() + begin * cols, whole.begin() + end * cols);
     return out;
@@ -50,11 +51,12 @@ std::vector<float> Slice(const std::vector<float>& whole, const std::vector<int6
 }
 
 std::vector<float> Values(const Tensor& t) { return {t.data(), t.data() + t.numel()}; }
+std::vector<uint16_t> Bits(const Tensor& t) { return {t.bf16_data(), t.bf16_data() + t.numel()}; }
 
-bool InsideMapping(const LlamaWeights& w, const float* p) {
+bool InsideMapping(const LlamaWeights& w, const void* p) {
+  const auto* byte = static_cast<const uint8_t*>(p);
   for (const auto& file : w.files) {
-    const auto* b = reinterpret_cast<const float*>(file->data());
-    if (p >= b && p < b + file->size() / sizeof(float)) return true;
+    if (byte >= file->data() && byte < file->data() + file->size()) return true;
   }
   return false;
 }
@@ -187,6 +189,79 @@ TEST_P(ShardedCheckpointTest, EachRankReadsOnlyItsSlices) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(bad.status().message(), HasSubstr(dir_.string()));
   EXPECT_THAT(bad.status().message(), HasSubstr("num_attention_heads 4 is not divisible by 3"));
+}
+
+// With keep_bf16, a rank's bf16 tensors are the slices of the whole model's bf16 tensors, bit
+// for bit: row slices (q/k/v, gate/up, biases, vocabulary rows) views of the mapping, column
+// slices (o_proj, down_proj) owned copies of the columns; norms fp32 on every rank.
+TEST_P(ShardedCheckpointTest, KeptBf16SlicesAreSlicesOfTheWhole) {
+  CheckpointSpec spec;
+  spec.config = SmallConfig(4, 2);
+  spec.config.attention_bias = true;
+  spec.dtype = GetParam();
+  auto written = carpool::testing::WriteCheckpoint(dir_.string(), spec);
+  ASSERT_TRUE(written.ok()) << written.status();
+  const LoadOptions keep{.keep_bf16 = true};
+  const bool bf16 = GetParam() == DType::kBF16;
+  auto whole = LoadWeights(dir_.string(), {}, nullptr, keep);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  std::map<std::string, std::vector<uint16_t>> whole_bits;
+  std::map<std::string, std::vector<float>> whole_values;
+  for (const TensorSlot& slot : TensorSlots(whole->get())) {
+    if (slot.tensor->type() == TensorType::kBF16) whole_bits[slot.name] = Bits(*slot.tensor);
+    else whole_values[slot.name] = Values(*slot.tensor);
+  }
+  for (int tp : {2, 4}) {
+    for (int r = 0; r < tp; ++r) {
+      SCOPED_TRACE(::testing::Message() << "rank " << r << " of " << tp);
+      auto part = LoadWeights(dir_.string(), {r, tp}, nullptr, keep);
+      ASSERT_TRUE(part.ok()) << part.status();
+      for (const TensorSlot& slot : TensorSlots(part->get())) {
+        SCOPED_TRACE(slot.name);
+        const Tensor& t = *slot.tensor;
+        EXPECT_EQ(t.shape(), slot.LocalShape());
+        ASSERT_EQ(t.type(), bf16 && !slot.norm ? TensorType::kBF16 : TensorType::kF32);
+        if (t.type() == TensorType::kF32) {
+          EXPECT_EQ(Values(t), Slice(whole_values.at(slot.name), slot.shape, slot.split_dim,
+                                     slot.split_begin, slot.split_end));
+          continue;
+        }
+        EXPECT_EQ(Bits(t), Slice(whole_bits.at(slot.name), slot.shape, slot.split_dim,
+                                 slot.split_begin, slot.split_end));
+        EXPECT_EQ(InsideMapping(**part, t.raw_data()), slot.split_dim <= 0);
+      }
+      const LayerWeights& layer = (*part)->layers[1];
+      if (bf16) {
+        EXPECT_EQ(layer.o_proj.nbytes(), 2 * 64 * 64 / tp);
+        EXPECT_TRUE(InsideMapping(**part, layer.k_bias.raw_data()));
+      }
+      // Row slices are views and column slices copies, for either dtype.
+      EXPECT_TRUE(InsideMapping(**part, layer.up_proj.raw_data()));
+      EXPECT_FALSE(InsideMapping(**part, layer.down_proj.raw_data()));
+    }
+  }
+}
+
+TEST(ShardedSyntheticWeightsTest, KeptBf16RanksDrawSlicesOfTheWholeBf16Model) {
+  const ModelConfig config = SmallConfig(4, 2);
+  const LoadOptions keep{.keep_bf16 = true};
+  auto whole = SyntheticWeights(config, 42, {}, nullptr, keep);
+  std::map<std::string, std::vector<uint16_t>> bits;
+  for (const TensorSlot& slot : TensorSlots(whole.get())) {
+    if (!slot.norm) bits[slot.name] = Bits(*slot.tensor);
+  }
+  for (int r = 0; r < 2; ++r) {
+    auto part = SyntheticWeights(config, 42, {r, 2}, nullptr, keep);
+    for (const TensorSlot& slot : TensorSlots(part.get())) {
+      SCOPED_TRACE(slot.name);
+      if (slot.norm) {
+        EXPECT_EQ(slot.tensor->type(), TensorType::kF32);
+        continue;
+      }
+      EXPECT_EQ(Bits(*slot.tensor), Slice(bits.at(slot.name), slot.shape, slot.split_dim,
+                                          slot.split_begin, slot.split_end));
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(DTypes, ShardedCheckpointTest,

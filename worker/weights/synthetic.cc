@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "common/status.h"
 #include "common/thread_pool.h"
+#include "worker/weights/safetensors.h"
 #include "worker/weights/weights.h"
 
 namespace carpool::worker {
@@ -65,8 +66,10 @@ Distribution DistributionFor(const TensorSlot& slot, const ModelConfig& config) 
 }
 
 // The slot's slice (or whole tensor): element i of the slice is element WholeIndex(i) of the
-// whole tensor, so every split of the model draws the same values.
-Tensor Generate(const TensorSlot& slot, const ModelConfig& config, uint64_t key, ThreadPool* pool) {
+// whole tensor, so every split of the model draws the same values. With `bf16` each value is
+// rounded to bf16 (nearest even) as it is drawn.
+Tensor Generate(const TensorSlot& slot, const ModelConfig& config, uint64_t key, bool bf16,
+                ThreadPool* pool) {
   const std::vector<int64_t> shape = slot.LocalShape();
   int64_t count = 1;
   for (int64_t dim : shape) count *= dim;
@@ -78,16 +81,24 @@ Tensor Generate(const TensorSlot& slot, const ModelConfig& config, uint64_t key,
     if (slot.split_dim == 0) return slot.split_begin * (slot.shape.size() == 2 ? whole_row : 1) + i;
     return (i / local_row) * whole_row + slot.split_begin + i % local_row;
   };
-  auto values = std::make_unique_for_overwrite<float[]>(count);
-  float* out = values.get();
   const Distribution dist = DistributionFor(slot, config);
+  const auto value = [&](int64_t i) {
+    return dist.center + dist.half_width * Uniform(key, static_cast<uint64_t>(whole_index(i)));
+  };
   constexpr int64_t kChunk = 1 << 16;
-  ParallelFor(pool, (count + kChunk - 1) / kChunk, [&](int64_t begin, int64_t end) {
-    const int64_t last = std::min(count, end * kChunk);
-    for (int64_t i = begin * kChunk; i < last; ++i) {
-      out[i] = dist.center + dist.half_width * Uniform(key, static_cast<uint64_t>(whole_index(i)));
-    }
-  });
+  const auto fill = [&](auto* out, auto store) {
+    ParallelFor(pool, (count + kChunk - 1) / kChunk, [&](int64_t begin, int64_t end) {
+      const int64_t last = std::min(count, end * kChunk);
+      for (int64_t i = begin * kChunk; i < last; ++i) out[i] = store(value(i));
+    });
+  };
+  if (bf16) {
+    auto values = std::make_unique_for_overwrite<uint16_t[]>(count);
+    fill(values.get(), [](float v) { return FloatToBFloat16(v); });
+    return Tensor::OwnedBf16(std::move(values), shape);
+  }
+  auto values = std::make_unique_for_overwrite<float[]>(count);
+  fill(values.get(), [](float v) { return v; });
   return Tensor::Owned(std::move(values), shape);
 }
 
@@ -224,7 +235,8 @@ absl::StatusOr<ModelConfig> SyntheticConfig(const std::string& preset) {
 }
 
 std::unique_ptr<LlamaWeights> SyntheticWeights(const ModelConfig& config, uint64_t seed,
-                                               const TensorParallelRank& tp, ThreadPool* pool) {
+                                               const TensorParallelRank& tp, ThreadPool* pool,
+                                               const LoadOptions& options) {
   auto weights = std::make_unique<LlamaWeights>();
   weights->config = config;
   weights->tp = tp;
@@ -233,7 +245,8 @@ std::unique_ptr<LlamaWeights> SyntheticWeights(const ModelConfig& config, uint64
   weights->shard = *shard;
   const std::vector<TensorSlot> slots = TensorSlots(weights.get());
   for (size_t i = 0; i < slots.size(); ++i) {
-    *slots[i].tensor = Generate(slots[i], config, Mix(seed + (i + 1) * kGolden), pool);
+    const bool bf16 = options.keep_bf16 && !slots[i].norm;  // norms stay fp32, as loaded
+    *slots[i].tensor = Generate(slots[i], config, Mix(seed + (i + 1) * kGolden), bf16, pool);
   }
   if (config.tie_word_embeddings) weights->lm_head = weights->embed_tokens;
   return weights;

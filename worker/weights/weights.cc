@@ -1,5 +1,6 @@
 #include "worker/weights/weights.h"
 
+#include <array>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -110,7 +111,9 @@ class Checkpoint {
   }
   const std::string& description() const { return description_; }
 
-  absl::StatusOr<Tensor> Read(const TensorSlot& slot, ThreadPool* pool) const {
+  // Norms are read as fp32 whatever `options` says.
+  absl::StatusOr<Tensor> Read(const TensorSlot& slot, ThreadPool* pool,
+                              const LoadOptions& options) const {
     auto it = located_.find(slot.name);
     if (it == located_.end()) {
       return absl::InvalidArgumentError(
@@ -122,9 +125,11 @@ class Checkpoint {
           "shape mismatch for ", slot.name, ": expected ", ShapeString(slot.shape), ", got ",
           ShapeString(entry.shape), " in ", fs::path(it->second.file->path()).filename().string()));
     }
-    if (slot.split_dim < 0) return it->second.file->Read(entry, pool);
+    LoadOptions read_options = options;
+    if (slot.norm) read_options.keep_bf16 = false;
+    if (slot.split_dim < 0) return it->second.file->Read(entry, pool, read_options);
     return it->second.file->ReadSlice(entry, slot.split_dim, slot.split_begin, slot.split_end,
-                                      pool);
+                                      pool, read_options);
   }
 
   std::vector<std::shared_ptr<MappedFile>> Files() const {
@@ -171,6 +176,16 @@ struct LanguageModelNames {
   }
 };
 
+// Every tensor of a layer (the optional ones empty when the model has none). Layer is
+// LayerWeights or const LayerWeights.
+template <typename Layer>
+auto LayerTensors(Layer& l) {
+  return std::array{&l.input_norm, &l.q_proj, &l.k_proj, &l.v_proj, &l.q_bias,
+                    &l.k_bias, &l.v_bias, &l.o_proj, &l.post_attention_norm, &l.q_norm,
+                    &l.k_norm, &l.pre_feedforward_norm, &l.post_feedforward_norm,
+                    &l.gate_proj, &l.up_proj, &l.down_proj};
+}
+
 // Replaces each norm tensor w by 1 + w, added in fp32 (transformers' Gemma RMSNorm computes
 // (1.0 + weight.float())). Norms are replicated under tensor parallelism, so every rank folds
 // its own whole copy.
@@ -186,7 +201,8 @@ void FoldNormWeights(const std::vector<TensorSlot>& slots) {
 
 absl::StatusOr<std::unique_ptr<LlamaWeights>> LoadFolder(const std::string& folder,
                                                          const TensorParallelRank& tp,
-                                                         ThreadPool* pool) {
+                                                         ThreadPool* pool,
+                                                         const LoadOptions& options) {
   const fs::path dir(folder);
   std::error_code error;
   if (!fs::is_directory(dir, error)) {
@@ -238,7 +254,7 @@ absl::StatusOr<std::unique_ptr<LlamaWeights>> LoadFolder(const std::string& fold
           absl::StrCat("missing tensor ", slot.name, " (not in ", checkpoint.description(),
                        ") and config.json does not set tie_word_embeddings"));
     }
-    ASSIGN_OR_RETURN(*slot.tensor, checkpoint.Read(slot, pool));
+    ASSIGN_OR_RETURN(*slot.tensor, checkpoint.Read(slot, pool, options));
   }
   if (weights->config.norm_weight_plus_one) FoldNormWeights(slots);
   if (weights->config.tie_word_embeddings) weights->lm_head = weights->embed_tokens;
@@ -248,10 +264,22 @@ absl::StatusOr<std::unique_ptr<LlamaWeights>> LoadFolder(const std::string& fold
 
 }  // namespace
 
-Tensor Tensor::View(const float* data, std::vector<int64_t> shape) {
+Tensor Tensor::View(const float* data, std::vector<int64_t> shape,
+                    std::shared_ptr<const void> owner) {
   Tensor tensor;
   tensor.data_ = data;
   tensor.shape_ = std::move(shape);
+  tensor.owned_ = std::move(owner);
+  return tensor;
+}
+
+Tensor Tensor::ViewBf16(const uint16_t* data, std::vector<int64_t> shape,
+                        std::shared_ptr<const void> owner) {
+  Tensor tensor;
+  tensor.data_ = data;
+  tensor.type_ = TensorType::kBF16;
+  tensor.shape_ = std::move(shape);
+  tensor.owned_ = std::move(owner);
   return tensor;
 }
 
@@ -274,7 +302,29 @@ Tensor Tensor::Owned(std::unique_ptr<float[]> values, std::vector<int64_t> shape
   return tensor;
 }
 
+Tensor Tensor::OwnedBf16(std::unique_ptr<uint16_t[]> values, std::vector<int64_t> shape) {
+  std::shared_ptr<const uint16_t[]> owned(std::move(values));
+  Tensor tensor;
+  tensor.data_ = owned.get();
+  tensor.type_ = TensorType::kBF16;
+  tensor.shape_ = std::move(shape);
+  tensor.owned_ = std::move(owned);
+  return tensor;
+}
+
+const float* Tensor::data() const {
+  CARPOOL_CHECK(type_ == TensorType::kF32 || data_ == nullptr);
+  return static_cast<const float*>(data_);
+}
+
+const uint16_t* Tensor::bf16_data() const {
+  CARPOOL_CHECK(type_ == TensorType::kBF16 || data_ == nullptr);
+  return static_cast<const uint16_t*>(data_);
+}
+
 int64_t Tensor::numel() const { return data_ == nullptr ? 0 : Product(shape_); }
+
+int64_t Tensor::nbytes() const { return numel() * (type_ == TensorType::kF32 ? 4 : 2); }
 
 std::vector<int64_t> TensorSlot::LocalShape() const {
   std::vector<int64_t> local = shape;
@@ -283,18 +333,26 @@ std::vector<int64_t> TensorSlot::LocalShape() const {
 }
 
 int64_t LlamaWeights::ParameterBytes() const {
-  int64_t count = embed_tokens.numel() + final_norm.numel();
-  if (lm_head.data() != embed_tokens.data()) count += lm_head.numel();
+  int64_t bytes = embed_tokens.nbytes() + final_norm.nbytes();
+  if (lm_head.raw_data() != embed_tokens.raw_data()) bytes += lm_head.nbytes();
   for (const LayerWeights& layer : layers) {
-    for (const Tensor* t :
-         {&layer.input_norm, &layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.q_bias,
-          &layer.k_bias, &layer.v_bias, &layer.o_proj, &layer.post_attention_norm, &layer.q_norm,
-          &layer.k_norm, &layer.pre_feedforward_norm, &layer.post_feedforward_norm,
-          &layer.gate_proj, &layer.up_proj, &layer.down_proj}) {
-      count += t->numel();
-    }
+    for (const Tensor* t : LayerTensors(layer)) bytes += t->nbytes();
   }
-  return count * static_cast<int64_t>(sizeof(float));
+  return bytes;
+}
+
+void LlamaWeights::ReleaseTensors() {
+  const auto release = [](Tensor* t) {
+    *t = t->type() == TensorType::kF32 ? Tensor::View(nullptr, t->shape())
+                                       : Tensor::ViewBf16(nullptr, t->shape());
+  };
+  release(&embed_tokens);
+  release(&final_norm);
+  release(&lm_head);
+  for (LayerWeights& layer : layers) {
+    for (Tensor* t : LayerTensors(layer)) release(t);
+  }
+  files.clear();
 }
 
 std::vector<TensorSlot> TensorSlots(LlamaWeights* weights) {
@@ -376,7 +434,8 @@ std::vector<TensorSlot> TensorSlots(LlamaWeights* weights) {
 
 absl::StatusOr<std::unique_ptr<LlamaWeights>> LoadWeights(const std::string& spec,
                                                           const TensorParallelRank& tp,
-                                                          ThreadPool* pool) {
+                                                          ThreadPool* pool,
+                                                          const LoadOptions& options) {
   if (absl::StartsWith(spec, kSyntheticPrefix)) {
     ASSIGN_OR_RETURN(ModelConfig config,
                      SyntheticConfig(spec.substr(sizeof(kSyntheticPrefix) - 1)));
@@ -385,9 +444,9 @@ absl::StatusOr<std::unique_ptr<LlamaWeights>> LoadWeights(const std::string& spe
       return absl::Status(shard.status().code(),
                           absl::StrCat(spec, ": ", shard.status().message()));
     }
-    return SyntheticWeights(config, kSyntheticSeed, tp, pool);
+    return SyntheticWeights(config, kSyntheticSeed, tp, pool, options);
   }
-  return LoadFolder(spec, tp, pool);
+  return LoadFolder(spec, tp, pool, options);
 }
 
 }  // namespace carpool::worker

@@ -1,12 +1,15 @@
-// Llama-family weights in fp32, from a Hugging Face folder or a synthetic preset.
+// Llama-family weights, from a Hugging Face folder or a synthetic preset.
 //
-// F32 tensors of a safetensors file are used in place from the memory map; F16 and BF16 ones
-// are converted once into owned fp32 buffers. Linear weights keep the checkpoint layout
-// [out_features, in_features].
+// By default every tensor is fp32: F32 tensors of a safetensors file are used in place from the
+// memory map; F16 and BF16 ones are converted once into owned fp32 buffers. With
+// LoadOptions::keep_bf16, BF16 tensors other than norms stay bf16 (in place where they can), so
+// a bf16 model costs 2 bytes a parameter rather than 4 plus the mapping. Linear weights keep the
+// checkpoint layout [out_features, in_features].
 //
 // Under tensor parallelism (TensorParallelRank) each rank reads only its slices
-// (worker/weights/shard_layout.h): row slices of aligned F32 tensors are views into the mapping,
-// other slices are converted copies of just the slice. No rank copies a whole split tensor.
+// (worker/weights/shard_layout.h): row slices of aligned F32 (and kept BF16) tensors are views
+// into the mapping, other slices are copies of just the slice. No rank copies a whole split
+// tensor.
 #ifndef CARPOOL_WORKER_WEIGHTS_WEIGHTS_H_
 #define CARPOOL_WORKER_WEIGHTS_WEIGHTS_H_
 
@@ -22,26 +25,50 @@
 
 namespace carpool::worker {
 
-// A read-only fp32 tensor. data() stays valid as long as the LlamaWeights that holds it.
+// How a Tensor stores its values.
+enum class TensorType {
+  kF32,   // float
+  kBF16,  // bfloat16 bits as uint16_t (the upper half of the fp32 value), as checkpoints hold
+};
+
+// A read-only tensor of fp32 or bf16 values. Its memory is owned by the tensor (Owned), by
+// whatever `owner` a View was given (a mapped checkpoint file), or by the caller (a View without
+// an owner). Copies share the memory.
 class Tensor {
  public:
   Tensor() = default;
-  // A view of memory owned elsewhere (a mapped file kept alive by LlamaWeights).
-  static Tensor View(const float* data, std::vector<int64_t> shape);
+  // A view of memory owned elsewhere; `owner`, when given, is kept alive by the view and its
+  // copies (the loader passes the mapped file, so a view keeps its mapping).
+  static Tensor View(const float* data, std::vector<int64_t> shape,
+                     std::shared_ptr<const void> owner = nullptr);
+  static Tensor ViewBf16(const uint16_t* data, std::vector<int64_t> shape,
+                         std::shared_ptr<const void> owner = nullptr);
   // Owns its values. REQUIRES: values.size() == the product of shape.
   static Tensor Owned(std::vector<float> values, std::vector<int64_t> shape);
-  // Owns a buffer of the product of shape floats (lets large loads skip zero-filling).
+  // Owns a buffer of the product of shape elements (lets large loads skip zero-filling).
   static Tensor Owned(std::unique_ptr<float[]> values, std::vector<int64_t> shape);
+  static Tensor OwnedBf16(std::unique_ptr<uint16_t[]> values, std::vector<int64_t> shape);
 
-  const float* data() const { return data_; }
+  // kF32 for Tensor(), View and Owned; kBF16 for ViewBf16 and OwnedBf16.
+  TensorType type() const { return type_; }
+  // The fp32 values. REQUIRES (checked): type() == kF32 or empty() (then nullptr). Code that
+  // may meet bf16 weights checks type() first.
+  const float* data() const;
+  // The bf16 bits. REQUIRES (checked): type() == kBF16 or empty() (then nullptr).
+  const uint16_t* bf16_data() const;
+  // The memory whatever the type: for byte copies and for telling whether two tensors share it
+  // (a tied head). nullptr when empty.
+  const void* raw_data() const { return data_; }
   const std::vector<int64_t>& shape() const { return shape_; }
-  int64_t numel() const;  // 0 for an empty Tensor
+  int64_t numel() const;   // 0 for an empty Tensor
+  int64_t nbytes() const;  // numel() times 4 (kF32) or 2 (kBF16)
   bool empty() const { return data_ == nullptr; }
 
  private:
-  const float* data_ = nullptr;
+  const void* data_ = nullptr;
+  TensorType type_ = TensorType::kF32;
   std::vector<int64_t> shape_;
-  std::shared_ptr<const void> owned_;  // keeps data_ alive for Owned tensors
+  std::shared_ptr<const void> owned_;  // keeps data_ alive, when the tensor owns it or has an owner
 };
 
 struct LayerWeights {
@@ -71,10 +98,21 @@ struct LlamaWeights {
   // With config.norm_weight_plus_one every norm tensor above holds 1 + w (computed in fp32 at
   // load, as transformers does), so the model applies each as a plain RMSNorm weight.
   Tensor lm_head;                        // [V, H]; the same data as embed_tokens when tied
-  std::vector<std::shared_ptr<MappedFile>> files;  // keeps View tensors alive
+  // The checkpoint's mapped files. Views hold their file too, so a mapping lives exactly as
+  // long as this list or a tensor that views it.
+  std::vector<std::shared_ptr<MappedFile>> files;
 
-  // Bytes of the tensors, as fp32.
+  // Bytes of the tensors as they are stored (4 per fp32 value, 2 per bf16 one); a tied head
+  // counts once. 0 after ReleaseTensors.
   int64_t ParameterBytes() const;
+
+  // Drops the host copy of every tensor once a device has made its own (packed, quantized or
+  // uploaded) copies: each tensor becomes empty, keeping its shape and type (numel() and
+  // ParameterBytes() read 0 after), and `files` is cleared. Owned buffers are freed and each
+  // mapped file is unmapped as soon as no tensor references it any more, so a device that
+  // still borrows some tensor must hold a copy of that Tensor (which keeps its memory), not
+  // just its pointer. config, tp and shard stay.
+  void ReleaseTensors();
 };
 
 // One tensor a config calls for: its Hugging Face name, its shape, and where it goes.
@@ -104,6 +142,17 @@ struct TensorSlot {
 // Resizes weights->layers to config.num_layers; the pointers stay valid while `weights` does.
 std::vector<TensorSlot> TensorSlots(LlamaWeights* weights);
 
+// How LoadWeights and SyntheticWeights store the values.
+struct LoadOptions {
+  // Keep BF16 checkpoint tensors (and their TP slices) bf16 instead of converting them to fp32:
+  // whole tensors and row slices are views of the mapping (owned copies where the file's data
+  // is not 2-byte aligned), column slices owned bf16 copies. Norm weights are always fp32 (with
+  // norm_weight_plus_one, 1 + w is folded in fp32); F32 and F16 tensors load as fp32 as without
+  // it. Synthetic weights are drawn as without it, then every tensor but the norms is rounded to
+  // bf16 (nearest even). Default: false (every tensor fp32).
+  bool keep_bf16 = false;
+};
+
 // The seed LoadWeights("synthetic:<preset>") uses.
 inline constexpr uint64_t kSyntheticSeed = 0x5eed'ca49'0017'2024ULL;
 
@@ -116,7 +165,8 @@ inline constexpr uint64_t kSyntheticSeed = 0x5eed'ca49'0017'2024ULL;
 // (not owned; null: on the calling thread); the values do not depend on it.
 absl::StatusOr<std::unique_ptr<LlamaWeights>> LoadWeights(const std::string& spec,
                                                           const TensorParallelRank& tp = {},
-                                                          ThreadPool* pool = nullptr);
+                                                          ThreadPool* pool = nullptr,
+                                                          const LoadOptions& options = {});
 
 // Presets: "tiny" (a few MB, vocab 258 for the byte tokenizer), "small" (~100M parameters),
 // "1b" and "8b" (Llama 3 shapes; generated lazily, meant for GPUs); per newer family
@@ -132,7 +182,8 @@ absl::StatusOr<ModelConfig> SyntheticConfig(const std::string& preset);
 // REQUIRES: PlanShard(config, tp) is OK.
 std::unique_ptr<LlamaWeights> SyntheticWeights(const ModelConfig& config, uint64_t seed,
                                                const TensorParallelRank& tp = {},
-                                               ThreadPool* pool = nullptr);
+                                               ThreadPool* pool = nullptr,
+                                               const LoadOptions& options = {});
 
 }  // namespace carpool::worker
 

@@ -4,13 +4,16 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
+#include <memory>
 #include <numbers>
 #include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/bf16.h"
 #include "tests/testing/checkpoint_test.h"
 #include "tests/testing/checkpoint_writer.h"
 #include "worker/weights/model_config.h"
@@ -413,6 +416,293 @@ TEST(SafetensorsTest, ReadsMetadataAndEntries) {
   fs::remove(path);
 }
 
+// --- Weights kept bf16 ---------------------------------------------------------------------
+
+constexpr LoadOptions kKeepBf16{.keep_bf16 = true};
+
+std::vector<uint16_t> Bits(const Tensor& tensor) {
+  return std::vector<uint16_t>(tensor.bf16_data(), tensor.bf16_data() + tensor.numel());
+}
+
+// The tensor's values widened to fp32, whatever its type.
+std::vector<float> Widened(const Tensor& tensor) {
+  if (tensor.type() == TensorType::kF32) return Values(tensor);
+  std::vector<float> values;
+  for (uint16_t bits : Bits(tensor)) values.push_back(kernels::cpu::Bf16ToFloat(bits));
+  return values;
+}
+
+bool InsideFile(const MappedFile& file, const Tensor& t) {
+  const auto* p = static_cast<const uint8_t*>(t.raw_data());
+  return p >= file.data() && p + t.nbytes() <= file.data() + file.size();
+}
+
+// Whether this process maps `path` (a line of /proc/self/maps names it).
+bool Mapped(const std::string& path) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    if (line.ends_with(path)) return true;
+  }
+  return false;
+}
+
+// Bytes of `w` when its norms are fp32 and its other values `bytes` each (a tied head is no
+// slot of its own).
+int64_t ExpectedBytes(LlamaWeights* w, int64_t bytes) {
+  int64_t norms = 0, others = 0;
+  for (const TensorSlot& slot : TensorSlots(w)) {
+    (slot.norm ? norms : others) += slot.tensor->numel();
+  }
+  return 4 * norms + bytes * others;
+}
+
+TEST(TensorTest, TypesAndBytes) {
+  const std::vector<float> f = {1.0f, 2.0f};
+  const Tensor view = Tensor::View(f.data(), {2});
+  EXPECT_EQ(view.type(), TensorType::kF32);
+  EXPECT_EQ(view.nbytes(), 8);
+  EXPECT_EQ(view.raw_data(), f.data());
+  EXPECT_EQ(Tensor().type(), TensorType::kF32);
+  EXPECT_EQ(Tensor().nbytes(), 0);
+
+  const std::vector<uint16_t> h = {0x3f80, 0xc000, 0x0001};
+  const Tensor bf16 = Tensor::ViewBf16(h.data(), {1, 3});
+  EXPECT_EQ(bf16.type(), TensorType::kBF16);
+  EXPECT_EQ(bf16.bf16_data(), h.data());
+  EXPECT_EQ(bf16.numel(), 3);
+  EXPECT_EQ(bf16.nbytes(), 6);
+  EXPECT_THAT(Widened(bf16), ElementsAre(1.0f, -2.0f, std::ldexp(1.0f, -133)));
+
+  auto buffer = std::make_unique<uint16_t[]>(2);
+  buffer[1] = 0x4040;
+  const uint16_t* raw = buffer.get();
+  const Tensor owned = Tensor::OwnedBf16(std::move(buffer), {2});
+  const Tensor copy = owned;  // shares the buffer
+  EXPECT_EQ(copy.bf16_data(), raw);
+  EXPECT_THAT(Widened(copy), ElementsAre(0.0f, 3.0f));
+
+  // An empty tensor of either type answers nullptr for either accessor.
+  EXPECT_EQ(Tensor::ViewBf16(nullptr, {4}).data(), nullptr);
+  EXPECT_EQ(Tensor::View(nullptr, {4}).bf16_data(), nullptr);
+}
+
+TEST(TensorDeathTest, ReadingATensorAsTheOtherTypeIsAProgrammingError) {
+  const std::vector<uint16_t> h = {0x3f80};
+  const std::vector<float> f = {1.0f};
+  EXPECT_DEATH((void)Tensor::ViewBf16(h.data(), {1}).data(), "CHECK failed");
+  EXPECT_DEATH((void)Tensor::View(f.data(), {1}).bf16_data(), "CHECK failed");
+}
+
+TEST_F(WeightsTest, Bf16CheckpointStaysBf16InPlace) {
+  CheckpointSpec spec;
+  spec.config = TinyConfig();
+  spec.config.attention_bias = true;
+  spec.dtype = DType::kBF16;
+  const CheckpointTensors written = Write(spec);
+  absl::StatusOr<std::unique_ptr<LlamaWeights>> loaded =
+      LoadWeights(dir_.string(), {}, nullptr, kKeepBf16);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Open(Path("model.safetensors"));
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_EQ((*loaded)->files.size(), 1u);
+  for (const TensorSlot& slot : TensorSlots(loaded->get())) {
+    SCOPED_TRACE(slot.name);
+    const Tensor& tensor = *slot.tensor;
+    const SafetensorsEntry& entry = *file->Find(slot.name);
+    EXPECT_EQ(tensor.shape(), entry.shape);
+    EXPECT_EQ(Widened(tensor), written.at(slot.name).values);
+    if (slot.norm) {
+      EXPECT_EQ(tensor.type(), TensorType::kF32);
+      continue;
+    }
+    ASSERT_EQ(tensor.type(), TensorType::kBF16);
+    ASSERT_EQ(static_cast<size_t>(tensor.nbytes()), entry.nbytes);
+    // The file's own bits, read in place.
+    EXPECT_EQ(std::memcmp(tensor.bf16_data(), entry.data, entry.nbytes), 0);
+    EXPECT_TRUE(InsideFile(*(*loaded)->files[0], tensor));
+  }
+  EXPECT_EQ((*loaded)->ParameterBytes(), ExpectedBytes(loaded->get(), 2));
+
+  // Without the option, the same checkpoint loads as fp32, as before.
+  absl::StatusOr<std::unique_ptr<LlamaWeights>> fp32 = LoadWeights(dir_.string());
+  ASSERT_TRUE(fp32.ok()) << fp32.status();
+  for (const TensorSlot& slot : TensorSlots(fp32->get())) {
+    EXPECT_EQ(slot.tensor->type(), TensorType::kF32) << slot.name;
+  }
+  ExpectSameTensors(fp32->get(), written);
+  EXPECT_EQ((*fp32)->ParameterBytes(), ExpectedBytes(fp32->get(), 4));
+}
+
+TEST_F(WeightsTest, Bf16TiedHeadIsTheEmbedding) {
+  CheckpointSpec spec;
+  spec.config = TinyConfig();
+  spec.config.tie_word_embeddings = true;
+  spec.dtype = DType::kBF16;
+  Write(spec);
+  absl::StatusOr<std::unique_ptr<LlamaWeights>> loaded =
+      LoadWeights(dir_.string(), {}, nullptr, kKeepBf16);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ((*loaded)->lm_head.type(), TensorType::kBF16);
+  EXPECT_EQ((*loaded)->lm_head.raw_data(), (*loaded)->embed_tokens.raw_data());
+  const int64_t embed = 258 * 64, layer = 64 + 64 * 64 * 2 + 32 * 64 * 2 + 64 + 3 * 176 * 64;
+  const int64_t norms = 2 * 2 * 64 + 64;
+  EXPECT_EQ((*loaded)->ParameterBytes(), 2 * (embed + 2 * layer + 64 - norms) + 4 * norms);
+}
+
+TEST_F(WeightsTest, MisalignedBf16IsCopied) {
+  const CheckpointTensors written = WriteTiny();
+  const std::vector<RawTensor> raw = testing::ToRawTensors(written, DType::kBF16);
+  std::string header = testing::SafetensorsHeader(raw);
+  if ((8 + header.size()) % 2 == 0) header += ' ';
+  std::string data;
+  for (const RawTensor& t : raw) data += t.bytes;
+  ASSERT_TRUE(
+      testing::WriteSafetensorsRaw(Path("model.safetensors"), header.size(), header, data).ok());
+  absl::StatusOr<std::unique_ptr<LlamaWeights>> loaded =
+      LoadWeights(dir_.string(), {}, nullptr, kKeepBf16);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const Tensor& embed = (*loaded)->embed_tokens;
+  ASSERT_EQ(embed.type(), TensorType::kBF16);
+  EXPECT_FALSE(InsideFile(*(*loaded)->files[0], embed));
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(embed.bf16_data()) % alignof(uint16_t), 0u);
+  for (const TensorSlot& slot : TensorSlots(loaded->get())) {
+    EXPECT_EQ(Widened(*slot.tensor), testing::RoundToDType(written.at(slot.name).values,
+                                                           DType::kBF16))
+        << slot.name;
+  }
+}
+
+TEST_F(WeightsTest, Bf16ShardedCheckpointViewsEveryFile) {
+  CheckpointSpec spec;
+  spec.config = TinyConfig();
+  spec.dtype = DType::kBF16;
+  spec.num_shards = 3;
+  const CheckpointTensors written = Write(spec);
+  absl::StatusOr<std::unique_ptr<LlamaWeights>> loaded =
+      LoadWeights(dir_.string(), {}, nullptr, kKeepBf16);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ((*loaded)->files.size(), 3u);
+  for (const TensorSlot& slot : TensorSlots(loaded->get())) {
+    SCOPED_TRACE(slot.name);
+    EXPECT_EQ(Widened(*slot.tensor), written.at(slot.name).values);
+    EXPECT_EQ(slot.tensor->type(), slot.norm ? TensorType::kF32 : TensorType::kBF16);
+    if (slot.norm) continue;
+    bool inside = false;
+    for (const auto& file : (*loaded)->files) inside = inside || InsideFile(*file, *slot.tensor);
+    EXPECT_TRUE(inside);
+  }
+}
+
+class KeepBf16OtherDTypesTest : public WeightsTest,
+                                public ::testing::WithParamInterface<DType> {};
+
+TEST_P(KeepBf16OtherDTypesTest, LoadAsFp32AsWithoutTheOption) {
+  CheckpointSpec spec;
+  spec.config = TinyConfig();
+  spec.dtype = GetParam();
+  const CheckpointTensors written = Write(spec);
+  absl::StatusOr<std::unique_ptr<LlamaWeights>> loaded =
+      LoadWeights(dir_.string(), {}, nullptr, kKeepBf16);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  for (const TensorSlot& slot : TensorSlots(loaded->get())) {
+    EXPECT_EQ(slot.tensor->type(), TensorType::kF32) << slot.name;
+  }
+  ExpectSameTensors(loaded->get(), written);
+  EXPECT_EQ((*loaded)->ParameterBytes(), ExpectedBytes(loaded->get(), 4));
+  // F32 is still read in place.
+  EXPECT_EQ(InsideFile(*(*loaded)->files[0], (*loaded)->layers[1].up_proj),
+            GetParam() == DType::kF32);
+}
+
+INSTANTIATE_TEST_SUITE_P(F32AndF16, KeepBf16OtherDTypesTest,
+                         ::testing::Values(DType::kF32, DType::kF16),
+                         [](const auto& info) { return std::string(DTypeName(info.param)); });
+
+// Gemma 3 stores norms as w and the loader folds 1 + w: in fp32, from the bf16 w, as without
+// keep_bf16.
+TEST_F(WeightsTest, Bf16NormsAreFoldedInFp32) {
+  CheckpointSpec spec;
+  spec.config = SyntheticConfig("gemma3-tiny").value();
+  spec.dtype = DType::kBF16;
+  const CheckpointTensors written = Write(spec);
+  absl::StatusOr<std::unique_ptr<LlamaWeights>> kept =
+      LoadWeights(dir_.string(), {}, nullptr, kKeepBf16);
+  absl::StatusOr<std::unique_ptr<LlamaWeights>> fp32 = LoadWeights(dir_.string());
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  ASSERT_TRUE(fp32.ok()) << fp32.status();
+  const std::vector<TensorSlot> kept_slots = TensorSlots(kept->get());
+  const std::vector<TensorSlot> fp32_slots = TensorSlots(fp32->get());
+  ASSERT_EQ(kept_slots.size(), fp32_slots.size());
+  int norms = 0;
+  for (size_t i = 0; i < kept_slots.size(); ++i) {
+    const TensorSlot& slot = kept_slots[i];
+    SCOPED_TRACE(slot.name);
+    EXPECT_EQ(slot.tensor->type(), slot.norm ? TensorType::kF32 : TensorType::kBF16);
+    EXPECT_EQ(Widened(*slot.tensor), Values(*fp32_slots[i].tensor));
+    if (!slot.norm) continue;
+    ++norms;
+    const std::vector<float>& w = written.at(slot.name).values;
+    EXPECT_EQ(Values(*slot.tensor)[0], 1.0f + w[0]);
+  }
+  EXPECT_EQ(norms, 4 * 6 + 1);  // input, post-attention, q, k, pre- and post-feedforward; final
+}
+
+TEST_F(WeightsTest, ReleaseTensorsEmptiesTheTensorsAndUnmapsTheFile) {
+  CheckpointSpec spec;
+  spec.config = TinyConfig();
+  spec.dtype = DType::kBF16;
+  Write(spec);
+  absl::StatusOr<std::unique_ptr<LlamaWeights>> loaded =
+      LoadWeights(dir_.string(), {}, nullptr, kKeepBf16);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  LlamaWeights& w = **loaded;
+  const std::string path = fs::canonical(Path("model.safetensors")).string();
+  ASSERT_EQ(w.files.size(), 1u);
+  const std::weak_ptr<MappedFile> file = w.files[0];
+  EXPECT_TRUE(Mapped(path));
+  // A device that borrows a tensor keeps a copy of it, and with it the mapping.
+  Tensor borrowed = w.layers[0].q_proj;
+  const std::vector<uint16_t> bits = Bits(borrowed);
+
+  w.ReleaseTensors();
+  EXPECT_TRUE(w.files.empty());
+  EXPECT_EQ(w.ParameterBytes(), 0);
+  for (const TensorSlot& slot : TensorSlots(&w)) {
+    SCOPED_TRACE(slot.name);
+    EXPECT_TRUE(slot.tensor->empty());
+    EXPECT_EQ(slot.tensor->numel(), 0);
+    EXPECT_EQ(slot.tensor->shape(), slot.shape);  // shapes and types stay
+    EXPECT_EQ(slot.tensor->type(), slot.norm ? TensorType::kF32 : TensorType::kBF16);
+  }
+  EXPECT_TRUE(w.lm_head.empty());
+  EXPECT_EQ(w.config.num_layers, 2);
+  ASSERT_FALSE(file.expired());
+  EXPECT_TRUE(Mapped(path));
+  EXPECT_EQ(Bits(borrowed), bits);
+
+  borrowed = Tensor();
+  EXPECT_TRUE(file.expired());
+  EXPECT_FALSE(Mapped(path));
+}
+
+TEST_F(WeightsTest, ReleaseTensorsFreesOwnedFp32) {
+  CheckpointSpec spec;
+  spec.config = TinyConfig();
+  spec.dtype = DType::kF16;  // converted: owned buffers
+  Write(spec);
+  absl::StatusOr<std::unique_ptr<LlamaWeights>> loaded = LoadWeights(dir_.string());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const std::string path = fs::canonical(Path("model.safetensors")).string();
+  EXPECT_TRUE(Mapped(path));
+  const Tensor kept = (*loaded)->layers[1].down_proj;
+  (*loaded)->ReleaseTensors();
+  EXPECT_FALSE(Mapped(path));  // no view of it is left
+  EXPECT_EQ((*loaded)->ParameterBytes(), 0);
+  EXPECT_TRUE((*loaded)->layers[1].down_proj.empty());
+  EXPECT_EQ(kept.numel(), 64 * 176);  // a copy keeps its own buffer
+}
+
 // --- Config ---------------------------------------------------------------------------------
 
 TEST(ModelConfigTest, HuggingFaceDefaults) {
@@ -730,6 +1020,47 @@ TEST(SyntheticTest, ValuesHaveTheIntendedScale) {
   EXPECT_NEAR(mean, 1.0, 0.03);
   EXPECT_GT(stddev, 0.01);
   EXPECT_LT(stddev, 0.1);
+}
+
+TEST(SyntheticTest, KeepBf16RoundsAllButTheNorms) {
+  for (const char* preset : {"tiny", "gemma3-tiny"}) {
+    SCOPED_TRACE(preset);
+    const ModelConfig config = SyntheticConfig(preset).value();
+    std::unique_ptr<LlamaWeights> fp32 = SyntheticWeights(config, 5);
+    std::unique_ptr<LlamaWeights> bf16 = SyntheticWeights(config, 5, {}, nullptr, kKeepBf16);
+    const std::vector<TensorSlot> fp32_slots = TensorSlots(fp32.get());
+    const std::vector<TensorSlot> bf16_slots = TensorSlots(bf16.get());
+    ASSERT_EQ(fp32_slots.size(), bf16_slots.size());
+    for (size_t i = 0; i < fp32_slots.size(); ++i) {
+      SCOPED_TRACE(fp32_slots[i].name);
+      const std::vector<float> exact = Values(*fp32_slots[i].tensor);
+      const Tensor& t = *bf16_slots[i].tensor;
+      EXPECT_EQ(t.shape(), fp32_slots[i].tensor->shape());
+      if (fp32_slots[i].norm) {
+        EXPECT_EQ(t.type(), TensorType::kF32);
+        EXPECT_EQ(Values(t), exact);
+        continue;
+      }
+      ASSERT_EQ(t.type(), TensorType::kBF16);
+      std::vector<uint16_t> rounded;
+      for (float v : exact) rounded.push_back(kernels::cpu::FloatToBf16(v));
+      EXPECT_EQ(Bits(t), rounded);
+      std::vector<float> widened;
+      for (float v : exact) widened.push_back(kernels::cpu::RoundToBf16(v));
+      EXPECT_EQ(Widened(t), widened);
+    }
+    EXPECT_EQ(bf16->lm_head.raw_data() == bf16->embed_tokens.raw_data(),
+              config.tie_word_embeddings);
+    EXPECT_EQ(bf16->ParameterBytes(), ExpectedBytes(bf16.get(), 2));
+  }
+  absl::StatusOr<std::unique_ptr<LlamaWeights>> loaded =
+      LoadWeights("synthetic:tiny", {}, nullptr, kKeepBf16);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ((*loaded)->layers[0].up_proj.type(), TensorType::kBF16);
+  EXPECT_EQ(Bits((*loaded)->layers[0].up_proj),
+            Bits(SyntheticWeights(TinyConfig(), kSyntheticSeed, {}, nullptr, kKeepBf16)
+                     ->layers[0]
+                     .up_proj));
 }
 
 TEST(SyntheticTest, SmallLoadsQuickly) {
