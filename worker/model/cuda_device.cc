@@ -130,7 +130,13 @@ class CudaDeviceImpl final : public CudaDevice {
 
   absl::StatusOr<DeviceArray> Weight(const Tensor& host) override {
     ASSIGN_OR_RETURN(DeviceArray a, Allocate(host.numel()));
-    RETURN_IF_ERROR(Upload(host.data(), 0, host.numel(), &a));
+    if (host.type() == TensorType::kBF16) {
+      // Weights kept bf16 at load (LoadOptions::keep_bf16) go up as they are.
+      RETURN_IF_ERROR(Upload(reinterpret_cast<const kc::BFloat16*>(host.bf16_data()), 0,
+                             host.numel(), &a));
+    } else {
+      RETURN_IF_ERROR(Upload(host.data(), 0, host.numel(), &a));
+    }
     return a;
   }
 
@@ -329,7 +335,9 @@ class CudaDeviceImpl final : public CudaDevice {
   }
   bool Ready() const { return status_.ok() && (!capturing_ || capture_status_.ok()); }
 
-  absl::Status Upload(const float* host, int64_t offset, int64_t n, DeviceArray* x);
+  // n host values of S (float, or BFloat16 bits) into x from `offset`, converted to T.
+  template <typename S>
+  absl::Status Upload(const S* host, int64_t offset, int64_t n, DeviceArray* x);
   absl::Status GrowStepBuffers(const StepLayout& layout);
   absl::Status EnsureWorkspace(size_t bytes);
   absl::Status EnsureStaging();
@@ -577,22 +585,23 @@ void CudaDeviceImpl<T>::Capture(const std::function<void()>& body, Graph* g) {
 }
 
 template <typename T>
-absl::Status CudaDeviceImpl<T>::Upload(const float* host, int64_t offset, int64_t n,
+template <typename S>
+absl::Status CudaDeviceImpl<T>::Upload(const S* host, int64_t offset, int64_t n,
                                        DeviceArray* x) {
   if (offset < 0 || n < 0 || offset + n > x->numel()) {
     return absl::InvalidArgumentError("FromHost: range outside the array");
   }
   if (capturing_) return absl::FailedPreconditionError("host transfer inside a captured step");
   T* dst = P(x) + offset;
-  if constexpr (std::is_same_v<T, float>) {
-    RETURN_IF_ERROR(kc::CopyToDevice(dst, host, n * sizeof(float), stream_));
+  if constexpr (std::is_same_v<T, S>) {
+    RETURN_IF_ERROR(kc::CopyToDevice(dst, host, n * sizeof(S), stream_));
   } else {
-    RETURN_IF_ERROR(EnsureStaging());
+    RETURN_IF_ERROR(EnsureStaging());  // room for upload_chunk_elements floats, so for any S
     for (int64_t at = 0; at < n; at += options_.upload_chunk_elements) {
       const int64_t len = std::min(options_.upload_chunk_elements, n - at);
       // Stream order keeps a chunk's copy behind the previous chunk's conversion.
-      RETURN_IF_ERROR(kc::CopyToDevice(staging_.data(), host + at, len * sizeof(float), stream_));
-      RETURN_IF_ERROR((kc::Convert<float, T>(staging_.as<float>(), dst + at, len, stream_)));
+      RETURN_IF_ERROR(kc::CopyToDevice(staging_.data(), host + at, len * sizeof(S), stream_));
+      RETURN_IF_ERROR((kc::Convert<S, T>(staging_.as<S>(), dst + at, len, stream_)));
     }
   }
   // The host buffer may be freed or reused as soon as we return.

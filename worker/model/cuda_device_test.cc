@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -137,6 +138,38 @@ TEST_P(CudaDeviceTest, NormsAndActivation) {
 }
 
 // The ops the newer families add: per-head q/k norm, logit softcap, embedding scale.
+// A host weight kept bf16 (LoadOptions::keep_bf16) goes up as its values: exactly for bf16 and
+// fp32 storage, rounded as its fp32 value would be for fp16; also over several upload chunks.
+TEST_P(CudaDeviceTest, Bf16HostWeightsUploadAsTheirValues) {
+  CudaDeviceOptions o;
+  o.storage = storage();
+  o.abort_on_error = false;
+  o.max_num_batched_tokens = 8;
+  o.max_num_seqs = 1;
+  o.max_context_len = 64;
+  o.kv_block_size = 16;
+  o.upload_chunk_elements = 1000;
+  absl::StatusOr<std::unique_ptr<CudaDevice>> chunked = CreateCudaDevice(o);
+  ASSERT_TRUE(chunked.ok()) << chunked.status();
+  const int64_t n = 2500;
+  std::uniform_real_distribution<float> u(-4.0f, 4.0f);
+  auto bits = std::make_unique<uint16_t[]>(n);
+  std::vector<float> want(n);
+  for (int64_t i = 0; i < n; ++i) {
+    bits[i] = kc::ToBFloat16(u(rng_)).bits;
+    want[i] = RoundTo(storage(), kc::ToFloat(kc::BFloat16{bits[i]}));
+  }
+  const Tensor host = Tensor::OwnedBf16(std::move(bits), {n});
+  for (CudaDevice* d : {device_.get(), chunked->get()}) {
+    absl::StatusOr<DeviceArray> a = d->Weight(host);
+    ASSERT_TRUE(a.ok()) << a.status();
+    std::vector<float> got(n);
+    d->ToHost(*a, 0, n, got.data());
+    ASSERT_TRUE(d->status().ok()) << d->status();
+    EXPECT_EQ(got, want);
+  }
+}
+
 TEST_P(CudaDeviceTest, HeadNormSoftCapAndScale) {
   const int64_t t = 5;
   const int heads = 3, d = 128;
