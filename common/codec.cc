@@ -115,11 +115,13 @@ void ToProto(const WorkerLoad& l, pb::WorkerLoad* p) {
   p->set_kv_free_blocks(l.kv_free_blocks);
   p->set_preemptions(l.preemptions);
   p->set_embed_queued(l.embed_queued);
+  p->set_suspensions(l.suspensions);
 }
 
 WorkerLoad FromProto(const pb::WorkerLoad& p) {
-  return WorkerLoad{p.running(),     p.waiting(),     p.kv_used_blocks(),
-                    p.kv_free_blocks(), p.preemptions(), p.embed_queued()};
+  return WorkerLoad{p.running(),        p.waiting(),     p.kv_used_blocks(),
+                    p.kv_free_blocks(), p.preemptions(), p.embed_queued(),
+                    p.suspensions()};
 }
 
 void ToProto(const EmbedBatcherCounters& c, pb::EmbedBatcherStats* p) {

@@ -357,6 +357,7 @@ struct WorkerLoad {
   int kv_free_blocks = 0;
   int64_t preemptions = 0;           // cumulative
   int embed_queued = 0;
+  int64_t suspensions = 0;           // cumulative: batch-class sequences suspended, KV kept
 };
 
 // A worker's embedding batcher, cumulative since the worker started; counts are of inputs.

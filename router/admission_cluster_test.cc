@@ -175,6 +175,11 @@ class PositionalSimWorker {
     std::lock_guard<std::mutex> lock(mu_);
     return cancels_;
   }
+  // Steps each tag's sequence spent suspended (beyond max_num_seqs, by the worker's rule).
+  std::map<int, int> suspended_steps() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return suspended_steps_;
+  }
 
  private:
   struct Running {
@@ -182,6 +187,7 @@ class PositionalSimWorker {
     int tag = 0;
     int next = 0;  // output position of its next token
     int max_tokens = 0;
+    Priority priority = Priority::kDefault;
   };
   void Run(const std::string& backend) {
     zmq::context_t context;
@@ -218,7 +224,7 @@ class PositionalSimWorker {
               dispatches_.push_back({tag, d->output_tokens.size(), d->priority});
             }
             running.push_back({d->dispatch_id, tag, static_cast<int>(d->output_tokens.size()),
-                               d->sampling.max_tokens});
+                               d->sampling.max_tokens, d->priority});
           } else if (auto* c = std::get_if<WorkerCancelInfo>(&*m)) {
             std::lock_guard<std::mutex> lock(mu_);
             cancels_ += static_cast<int>(std::erase_if(
@@ -237,7 +243,19 @@ class PositionalSimWorker {
       next_step = now + step_ms_ * 1000;
       StepTokensInfo step;
       step.epoch = epoch;
+      // Like the worker's scheduler, at most max_num_seqs sequences a step: those of classes more
+      // urgent than batch first, then batch-class ones, oldest first; the rest are suspended
+      // (they keep their place and their tokens).
+      std::stable_partition(running.begin(), running.end(),
+                            [](const Running& r) { return r.priority != Priority::kBatch; });
+      int stepped = 0;
       for (Running& r : running) {
+        if (stepped == max_num_seqs_) {
+          std::lock_guard<std::mutex> lock(mu_);
+          ++suspended_steps_[r.tag];
+          continue;
+        }
+        ++stepped;
         TokenEvent e;
         e.dispatch_id = r.id;
         e.has_token = true;
@@ -258,6 +276,7 @@ class PositionalSimWorker {
   mutable std::mutex mu_;
   std::vector<Dispatched> dispatches_;
   int cancels_ = 0;
+  std::map<int, int> suspended_steps_;
   std::thread thread_;
 };
 
@@ -714,13 +733,15 @@ TEST_F(AdmissionClusterTest, BatchJobsAreTheInProcessClientsAndRunInTheBatchLane
 
 // Issue 16: running batch jobs yield. Two batch jobs of `job_tokens` tokens (10 ms a step) from
 // the in-process client, the first streaming, run on `worker`; once they have ~20 tokens each,
-// an interactive request of 4 tokens comes from the network. Checks that the newer job (r11) was
-// preempted for it once and resumed after the tokens it had, at the batch class still, that both
-// jobs answer with exactly the tokens an unpreempted run gives (the stream's chunks unbroken),
-// and that every reservation is back at the end. Returns the milliseconds from the interactive
-// request's send to its first token.
+// an interactive request of 4 tokens comes from the network. With `preempted`, checks that the
+// newer job (r11) was preempted for it once by the router and resumed after the tokens it had,
+// at the batch class still; without, that the router sent the request to the worker at once
+// and nothing was preempted (the worker suspends a job instead). Either way both jobs answer
+// with exactly the tokens an unpreempted run gives (the stream's chunks unbroken), and every
+// reservation is back at the end. Returns the milliseconds from the interactive request's send
+// to its first token.
 int64_t InteractiveBesideTwoBatchJobs(Router* router, const PositionalSimWorker& worker,
-                                      int job_tokens) {
+                                      int job_tokens, bool preempted) {
   for (int i = 0; i < 200 && QueryStats(router->frontend_endpoint()).workers.empty(); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
@@ -781,33 +802,44 @@ int64_t InteractiveBesideTwoBatchJobs(Router* router, const PositionalSimWorker&
     EXPECT_EQ(tokens[i].token, TokenAt(11, i)) << i;
   }
   const std::vector<PositionalSimWorker::Dispatched> d = worker.dispatches();
-  EXPECT_EQ(d.size(), 4u);
-  if (d.size() == 4) {
+  EXPECT_EQ(d.size(), preempted ? 4u : 3u);
+  if (d.size() >= 3) {
     EXPECT_EQ(d[0].tag, 10);
     EXPECT_EQ(d[1].tag, 11);
     EXPECT_EQ(d[2].tag, 20);
+  }
+  if (preempted && d.size() == 4) {
     EXPECT_EQ(d[3].tag, 11);
     EXPECT_GT(d[3].resumed_from, 0u);
     EXPECT_LT(d[3].resumed_from, static_cast<size_t>(job_tokens));
     EXPECT_EQ(d[3].priority, Priority::kBatch);
   }
-  EXPECT_EQ(worker.cancels(), 1);
+  EXPECT_EQ(worker.cancels(), preempted ? 1 : 0);
+  if (!preempted) {
+    // The newer job stood aside on the worker for the request's steps.
+    const std::map<int, int> suspended = worker.suspended_steps();
+    EXPECT_FALSE(suspended.contains(10));
+    EXPECT_TRUE(suspended.contains(11) && suspended.at(11) >= 4);
+  }
   const std::string metrics = router->RenderMetrics();
-  EXPECT_THAT(metrics, ::testing::HasSubstr("carpool_batch_preemptions_total 1\n"));
+  EXPECT_THAT(metrics, ::testing::HasSubstr(absl::StrCat("carpool_batch_preemptions_total ",
+                                                         preempted ? 1 : 0, "\n")));
   EXPECT_THAT(metrics, ::testing::HasSubstr("carpool_migrations_total 0\n"));
   return first_token_ms;
 }
 
 // Every sequence slot of the only worker is a batch job's: the request does not wait for one to
-// finish. A preemption is no migration: with max_migrations 0 a migration would fail the job.
+// finish, and no job is taken off the worker: its scheduler suspends one for the request's
+// steps. With max_migrations 0 a migration would fail the job.
 TEST_F(AdmissionClusterTest, BatchJobsYieldTheirSlotsToAWaitingRequest) {
   RouterOptions o;
   o.max_migrations = 0;
   Start(o);
   PositionalSimWorker worker(router_->backend_endpoint(), /*max_num_seqs=*/2, /*step_ms=*/10);
-  const int64_t first_token_ms = InteractiveBesideTwoBatchJobs(router_.get(), worker, 150);
+  const int64_t first_token_ms =
+      InteractiveBesideTwoBatchJobs(router_.get(), worker, 150, /*preempted=*/false);
   std::cout << "interactive request beside 2 batch jobs holding both slots: first token "
-            << first_token_ms << " ms after its send (preempting one)\n";
+            << first_token_ms << " ms after its send (one suspended on the worker)\n";
   // The jobs had more than a second to go: it did not wait for one.
   EXPECT_LT(first_token_ms, 300);
   ExpectIdle();
@@ -821,7 +853,8 @@ TEST_F(AdmissionClusterTest, BatchJobsYieldTheBudgetToAWaitingRequest) {
   o.admission.max_inflight_tokens = 400;
   Start(o);
   PositionalSimWorker worker(router_->backend_endpoint(), /*max_num_seqs=*/4, /*step_ms=*/10);
-  const int64_t first_token_ms = InteractiveBesideTwoBatchJobs(router_.get(), worker, 196);
+  const int64_t first_token_ms =
+      InteractiveBesideTwoBatchJobs(router_.get(), worker, 196, /*preempted=*/true);
   std::cout << "interactive request beside 2 batch jobs holding the in-flight budget: first "
                "token "
             << first_token_ms << " ms after its send (preempting one)\n";

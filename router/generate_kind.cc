@@ -88,8 +88,9 @@ PlacementView GenerateKind::Place(const Request& request, const std::vector<Work
   int chain_block_size = -1;
   for (size_t i = 0; i < workers.size(); ++i) {
     const WorkerState& w = *workers[i];
-    view.snapshots[i] = {w.credit(), w.outstanding_tokens, CapacityTokens(w), 0};
-    if (prefix_affinity_ && w.credit() > 0) {
+    const int credit = w.credit(request.admission.batch_job);
+    view.snapshots[i] = {credit, w.outstanding_tokens, CapacityTokens(w), 0};
+    if (prefix_affinity_ && credit > 0) {
       if (w.info.block_size != chain_block_size) {
         chain_block_size = w.info.block_size;
         chain = PromptBlockHashes(r.prompt, chain_block_size, r.cache_salt);
@@ -111,6 +112,7 @@ RouterMessage GenerateKind::Dispatch(Request& request, WorkerState* w,
                       1, static_cast<int64_t>(r.prompt.size()) + produced - cached_prefix_tokens) +
                   (r.sampling.max_tokens - produced);
   w->requests.insert(r.router_id);
+  if (request.admission.batch_job) w->batch_jobs.insert(r.router_id);
   DispatchInfo d;
   d.dispatch_id = r.dispatch_id;
   d.prompt_tokens = r.prompt;
@@ -190,6 +192,7 @@ void GenerateKind::OnToken(GenerateRequest& r, WorkerState* w, const TokenEvent&
 }
 
 bool GenerateKind::Detach(const Request& r, WorkerState* w) {
+  w->batch_jobs.erase(r.router_id);
   return w->requests.erase(r.router_id) > 0;
 }
 

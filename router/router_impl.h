@@ -160,9 +160,11 @@ class Router::Impl final : public RequestHost {
   void TryDispatch();
   void Dispatch(Request& r, WorkerState* w, int64_t cached_prefix_tokens);
   // `r` (seen as `view` by `workers`, its model's) fits no worker now: when it is not a batch
-  // job's and takes a sequence slot, preempts the most recently dispatched batch job's request
-  // on a worker where `r` could then be placed. True when one was preempted.
-  bool PreemptBatchJobForSlot(const Request& r, const std::vector<WorkerState*>& workers,
+  // job's and needs KV room, preempts the most recently dispatched batch job's request on a
+  // worker where `r` could then be placed (its tokens within the capacity that frees). Slots
+  // need no preemption here: batch jobs do not hold them against other requests (their
+  // workers suspend them). True when one was preempted.
+  bool PreemptBatchJobForCapacity(const Request& r, const std::vector<WorkerState*>& workers,
                               const PlacementView& view);
   // When nothing more can be dispatched and the head of the order (not in `unplaced`, nor in
   // `preempted_for`) waits for in-flight budget that batch jobs' generations on its model's

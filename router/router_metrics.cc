@@ -43,6 +43,10 @@ RouterMetrics::RouterMetrics()
           "carpool_prefix_cache_hit_tokens_total / carpool_prompt_tokens_total{kind=generate}.")),
       preemptions_(registry_.AddCounter("carpool_preemptions_total",
                                         "Sequences preempted by the workers' schedulers.")),
+      suspensions_(registry_.AddCounter(
+          "carpool_suspensions_total",
+          "Batch jobs' sequences the workers' schedulers suspended, keeping their KV blocks, to "
+          "give their slots to more urgent requests.")),
       migrations_(registry_.AddCounter(
           "carpool_migrations_total", "Requests moved to another worker after theirs died.")),
       batch_preemptions_(registry_.AddCounter(
@@ -125,6 +129,7 @@ RouterMetrics::RouterMetrics()
   prefix_hit_tokens_.With({});
   prefix_hit_ratio_.With({});
   preemptions_.With({});
+  suspensions_.With({});
   migrations_.With({});
   batch_preemptions_.With({});
   ttft_.With({});
@@ -263,11 +268,14 @@ void RouterMetrics::UpdateCluster(int waiting, int running,
     worker_waiting_.With({w.worker_id}).Set(w.waiting);
     kv_usage_.With({w.worker_id})
         .Set(w.num_kv_blocks > 0 ? static_cast<double>(w.kv_used_blocks) / w.num_kv_blocks : 0);
-    auto [it, inserted] = last_preemptions_.try_emplace(w.worker_id, 0);
+    WorkerCounts& last = last_counts_[w.worker_id];
     // A restarted worker counts from zero again.
-    const int64_t delta = w.preemptions >= it->second ? w.preemptions - it->second : w.preemptions;
-    if (delta > 0) preemptions_.With({}).Inc(static_cast<double>(delta));
-    it->second = w.preemptions;
+    const auto delta = [](int64_t now, int64_t before) { return now >= before ? now - before : now; };
+    const int64_t preempted = delta(w.preemptions, last.preemptions);
+    const int64_t suspended = delta(w.suspensions, last.suspensions);
+    if (preempted > 0) preemptions_.With({}).Inc(static_cast<double>(preempted));
+    if (suspended > 0) suspensions_.With({}).Inc(static_cast<double>(suspended));
+    last = {w.preemptions, w.suspensions};
   }
   for (const std::string& gone : known_workers_) {
     if (std::find(now.begin(), now.end(), gone) != now.end()) continue;
@@ -276,7 +284,7 @@ void RouterMetrics::UpdateCluster(int waiting, int running,
     worker_running_.Remove({gone});
     worker_waiting_.Remove({gone});
     kv_usage_.Remove({gone});
-    last_preemptions_.erase(gone);
+    last_counts_.erase(gone);
     now.push_back(gone);  // keep reporting it as down
   }
   known_workers_ = std::move(now);

@@ -25,7 +25,8 @@ struct WorkerMetricsSnapshot {
   int waiting = 0;
   int kv_used_blocks = 0;
   int num_kv_blocks = 0;
-  int64_t preemptions = 0;  // the worker's cumulative count
+  int64_t preemptions = 0;  // the worker's cumulative counts
+  int64_t suspensions = 0;
 };
 
 class RouterMetrics {
@@ -74,6 +75,7 @@ class RouterMetrics {
   metrics::Family<metrics::Counter>& prefix_hit_tokens_;
   metrics::Family<metrics::Gauge>& prefix_hit_ratio_;
   metrics::Family<metrics::Counter>& preemptions_;
+  metrics::Family<metrics::Counter>& suspensions_;
   metrics::Family<metrics::Counter>& migrations_;
   metrics::Family<metrics::Counter>& batch_preemptions_;
   metrics::Family<metrics::Histogram>& ttft_;
@@ -101,8 +103,12 @@ class RouterMetrics {
   metrics::Family<metrics::Counter>& embed_inputs_total_;
 
   absl::Mutex mu_;
-  // Cumulative preemptions last reported per worker, to count deltas.
-  absl::flat_hash_map<std::string, int64_t> last_preemptions_ ABSL_GUARDED_BY(mu_);
+  // Cumulative preemptions and suspensions last reported per worker, to count deltas.
+  struct WorkerCounts {
+    int64_t preemptions = 0;
+    int64_t suspensions = 0;
+  };
+  absl::flat_hash_map<std::string, WorkerCounts> last_counts_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> known_workers_ ABSL_GUARDED_BY(mu_);
   // Each worker's last embedding batcher report, to count deltas.
   absl::flat_hash_map<std::string, EmbedBatcherCounters> last_embed_ ABSL_GUARDED_BY(mu_);

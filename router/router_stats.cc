@@ -48,7 +48,8 @@ void RouterStats::UpdateGauges(const StatsSources& s) {
   for (const WorkerState* w : s.workers.All()) {
     workers.push_back({w->info.worker_id, Healthy(*w, s.now_micros),
                        static_cast<int>(w->requests.size()), w->load.waiting,
-                       w->load.kv_used_blocks, w->info.num_kv_blocks, w->load.preemptions});
+                       w->load.kv_used_blocks, w->info.num_kv_blocks, w->load.preemptions,
+                       w->load.suspensions});
   }
   const AdmissionCounters& c = s.admission.counters();
   int queued = c.batch_queued;

@@ -72,8 +72,8 @@ void Router::Impl::TryDispatch() {
     in.affinity_load_weight = options_.affinity_load_weight;
     const std::optional<int> pick = Place(options_.placement, view.snapshots, in);
     if (!pick) {
-      // Batch jobs hold the room it needs: one of them yields, and Next() gives it again.
-      if (!preempted_for.contains(*router_id) && PreemptBatchJobForSlot(r, workers, view)) {
+      // Batch jobs hold the KV room it needs: one of them yields, and Next() gives it again.
+      if (!preempted_for.contains(*router_id) && PreemptBatchJobForCapacity(r, workers, view)) {
         preempted_for.insert(*router_id);
         continue;
       }
@@ -86,7 +86,7 @@ void Router::Impl::TryDispatch() {
   }
 }
 
-bool Router::Impl::PreemptBatchJobForSlot(const Request& r,
+bool Router::Impl::PreemptBatchJobForCapacity(const Request& r,
                                           const std::vector<WorkerState*>& workers,
                                           const PlacementView& view) {
   // A batch job's request never preempts (the lane only takes room nothing else waits for), and
@@ -109,10 +109,9 @@ bool Router::Impl::PreemptBatchJobForSlot(const Request& r,
       }
     }
     if (newest == nullptr) continue;
-    // Only where `r` then becomes a candidate by placement's own rule: a slot free, its tokens
-    // within the worker's capacity.
+    // Only where `r` then becomes a candidate by placement's own rule: a slot free (which the
+    // batch job's request does not change for `r`), its tokens within the worker's capacity.
     WorkerSnapshot after = view.snapshots[i];
-    after.credit = std::max(0, w->info.max_num_seqs - static_cast<int>(w->requests.size()) + 1);
     after.outstanding_tokens -= newest->outstanding;
     PlacementInput in;
     in.request_tokens = view.request_tokens;

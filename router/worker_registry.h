@@ -20,6 +20,9 @@ struct WorkerState {
   int64_t last_seen_micros = 0;
   WorkerLoad load;
   absl::flat_hash_set<uint64_t> requests;  // dispatched, not finished
+  // Those of `requests` that are batch jobs' generations: they run at the batch class, and the
+  // worker suspends them (keeping their KV) to give their slots to more urgent sequences.
+  absl::flat_hash_set<uint64_t> batch_jobs;
   int64_t outstanding_tokens = 0;          // sum over requests of tokens still to process
   int64_t requests_served = 0;
   int64_t migrations_in = 0;               // resumed requests dispatched to it
@@ -41,9 +44,13 @@ struct WorkerState {
   bool busy() const { return !requests.empty() || !embeds.empty(); }
   // Whether it serves new work at all: not draining, not stalled.
   bool serving() const { return !draining && !stalled; }
-  // Requests this worker can still take now.
-  int credit() const {
-    return serving() ? std::max(0, info.max_num_seqs - static_cast<int>(requests.size())) : 0;
+  // Requests this worker can still take now. A batch job's request needs a slot nothing holds;
+  // any other request only one that no request but a batch job's holds (the worker suspends a
+  // batch job's sequence for it).
+  int credit(bool batch_job = false) const {
+    if (!serving()) return 0;
+    const auto held = static_cast<int>(requests.size() - (batch_job ? 0 : batch_jobs.size()));
+    return std::max(0, info.max_num_seqs - held);
   }
   bool can_embed() const { return info.embed_queue_size > 0 && serving(); }
   // Whether it can take an embed request of `inputs` inputs now: they fit its embed queue

@@ -242,6 +242,7 @@ class EngineBackend : public Backend {
     l.kv_used_blocks = engine_->kv_cache().num_used_blocks();
     l.kv_free_blocks = engine_->kv_cache().num_free_blocks();
     l.preemptions = engine_->scheduler().num_preemptions();
+    l.suspensions = engine_->scheduler().num_suspensions();
     return l;
   }
 

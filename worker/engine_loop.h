@@ -58,6 +58,7 @@ class SharedLoad {
     kv_used_.store(l.kv_used_blocks, std::memory_order_relaxed);
     kv_free_.store(l.kv_free_blocks, std::memory_order_relaxed);
     preemptions_.store(l.preemptions, std::memory_order_relaxed);
+    suspensions_.store(l.suspensions, std::memory_order_relaxed);
     embed_queued_.store(l.embed_queued, std::memory_order_relaxed);
   }
   WorkerLoad Read() const {
@@ -67,6 +68,7 @@ class SharedLoad {
     l.kv_used_blocks = kv_used_.load(std::memory_order_relaxed);
     l.kv_free_blocks = kv_free_.load(std::memory_order_relaxed);
     l.preemptions = preemptions_.load(std::memory_order_relaxed);
+    l.suspensions = suspensions_.load(std::memory_order_relaxed);
     l.embed_queued = embed_queued_.load(std::memory_order_relaxed);
     return l;
   }
@@ -82,7 +84,7 @@ class SharedLoad {
 
  private:
   std::atomic<int> running_{0}, waiting_{0}, kv_used_{0}, kv_free_{0}, embed_queued_{0};
-  std::atomic<int64_t> preemptions_{0};
+  std::atomic<int64_t> preemptions_{0}, suspensions_{0};
   mutable absl::Mutex mu_;
   std::optional<EmbedBatcherCounters> embed_batcher_ ABSL_GUARDED_BY(mu_);
 };

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
 #include <random>
 
 #include "gmock/gmock.h"
@@ -186,6 +187,47 @@ TEST(EnginePreemptionTest, SmallPoolGivesSameOutputsAndFreesEveryBlock) {
   }
   EXPECT_EQ(engine->kv_cache().num_used_blocks(), 0);
   EXPECT_EQ(engine->kv_cache().num_free_blocks(), engine->kv_cache().num_blocks());
+}
+
+// Issue 16: batch-class sequences holding every slot step aside for an interactive one that
+// arrives while they run, keeping their KV blocks; each output equals its request run alone.
+TEST(EngineSuspensionTest, BatchSequencesStepAsideAndResumeWithTheirTokens) {
+  std::mt19937 rng(5);
+  std::vector<EngineRequest> requests = {Request(RandomTokens(&rng, 30, 258), 24),
+                                         Request(RandomTokens(&rng, 41, 258), 24, 0.7f, 2),
+                                         Request(RandomTokens(&rng, 25, 258), 8, 0.7f, 3)};
+  requests[0].priority = requests[1].priority = Priority::kBatch;
+  requests[2].priority = Priority::kInteractive;
+
+  EngineOptions o = TinyOptions();
+  o.scheduler.max_num_seqs = 2;
+  auto engine = MakeEngine(o);
+  std::map<int64_t, std::vector<int32_t>> tokens;
+  std::vector<int64_t> ids;
+  const auto step = [&] {
+    for (const worker::EngineEvent& e : engine->Step()) {
+      if (e.has_token) tokens[e.seq_id].push_back(e.sample.token);
+    }
+  };
+  for (int i : {0, 1}) ids.push_back(*engine->Add(requests[i]));
+  for (int i = 0; i < 6; ++i) step();
+  ids.push_back(*engine->Add(requests[2]));
+  step();
+  // The interactive request's prompt ran in the very next step, beside one batch sequence.
+  EXPECT_EQ(tokens[ids[2]].size(), 1u);
+  EXPECT_EQ(engine->scheduler().num_suspensions(), 1);
+  while (engine->has_unfinished()) step();
+  EXPECT_EQ(engine->scheduler().num_preemptions(), 0);
+
+  EngineOptions single = TinyOptions();
+  single.enable_prefix_caching = false;
+  auto alone_engine = MakeEngine(single);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    auto alone = alone_engine->Generate({requests[i]});
+    ASSERT_TRUE(alone[0].ok());
+    EXPECT_EQ(tokens[ids[i]], alone[0]->tokens) << "request " << i;
+  }
+  EXPECT_EQ(engine->kv_cache().num_used_blocks(), 0);
 }
 
 // --- Prefix caching, static policy, validation -----------------------------------------------

@@ -29,6 +29,13 @@ SeqEntry* WaitQueue::PopFront() {
   return nullptr;
 }
 
+int WaitQueue::CountMoreUrgentThan(Priority p) const {
+  const int end = std::clamp(static_cast<int>(p), 0, kNumPriorities);
+  int n = 0;
+  for (int i = 0; i < end; ++i) n += static_cast<int>(queues_[i].size());
+  return n;
+}
+
 bool WaitQueue::Remove(int64_t seq_id) {
   for (auto& queue : queues_) {
     auto it = std::find_if(queue.begin(), queue.end(),

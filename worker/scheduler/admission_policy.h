@@ -36,6 +36,8 @@ class WaitQueue {
   bool Remove(int64_t seq_id);
   int size() const;
   bool empty() const { return size() == 0; }
+  // Entries more urgent than `p` (of a lower Priority value).
+  int CountMoreUrgentThan(Priority p) const;
   // Earliest enqueue_micros of any entry. REQUIRES: !empty().
   int64_t OldestEnqueueMicros() const;
 

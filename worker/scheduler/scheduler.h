@@ -108,12 +108,15 @@ class Scheduler {
   // Returns one SeqUpdate per sequence that got a token or finished.
   virtual std::vector<SeqUpdate> Update(const BatchPlan& plan, const StepOutput& output) = 0;
 
+  // Waiting sequences count the suspended ones.
   virtual int num_waiting() const = 0;
   virtual int num_running() const = 0;
   bool has_unfinished() const { return num_waiting() + num_running() > 0; }
 
-  // Cumulative counters.
+  // Cumulative counters: sequences preempted by recompute (their blocks freed), and batch-class
+  // sequences suspended for a more urgent one (their blocks kept).
   virtual int64_t num_preemptions() const = 0;
+  virtual int64_t num_suspensions() const = 0;
 };
 
 // `kv_cache` is not owned and must outlive the scheduler.

@@ -44,6 +44,9 @@ bool SchedulerImpl::Abort(int64_t seq_id) {
   if (entry->seq->status == SeqStatus::kRunning) {
     kv_->Free(seq_id);
     RemoveRunning(entry);
+  } else if (entry->seq->status == SeqStatus::kSuspended) {
+    kv_->Free(seq_id);
+    std::erase(suspended_, entry);
   } else if (!waiting_.Remove(seq_id)) {
     WaitQueue* own = policy_->own_queue();
     CARPOOL_CHECK(own != nullptr && own->Remove(seq_id));
@@ -54,12 +57,17 @@ bool SchedulerImpl::Abort(int64_t seq_id) {
 
 int SchedulerImpl::num_waiting() const {
   const WaitQueue* own = policy_->own_queue();
-  return waiting_.size() + (own != nullptr ? own->size() : 0);
+  return waiting_.size() + (own != nullptr ? own->size() : 0) + static_cast<int>(suspended_.size());
 }
 
 BatchPlan SchedulerImpl::Schedule() {
   Step step;
   step.token_budget = options_.max_num_batched_tokens;
+  // A static batch keeps its members to the end: slots change hands in the continuous policy.
+  if (policy_->own_queue() == nullptr) {
+    SuspendForUrgent();
+    ResumeSuspended();
+  }
   ScheduleRunning(/*decodes=*/true, step);
   ScheduleRunning(/*decodes=*/false, step);
   // After a preemption the pool is short: admitting now would only thrash.
@@ -68,6 +76,39 @@ BatchPlan SchedulerImpl::Schedule() {
     if (queue != nullptr) Admit(*queue, step);
   }
   return MakePlan(step);
+}
+
+void SchedulerImpl::SuspendForUrgent() {
+  int short_of = waiting_.CountMoreUrgentThan(Priority::kBatch) -
+                 (options_.max_num_seqs - num_running());
+  while (short_of > 0) {
+    // The newest batch-class sequence: the one that has done least of its work.
+    SeqEntry* victim = nullptr;
+    for (SeqEntry* e : running_) {
+      if (e->seq->priority != Priority::kBatch) continue;
+      if (victim == nullptr || e->arrival_index > victim->arrival_index) victim = e;
+    }
+    if (victim == nullptr) return;
+    RemoveRunning(victim);
+    victim->seq->status = SeqStatus::kSuspended;
+    suspended_.push_back(victim);
+    ++num_suspensions_;
+    --short_of;
+  }
+}
+
+void SchedulerImpl::ResumeSuspended() {
+  while (!suspended_.empty() && num_running() < options_.max_num_seqs &&
+         waiting_.CountMoreUrgentThan(Priority::kBatch) == 0) {
+    // The oldest first: it was admitted before the others and has waited longest.
+    auto oldest = std::min_element(
+        suspended_.begin(), suspended_.end(),
+        [](const SeqEntry* a, const SeqEntry* b) { return a->arrival_index < b->arrival_index; });
+    SeqEntry* entry = *oldest;
+    suspended_.erase(oldest);
+    entry->seq->status = SeqStatus::kRunning;
+    running_.push_back(entry);
+  }
 }
 
 void SchedulerImpl::ScheduleRunning(bool decodes, Step& step) {
@@ -109,8 +150,17 @@ void SchedulerImpl::Admit(WaitQueue& queue, Step& step) {
     const TokenSpan tokens = TokensOf(seq);
     const int cached = kv_->LookupPrefix(tokens, seq.cache_salt);
     const int n = ChunkSize(seq, cached, step);
-    // Strict order: nobody overtakes a sequence that does not fit.
-    if (n == 0 || !kv_->Allocate(seq.seq_id, cached + n, tokens, seq.cache_salt)) break;
+    // Strict order: nobody overtakes a sequence that does not fit. Suspended sequences less
+    // urgent than it give their blocks back first.
+    if (n == 0) break;
+    bool fits = kv_->Allocate(seq.seq_id, cached + n, tokens, seq.cache_salt);
+    while (!fits) {
+      SeqEntry* victim = SuspendedVictimFor(seq.priority);
+      if (victim == nullptr) break;
+      Preempt(victim, step);
+      fits = kv_->Allocate(seq.seq_id, cached + n, tokens, seq.cache_salt);
+    }
+    if (!fits) break;
     queue.PopFront();
     seq.status = SeqStatus::kRunning;
     seq.num_cached_tokens = cached;
@@ -121,19 +171,40 @@ void SchedulerImpl::Admit(WaitQueue& queue, Step& step) {
   }
 }
 
-SeqEntry* SchedulerImpl::PickVictim() const {
-  CARPOOL_CHECK(!running_.empty());
+namespace {
+
+// The least urgent, then newest, of `entries`. REQUIRES: not empty.
+SeqEntry* LeastUrgentNewest(const std::vector<SeqEntry*>& entries) {
   auto key = [](const SeqEntry* e) {
     return std::make_tuple(static_cast<int>(e->seq->priority), e->arrival_index);
   };
-  return *std::max_element(running_.begin(), running_.end(),
+  return *std::max_element(entries.begin(), entries.end(),
                            [&](const SeqEntry* a, const SeqEntry* b) { return key(a) < key(b); });
+}
+
+}  // namespace
+
+SeqEntry* SchedulerImpl::PickVictim() const {
+  // A suspended sequence is not in this step: freeing its blocks costs the step nothing.
+  if (!suspended_.empty()) return LeastUrgentNewest(suspended_);
+  CARPOOL_CHECK(!running_.empty());
+  return LeastUrgentNewest(running_);
+}
+
+SeqEntry* SchedulerImpl::SuspendedVictimFor(Priority p) const {
+  if (suspended_.empty()) return nullptr;
+  SeqEntry* victim = LeastUrgentNewest(suspended_);
+  return victim->seq->priority > p ? victim : nullptr;
 }
 
 void SchedulerImpl::Preempt(SeqEntry* victim, Step& step) {
   Sequence& seq = *victim->seq;
   kv_->Free(seq.seq_id);
-  RemoveRunning(victim);
+  if (seq.status == SeqStatus::kSuspended) {
+    std::erase(suspended_, victim);
+  } else {
+    RemoveRunning(victim);
+  }
   auto it = std::find_if(step.items.begin(), step.items.end(),
                          [victim](const Item& item) { return item.entry == victim; });
   if (it != step.items.end()) {

@@ -325,6 +325,93 @@ TEST(ContinuousSchedulerTest, RequesterCanBeItsOwnVictim) {
   h.ExpectAllBlocksFree();
 }
 
+// A batch-class sequence gives its slot to a more urgent one that finds none free, keeping its
+// blocks: it resumes where it stopped, with no recompute, and ends as an unconstrained run does.
+TEST(ContinuousSchedulerTest, BatchSequenceYieldsItsSlotAndKeepsItsBlocks) {
+  Config c;
+  c.sched.max_num_seqs = 2;
+  c.kv.enable_prefix_caching = false;
+  Harness h(c);
+  h.Add(SeqBuilder(1).Prompt(8).MaxTokens(6).WithPriority(Priority::kBatch).Build());
+  h.Add(SeqBuilder(2).Prompt(8).MaxTokens(6).WithPriority(Priority::kBatch).Build());
+  h.Step();
+  h.Step();
+  const size_t blocks_of_2 = h.kv().BlockTable(2).size();
+  h.Add(SeqBuilder(3).Prompt(4).MaxTokens(2).WithPriority(Priority::kInteractive).Build());
+  // The newest batch sequence (2) steps aside; the interactive one takes its slot at once.
+  EXPECT_THAT(h.Step(), ElementsAre(Item{1, 9, 1, true}, Item{3, 0, 4, true}));
+  EXPECT_EQ(h.scheduler().num_suspensions(), 1);
+  EXPECT_EQ(h.scheduler().num_preemptions(), 0);
+  EXPECT_EQ(h.scheduler().num_running(), 2);
+  EXPECT_EQ(h.scheduler().num_waiting(), 1);
+  EXPECT_EQ(h.kv().BlockTable(2).size(), blocks_of_2);
+  EXPECT_THAT(h.Step(), ElementsAre(Item{1, 10, 1, true}, Item{3, 4, 1, true}));
+  EXPECT_TRUE(h.result(3).finished);
+  // Its slot free and nothing more urgent waiting, seq 2 goes on decoding at position 9.
+  EXPECT_THAT(h.Step(), ElementsAre(Item{1, 11, 1, true}, Item{2, 9, 1, true}));
+  ASSERT_TRUE(h.RunToCompletion());
+  EXPECT_EQ(h.runner().computed_tokens(2), 8 + 6 - 1);  // every position once
+  Harness reference(Config{});
+  reference.Add(SeqBuilder(1).Prompt(8).MaxTokens(6).Build());
+  reference.Add(SeqBuilder(2).Prompt(8).MaxTokens(6).Build());
+  reference.Add(SeqBuilder(3).Prompt(4).MaxTokens(2).Build());
+  ASSERT_TRUE(reference.RunToCompletion());
+  for (int id = 1; id <= 3; ++id) EXPECT_EQ(h.result(id).tokens, reference.result(id).tokens) << id;
+  h.ExpectAllBlocksFree();
+}
+
+// Only the batch class steps aside: a default-priority sequence keeps its slot, and the
+// interactive one waits for a slot to free as before.
+TEST(ContinuousSchedulerTest, OnlyBatchSequencesAreSuspended) {
+  Config c;
+  c.sched.max_num_seqs = 1;
+  Harness h(c);
+  h.Add(SeqBuilder(1).Prompt(4).MaxTokens(3).WithPriority(Priority::kDefault).Build());
+  h.Step();
+  h.Add(SeqBuilder(2).Prompt(4).MaxTokens(1).WithPriority(Priority::kInteractive).Build());
+  EXPECT_THAT(h.Step(), ElementsAre(Item{1, 4, 1, true}));
+  EXPECT_EQ(h.scheduler().num_suspensions(), 0);
+  ASSERT_TRUE(h.RunToCompletion());
+  h.ExpectAllBlocksFree();
+}
+
+// When the pool is short, a suspended sequence's blocks go first (it is not in the step), and a
+// waiting interactive sequence takes them from a suspended batch one rather than waiting.
+TEST(ContinuousSchedulerTest, SuspendedSequencesGiveTheirBlocksFirst) {
+  Config c;
+  c.sched.max_num_seqs = 1;
+  c.kv.num_blocks = 3;
+  c.kv.enable_prefix_caching = false;
+  Harness h(c);
+  h.Add(SeqBuilder(1).Prompt(8).MaxTokens(4).WithPriority(Priority::kBatch).Build());
+  h.Step();  // the batch sequence holds 2 of the 3 blocks (4 tokens each)
+  EXPECT_EQ(h.kv().num_free_blocks(), 1);
+  h.Add(SeqBuilder(2).Prompt(10).MaxTokens(1).WithPriority(Priority::kInteractive).Build());
+  // Seq 1 is suspended, then preempted for its blocks: seq 2 needs all three.
+  EXPECT_THAT(h.Step(), ElementsAre(Item{2, 0, 10, true}));
+  EXPECT_EQ(h.scheduler().num_suspensions(), 1);
+  EXPECT_EQ(h.scheduler().num_preemptions(), 1);
+  EXPECT_THAT(h.last_preempted(), ElementsAre(1));
+  ASSERT_TRUE(h.RunToCompletion());
+  EXPECT_EQ(h.result(1).tokens.size(), 4u);
+  h.ExpectAllBlocksFree();
+}
+
+TEST(ContinuousSchedulerTest, AbortOfASuspendedSequenceFreesItsBlocks) {
+  Config c;
+  c.sched.max_num_seqs = 1;
+  Harness h(c);
+  h.Add(SeqBuilder(1).Prompt(8).MaxTokens(4).WithPriority(Priority::kBatch).Build());
+  h.Step();
+  h.Add(SeqBuilder(2).Prompt(4).MaxTokens(4).WithPriority(Priority::kInteractive).Build());
+  h.Step();
+  EXPECT_EQ(h.scheduler().num_suspensions(), 1);
+  EXPECT_TRUE(h.scheduler().Abort(1));
+  EXPECT_EQ(h.scheduler().num_waiting(), 0);
+  ASSERT_TRUE(h.RunToCompletion());
+  h.ExpectAllBlocksFree();
+}
+
 TEST(ContinuousSchedulerTest, RecomputeCatchesUpBeforeSampling) {
   Config c;
   c.kv.num_blocks = 5;

@@ -13,7 +13,9 @@
 
 namespace carpool::worker {
 
-enum class SeqStatus { kWaiting, kRunning, kFinished };
+// kSuspended: a batch-class sequence that gave its slot to a more urgent one; it keeps its KV
+// blocks and resumes where it stopped (scheduler_impl.h).
+enum class SeqStatus { kWaiting, kRunning, kSuspended, kFinished };
 
 struct Sequence {
   int64_t seq_id = 0;                 // unique within the scheduler
