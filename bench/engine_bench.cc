@@ -2,6 +2,8 @@
 // same run. Prints a table (and JSON with --json). Not a test: figures go to
 // docs/PERFORMANCE.md with the command that produced them.
 #include <cblas.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -21,6 +23,7 @@
 #include "common/thread_pool.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "nlohmann/json.hpp"
+#include "worker/device_options.h"
 #include "worker/engine.h"
 #include "worker/weights/weights.h"
 
@@ -34,6 +37,21 @@ using worker::EngineOptions;
 using worker::EngineRequest;
 
 double NowSeconds() { return Clock::Real()->NowMicros() / 1e6; }
+
+// The process's peak resident set so far, in bytes.
+int64_t PeakRssBytes() {
+  struct rusage usage;
+  if (getrusage(RUSAGE_SELF, &usage) != 0) return 0;
+  return int64_t{usage.ru_maxrss} * 1024;  // KiB on Linux
+}
+
+// The process's resident set now, in bytes (0 where /proc is missing).
+int64_t RssBytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  if (!(statm >> size >> resident)) return 0;
+  return resident * sysconf(_SC_PAGESIZE);
+}
 
 // Streaming-read bandwidth in bytes/s over `bytes` of memory, split over `pool` (the engine's,
 // so the limit is measured on the threads the kernels run on).
@@ -268,6 +286,7 @@ int main(int argc, char** argv) {
   using namespace carpool::bench;
   std::string model = "synthetic:small";
   int decode_steps = 32;
+  int decode_prompt_len = 16;
   int batching_seqs = 16;
   int batching_requests = 256;
   std::string paged_model = "synthetic:tiny";
@@ -277,9 +296,39 @@ int main(int argc, char** argv) {
   bool json_out = false;
   std::string json_file;
   std::string only;
+  worker::DeviceOptions device = {.kind = worker::DeviceKind::kCpu};
   FlagParser parser;
   parser.AddString("model", &model, "model to measure");
+  parser.AddCustom(
+      "dtype",
+      [&device](const std::string& v) -> absl::Status {
+        absl::StatusOr<std::optional<worker::StorageType>> t = worker::ParseDtypeFlag(v);
+        if (!t.ok()) return t.status();
+        device.dtype = *t;
+        return absl::OkStatus();
+      },
+      "weights: auto, float32 or bfloat16 (as carpool-worker's --dtype on the CPU)", "auto");
+  parser.AddCustom(
+      "quantization",
+      [&device](const std::string& v) -> absl::Status {
+        absl::StatusOr<worker::Quantization> q = worker::ParseQuantization(v);
+        if (!q.ok()) return q.status();
+        device.quantization = *q;
+        return absl::OkStatus();
+      },
+      "none or int8", "none");
+  parser.AddCustom(
+      "kv-cache-dtype",
+      [&device](const std::string& v) -> absl::Status {
+        absl::StatusOr<std::optional<worker::StorageType>> t = worker::ParseKvCacheDtypeFlag(v);
+        if (!t.ok()) return t.status();
+        device.kv_cache_dtype = *t;
+        return absl::OkStatus();
+      },
+      "auto, bfloat16 or float32", "auto");
   parser.AddInt("decode-steps", &decode_steps, "timed decode steps per batch size");
+  parser.AddInt("decode-prompt-len", &decode_prompt_len,
+                "prompt tokens of each decode sequence (128 for llama-batched-bench -npp 128)");
   parser.AddInt("batching-seqs", &batching_seqs, "max-num-seqs of the batching comparison");
   parser.AddInt("batching-requests", &batching_requests, "requests in the batching comparison");
   parser.AddString("paged-model", &paged_model, "model of the paged-KV count");
@@ -315,8 +364,13 @@ int main(int argc, char** argv) {
   const int threads = ThreadPool::CoreCount();
   out["threads"] = threads;
 
+  if (absl::Status s = device.Validate(); !s.ok()) {
+    std::cerr << "carpool-bench-engine: " << s.message() << "\n";
+    return 2;
+  }
   EngineOptions options;
   options.model = model;
+  options.device = device;
   options.scheduler.max_model_len = 1024;
   options.scheduler.max_num_seqs = 64;
   std::unique_ptr<worker::Engine> engine;
@@ -327,22 +381,32 @@ int main(int argc, char** argv) {
       return 1;
     }
     engine = std::move(*created);
+    // Before the bandwidth probe's buffer: the peak of loading (a conversion's transient copies
+    // included) and of the engine as built.
+    const int64_t load_peak = PeakRssBytes();
+    out["peak_rss_after_load_bytes"] = load_peak;
     const double bandwidth = MeasureBandwidth(&engine->thread_pool(), int64_t{1} << 30, 5);
     const int64_t weight_bytes = engine->model().DecodeWeightBytes();
     const double floor_ms = weight_bytes / bandwidth * 1e3;
+    const worker::ModelDevice& d = engine->model().device();
+    const std::string weight_type = d.weight_type();
+    const char* kv_type = worker::StorageTypeName(d.kv_storage_type());
+    out["weights"] = weight_type;
+    out["kv_cache"] = kv_type;
     out["bandwidth_gb_s"] = bandwidth / 1e9;
     out["decode_weight_bytes"] = weight_bytes;
     out["batch1_floor_ms"] = floor_ms;
     std::printf(
-        "model %s, %d threads, bandwidth %.1f GB/s, decode reads %.1f MB -> floor %.2f ms\n",
-        model.c_str(), engine->thread_pool().num_threads(), bandwidth / 1e9, weight_bytes / 1e6,
-        floor_ms);
+        "model %s, weights %s, KV cache %s, %d threads, bandwidth %.1f GB/s, decode reads "
+        "%.1f MB -> floor %.2f ms, peak RSS after load %.0f MiB\n",
+        model.c_str(), weight_type.c_str(), kv_type, engine->thread_pool().num_threads(),
+        bandwidth / 1e9, weight_bytes / 1e6, floor_ms, load_peak / 1048576.0);
 
     if (run("decode")) {
       std::printf("%-8s %12s %10s %12s\n", "batch", "tokens/s", "step ms", "step/floor");
       double base = 0;
       for (int batch : {1, 8, 32, 64}) {
-        DecodeResult r = MeasureDecode(engine.get(), batch, 16, decode_steps);
+        DecodeResult r = MeasureDecode(engine.get(), batch, decode_prompt_len, decode_steps);
         if (batch == 1) base = r.tokens_per_s;
         std::printf("%-8d %12.1f %10.2f %12.2f\n", batch, r.tokens_per_s, r.step_ms,
                     r.step_ms / floor_ms);
@@ -496,6 +560,10 @@ int main(int argc, char** argv) {
                     {"mean_seq_tokens", r->mean_seq_tokens},
                     {"preemptions", r->preemptions}};
   }
+  // With the first engine (and its KV pool, grown by the runs) still alive; the bandwidth
+  // probe's buffer is freed by now.
+  out["rss_at_end_bytes"] = RssBytes();
+  std::printf("RSS at the end %.0f MiB\n", RssBytes() / 1048576.0);
   if (json_out) std::cout << out.dump(2) << "\n";
   if (!json_file.empty()) {
     std::ofstream f(json_file);

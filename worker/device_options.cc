@@ -25,6 +25,32 @@ absl::Status DeviceOptions::Validate() const {
   if (gpu_index < -1) {
     return absl::InvalidArgumentError(absl::StrCat("--gpu must be >= 0, got ", gpu_index));
   }
+  if (quantization == Quantization::kInt8 && dtype.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--quantization int8 sets the weights' type: leave --dtype auto (got ",
+                     StorageTypeFlagName(*dtype), ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckDeviceStorage(const DeviceOptions& o) {
+  if (o.kind == DeviceKind::kCuda) {
+    if (o.quantization != Quantization::kNone) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--quantization ", QuantizationName(o.quantization),
+                       " runs on the CPU only; use --device cpu or --quantization none"));
+    }
+    if (o.kv_cache_dtype.has_value() && *o.kv_cache_dtype != o.gpu_dtype()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--kv-cache-dtype on a GPU is its --dtype (", StorageTypeFlagName(o.gpu_dtype()),
+          "); got ", StorageTypeFlagName(*o.kv_cache_dtype), ": use auto"));
+    }
+    return absl::OkStatus();
+  }
+  if (o.dtype == StorageType::kF16) {
+    return absl::InvalidArgumentError(
+        "--dtype float16 is for GPUs; on the CPU --dtype is auto, float32 or bfloat16");
+  }
   return absl::OkStatus();
 }
 
@@ -56,6 +82,42 @@ absl::StatusOr<StorageType> ParseStorageType(const std::string& text) {
   if (t == "float32" || t == "fp32" || t == "float") return StorageType::kF32;
   return absl::InvalidArgumentError(
       absl::StrCat("--dtype must be bfloat16, float16 or float32, got '", text, "'"));
+}
+
+absl::StatusOr<std::optional<StorageType>> ParseDtypeFlag(const std::string& text) {
+  if (absl::AsciiStrToLower(text) == "auto") return std::nullopt;
+  absl::StatusOr<StorageType> t = ParseStorageType(text);
+  if (!t.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--dtype must be auto, bfloat16, float16 or float32, got '", text, "'"));
+  }
+  return *t;
+}
+
+absl::StatusOr<std::optional<StorageType>> ParseKvCacheDtypeFlag(const std::string& text) {
+  if (absl::AsciiStrToLower(text) == "auto") return std::nullopt;
+  absl::StatusOr<StorageType> t = ParseStorageType(text);
+  if (!t.ok() || *t == StorageType::kF16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv-cache-dtype must be auto, bfloat16 or float32, got '", text, "'"));
+  }
+  return *t;
+}
+
+std::string DtypeFlagName(const std::optional<StorageType>& t) {
+  return t.has_value() ? StorageTypeFlagName(*t) : "auto";
+}
+
+absl::StatusOr<Quantization> ParseQuantization(const std::string& text) {
+  const std::string t = absl::AsciiStrToLower(text);
+  if (t == "none") return Quantization::kNone;
+  if (t == "int8") return Quantization::kInt8;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--quantization must be none or int8, got '", text, "'"));
+}
+
+const char* QuantizationName(Quantization q) {
+  return q == Quantization::kInt8 ? "int8" : "none";
 }
 
 const char* StorageTypeFlagName(StorageType t) {
@@ -146,7 +208,7 @@ absl::StatusOr<std::unique_ptr<ModelDevice>> CreateCudaModelDevice(const DeviceO
 #ifdef CARPOOL_HAVE_CUDA
   CudaDeviceOptions o;
   o.device = std::max(options.gpu_index, 0);
-  o.storage = options.dtype;
+  o.storage = options.gpu_dtype();
   o.cuda_graphs = options.cuda_graphs;
   o.max_num_batched_tokens = std::max(limits.max_num_batched_tokens, limits.max_num_seqs);
   o.max_num_seqs = limits.max_num_seqs;

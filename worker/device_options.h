@@ -1,15 +1,19 @@
-// Which device a worker's model runs on, and how a GPU is used: the options behind --device,
-// --gpu, --dtype, --gpu-memory-utilization and --cuda-graphs (worker/engine_flags.h).
+// Which device a worker's model runs on, and how it stores weights and the KV cache: the
+// options behind --device, --gpu, --dtype, --quantization, --kv-cache-dtype,
+// --gpu-memory-utilization and --cuda-graphs (worker/engine_flags.h).
 //
 //   DeviceOptions d;                       // auto: CUDA when built with it and a GPU is visible
 //   ASSIGN_OR_RETURN(d, ResolveDevice(d, local_rank));   // kind is now kCpu or kCuda
 //
-// The CPU device is always fp32; dtype, gpu_memory_utilization and cuda_graphs apply to CUDA.
+// On a GPU, dtype is the storage type of everything; on the CPU, activations are fp32 and dtype,
+// quantization and kv_cache_dtype choose the weights' and the KV cache's (Engine::Create
+// resolves their autos). gpu_memory_utilization and cuda_graphs apply to CUDA.
 #ifndef CARPOOL_WORKER_DEVICE_OPTIONS_H_
 #define CARPOOL_WORKER_DEVICE_OPTIONS_H_
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -21,23 +25,46 @@ namespace carpool::worker {
 
 enum class DeviceKind { kAuto, kCpu, kCuda };
 
+// Weight-only quantization computed at load.
+enum class Quantization { kNone, kInt8 };
+
 struct DeviceOptions {
   // kAuto: kCuda when this build has CUDA and a GPU is visible, else kCpu. Default: kAuto.
   DeviceKind kind = DeviceKind::kAuto;
   // CUDA device index; -1: the process's local rank (under mpirun / srun) modulo the number of
   // devices, else 0. Default: -1.
   int gpu_index = -1;
-  // Storage type on the GPU. Default: bf16.
-  StorageType dtype = StorageType::kBF16;
+  // On a GPU the storage type of weights, activations and KV cache (bf16, fp16 or fp32); on
+  // the CPU that of the linear and embedding weights (fp32 or bf16). nullopt (--dtype auto):
+  // bf16 on a GPU; on the CPU bf16 for a BF16 checkpoint where the bf16 kernel is the faster
+  // (CpuAutoDtypeIsBf16), else fp32. Default: auto.
+  std::optional<StorageType> dtype = std::nullopt;
+  // --quantization int8 (the CPU only): linear and embedding weights quantized to int8 at load,
+  // from any checkpoint dtype; dtype must then be auto. Default: none.
+  Quantization quantization = Quantization::kNone;
+  // The CPU's KV cache: fp32 or bf16. nullopt (--kv-cache-dtype auto): bf16 when the weights are
+  // bf16 or int8, else fp32. A GPU's KV cache is in its storage type: set, this must equal it.
+  // Default: auto.
+  std::optional<StorageType> kv_cache_dtype = std::nullopt;
   // Fraction of the GPU's total memory the worker may fill: the KV pool gets what is left of it
   // after the weights and a workspace margin. In (0, 1]. Default: 0.9.
   double gpu_memory_utilization = 0.9;
   // Capture decode steps at padded batch sizes as CUDA graphs. Default: true.
   bool cuda_graphs = true;
 
-  // INVALID_ARGUMENT naming the flag.
+  // The storage type on a GPU (dtype, or bf16 for auto).
+  StorageType gpu_dtype() const { return dtype.value_or(StorageType::kBF16); }
+
+  // INVALID_ARGUMENT naming the flag: ranges, and combinations no device takes (--quantization
+  // int8 with an explicit --dtype). What only one kind of device refuses is checked where the
+  // kind is known (CheckDeviceStorage).
   absl::Status Validate() const;
 };
+
+// The storage flags against the resolved kind (kCpu or kCuda): the CPU takes --dtype fp32 or
+// bf16 and --kv-cache-dtype fp32 or bf16; a GPU takes no --quantization and a --kv-cache-dtype
+// only equal to its --dtype. INVALID_ARGUMENT naming the flag and the choices otherwise.
+absl::Status CheckDeviceStorage(const DeviceOptions& options);
 
 const char* DeviceKindName(DeviceKind kind);  // "auto", "cpu", "cuda"
 // "cpu" | "cuda" | "auto"; INVALID_ARGUMENT naming --device otherwise.
@@ -46,6 +73,18 @@ absl::StatusOr<DeviceKind> ParseDeviceKind(const std::string& text);
 // INVALID_ARGUMENT naming --dtype otherwise.
 absl::StatusOr<StorageType> ParseStorageType(const std::string& text);
 const char* StorageTypeFlagName(StorageType t);  // "bfloat16", "float16", "float32"
+// --dtype: "auto" (nullopt) or a ParseStorageType name; INVALID_ARGUMENT naming --dtype and the
+// choices otherwise.
+absl::StatusOr<std::optional<StorageType>> ParseDtypeFlag(const std::string& text);
+// --kv-cache-dtype: "auto" (nullopt), a bf16 or an fp32 name of ParseStorageType;
+// INVALID_ARGUMENT naming --kv-cache-dtype and the choices otherwise.
+absl::StatusOr<std::optional<StorageType>> ParseKvCacheDtypeFlag(const std::string& text);
+// "auto" for nullopt, else StorageTypeFlagName.
+std::string DtypeFlagName(const std::optional<StorageType>& t);
+// --quantization: "none" | "int8"; INVALID_ARGUMENT naming --quantization and the choices
+// otherwise.
+absl::StatusOr<Quantization> ParseQuantization(const std::string& text);
+const char* QuantizationName(Quantization q);  // "none", "int8"
 
 // True when this build has the CUDA backend.
 bool BuiltWithCuda();

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "common/thread_pool.h"
+#include "kernels/cpu/linear_bf16.h"
 
 namespace carpool::worker {
 namespace {
@@ -17,6 +18,35 @@ constexpr int64_t kDefaultKvCap = int64_t{1} << 30;
 // bf16 blocks are 4 KiB, so an H200 would hold ~30M); real ones run out of memory far below it
 // (Llama-3-8B's are 2 MiB). It keeps the host-side block table of such a pool small.
 constexpr int64_t kMaxGpuKvBlocks = int64_t{1} << 22;
+
+// Whether the loader keeps a BF16 checkpoint's tensors bf16 for the CPU device `d` asks for:
+// for bf16 and int8 weights (packed or quantized from bf16 directly, no fp32 copy made), and
+// for --dtype auto where that takes bf16 (CpuAutoDtypeIsBf16; a synthetic model is fp32, not a
+// BF16 checkpoint). F32 and F16 checkpoints load as fp32 either way.
+bool CpuKeepsBf16(const DeviceOptions& d, const std::string& model) {
+  if (d.quantization == Quantization::kInt8) return true;
+  if (d.dtype.has_value()) return *d.dtype == StorageType::kBF16;
+  return CpuAutoDtypeIsBf16() && model.rfind("synthetic:", 0) != 0;
+}
+
+// The CPU device `d` asks for over weights loaded as CpuKeepsBf16 says: --dtype auto is bf16
+// exactly when the tensors stayed bf16; the KV cache's auto follows the weights.
+CpuDeviceOptions CpuOptions(const DeviceOptions& d, const LlamaWeights& weights,
+                            ThreadPool* pool) {
+  CpuDeviceOptions c;
+  c.pool = pool;
+  if (d.quantization == Quantization::kInt8) {
+    c.weights = WeightFormat::kInt8;
+  } else if (d.dtype.has_value()) {
+    c.weights = *d.dtype == StorageType::kBF16 ? WeightFormat::kBF16 : WeightFormat::kF32;
+  } else {
+    c.weights = weights.embed_tokens.type() == TensorType::kBF16 ? WeightFormat::kBF16
+                                                                  : WeightFormat::kF32;
+  }
+  c.kv_cache = d.kv_cache_dtype.value_or(c.weights == WeightFormat::kF32 ? StorageType::kF32
+                                                                         : StorageType::kBF16);
+  return c;
+}
 
 // Blocks for the KV pool, from the options and the model's per-block footprint.
 int64_t KvBlocks(const EngineOptions& o, const ModelConfig& c, int max_model_len,
@@ -45,19 +75,17 @@ struct ChosenDevice {
   int64_t margin_bytes = 0;
 };
 
-// Under tensor parallelism each rank resolves to its own GPU (options.device.gpu_index, which
-// carpool-worker sets from the local rank) and computes there; its collectives are staged
-// through host memory over the group's communicator (LlamaModel: ToHost -> collective ->
-// FromHost), so any device works under any group.
-absl::StatusOr<ChosenDevice> ChooseDevice(const EngineOptions& o, const LlamaWeights& weights,
-                                          int max_model_len, ThreadPool* pool) {
+// `d` is o.device resolved (kCpu or kCuda). Under tensor parallelism each rank resolves to its
+// own GPU (options.device.gpu_index, which carpool-worker sets from the local rank) and
+// computes there; its collectives are staged through host memory over the group's
+// communicator (LlamaModel: ToHost -> collective -> FromHost), so any device works under any
+// group.
+absl::StatusOr<ChosenDevice> ChooseDevice(const EngineOptions& o, const DeviceOptions& d,
+                                          const LlamaWeights& weights, int max_model_len,
+                                          ThreadPool* pool) {
   ChosenDevice chosen;
-  DeviceOptions d = o.device;
-  if (d.kind != DeviceKind::kCpu) {
-    ASSIGN_OR_RETURN(d, ResolveDevice(d, /*local_rank=*/-1));
-  }
   if (d.kind == DeviceKind::kCpu) {
-    chosen.device = CreateCpuDevice(pool);
+    chosen.device = CreateCpuDevice(CpuOptions(d, weights, pool));
     return chosen;
   }
   RETURN_IF_ERROR(CheckCudaSupportsModel(weights.config));
@@ -71,9 +99,9 @@ absl::StatusOr<ChosenDevice> ChooseDevice(const EngineOptions& o, const LlamaWei
     chosen.sized_by_memory = true;
     // This rank's weights go up in the storage type: ParameterBytes counts fp32. The margin is
     // the whole model's activations, an overestimate for a tensor-parallel rank.
-    chosen.weight_bytes = weights.ParameterBytes() / 4 * StorageTypeBytes(d.dtype);
+    chosen.weight_bytes = weights.ParameterBytes() / 4 * StorageTypeBytes(d.gpu_dtype());
     chosen.margin_bytes =
-        GpuActivationMarginBytes(weights.config, sched.max_num_batched_tokens, d.dtype);
+        GpuActivationMarginBytes(weights.config, sched.max_num_batched_tokens, d.gpu_dtype());
     ASSIGN_OR_RETURN(chosen.kv_pool_bytes,
                      CudaKvPoolBytes(d, chosen.weight_bytes, chosen.margin_bytes));
   }
@@ -98,7 +126,7 @@ absl::StatusOr<int64_t> FewestBlocksInGroup(cluster::Communicator* group, int64_
 absl::StatusOr<int64_t> GpuKvBlocks(const ChosenDevice& chosen, const ModelConfig& config,
                                     const EngineOptions& o, cluster::Communicator* group) {
   const int64_t per_block =
-      LlamaModel::KvBytesPerBlock(config, o.block_size, chosen.device->storage_type());
+      LlamaModel::KvBytesPerBlock(config, o.block_size, chosen.device->kv_storage_type());
   int64_t blocks = std::min(kMaxGpuKvBlocks, chosen.kv_pool_bytes / per_block);
   if (group != nullptr && group->size() > 1) {
     ASSIGN_OR_RETURN(blocks, FewestBlocksInGroup(group, blocks));
@@ -127,6 +155,10 @@ int ReleasableWindow(const ModelConfig& c) {
 }
 
 }  // namespace
+
+bool CpuAutoDtypeIsBf16() {
+  return std::string(kernels::cpu::LinearBf16Path()) == "avx512_bf16";
+}
 
 void StepPlanFromBatch(const BatchPlan& plan, int block_size, StepPlan* step) {
   step->kind = StepPlan::Kind::kGenerate;
@@ -179,8 +211,19 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   cluster::Communicator* group = options.tensor_parallel_group;
   TensorParallelRank tp;
   if (group != nullptr) tp = {group->rank(), group->size()};
+  // The device's kind first: it decides how the weights load (a GPU converts fp32 tensors; the
+  // CPU may keep a BF16 checkpoint bf16).
+  DeviceOptions resolved = options.device;
+  LoadOptions load;
+  if (device == nullptr) {
+    if (resolved.kind != DeviceKind::kCpu) {
+      ASSIGN_OR_RETURN(resolved, ResolveDevice(resolved, /*local_rank=*/-1));
+    }
+    RETURN_IF_ERROR(CheckDeviceStorage(resolved));
+    load.keep_bf16 = resolved.kind == DeviceKind::kCpu && CpuKeepsBf16(resolved, options.model);
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<LlamaWeights> weights,
-                   LoadWeights(options.model, tp, engine->pool_.get()));
+                   LoadWeights(options.model, tp, engine->pool_.get(), load));
   const ModelConfig config = weights->config;
 
   SchedulerOptions& sched = engine->options_.scheduler;
@@ -194,15 +237,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
 
   int64_t blocks = 0;
   if (device == nullptr) {
-    ASSIGN_OR_RETURN(ChosenDevice chosen,
-                     ChooseDevice(options, *weights, sched.max_model_len, engine->pool_.get()));
+    ASSIGN_OR_RETURN(ChosenDevice chosen, ChooseDevice(options, resolved, *weights,
+                                                       sched.max_model_len, engine->pool_.get()));
     if (chosen.sized_by_memory) {
       ASSIGN_OR_RETURN(blocks, GpuKvBlocks(chosen, config, options, group));
     }
     device = std::move(chosen.device);
   }
   if (blocks == 0) {
-    blocks = KvBlocks(engine->options_, config, sched.max_model_len, device->storage_type());
+    blocks = KvBlocks(engine->options_, config, sched.max_model_len, device->kv_storage_type());
   }
   if (blocks < 1 || blocks > (int64_t{1} << 30)) {
     return absl::InvalidArgumentError(

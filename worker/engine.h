@@ -51,10 +51,14 @@ struct EngineOptions {
   // (LlamaModel::Follow, RunFollower in worker/mpi_worker.h). Null or a group of one: the whole
   // model here. Default: null.
   cluster::Communicator* tensor_parallel_group = nullptr;
-  // The device the model runs on when Engine::Create is given none. kCuda (or kAuto resolving
-  // to it): a CudaDevice on device.gpu_index in device.dtype, and, when neither num_kv_blocks
-  // nor kv_cache_memory_bytes is set, a KV pool sized by device.gpu_memory_utilization
-  // (CudaKvPoolBytes). Under tensor parallelism the same, per rank: the caller resolves each
+  // The device the model runs on when Engine::Create is given none. kCpu: a CpuDevice whose
+  // weights are device.dtype's (auto: CpuAutoDtypeIsBf16 and a BF16 checkpoint), int8 with
+  // device.quantization, and whose KV cache is device.kv_cache_dtype's (auto: bf16 with bf16 or
+  // int8 weights); the weights load with LoadOptions::keep_bf16 where they end up bf16 or int8,
+  // so a BF16 checkpoint is never converted to fp32, and the model releases the host's copy once
+  // packed. kCuda (or kAuto resolving to it): a CudaDevice on device.gpu_index in
+  // device.dtype, and, when neither num_kv_blocks nor kv_cache_memory_bytes is set, a KV pool
+  // sized by device.gpu_memory_utilization (CudaKvPoolBytes). Under tensor parallelism the same, per rank: the caller resolves each
   // rank's gpu_index (carpool-worker: the local rank), the collectives are staged through host
   // memory over the group's communicator, and a pool sized by memory takes the fewest blocks of
   // the group's ranks (every rank of the group then takes part in that collective).
@@ -104,6 +108,10 @@ struct EngineEvent {
   std::shared_ptr<Completion> completion;
 };
 
+// --dtype auto on the CPU: whether a BF16 checkpoint's weights stay bf16 (else they are
+// converted to fp32 at load). True where LinearBf16 runs on AVX512-BF16.
+bool CpuAutoDtypeIsBf16();
+
 // The model's step for the scheduler's `plan`: per scheduled sequence its positions, whether it
 // samples, the blocks of its block table that cover them (block_size tokens each), and the
 // token ids computed. Reuses `step`'s memory. REQUIRES: every block table covers its sequence's
@@ -112,11 +120,13 @@ void StepPlanFromBatch(const BatchPlan& plan, int block_size, StepPlan* step);
 
 class Engine {
  public:
-  // `device` runs the model (its storage type also sizes the KV pool); nullptr: the one
-  // options.device asks for (on the CPU, one that computes on the engine's thread pool).
+  // `device` runs the model (its kv_storage_type sizes the KV pool; the weights load as fp32
+  // for it); nullptr: the one options.device asks for (on the CPU, one that computes on the
+  // engine's thread pool).
   // FAILED_PRECONDITION when options.device asks for CUDA and this build has none or no GPU is
-  // visible; RESOURCE_EXHAUSTED when --gpu-memory-utilization leaves no room for a KV block (on
-  // any rank of a tensor-parallel group).
+  // visible; INVALID_ARGUMENT when the device it resolves to refuses the storage flags
+  // (CheckDeviceStorage); RESOURCE_EXHAUSTED when --gpu-memory-utilization leaves no room for a
+  // KV block (on any rank of a tensor-parallel group).
   static absl::StatusOr<std::unique_ptr<Engine>> Create(
       const EngineOptions& options, Clock* clock = nullptr,
       std::unique_ptr<ModelDevice> device = nullptr);

@@ -71,14 +71,38 @@ void RegisterDeviceFlags(FlagParser* p, DeviceOptions* o) {
   p->AddCustom(
       "dtype",
       [o](const std::string& v) -> absl::Status {
-        absl::StatusOr<StorageType> t = ParseStorageType(v);
+        absl::StatusOr<std::optional<StorageType>> t = ParseDtypeFlag(v);
         if (!t.ok()) return t.status();
         o->dtype = *t;
         return absl::OkStatus();
       },
-      "GPU storage type of weights, activations and KV cache: bfloat16, float16 or float32 "
-      "(the CPU is always float32)",
-      StorageTypeFlagName(o->dtype));
+      "auto, bfloat16, float16 or float32: on a GPU the storage type of weights, activations "
+      "and KV cache (auto: bfloat16); on the CPU that of the weights, float32 or bfloat16 "
+      "(auto: bfloat16 for a BF16 checkpoint where the CPU has AVX512-BF16, else float32)",
+      DtypeFlagName(o->dtype));
+  p->AddCustom(
+      "quantization",
+      [o](const std::string& v) -> absl::Status {
+        absl::StatusOr<Quantization> q = ParseQuantization(v);
+        if (!q.ok()) return q.status();
+        o->quantization = *q;
+        return absl::OkStatus();
+      },
+      "none or int8: int8 weights with a scale per group of 32 along K, quantized at load from "
+      "any checkpoint (the CPU only)",
+      QuantizationName(o->quantization));
+  p->AddCustom(
+      "kv-cache-dtype",
+      [o](const std::string& v) -> absl::Status {
+        absl::StatusOr<std::optional<StorageType>> t = ParseKvCacheDtypeFlag(v);
+        if (!t.ok()) return t.status();
+        o->kv_cache_dtype = *t;
+        return absl::OkStatus();
+      },
+      "auto, bfloat16 or float32: the CPU's KV cache (auto: bfloat16 when the weights are "
+      "bfloat16 or int8, else float32; bfloat16 holds twice the tokens in --kv-cache-memory); "
+      "a GPU's is its --dtype",
+      DtypeFlagName(o->kv_cache_dtype));
   p->AddDouble("gpu-memory-utilization", &o->gpu_memory_utilization,
                "fraction of GPU memory the worker fills; the KV pool gets what the weights and "
                "activations leave");

@@ -15,9 +15,11 @@ namespace carpool::worker {
 // one is visible). `options` must outlive the parser.
 void RegisterEngineFlags(FlagParser* parser, EngineOptions* options);
 
-// Binds --device (cpu|cuda|auto), --gpu N, --dtype (bfloat16|float16|float32),
+// Binds --device (cpu|cuda|auto), --gpu N, --dtype (auto|bfloat16|float16|float32),
+// --quantization (none|int8), --kv-cache-dtype (auto|bfloat16|float32),
 // --gpu-memory-utilization (0, 1] and --cuda-graphs / --no-cuda-graphs to `options`. Malformed
-// values are errors naming the flag; ranges are checked by DeviceOptions::Validate.
+// values are errors naming the flag and the choices; ranges and combinations are checked by
+// DeviceOptions::Validate and CheckDeviceStorage.
 // `options` must outlive the parser.
 void RegisterDeviceFlags(FlagParser* parser, DeviceOptions* options);
 

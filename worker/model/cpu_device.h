@@ -1,8 +1,14 @@
-// The CPU ModelDevice: fp32 storage on kernels/cpu (see model_device.h for the contract).
+// The CPU ModelDevice: fp32 activations on kernels/cpu (see model_device.h for the contract).
 //
-// Weights are borrowed in place (Weight() copies nothing, so the Tensor must outlive its
-// array); Allocate() owns host float arrays; HostData() is every array's own pointer, so
-// collectives and pooling work in place and ToHost/FromHost are plain copies. SetStep() copies
+// Weights (CpuDeviceOptions::weights): in fp32 they are borrowed in place (Weight() copies
+// nothing, so the Tensor must outlive its array); in bf16 or int8 every weight array holds its
+// memory itself (packed or quantized copies, norms and biases copied as fp32, and bf16 tensors
+// borrowed in place where the packing is row-major keep a reference to their Tensor), so the
+// model can release the host's tensors once it has its arrays. Linear and EmbeddingGather run
+// the kernel of the weight's format. AllocateKv() holds fp32 or bf16 (CpuDeviceOptions::
+// kv_cache), and WriteKv / Attention run the kernels of the cache's format. Allocate() owns
+// host float arrays; HostData() is every array's own pointer, so collectives and pooling work
+// in place and ToHost/FromHost are plain copies (of fp32 arrays: activations). SetStep() copies
 // the step into buffers reused across steps (no allocation once they have grown), block tables
 // included, so the caller's StepView may go away. Every kernel runs synchronously, split over
 // CpuDeviceOptions::pool (or on the calling thread without one).
@@ -25,9 +31,12 @@ class CpuDevice : public ModelDevice {
 
   std::string name() const override { return "cpu"; }
   StorageType storage_type() const override { return StorageType::kF32; }
+  std::string weight_type() const override;
+  StorageType kv_storage_type() const override { return kv_cache_; }
 
   absl::StatusOr<DeviceArray> Weight(const Tensor& host) override;
   absl::StatusOr<DeviceArray> Allocate(int64_t numel) override;
+  absl::StatusOr<DeviceArray> AllocateKv(int64_t numel) override;
   void Reserve(DeviceArray* a, int64_t numel) override;
   int64_t FreeBytes() const override { return -1; }
 
@@ -64,7 +73,13 @@ class CpuDevice : public ModelDevice {
   void FromHost(const float* host, int64_t offset, int64_t n, DeviceArray* x) override;
 
  private:
+  // A 1-D tensor (bias or norm) as fp32.
+  absl::StatusOr<DeviceArray> VectorWeight(const Tensor& host);
+
   ThreadPool* const pool_;      // may be null
+  const WeightFormat weights_;
+  const int int8_group_;        // the resolved group (never 0)
+  const StorageType kv_cache_;
   std::vector<int> pad_sizes_;  // sorted ascending
   std::vector<float> inv_freq_, local_inv_freq_;
   // The current step (SetStep's copy). seqs_[i].block_table points into block_tables_.

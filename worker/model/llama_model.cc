@@ -16,35 +16,11 @@ namespace {
 // The block table of a padding sequence: one token over block 0, never stored (slot -1).
 constexpr int32_t kDummyBlockTable[1] = {0};
 
-// Every tensor of a layer (the optional ones empty when the model has none). Layer is
-// LayerWeights or const LayerWeights.
-template <typename Layer>
-auto LayerTensors(Layer& l) {
-  return std::array{&l.input_norm,
-                    &l.q_proj,
-                    &l.k_proj,
-                    &l.v_proj,
-                    &l.q_bias,
-                    &l.k_bias,
-                    &l.v_bias,
-                    &l.o_proj,
-                    &l.post_attention_norm,
-                    &l.q_norm,
-                    &l.k_norm,
-                    &l.pre_feedforward_norm,
-                    &l.post_feedforward_norm,
-                    &l.gate_proj,
-                    &l.up_proj,
-                    &l.down_proj};
-}
-
-// Elements one decode step reads at batch 1 (see DecodeWeightBytes).
-int64_t DecodeWeightElements(const LlamaWeights& w) {
-  int64_t elems = w.final_norm.numel() + w.lm_head.numel() + w.config.hidden_size;
-  for (const LayerWeights& l : w.layers) {
-    for (const Tensor* t : LayerTensors(l)) elems += t->numel();
-  }
-  return elems;
+// Bytes of a weight array on its device: numel elements of the storage type, or what a packed
+// or quantized array says it takes.
+int64_t ArrayBytes(const DeviceArray& a, StorageType storage) {
+  if (a.format().kind == ArrayFormat::Kind::kStorage) return a.numel() * StorageTypeBytes(storage);
+  return a.bytes();
 }
 
 // The norm tensors the config's family needs are there, of the right size (a loader or a test
@@ -73,20 +49,26 @@ absl::Status CheckFamilyTensors(const LlamaWeights& w) {
   return absl::OkStatus();
 }
 
-// Drops the host's fp32 values of every tensor (and the mapped files behind views), keeping
-// each tensor's shape as a view of nothing. Tensor::numel() and ParameterBytes() read 0 after.
-void DropHostValues(LlamaWeights* w) {
-  const auto drop = [](Tensor* t) { *t = Tensor::View(nullptr, t->shape()); };
-  drop(&w->embed_tokens);
-  drop(&w->final_norm);
-  drop(&w->lm_head);
-  for (LayerWeights& l : w->layers) {
-    for (Tensor* t : LayerTensors(l)) drop(t);
-  }
-  w->files.clear();
-}
-
 }  // namespace
+
+std::array<const DeviceArray*, 16> LlamaModel::LayerArrayList(const LayerArrays& a) {
+  return {&a.input_norm,
+          &a.q_proj,
+          &a.k_proj,
+          &a.v_proj,
+          &a.q_bias,
+          &a.k_bias,
+          &a.v_bias,
+          &a.o_proj,
+          &a.post_attention_norm,
+          &a.q_norm,
+          &a.k_norm,
+          &a.pre_feedforward_norm,
+          &a.post_feedforward_norm,
+          &a.gate_proj,
+          &a.up_proj,
+          &a.down_proj};
+}
 
 int64_t LlamaModel::KvBytesPerBlock(const ModelConfig& c, int block_size, StorageType storage) {
   return 2LL * c.num_layers * block_size * c.num_kv_heads * c.head_dim * StorageTypeBytes(storage);
@@ -144,7 +126,7 @@ absl::Status LlamaModel::Init() {
   ASSIGN_OR_RETURN(embed_, d.Weight(w.embed_tokens));
   ASSIGN_OR_RETURN(final_norm_, d.NormWeight(w.final_norm));
   lm_head_ = &embed_;
-  if (w.lm_head.data() != w.embed_tokens.data()) {
+  if (w.lm_head.raw_data() != w.embed_tokens.raw_data()) {
     ASSIGN_OR_RETURN(own_lm_head_, d.Weight(w.lm_head));
     lm_head_ = &own_lm_head_;
   }
@@ -174,18 +156,28 @@ absl::Status LlamaModel::Init() {
                             num_kv_heads_ * w.config.head_dim;
   for (int l = 0; l < w.config.num_layers; ++l) {
     // Left uninitialized: attention reads only slots that a step has written.
-    ASSIGN_OR_RETURN(DeviceArray keys, d.Allocate(per_layer));
-    ASSIGN_OR_RETURN(DeviceArray values, d.Allocate(per_layer));
+    ASSIGN_OR_RETURN(DeviceArray keys, d.AllocateKv(per_layer));
+    ASSIGN_OR_RETURN(DeviceArray values, d.AllocateKv(per_layer));
     key_cache_.push_back(std::move(keys));
     value_cache_.push_back(std::move(values));
   }
   host_memory_ = !key_cache_.empty() && d.HostData(key_cache_[0]) != nullptr;
-  decode_weight_bytes_ = DecodeWeightElements(w) * StorageTypeBytes(d.storage_type());
-  // A device that copied every weight (a GPU) no longer needs the host's fp32 values: 4 bytes a
-  // parameter (32 GB for an 8B model), twice what the GPU holds in bf16. Nothing reads them
-  // after Init (DecodeWeightBytes is computed above). Devices that borrow them (the CPU, and
-  // test devices built on it) keep them.
-  if (!host_memory_ && WeightsCopied()) DropHostValues(weights_.get());
+  // Every layer's weights, the final norm and the head, but one embedding row.
+  const StorageType storage = d.storage_type();
+  decode_weight_bytes_ = ArrayBytes(final_norm_, storage) + ArrayBytes(*lm_head_, storage);
+  if (!embed_.empty()) {
+    decode_weight_bytes_ += ArrayBytes(embed_, storage) * w.config.hidden_size / embed_.numel();
+  }
+  for (const LayerArrays& a : layers_) {
+    for (const DeviceArray* x : LayerArrayList(a)) decode_weight_bytes_ += ArrayBytes(*x, storage);
+  }
+  // A device whose arrays all hold their own memory (a GPU's copies; the CPU's packed or
+  // quantized weights, and bf16 tensors it borrows by reference) no longer needs the host's
+  // tensors: 4 bytes a parameter in fp32 (32 GB for an 8B model), or the mapped checkpoint
+  // beside the CPU's int8 copy. Nothing reads them after Init (DecodeWeightBytes is computed
+  // above). Devices that borrow fp32 tensors (the CPU in fp32, and test devices built on it)
+  // keep them.
+  if (WeightsCopied()) weights_->ReleaseTensors();
   return absl::OkStatus();
 }
 
@@ -193,10 +185,7 @@ bool LlamaModel::WeightsCopied() const {
   const auto copied = [](const DeviceArray& a) { return a.empty() || a.owns_memory(); };
   if (!copied(embed_) || !copied(final_norm_) || !copied(own_lm_head_)) return false;
   for (const LayerArrays& a : layers_) {
-    for (const DeviceArray* x :
-         {&a.input_norm, &a.q_proj, &a.k_proj, &a.v_proj, &a.q_bias, &a.k_bias, &a.v_bias,
-          &a.o_proj, &a.post_attention_norm, &a.q_norm, &a.k_norm, &a.pre_feedforward_norm,
-          &a.post_feedforward_norm, &a.gate_proj, &a.up_proj, &a.down_proj}) {
+    for (const DeviceArray* x : LayerArrayList(a)) {
       if (!copied(*x)) return false;
     }
   }

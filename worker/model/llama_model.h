@@ -31,6 +31,7 @@
 #ifndef CARPOOL_WORKER_MODEL_LLAMA_MODEL_H_
 #define CARPOOL_WORKER_MODEL_LLAMA_MODEL_H_
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -81,7 +82,8 @@ class LlamaModel {
       std::unique_ptr<LlamaWeights> weights, const KvCacheShape& kv_shape,
       cluster::Communicator* group = nullptr, std::unique_ptr<ModelDevice> device = nullptr);
 
-  // Bytes of KV cache one block takes across all layers (keys and values) in `storage`.
+  // Bytes of KV cache one block takes across all layers (keys and values) in `storage` (the
+  // device's kv_storage_type()).
   static int64_t KvBytesPerBlock(const ModelConfig& config, int block_size,
                                  StorageType storage = StorageType::kF32);
 
@@ -114,13 +116,16 @@ class LlamaModel {
 
   const ModelConfig& config() const { return weights_->config; }
   // Config, tensor-parallel rank and shard always. The tensors' values only where the device
-  // borrows them (the CPU); a device that copied every weight (a GPU) makes the model drop them
-  // once uploaded, keeping their shapes, so numel() and ParameterBytes() read 0 there.
+  // borrows them (the CPU in fp32); a device whose arrays hold every weight themselves (a GPU,
+  // the CPU in bf16 or int8) makes the model release them once it has its arrays
+  // (LlamaWeights::ReleaseTensors), keeping their shapes, so numel() and ParameterBytes() read 0
+  // there.
   const LlamaWeights& weights() const { return *weights_; }
   const KvCacheShape& kv_shape() const { return kv_shape_; }
 
   // Bytes one decode step must read at batch 1: every layer's weights, the final norm and the
-  // head, but a single embedding row, in the device's storage type (computed in Create).
+  // head, but a single embedding row, as the device holds them (its storage type, or the packed
+  // or quantized bytes of the CPU's bf16 and int8 weights; computed in Create).
   int64_t DecodeWeightBytes() const;
 
   ModelDevice& device() const { return *device_; }
@@ -134,7 +139,8 @@ class LlamaModel {
              cluster::Communicator* group, std::unique_ptr<ModelDevice> device);
   // Puts the weights on the device and allocates the KV pool.
   absl::Status Init();
-  // Every weight array holds its own copy (none borrows the host tensors).
+  // Every weight array holds its own memory (none borrows the host tensors without keeping them
+  // alive).
   bool WeightsCopied() const;
 
   // Per-step inputs derived from the step plan.
@@ -155,6 +161,8 @@ class LlamaModel {
         post_attention_norm, q_norm, k_norm, pre_feedforward_norm, post_feedforward_norm, gate_proj,
         up_proj, down_proj;
   };
+  // Every array of a layer.
+  static std::array<const DeviceArray*, 16> LayerArrayList(const LayerArrays& a);
   // The step's rows, slots and attention sequences. For an embed step, also sizes the scratch
   // KV buffer (embed_keys_, embed_values_, embed_layout_, embed_table_) for its tokens.
   void PrepareInputs(const StepPlan& step, StepInputs* in);

@@ -1,14 +1,16 @@
 // The one kernel interface LlamaModel computes through, so the same model code runs on the CPU
 // and on a GPU. LlamaModel owns the order of operations (layers, norms, attention, head, tensor-
 // parallel sums); a ModelDevice owns memory, storage types and kernel launches:
-//   - CpuDevice (worker/model/cpu_device.h): fp32 on kernels/cpu; weights are used in place.
+//   - CpuDevice (worker/model/cpu_device.h): fp32 activations on kernels/cpu; weights in fp32
+//     (used in place), bf16 or int8 (CpuDeviceOptions::weights), a KV cache of fp32 or bf16.
 //   - CudaDevice (worker/model/cuda_device.h, only where CARPOOL_HAVE_CUDA): bf16 (or fp16 /
 //     fp32) storage with fp32 accumulation on kernels/cuda and cuBLASLt; weights are copied to
 //     the device once, converted; step inputs are uploaded once per step; decode steps may be
 //     captured and replayed as CUDA graphs.
 //
-// Arrays are opaque: a DeviceArray is `numel` elements of the device's storage type in the
-// device's memory, addressed by element offsets, never dereferenced by the model.
+// Arrays are opaque: a DeviceArray is `numel` elements in the device's memory, addressed by
+// element offsets, never dereferenced by the model. Its elements are of the device's storage
+// type unless its format says otherwise (the CPU's bf16 and int8 weights and bf16 KV cache).
 //
 // Steps. SetStep() hands the device one step's host-side inputs (token ids, positions, KV slots,
 // attention sequences with their block tables, the rows whose logits are wanted); the kernels
@@ -40,13 +42,30 @@ enum class StorageType { kF32, kBF16, kF16 };
 const char* StorageTypeName(StorageType t);
 int StorageTypeBytes(StorageType t);
 
-// `numel` elements on a device. Move-only. `memory` owns what the device allocated (empty for
-// arrays that borrow, such as CPU weights, which stay owned by LlamaWeights).
+// How a DeviceArray holds its elements. kStorage: the device's storage type (every array of a
+// GPU; the CPU's fp32 ones). The CPU device also holds weights as bf16 in the layout
+// kernels/cpu/linear_bf16.h reads (kBF16) or quantized to int8 in groups of `group` values along
+// K (kInt8, kernels/cpu/linear_int8.h), and KV caches of bf16 values (kBF16, the fp32 cache's
+// layout).
+struct ArrayFormat {
+  enum class Kind : uint8_t { kStorage, kBF16, kInt8 };
+  Kind kind = Kind::kStorage;
+  int group = 0;  // kInt8 only
+};
+
+// `numel` elements on a device (for a weight: the [n, k] values it stands for, whatever its
+// format). Move-only. `memory` keeps the array's memory alive: what the device allocated, or a
+// reference to a host tensor an array borrows and must outlive; it is empty for arrays that
+// borrow memory the caller keeps alive (the CPU's fp32 weights, which LlamaWeights owns).
 class DeviceArray {
  public:
   DeviceArray() = default;
   DeviceArray(std::shared_ptr<void> memory, void* data, int64_t numel)
       : memory_(std::move(memory)), data_(data), numel_(numel) {}
+  // An array of a format other than kStorage, whose values take `bytes` bytes.
+  DeviceArray(std::shared_ptr<void> memory, void* data, int64_t numel, ArrayFormat format,
+              int64_t bytes)
+      : memory_(std::move(memory)), data_(data), numel_(numel), format_(format), bytes_(bytes) {}
   DeviceArray(DeviceArray&&) = default;
   DeviceArray& operator=(DeviceArray&&) = default;
   DeviceArray(const DeviceArray&) = delete;
@@ -55,13 +74,21 @@ class DeviceArray {
   void* data() const { return data_; }
   int64_t numel() const { return numel_; }
   bool empty() const { return numel_ == 0; }
-  // The array holds memory of its own (false for an empty or a borrowing array).
+  const ArrayFormat& format() const { return format_; }
+  // Bytes of the values of an array whose format is not kStorage (packed or quantized weights
+  // take more or fewer than numel elements would); 0 for kStorage arrays, which take numel
+  // elements of the device's storage type.
+  int64_t bytes() const { return bytes_; }
+  // The array keeps its memory alive itself (false for an empty array or one that borrows
+  // memory its caller keeps alive), so the host tensor it was made from may be released.
   bool owns_memory() const { return memory_ != nullptr; }
 
  private:
   std::shared_ptr<void> memory_;
   void* data_ = nullptr;
   int64_t numel_ = 0;
+  ArrayFormat format_;
+  int64_t bytes_ = 0;
 };
 
 // How one layer's attention weighs its keys (kernels::AttentionParams' fields of the same names).
@@ -92,20 +119,33 @@ class ModelDevice {
 
   // "cpu" or "cuda:N".
   virtual std::string name() const = 0;
+  // The type of activations (and, unless the device says otherwise below, of weights and KV).
   virtual StorageType storage_type() const = 0;
+  // How Weight() stores linear and embedding weights, for status lines: "bf16", "fp32",
+  // "int8 (group 32)", ...
+  virtual std::string weight_type() const { return StorageTypeName(storage_type()); }
+  // The KV cache's element type (AllocateKv), which sizes the pool.
+  virtual StorageType kv_storage_type() const { return storage_type(); }
 
   // ---- memory
 
-  // `host` (fp32) in the device's storage type. The CPU device borrows it (no copy, so `host`
-  // must outlive the array); a GPU copies and converts it.
+  // `host` (a linear or embedding weight [n, k], or a bias) in the device's weight format. A GPU
+  // copies and converts it (from fp32). The CPU device, in fp32 format, borrows an fp32 tensor
+  // (no copy, so `host` must outlive the array) and widens a bf16 one into memory of its own; in
+  // bf16 or int8 format it packs or quantizes the tensor (fp32 or bf16) into memory of its own,
+  // or borrows a bf16 tensor in place where the bf16 packing is row-major (the array then keeps
+  // `host`'s memory alive itself). Biases (1-D) stay fp32.
   virtual absl::StatusOr<DeviceArray> Weight(const Tensor& host) = 0;
   // The weight of a norm (`host`, fp32): an array of fp32 values whatever the storage type,
   // which RmsNorm, AddRmsNorm and HeadRmsNorm take as their `weight` (and nothing else reads).
   // A norm weight in bf16 would lose the low bits of Gemma's folded 1 + w, which transformers
-  // applies in fp32. The CPU device borrows `host`, as Weight does.
+  // applies in fp32. The CPU device treats it as a bias (Weight).
   virtual absl::StatusOr<DeviceArray> NormWeight(const Tensor& host) { return Weight(host); }
   // A new array of `numel` elements, contents undefined. RESOURCE_EXHAUSTED when it does not fit.
   virtual absl::StatusOr<DeviceArray> Allocate(int64_t numel) = 0;
+  // One layer's keys or values of the KV pool: `numel` elements of kv_storage_type(), contents
+  // undefined, for WriteKv and Attention. RESOURCE_EXHAUSTED when it does not fit.
+  virtual absl::StatusOr<DeviceArray> AllocateKv(int64_t numel) { return Allocate(numel); }
   // Makes `a` hold at least `numel` elements, reallocating (contents lost) when it is smaller.
   // Growth is for scratch activations; a device may keep the larger size for good. A device
   // that replays recorded steps (RunStep) must drop the recordings that used an array it
@@ -154,7 +194,8 @@ class ModelDevice {
   virtual void SoftCap(float cap, int64_t n, DeviceArray* x) = 0;
   // In place on x[0, n): x *= factor (in fp32, rounded to the storage type once).
   virtual void Scale(float factor, int64_t n, DeviceArray* x) = 0;
-  // Stores k and v ([T, kv_heads, head_dim]) at the step's slots of one layer's pool.
+  // Stores k and v ([T, kv_heads, head_dim]) at the step's slots of one layer's pool. The pool
+  // is AllocateKv's (or, for Embed's scratch keys and values, Allocate's) memory.
   virtual void WriteKv(const DeviceArray& k, const DeviceArray& v,
                        const kernels::KvCacheLayout& layout, DeviceArray* key_cache,
                        DeviceArray* value_cache) = 0;
@@ -193,6 +234,14 @@ class ModelDevice {
   virtual void FromHost(const float* host, int64_t offset, int64_t n, DeviceArray* x) = 0;
 };
 
+// How the CPU device stores linear and embedding weights.
+enum class WeightFormat {
+  kF32,   // fp32, borrowed from the host tensors (which must be fp32)
+  kBF16,  // bf16 (kernels/cpu/linear_bf16.h), from fp32 (rounded) or bf16 tensors
+  kInt8,  // int8 with a scale per group along K (kernels/cpu/linear_int8.h), from either
+};
+const char* WeightFormatName(WeightFormat f);  // "fp32", "bf16", "int8"
+
 struct CpuDeviceOptions {
   // The threads the kernels split their work over (not owned; outlives the device). The engine
   // passes its own pool (EngineOptions::num_threads). Default: null, every kernel on the
@@ -202,9 +251,22 @@ struct CpuDeviceOptions {
   // one, as a GPU pads for CUDA graphs, so the model's padding is checked on the CPU. Default:
   // none (no padding).
   std::vector<int> pad_decode_batch_sizes;
+  // Linear and embedding weights. Norm weights and biases are fp32 whatever this is.
+  // Default: fp32.
+  WeightFormat weights = WeightFormat::kF32;
+  // kInt8: values per scale along K, a group kernels::cpu::IsSupportedInt8Group takes; 0: the
+  // kernel's default (kernels::cpu::kInt8Group). Default: 0.
+  int int8_group = 0;
+  // The KV cache's element type: kF32 or kBF16. Default: fp32.
+  StorageType kv_cache = StorageType::kF32;
 };
 
-// The CPU device: fp32, kernels/cpu, weights in place.
+// OK when the CPU device can take `options`; INVALID_ARGUMENT naming the bad field otherwise
+// (an int8 group the kernel lacks, a KV type other than fp32 and bf16).
+absl::Status CheckCpuDeviceOptions(const CpuDeviceOptions& options);
+
+// The CPU device: fp32 activations on kernels/cpu, weights and KV cache as `options` asks.
+// REQUIRES: CheckCpuDeviceOptions(options) is OK (checked).
 std::unique_ptr<ModelDevice> CreateCpuDevice(const CpuDeviceOptions& options = {});
 // The same on `pool` (CpuDeviceOptions::pool), no padding.
 std::unique_ptr<ModelDevice> CreateCpuDevice(ThreadPool* pool);
