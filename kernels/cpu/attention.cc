@@ -7,13 +7,19 @@
 // on the rest of the batch or the thread split, and PagedAttentionDecode runs the very same
 // item code, so a token's output is bit-identical whichever entry point and batch computed it.
 //
-// The item code is a template on the cache element type: fp32, or bf16 bits widened to fp32 as
-// they are loaded (kernels/cpu/bf16.h). Widening is exact and every operation after the load is
-// the same, so the bf16 kernels give exactly what the fp32 ones give on the widened values.
+// Every score is one fixed-order 8-lane dot product (simd::Dot's), and every output element
+// one chain of fused multiply-adds over the positions in order; the loops below only interleave
+// independent chains (four dot products at a time, up to eight vectors of an accumulator row
+// held in registers across a chunk) so they overlap, which changes no bits.
+//
+// The item code is a template on the cache element type: fp32, or bf16 bits widened to fp32
+// (kernels/cpu/bf16.h). Widening is exact and every operation after it is the same, so the
+// bf16 kernels give exactly what the fp32 ones give on the widened values.
 
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "common/thread_pool.h"
@@ -42,11 +48,13 @@ struct Scratch {
       : max(group),
         sum(group),
         scores(static_cast<size_t>(group) * kChunk),
-        acc(static_cast<size_t>(group) * head_dim) {}
+        acc(static_cast<size_t>(group) * head_dim),
+        wide(static_cast<size_t>(2) * kChunk * head_dim) {}
   std::vector<float> max;     // [group] running max of the scaled scores
   std::vector<float> sum;     // [group] running sum of exp(score - max)
   std::vector<float> scores;  // [group][kChunk]
   std::vector<float> acc;     // [group][head_dim] running sum of weights * values
+  std::vector<float> wide;    // [2][kChunk][head_dim] a bf16 chunk's keys and values, widened
 };
 
 // Offset of (position, kv_head) in a cache pool, through the sequence's block table.
@@ -76,19 +84,75 @@ F8 LoadLanesPartial(const uint16_t* p, int n) {
   return simd::LoadPartial(wide, n);
 }
 
-// simd::Dot(a, b, n) with b read through LoadLanes: the same operations in the same order.
+// Asks for the n cache elements at p: a chunk's rows lie a cache page apart (the other kv heads'
+// rows between them), a stride the hardware prefetcher does not follow.
 template <typename T>
-float DotCache(const float* a, const T* b, int n) {
-  F8 acc = simd::Zero();
+void Prefetch(const T* p, int n) {
+  const char* bytes = reinterpret_cast<const char*>(p);
+  const int64_t size = int64_t{n} * static_cast<int64_t>(sizeof(T));
+  for (int64_t at = 0; at < size; at += 64) __builtin_prefetch(bytes + at);
+}
+
+// dots[r] = simd::Dot(a[r], b[r], n) for r < N, b read through LoadLanes: each the operations
+// of simd::Dot in its order, the N chains interleaved.
+template <int N, typename T>
+void Dots(const float* const* a, const T* const* b, int n, float* dots) {
+  F8 acc[N];
+  for (int r = 0; r < N; ++r) acc[r] = simd::Zero();
   int i = 0;
   for (; i + simd::kLanes <= n; i += simd::kLanes) {
-    acc = simd::Fma(simd::Load(a + i), LoadLanes(b + i), acc);
+    for (int r = 0; r < N; ++r) {
+      acc[r] = simd::Fma(simd::Load(a[r] + i), LoadLanes(b[r] + i), acc[r]);
+    }
   }
   if (i < n) {
     const int rest = n - i;
-    acc = simd::Fma(simd::LoadPartial(a + i, rest), LoadLanesPartial(b + i, rest), acc);
+    for (int r = 0; r < N; ++r) {
+      acc[r] = simd::Fma(simd::LoadPartial(a[r] + i, rest), LoadLanesPartial(b[r] + i, rest),
+                         acc[r]);
+    }
   }
-  return simd::HSum(acc);
+  for (int r = 0; r < N; ++r) dots[r] = simd::HSum(acc[r]);
+}
+
+// scores[g * kChunk + i] = (q[g] . keys[i]) * scale for the group's query heads g (rows of d
+// floats at q) and the chunk's keys i < len, four dot products at a time.
+template <typename T>
+void ScoreChunk(const float* q, const T* const* keys, int len, int group, int d, float scale,
+                float* scores) {
+  // Jobs (key i, head g) in order of i, then g.
+  const int jobs = len * group;
+  int i = 0;
+  int g = 0;
+  int job = 0;
+  for (; job + 4 <= jobs; job += 4) {
+    const float* a[4];
+    const T* b[4];
+    int at[4];
+    for (int r = 0; r < 4; ++r) {
+      a[r] = q + g * d;
+      b[r] = keys[i];
+      at[r] = g * kChunk + i;
+      if (++g == group) {
+        g = 0;
+        ++i;
+      }
+    }
+    float dots[4];
+    Dots<4>(a, b, d, dots);
+    for (int r = 0; r < 4; ++r) scores[at[r]] = dots[r] * scale;
+  }
+  for (; job < jobs; ++job) {
+    const float* a = q + g * d;
+    const T* b = keys[i];
+    float dot;
+    Dots<1>(&a, &b, d, &dot);
+    scores[g * kChunk + i] = dot * scale;
+    if (++g == group) {
+      g = 0;
+      ++i;
+    }
+  }
 }
 
 // acc[0..n) *= s.
@@ -102,19 +166,47 @@ void Scale(float* acc, float s, int n) {
   }
 }
 
-// acc[0..n) += p * v[0..n).
-template <typename T>
-void AddScaled(float* acc, float p, const T* v, int n) {
-  const F8 pv = simd::Set1(p);
-  int i = 0;
-  for (; i + simd::kLanes <= n; i += simd::kLanes) {
-    simd::Store(acc + i, simd::Fma(pv, LoadLanes(v + i), simd::Load(acc + i)));
+// acc[j, j + 8 N) += weights[i] * values[i][j, j + 8 N) for i = 0 .. len - 1 in turn, the N
+// vectors of acc held in registers meanwhile.
+template <int N, typename T>
+void AccumulateVectors(float* acc, const float* weights, const T* const* values, int len, int j) {
+  F8 sum[N];
+  for (int r = 0; r < N; ++r) sum[r] = simd::Load(acc + j + r * simd::kLanes);
+  for (int i = 0; i < len; ++i) {
+    const F8 w = simd::Set1(weights[i]);
+    for (int r = 0; r < N; ++r) {
+      sum[r] = simd::Fma(w, LoadLanes(values[i] + j + r * simd::kLanes), sum[r]);
+    }
   }
-  if (i < n) {
-    const int rest = n - i;
-    simd::StorePartial(
-        acc + i, simd::Fma(pv, LoadLanesPartial(v + i, rest), simd::LoadPartial(acc + i, rest)),
-        rest);
+  for (int r = 0; r < N; ++r) simd::Store(acc + j + r * simd::kLanes, sum[r]);
+}
+
+// acc[0..n) += weights[i] * values[i][0..n) for i = 0 .. len - 1 in turn: one fused
+// multiply-add per element and position, in order of position, whatever the tiling.
+template <typename T>
+void AccumulateChunk(float* acc, const float* weights, const T* const* values, int len, int n) {
+  constexpr int kLanes = simd::kLanes;
+  int j = 0;
+  for (; j + 8 * kLanes <= n; j += 8 * kLanes) AccumulateVectors<8>(acc, weights, values, len, j);
+  if (j + 4 * kLanes <= n) {
+    AccumulateVectors<4>(acc, weights, values, len, j);
+    j += 4 * kLanes;
+  }
+  if (j + 2 * kLanes <= n) {
+    AccumulateVectors<2>(acc, weights, values, len, j);
+    j += 2 * kLanes;
+  }
+  if (j + kLanes <= n) {
+    AccumulateVectors<1>(acc, weights, values, len, j);
+    j += kLanes;
+  }
+  if (j < n) {
+    const int rest = n - j;
+    F8 sum = simd::LoadPartial(acc + j, rest);
+    for (int i = 0; i < len; ++i) {
+      sum = simd::Fma(simd::Set1(weights[i]), LoadLanesPartial(values[i] + j, rest), sum);
+    }
+    simd::StorePartial(acc + j, sum, rest);
   }
 }
 
@@ -141,6 +233,31 @@ float ExpShifted(float* s, float m, int n) {
   return total;
 }
 
+// One online-softmax step of an item: the chunk's len keys and values (rows of head_dim).
+template <typename T>
+void AttendChunk(const float* q_group, const T* const* keys, const T* const* values, int len,
+                 const AttentionParams& p, Scratch* scratch) {
+  const int d = p.cache.head_dim;
+  const int group = p.num_heads / p.cache.num_kv_heads;
+  ScoreChunk(q_group, keys, len, group, d, p.scale, scratch->scores.data());
+  for (int g = 0; g < group; ++g) {
+    float* s = &scratch->scores[g * kChunk];
+    if (p.logit_softcap > 0.0f) CapScores(s, p.logit_softcap, len);
+    const float old_max = scratch->max[g];
+    const float new_max = std::max(old_max, *std::max_element(s, s + len));
+    if (new_max > old_max && scratch->sum[g] > 0.0f) {
+      const float rescale = std::exp(old_max - new_max);
+      scratch->sum[g] *= rescale;
+      Scale(&scratch->acc[g * d], rescale, d);
+    }
+    scratch->max[g] = new_max;
+    scratch->sum[g] += ExpShifted(s, new_max, len);
+  }
+  for (int g = 0; g < group; ++g) {
+    AccumulateChunk(&scratch->acc[g * d], &scratch->scores[g * kChunk], values, len, d);
+  }
+}
+
 // Attention of one query token for the query heads of one kv head. Writes
 // out[row, h, :] for every h in the group.
 template <typename T>
@@ -162,31 +279,36 @@ void AttendItem(const float* q, const T* key_cache, const T* value_cache,
   const int first = p.sliding_window > 0 ? std::max(0, query.position - p.sliding_window + 1) : 0;
   for (int start = first; start < num_positions; start += kChunk) {
     const int len = std::min(kChunk, num_positions - start);
+    const T* keys[kChunk];
+    const T* values[kChunk];
     for (int i = 0; i < len; ++i) {
-      const T* k = key_cache + CacheOffset(c, table, start + i, kv_head);
-      for (int g = 0; g < group; ++g) {
-        scratch->scores[g * kChunk + i] = DotCache(q_group + g * d, k, d) * p.scale;
+      const int64_t offset = CacheOffset(c, table, start + i, kv_head);
+      keys[i] = key_cache + offset;
+      values[i] = value_cache + offset;
+    }
+    const int next_len = std::min(kChunk, num_positions - start - kChunk);
+    for (int i = 0; i < next_len; ++i) {
+      const int64_t offset = CacheOffset(c, table, start + kChunk + i, kv_head);
+      Prefetch(key_cache + offset, d);
+      Prefetch(value_cache + offset, d);
+    }
+    if constexpr (std::is_same_v<T, uint16_t>) {
+      if (group > 1) {
+        // Every row serves the whole group: widen it once rather than once per query head.
+        const float* wide_keys[kChunk];
+        const float* wide_values[kChunk];
+        for (int i = 0; i < len; ++i) {
+          float* wide = &scratch->wide[static_cast<size_t>(2 * i) * d];
+          Bf16ToFloat(keys[i], d, wide);
+          Bf16ToFloat(values[i], d, wide + d);
+          wide_keys[i] = wide;
+          wide_values[i] = wide + d;
+        }
+        AttendChunk(q_group, wide_keys, wide_values, len, p, scratch);
+        continue;
       }
     }
-    for (int g = 0; g < group; ++g) {
-      float* s = &scratch->scores[g * kChunk];
-      if (p.logit_softcap > 0.0f) CapScores(s, p.logit_softcap, len);
-      const float old_max = scratch->max[g];
-      const float new_max = std::max(old_max, *std::max_element(s, s + len));
-      if (new_max > old_max && scratch->sum[g] > 0.0f) {
-        const float rescale = std::exp(old_max - new_max);
-        scratch->sum[g] *= rescale;
-        Scale(&scratch->acc[g * d], rescale, d);
-      }
-      scratch->max[g] = new_max;
-      scratch->sum[g] += ExpShifted(s, new_max, len);
-    }
-    for (int i = 0; i < len; ++i) {
-      const T* v = value_cache + CacheOffset(c, table, start + i, kv_head);
-      for (int g = 0; g < group; ++g) {
-        AddScaled(&scratch->acc[g * d], scratch->scores[g * kChunk + i], v, d);
-      }
-    }
+    AttendChunk(q_group, keys, values, len, p, scratch);
   }
   for (int g = 0; g < group; ++g) {
     float* o = out + (query.row * p.num_heads + first_head + g) * d;
@@ -194,7 +316,6 @@ void AttendItem(const float* q, const T* key_cache, const T* value_cache,
     for (int i = 0; i < d; ++i) o[i] = scratch->acc[g * d + i] * inv_sum;
   }
 }
-
 // Every query token of the batch, in row order of the sequences.
 std::vector<QueryRow> ListQueryRows(const AttentionParams& p) {
   std::vector<QueryRow> rows;
