@@ -619,7 +619,7 @@ class Suite:
         mixed = pooled([runs["batch1"], runs["batch2"]])
         window = sum(a["time"] - b["time"] for b, a in windows)
         delta = {k: sum(a[k] - b[k] for b, a in windows)
-                 for k in ("completion_tokens", "done", "kv_preemptions")}
+                 for k in ("completion_tokens", "done", "kv_preemptions", "suspensions")}
         router_preemptions = None if windows[0][0]["batch_preemptions"] is None else sum(
             a["batch_preemptions"] - b["batch_preemptions"] for b, a in windows)
         b_tok = delta["completion_tokens"] / window
@@ -651,9 +651,10 @@ class Suite:
             f"Knobs: `--max-num-seqs {seqs}`, because up to about that many sequences this "
             "model's step grows slowly with the batch (scenario b), so a worker the batch keeps "
             "full slows the interactive tokens less than at 16 or more; "
-            f"`--batch-max-in-flight {batch_in_flight}` leaves the other "
-            "slots to the interactive load's bursts (when an interactive request finds no slot "
-            f"the router preempts a batch request); `--batch-max-queued {batch_queued}` keeps "
+            f"`--batch-max-in-flight {batch_in_flight}` bounds how many of the worker's steps' "
+            "sequences the batch takes (an interactive request that finds every slot taken has "
+            "the worker suspend a batch generation for it, KV kept); "
+            f"`--batch-max-queued {batch_queued}` keeps "
             "a refill at the router without a long tail to cancel; `--interactive-reserve` "
             f"stays 0: sequence slots bind here, not the in-flight token budget ({seqs} x "
             f"{max_len} tokens of KV against {in_len + out_len}-token requests).", "",
@@ -713,8 +714,9 @@ class Suite:
                "; it did not outlast the load, so B is too low") +
             f"), then {final['status']}. During the loaded runs the router preempted "
             + ("(not reported)" if router_preemptions is None else f"{router_preemptions:.0f}")
-            + f" batch requests for interactive ones; the worker preempted "
-            f"{delta['kv_preemptions']:.0f} sequences for KV blocks."]
+            + f" batch requests for interactive ones; the worker suspended "
+            f"{delta['suspensions']:.0f} batch sequences for interactive ones (KV kept) and "
+            f"preempted {delta['kv_preemptions']:.0f} sequences for KV blocks."]
         for j in runs.values():
             for k in ("itls", "ttfts", "e2els", "input_lens", "output_lens", "errors"):
                 j.pop(k, None)
@@ -757,7 +759,8 @@ class Suite:
                 "done": metric(cluster.http, "carpool_batch_requests_done_total", "", text),
                 "batch_preemptions": metric(cluster.http, "carpool_batch_preemptions_total", "",
                                             text, missing=None),
-                "kv_preemptions": metric_sum(text, "carpool_preemptions_total")}
+                "kv_preemptions": metric_sum(text, "carpool_preemptions_total"),
+                "suspensions": metric_sum(text, "carpool_suspensions_total")}
 
 
 # ---- the router's HTTP API (scenario h)
