@@ -290,9 +290,10 @@ TEST_P(PagedAttentionTest, Bf16CacheDecodeEqualsFp32OnWidenedCache) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, PagedAttentionTest,
-                         ::testing::Combine(::testing::Values(1, 7, 16),      // block_size
-                                            ::testing::Values(1, 2, 4),       // GQA group
-                                            ::testing::Values(64, 12, 13)));  // head_dim
+                         ::testing::Combine(::testing::Values(1, 7, 16),   // block_size
+                                            ::testing::Values(1, 2, 3, 4),  // GQA group
+                                            // 120: tiles of 8, 4, 2 and 1 vectors
+                                            ::testing::Values(64, 12, 13, 120)));  // head_dim
 
 // A prefill split into chunks gives the same rows as the prefill in one go.
 TEST(PagedAttentionChunkingTest, ChunkedPrefillEqualsWholePrefill) {
