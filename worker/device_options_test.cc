@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,75 @@ TEST(DeviceOptionsTest, ParsesStorageTypes) {
   }
 }
 
+TEST(DeviceOptionsTest, ParsesTheStorageFlags) {
+  EXPECT_EQ(*ParseDtypeFlag("auto"), std::nullopt);
+  EXPECT_EQ(*ParseDtypeFlag("bf16"), StorageType::kBF16);
+  EXPECT_EQ(*ParseDtypeFlag("float32"), StorageType::kF32);
+  absl::StatusOr<std::optional<StorageType>> bad = ParseDtypeFlag("int8");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("--dtype must be auto, bfloat16"));
+  EXPECT_EQ(DtypeFlagName(std::nullopt), "auto");
+  EXPECT_EQ(DtypeFlagName(StorageType::kBF16), "bfloat16");
+
+  EXPECT_EQ(*ParseKvCacheDtypeFlag("AUTO"), std::nullopt);
+  EXPECT_EQ(*ParseKvCacheDtypeFlag("bfloat16"), StorageType::kBF16);
+  EXPECT_EQ(*ParseKvCacheDtypeFlag("fp32"), StorageType::kF32);
+  for (const char* v : {"float16", "int8", ""}) {
+    bad = ParseKvCacheDtypeFlag(v);
+    ASSERT_FALSE(bad.ok()) << v;
+    EXPECT_THAT(bad.status().message(), HasSubstr("--kv-cache-dtype must be auto, bfloat16 or "
+                                                  "float32"));
+  }
+
+  EXPECT_EQ(*ParseQuantization("none"), Quantization::kNone);
+  EXPECT_EQ(*ParseQuantization("INT8"), Quantization::kInt8);
+  absl::StatusOr<Quantization> q = ParseQuantization("int4");
+  ASSERT_FALSE(q.ok());
+  EXPECT_THAT(q.status().message(), HasSubstr("--quantization must be none or int8, got 'int4'"));
+  EXPECT_STREQ(QuantizationName(Quantization::kInt8), "int8");
+}
+
+// Combinations no device takes fail Validate; what one kind refuses fails CheckDeviceStorage.
+TEST(DeviceOptionsTest, StorageFlagsAreCheckedAgainstTheDevice) {
+  DeviceOptions d;
+  d.quantization = Quantization::kInt8;
+  EXPECT_TRUE(d.Validate().ok());
+  d.dtype = StorageType::kBF16;
+  EXPECT_THAT(d.Validate().message(), HasSubstr("--quantization int8"));
+  EXPECT_THAT(d.Validate().message(), HasSubstr("--dtype auto"));
+
+  d = DeviceOptions();
+  d.kind = DeviceKind::kCpu;
+  EXPECT_TRUE(CheckDeviceStorage(d).ok());
+  d.dtype = StorageType::kF16;
+  absl::Status s = CheckDeviceStorage(d);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("--dtype float16"));
+  d.dtype = StorageType::kBF16;
+  d.kv_cache_dtype = StorageType::kF32;
+  EXPECT_TRUE(CheckDeviceStorage(d).ok());
+
+  d = DeviceOptions();
+  d.kind = DeviceKind::kCuda;
+  EXPECT_EQ(d.gpu_dtype(), StorageType::kBF16);  // auto on a GPU
+  EXPECT_TRUE(CheckDeviceStorage(d).ok());
+  d.kv_cache_dtype = StorageType::kBF16;
+  EXPECT_TRUE(CheckDeviceStorage(d).ok());
+  d.kv_cache_dtype = StorageType::kF32;
+  EXPECT_THAT(CheckDeviceStorage(d).message(), HasSubstr("--kv-cache-dtype on a GPU"));
+  d.kv_cache_dtype = std::nullopt;
+  d.quantization = Quantization::kInt8;
+  EXPECT_THAT(CheckDeviceStorage(d).message(), HasSubstr("CPU only"));
+
+  // Through the engine: the CPU refuses float16 weights before loading anything.
+  EngineOptions o;
+  o.model = "synthetic:tiny";
+  o.device.dtype = StorageType::kF16;
+  absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(o);
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(e.status().message(), HasSubstr("--dtype float16"));
+}
+
 TEST(DeviceOptionsTest, ValidateChecksRanges) {
   DeviceOptions d;
   EXPECT_TRUE(d.Validate().ok());
@@ -116,6 +186,9 @@ TEST(DeviceOptionsTest, EngineFlagsCarryTheDeviceFlags) {
                                 "--no-cuda-graphs"},
                                &p)
                   .ok());
+  EXPECT_EQ(o.device.dtype, std::nullopt);  // auto
+  EXPECT_EQ(o.device.quantization, Quantization::kNone);
+  EXPECT_EQ(o.device.kv_cache_dtype, std::nullopt);
   EXPECT_EQ(p.device.kind, DeviceKind::kCuda);
   EXPECT_EQ(p.device.gpu_index, 1);
   EXPECT_EQ(p.device.dtype, StorageType::kF32);
@@ -128,6 +201,18 @@ TEST(DeviceOptionsTest, EngineFlagsCarryTheDeviceFlags) {
   EXPECT_THAT(s.message(), HasSubstr("--device"));
   s = ParseEngineFlags({"--dtype", "int4"}, &q);
   EXPECT_THAT(s.message(), HasSubstr("--dtype"));
+  s = ParseEngineFlags({"--quantization", "q4"}, &q);
+  EXPECT_THAT(s.message(), HasSubstr("--quantization"));
+  s = ParseEngineFlags({"--kv-cache-dtype", "fp8"}, &q);
+  EXPECT_THAT(s.message(), HasSubstr("--kv-cache-dtype"));
+  EngineOptions r;
+  ASSERT_TRUE(ParseEngineFlags({"--model", "x", "--dtype", "auto", "--quantization", "int8",
+                                "--kv-cache-dtype", "float32"},
+                               &r)
+                  .ok());
+  EXPECT_EQ(r.device.dtype, std::nullopt);
+  EXPECT_EQ(r.device.quantization, Quantization::kInt8);
+  EXPECT_EQ(r.device.kv_cache_dtype, StorageType::kF32);
   ASSERT_TRUE(ParseEngineFlags({"--model", "x", "--gpu-memory-utilization", "1.5"}, &q).ok());
   EXPECT_THAT(q.Validate().message(), HasSubstr("--gpu-memory-utilization"));
 }
