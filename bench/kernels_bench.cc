@@ -2,8 +2,10 @@
 //
 // For each weight shape (N, K) and batch M, prints GFLOP/s of kernels::cpu::Linear and of
 // multi-threaded OpenBLAS (cblas_sgemm RowMajor, NoTrans x Trans, the same y = x · w^T) using
-// the same number of threads as our pool (one per core), and their ratio; at M = 1 also the
-// weight bytes Linear streams per second. Each figure is the best of repeated runs.
+// the same number of threads as our pool (one per core), and their ratio; then GFLOP/s of
+// LinearBf16 (the same weights in bf16, path named in the header line) and its speed relative
+// to Linear; at M = 1 also the weight bytes Linear and LinearBf16 stream per second. Each figure
+// is the best of repeated runs.
 // Usage: carpool-bench-kernels [min_seconds_per_figure, default 0.3]
 // Not a test: figures quoted in docs name this command.
 #include <cblas.h>
@@ -18,6 +20,7 @@
 
 #include "common/thread_pool.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/linear_bf16.h"
 
 extern "C" void openblas_set_num_threads(int num_threads);
 
@@ -68,12 +71,17 @@ int main(int argc, char** argv) {
   const int threads = carpool::ThreadPool::CoreCount();
   carpool::ThreadPool pool(threads);
   openblas_set_num_threads(threads);
-  std::printf("threads=%d  (GFLOP/s = 2*M*N*K / best time; ratio = ours / OpenBLAS)\n", threads);
-  std::printf("%6s %6s %5s %12s %12s %7s %12s\n", "N", "K", "M", "ours GF/s", "oblas GF/s", "ratio",
-              "ours w GB/s");
+  std::printf(
+      "threads=%d  (GFLOP/s = 2*M*N*K / best time; ratio = ours / OpenBLAS; bf16 x = "
+      "LinearBf16 / Linear, path %s)\n",
+      threads, carpool::kernels::cpu::LinearBf16Path());
+  std::printf("%6s %6s %5s %12s %12s %7s %12s %7s %12s %12s\n", "N", "K", "M", "ours GF/s",
+              "oblas GF/s", "ratio", "bf16 GF/s", "bf16 x", "ours w GB/s", "bf16 w GB/s");
   for (const Shape& s : kShapes) {
     const std::vector<float> w = RandomFloats(s.n * s.k, 1);
     const std::vector<float> bias = RandomFloats(s.n, 2);
+    std::vector<uint16_t> w_bf16(carpool::kernels::cpu::PackedBf16Size(s.n, s.k));
+    carpool::kernels::cpu::PackBf16Weights(w.data(), s.n, s.k, w_bf16.data(), &pool);
     for (const int64_t m : kBatches) {
       const std::vector<float> x = RandomFloats(m * s.k, 3);
       std::vector<float> y(m * s.n);
@@ -91,12 +99,19 @@ int main(int argc, char** argv) {
           min_seconds);
       // OpenBLAS workers spin for a while after a call; let them sleep before we time ours.
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      const double bf16 = BestSeconds(
+          [&] {
+            carpool::kernels::cpu::LinearBf16(x.data(), w_bf16.data(), bias.data(), y.data(), m,
+                                              s.n, s.k, &pool);
+          },
+          min_seconds);
       const double flops = 2.0 * m * s.n * s.k;
-      std::printf("%6lld %6lld %5lld %12.1f %12.1f %7.2f", static_cast<long long>(s.n),
+      std::printf("%6lld %6lld %5lld %12.1f %12.1f %7.2f %12.1f %7.2f", static_cast<long long>(s.n),
                   static_cast<long long>(s.k), static_cast<long long>(m), flops / ours / 1e9,
-                  flops / blas / 1e9, blas / ours);
+                  flops / blas / 1e9, blas / ours, flops / bf16 / 1e9, ours / bf16);
       if (m == 1) {
-        std::printf(" %12.1f", s.n * s.k * sizeof(float) / ours / 1e9);
+        std::printf(" %12.1f %12.1f", s.n * s.k * sizeof(float) / ours / 1e9,
+                    s.n * s.k * sizeof(uint16_t) / bf16 / 1e9);
       }
       std::printf("\n");
       std::fflush(stdout);
