@@ -50,6 +50,8 @@ std::optional<Refusal> EmbedKind::Admit(Request& r, AdmissionRequest* a) {
   return std::nullopt;
 }
 
+bool EmbedKind::BatchJob(const Request& r) const { return Of(r).input.batch_job; }
+
 bool EmbedKind::NeedsTokenizer(const Request& r) const {
   const std::vector<EmbedItem>& inputs = Of(r).input.inputs;
   return std::any_of(inputs.begin(), inputs.end(), [](const EmbedItem& i) { return i.has_text; });

@@ -32,6 +32,7 @@ class EmbedKind final : public RequestKind {
   // Refuses FAILED_PRECONDITION unsupported when workers are registered and none embeds.
   std::optional<Refusal> Admit(Request& r, AdmissionRequest* a) override;
   bool NeedsTokenizer(const Request& r) const override;
+  bool BatchJob(const Request& r) const override;
   PromptTexts TakeTexts(Request& r) override;
   absl::Status Validate(Request& r, const ModelLimits& model, const RequestLimits& limits,
                         const EncodedTexts& encoded) override;

@@ -49,6 +49,8 @@ std::optional<Refusal> GenerateKind::Admit(Request& request, AdmissionRequest* a
   return std::nullopt;
 }
 
+bool GenerateKind::BatchJob(const Request& r) const { return Of(r).input.batch_job; }
+
 bool GenerateKind::NeedsTokenizer(const Request& r) const {
   const GenerateInput& in = Of(r).input;
   return in.has_text || in.chat.has_value() || !in.stop.empty();

@@ -58,6 +58,7 @@ class GenerateKind final : public RequestKind {
   std::optional<Arrival> Receive(ClientMessage& message, const RequestLimits& limits) override;
   std::optional<Refusal> Admit(Request& r, AdmissionRequest* a) override;
   bool NeedsTokenizer(const Request& r) const override;
+  bool BatchJob(const Request& r) const override;
   PromptTexts TakeTexts(Request& r) override;
   absl::Status Validate(Request& r, const ModelLimits& model, const RequestLimits& limits,
                         const EncodedTexts& encoded) override;

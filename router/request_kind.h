@@ -150,6 +150,8 @@ class RequestKind {
   // Whether `r` needs its model's tokenizer before it can be validated: text to tokenize, or
   // stop strings to match on the output text.
   virtual bool NeedsTokenizer(const Request& r) const = 0;
+  // Whether `r` is a batch job's request (the batch runner's: it waits in the batch lane).
+  virtual bool BatchJob(const Request& r) const = 0;
   // The texts to tokenize, moved out of `r` (the tokenizer pool encodes them).
   virtual PromptTexts TakeTexts(Request& r) = 0;
   // Checks `r` against its model; `encoded` holds the tokens of TakeTexts' texts (empty when

@@ -457,16 +457,25 @@ void Router::Impl::OnRequest(const std::string& client, Arrival arrival) {
   // token) is about four times a real tokenizer's count and would refuse prompts that fit.
   // Meanwhile it holds no budget; its deadline and the no-worker timeout still end it.
   if (r.kind->NeedsTokenizer(r)) {
-    // Not admitted yet, so bounded here: as many as may queue.
-    if (static_cast<int64_t>(unadmitted_.size()) >= options_.admission.max_queued_requests) {
+    // Not admitted yet, so bounded here: as many as may queue (in the batch lane, for a batch
+    // job's request).
+    const bool batch_job = r.kind->BatchJob(r);
+    const auto batch_waiting = static_cast<int64_t>(unadmitted_batch_jobs_.size());
+    const int64_t waiting =
+        batch_job ? batch_waiting : static_cast<int64_t>(unadmitted_.size()) - batch_waiting;
+    const int64_t limit = batch_job ? options_.admission.batch_max_queued
+                                    : options_.admission.max_queued_requests;
+    if (waiting >= limit) {
       SendError(client, r.request_id, absl::StatusCode::kUnavailable, reason::kQueueFull,
-                absl::StrCat(unadmitted_.size(),
-                             " requests are waiting for their text to be tokenized "
-                             "(--max-queued-requests)"),
+                absl::StrCat(waiting,
+                             batch_job ? " batch jobs' requests" : " requests",
+                             " are waiting for their text to be tokenized (",
+                             batch_job ? "--batch-max-queued" : "--max-queued-requests", ")"),
                 kTokenizerBusyRetryMs);
       End(router_id);
       return;
     }
+    if (batch_job) unadmitted_batch_jobs_.insert(router_id);
     StartTokenizing(r);
     return;
   }
@@ -501,6 +510,7 @@ bool Router::Impl::Submit(Request& r) {
   }
   r.stage = Stage::kAdmitted;
   unadmitted_.erase(router_id);
+  unadmitted_batch_jobs_.erase(router_id);
   return true;
 }
 
@@ -561,6 +571,7 @@ void Router::Impl::End(uint64_t router_id, bool completed) {
     admission_->Release(router_id, r.kind->GeneratedTokens(r), completed);
   }
   unadmitted_.erase(router_id);
+  unadmitted_batch_jobs_.erase(router_id);
   by_dispatch_.erase(r.dispatch_id);
   by_client_.erase({r.client, r.request_id});
   requests_.erase(it);

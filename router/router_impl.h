@@ -222,8 +222,11 @@ class Router::Impl final : public RequestHost {
   // (client, request_id) -> router_id, and dispatch_id -> router_id of the current dispatches.
   absl::flat_hash_map<std::pair<std::string, std::string>, uint64_t> by_client_;
   absl::flat_hash_map<uint64_t, uint64_t> by_dispatch_;
-  // The requests not admitted yet (waiting for a tokenizer, or tokenizing), by router_id.
+  // The requests not admitted yet (waiting for a tokenizer, or tokenizing), by router_id, and
+  // those of them that are batch jobs' (bounded by --batch-max-queued instead of
+  // --max-queued-requests, so a batch's texts never take the room other requests wait in).
   absl::flat_hash_set<uint64_t> unadmitted_;
+  absl::flat_hash_set<uint64_t> unadmitted_batch_jobs_;
   // Tokenize / Detokenize requests on the pool, by (client, request_id).
   absl::flat_hash_set<std::pair<std::string, std::string>> text_calls_;
   struct ParkedTextCall {

@@ -2,6 +2,7 @@
 // pool (a huge prompt delays nobody), the models' tokenizers and models by name, streaming
 // detokenization, stop strings, Tokenize / Detokenize, and bad text.
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,8 @@ class RouterTextTest : public ScriptedRouterTest {
     o.max_request_bytes = 1 << 20;
     o.tokenizer_threads = 2;
     o.max_tokenizing_bytes = max_tokenizing_bytes_;
+    o.admission.max_queued_requests = max_queued_requests_;
+    o.admission.batch_max_queued = batch_max_queued_;
     if (real_loader_) {
       ScriptedRouterTest::StartRouter(std::move(o));
       return;
@@ -93,6 +96,8 @@ class RouterTextTest : public ScriptedRouterTest {
   }
 
   int64_t max_tokenizing_bytes_ = 256 << 20;
+  int max_queued_requests_ = 10'000;
+  int batch_max_queued_ = 64;
   bool real_loader_ = false;  // text::HfTokenizer::FromJson, not the injected loader
   std::shared_ptr<BlockingTokenizer> tokenizer_ = std::make_shared<BlockingTokenizer>();
   absl::Notification loaded_;
@@ -187,6 +192,39 @@ TEST_F(RouterTextTest, TextWaitsForItsModelsTokenizerWhileTokenIdsGoOn) {
   EXPECT_EQ(t.prompt_tokens, (std::vector<int32_t>{'h', 'i'}));
   TokenizeResultOut tok = RecvClientAs<TokenizeResultOut>(client.get());
   EXPECT_EQ(tok.token_ids, (std::vector<int32_t>{'o', 'k'}));
+}
+
+// Issue 16: text waiting for its tokenizer is bounded per lane. A batch's texts never take the
+// room other requests wait in (--max-queued-requests), nor they theirs (--batch-max-queued).
+TEST_F(RouterTextTest, BatchJobsTextsWaitWithinTheBatchLanesBound) {
+  max_queued_requests_ = 2;
+  batch_max_queued_ = 1;
+  StartRouter();
+  FakeWorker w = StartHfWorker("w1");
+  ASSERT_TRUE(loaded_.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  auto runner = Dealer(router_->inproc_endpoint(), "runner", router_->zmq_context());
+  auto client = Dealer(router_->frontend_endpoint(), "c1");
+  GenerateInput job = Text("job1", "batch");
+  job.batch_job = true;
+  SendClient(runner.get(), job);
+  job.request_id = "job2";
+  SendClient(runner.get(), job);
+  ErrorInfo e = RecvError(runner.get());
+  EXPECT_EQ(e.request_id, "job2");
+  EXPECT_EQ(e.reason, reason::kQueueFull);
+  EXPECT_THAT(e.message, HasSubstr("--batch-max-queued"));
+  // The batch job's text waiting takes none of the two places of the others.
+  SendClient(client.get(), Text("a", "one"));
+  SendClient(client.get(), Text("b", "two"));
+  EXPECT_FALSE(TryRecvClient(client.get(), kQuietMs).has_value());
+  SendClient(client.get(), Text("c", "three"));
+  e = RecvError(client.get());
+  EXPECT_EQ(e.request_id, "c");
+  EXPECT_THAT(e.message, HasSubstr("--max-queued-requests"));
+  load_release_.Notify();
+  std::multiset<size_t> lengths;
+  for (int i = 0; i < 3; ++i) lengths.insert(w.RecvAs<DispatchInfo>().prompt_tokens.size());
+  EXPECT_EQ(lengths, (std::multiset<size_t>{3, 3, 5}));
 }
 
 TEST_F(RouterTextTest, ARequestsModelPicksItsWorkers) {
