@@ -44,12 +44,12 @@ struct QueryRow {
 
 // Per-thread scratch for one item: the group's running state.
 struct Scratch {
-  explicit Scratch(int group, int head_dim)
+  Scratch(int group, int head_dim, bool bf16_cache)
       : max(group),
         sum(group),
         scores(static_cast<size_t>(group) * kChunk),
         acc(static_cast<size_t>(group) * head_dim),
-        wide(static_cast<size_t>(2) * kChunk * head_dim) {}
+        wide(bf16_cache ? static_cast<size_t>(2) * kChunk * head_dim : 0) {}
   std::vector<float> max;     // [group] running max of the scaled scores
   std::vector<float> sum;     // [group] running sum of exp(score - max)
   std::vector<float> scores;  // [group][kChunk]
@@ -335,7 +335,7 @@ void RunItems(const float* q, const T* key_cache, const T* value_cache,
   const int kv_heads = p.cache.num_kv_heads;
   const int64_t items = static_cast<int64_t>(rows.size()) * kv_heads;
   ParallelFor(pool, items, [&](int64_t begin, int64_t end) {
-    Scratch scratch(p.num_heads / kv_heads, p.cache.head_dim);
+    Scratch scratch(p.num_heads / kv_heads, p.cache.head_dim, std::is_same_v<T, uint16_t>);
     for (int64_t item = begin; item < end; ++item) {
       AttendItem(q, key_cache, value_cache, p, rows[item / kv_heads],
                  static_cast<int>(item % kv_heads), &scratch, out);
