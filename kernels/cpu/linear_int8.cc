@@ -16,6 +16,17 @@
 // (row, feature, group), as the header defines. Activations are quantized once per call into
 // scratch, before the output features are split over the pool.
 //
+// Speed on AVX2 (AMD EPYC, Zen 2, one core): pmaddubsw and pmaddwd both issue on one pipe, so
+// the integer part peaks at 16 multiply-adds a cycle (measured ~34 G/s, compute-bound at
+// batch 4 and up; fp32 Linear ~21-25 G/s), and batch 1 from memory runs at fp32's bandwidth
+// on a quarter of the bytes.
+//
+// kInt8Group = 64, measured (one thread, CPU time): at batch 1 from memory it is ~5% faster
+// than 32 (1.06 bytes a weight against 1.125: the fp32 scales), in cache 3-7% faster (fewer
+// reductions), at batch 32 within 2%; its error on Gaussian weights and activations is about
+// 1.1x group 32's (relative RMS error of y against fp32 Linear: 0.79-0.90% for 64, 0.73-0.81%
+// for 32, shapes 768x768 to 32000x768).
+//
 #include "kernels/cpu/linear_int8.h"
 
 #include <algorithm>

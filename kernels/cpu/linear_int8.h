@@ -43,7 +43,7 @@ namespace carpool::kernels::cpu {
 
 // The group sizes along K that are supported; kInt8Group is the default the measurements chose
 // (see linear_int8.cc).
-inline constexpr int kInt8Group = 32;
+inline constexpr int kInt8Group = 64;
 bool IsSupportedInt8Group(int group);  // 32 and 64
 
 // Bytes of the quantized form of a [n, k] weight in groups of `group` along K (a multiple of
