@@ -39,9 +39,11 @@ std::vector<float> GaussianFloats(size_t n, uint32_t seed) {
 // A quantized weight buffer, 64-byte aligned as QuantizeInt8Weights requires.
 class Quantized {
  public:
-  Quantized(int64_t n, int64_t k, int group) : bytes_(QuantizedInt8Bytes(n, k, group)) {
+  // Filled with `fill` first: QuantizeInt8Weights must overwrite every byte.
+  Quantized(int64_t n, int64_t k, int group, uint8_t fill = 0xAB)
+      : bytes_(QuantizedInt8Bytes(n, k, group)) {
     data_.reset(static_cast<uint8_t*>(std::aligned_alloc(64, std::max<int64_t>(bytes_, 64))));
-    std::memset(data_.get(), 0xAB, bytes_);  // QuantizeInt8Weights must overwrite every byte
+    std::memset(data_.get(), fill, bytes_);
   }
   void* get() { return data_.get(); }
   int64_t bytes() const { return bytes_; }
@@ -304,6 +306,7 @@ TEST(LinearInt8BatchInvarianceTest, RowsAreBitIdenticalWhateverTheBatchAndPool) 
   }
 }
 
+// Also: every byte is written (the buffers start with different contents).
 TEST(LinearInt8QuantizeTest, Bf16BitsAndTheirFp32ValuesGiveTheSameBytes) {
   constexpr int64_t kN = 21;
   constexpr int64_t kK = 300;
@@ -314,13 +317,13 @@ TEST(LinearInt8QuantizeTest, Bf16BitsAndTheirFp32ValuesGiveTheSameBytes) {
     w[t] = Bf16ToFloat(bits[t]);
   }
   for (const int group : {32, 64}) {
-    Quantized from_fp32(kN, kK, group);
-    Quantized from_bf16(kN, kK, group);
+    Quantized from_fp32(kN, kK, group, 0x00);
+    Quantized from_bf16(kN, kK, group, 0xFF);
     QuantizeInt8Weights(w.data(), kN, kK, group, from_fp32.get(), TestPool());
     QuantizeInt8Weights(bits.data(), kN, kK, group, from_bf16.get(), TestPool());
     EXPECT_TRUE(from_fp32.SameBytes(from_bf16)) << "group " << group;
     // And the bytes do not depend on the pool.
-    Quantized alone(kN, kK, group);
+    Quantized alone(kN, kK, group, 0x5A);
     QuantizeInt8Weights(w.data(), kN, kK, group, alone.get(), nullptr);
     EXPECT_TRUE(alone.SameBytes(from_fp32)) << "group " << group;
   }
