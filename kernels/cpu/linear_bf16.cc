@@ -15,8 +15,10 @@
 // linear.cc:
 //   - one row of x (decode): w is streamed once, in place, 8 output features at a time, widened
 //     in registers;
-//   - small batches (x up to kSmallBatchBytes): x is packed once; each 3-feature tile of w is
-//     widened to fp32 scratch (L1) once, then used by every block of rows;
+//   - two rows, or up to 8 rows when K is large: x is packed once; each 4-feature tile of w is
+//     read from memory once and widened in registers for each pair of rows (from L1);
+//   - other small batches (x up to kSmallBatchBytes): x is packed once; each 3-feature tile of
+//     w is widened to fp32 scratch (L1) once, then used by every block of rows;
 //   - larger batches: w is widened in L2-sized passes, each pass used by every block of x
 //     rows, packed in turn (L1).
 // Widening and packing only move values, so every path runs the same operations on the same
@@ -54,9 +56,15 @@ constexpr int64_t kWeightPassBytes = 512 * 1024;
 constexpr int64_t kSmallBatchBytes = 256 * 1024;
 // Below this many multiply-adds the pool's hand-off costs more than it saves.
 constexpr int64_t kMinParallelMacs = 1 << 16;
-constexpr int kMaxTileRows = 4;  // rows of x per register tile
-constexpr int kTileCols = 3;     // output features per register tile (batches)
-constexpr int kRowTileCols = 8;  // output features per tile when x has one row
+constexpr int kMaxTileRows = 4;   // rows of x per register tile
+constexpr int kTileCols = 3;      // output features per register tile (batches)
+constexpr int kRowTileCols = 8;   // output features per tile when x has one row
+constexpr int kPairTileCols = 4;  // output features per tile of two rows widened in registers
+// Batches of up to this many rows widen w in registers, two rows at a time, when a tile of w
+// widened to fp32 would take more than kWidenedTileBytes of L1 (and always at two rows): then
+// re-widening is cheaper than reading the widened copy back from L2.
+constexpr int64_t kMaxRegisterRows = 8;
+constexpr int64_t kWidenedTileBytes = 16 * 1024;
 // Output features per unit of work handed to the pool, and the granularity of a weight pass:
 // a multiple of every tile width of both paths.
 constexpr int64_t kColsPerUnit = 48;
@@ -227,64 +235,80 @@ void RowBlock(int rows, const float* x, const float* w, int64_t ld, const float*
   }
 }
 
-// One packed row of x against C consecutive rows of w in place (row-major bf16, stride k),
-// widened in registers: the same operations as Tile<1, C> on widened rows.
-template <int C>
-void RowTile(const float* x, const uint16_t* w, int64_t k, const float* bias, float* y) {
-  F8 acc[C];
-  for (int j = 0; j < C; ++j) acc[j] = simd::Zero();
-  int64_t kk = 0;
-  for (; kk + kBlock <= k; kk += kBlock) {
-    const F8 x_even = simd::Load(x + kk);
-    const F8 x_odd = simd::Load(x + kk + 8);
-    for (int j = 0; j < C; ++j) {
-      F8 even, odd;
-      WidenBlock(w + j * k + kk, &even, &odd);
-      acc[j] = simd::Fma(x_even, even, acc[j]);
-      acc[j] = simd::Fma(x_odd, odd, acc[j]);
-    }
-  }
-  if (kk < k) {
-    const F8 x_even = simd::Load(x + kk);
-    const F8 x_odd = simd::Load(x + kk + 8);
-    for (int j = 0; j < C; ++j) {
-      F8 even, odd;
-      WidenTail(w + j * k + kk, k - kk, &even, &odd);
-      acc[j] = simd::Fma(x_even, even, acc[j]);
-      acc[j] = simd::Fma(x_odd, odd, acc[j]);
-    }
+// acc[i][j] += the products of block kk of packed x row i (stride ld) and of w row j (in place,
+// stride k), widened in registers: the even elements, then the odd ones, as Tile does.
+template <int R, int C, bool kTail>
+inline void RegStep(const float* x, int64_t ld, const uint16_t* w, int64_t k, int64_t kk,
+                    F8 (&acc)[R][C]) {
+  F8 x_even[R], x_odd[R];
+  for (int i = 0; i < R; ++i) {
+    x_even[i] = simd::Load(x + i * ld + kk);
+    x_odd[i] = simd::Load(x + i * ld + kk + 8);
   }
   for (int j = 0; j < C; ++j) {
-    const float dot = simd::HSum(acc[j]);
-    y[j] = bias != nullptr ? dot + bias[j] : dot;
+    F8 even, odd;
+    if constexpr (kTail) {
+      WidenTail(w + j * k + kk, k - kk, &even, &odd);
+    } else {
+      WidenBlock(w + j * k + kk, &even, &odd);
+    }
+    for (int i = 0; i < R; ++i) {
+      acc[i][j] = simd::Fma(x_even[i], even, acc[i][j]);
+      acc[i][j] = simd::Fma(x_odd[i], odd, acc[i][j]);
+    }
   }
 }
 
-// One packed row of x against `cols` rows of w in place.
-void SingleRow(const float* x, const uint16_t* w, int64_t k, const float* bias, float* y,
-               int64_t cols) {
-  int64_t j = 0;
-  for (; j + kRowTileCols <= cols; j += kRowTileCols) {
-    RowTile<kRowTileCols>(x, w + j * k, k, bias ? bias + j : nullptr, y + j);
+// R packed rows of x against C consecutive rows of w in place, widened in registers: the same
+// operations as Tile<R, C> on widened rows.
+template <int R, int C>
+void RegTile(const float* x, int64_t ld, const uint16_t* w, int64_t k, const float* bias, float* y,
+             int64_t ldy) {
+  F8 acc[R][C];
+  for (int i = 0; i < R; ++i) {
+    for (int j = 0; j < C; ++j) acc[i][j] = simd::Zero();
   }
-  static_assert(kRowTileCols == 8, "the edge cases below assume 8-column tiles");
+  int64_t kk = 0;
+  for (; kk + kBlock <= k; kk += kBlock) RegStep<R, C, false>(x, ld, w, k, kk, acc);
+  if (kk < k) RegStep<R, C, true>(x, ld, w, k, kk, acc);
+  for (int i = 0; i < R; ++i) {
+    for (int j = 0; j < C; ++j) {
+      const float dot = simd::HSum(acc[i][j]);
+      y[i * ldy + j] = bias != nullptr ? dot + bias[j] : dot;
+    }
+  }
+}
+
+// R packed rows of x against `cols` rows of w in place, CMax at a time.
+template <int R, int CMax>
+void RegRowBlock(const float* x, int64_t ld, const uint16_t* w, int64_t k, const float* bias,
+                 float* y, int64_t ldy, int64_t cols) {
+  int64_t j = 0;
+  for (; j + CMax <= cols; j += CMax) {
+    RegTile<R, CMax>(x, ld, w + j * k, k, bias ? bias + j : nullptr, y + j, ldy);
+  }
   const uint16_t* wj = w + j * k;
   const float* bj = bias ? bias + j : nullptr;
+  static_assert(CMax <= 8, "the edge cases below assume at most 8-column tiles");
   switch (cols - j) {
     case 7:
-      return RowTile<7>(x, wj, k, bj, y + j);
+      if constexpr (CMax > 7) return RegTile<R, 7>(x, ld, wj, k, bj, y + j, ldy);
+      return;
     case 6:
-      return RowTile<6>(x, wj, k, bj, y + j);
+      if constexpr (CMax > 6) return RegTile<R, 6>(x, ld, wj, k, bj, y + j, ldy);
+      return;
     case 5:
-      return RowTile<5>(x, wj, k, bj, y + j);
+      if constexpr (CMax > 5) return RegTile<R, 5>(x, ld, wj, k, bj, y + j, ldy);
+      return;
     case 4:
-      return RowTile<4>(x, wj, k, bj, y + j);
+      if constexpr (CMax > 4) return RegTile<R, 4>(x, ld, wj, k, bj, y + j, ldy);
+      return;
     case 3:
-      return RowTile<3>(x, wj, k, bj, y + j);
+      return RegTile<R, 3>(x, ld, wj, k, bj, y + j, ldy);
     case 2:
-      return RowTile<2>(x, wj, k, bj, y + j);
+      return RegTile<R, 2>(x, ld, wj, k, bj, y + j, ldy);
     case 1:
-      return RowTile<1>(x, wj, k, bj, y + j);
+      return RegTile<R, 1>(x, ld, wj, k, bj, y + j, ldy);
     default:
       return;
   }
@@ -320,7 +344,27 @@ void ColumnRange(const float* x, const uint16_t* w, const float* bias, float* y,
   if (m == 1) {
     float* xbuf = row_scratch.Get(ld);
     PackRows(x, 1, k, xbuf);
-    return SingleRow(xbuf, w + col_begin * k, k, b, y + col_begin, col_end - col_begin);
+    return RegRowBlock<1, kRowTileCols>(xbuf, ld, w + col_begin * k, k, b, y + col_begin, n,
+                                        col_end - col_begin);
+  }
+  if (m == 2 || (m <= kMaxRegisterRows &&
+                 kTileCols * ld * static_cast<int64_t>(sizeof(float)) > kWidenedTileBytes)) {
+    float* xbuf = row_scratch.Get(m * ld);
+    PackRows(x, m, k, xbuf);
+    for (int64_t j = col_begin; j < col_end; j += kPairTileCols) {
+      const int64_t cols = std::min<int64_t>(kPairTileCols, col_end - j);
+      const float* bj = bias != nullptr ? bias + j : nullptr;
+      for (int64_t i = 0; i < m; i += 2) {
+        if (i + 1 < m) {
+          RegRowBlock<2, kPairTileCols>(xbuf + i * ld, ld, w + j * k, k, bj, y + i * n + j, n,
+                                        cols);
+        } else {
+          RegRowBlock<1, kPairTileCols>(xbuf + i * ld, ld, w + j * k, k, bj, y + i * n + j, n,
+                                        cols);
+        }
+      }
+    }
+    return;
   }
   if (m * ld * static_cast<int64_t>(sizeof(float)) <= kSmallBatchBytes) {
     float* xbuf = row_scratch.Get(m * ld);

@@ -206,14 +206,15 @@ TEST_P(LinearBf16ShapeTest, MatchesReferenceOnRoundedWeights) {
 }
 
 // K around and off the block sizes (8, 16, 32, 64), N off every tile width (3, 4, 8, 48), and
-// M = 1 (decode), 7 and 64 (small batches), 513 (weight passes).
+// M = 1 (decode), 2 and 7 (small batches, w widened in registers or in L1), 64, 513 (weight
+// passes).
 INSTANTIATE_TEST_SUITE_P(Shapes, LinearBf16ShapeTest,
                          ::testing::Values(Shape{1, 1, 1}, Shape{1, 5, 3}, Shape{1, 100, 64},
                                            Shape{1, 301, 257}, Shape{1, 97, 1000}, Shape{7, 49, 33},
                                            Shape{7, 10, 16}, Shape{7, 50, 65}, Shape{64, 130, 896},
                                            Shape{64, 53, 1100}, Shape{513, 70, 257},
                                            Shape{513, 100, 31}, Shape{2, 3, 4096},
-                                           Shape{32, 96, 128}));
+                                           Shape{32, 96, 128}, Shape{7, 50, 2000}));
 
 TEST(LinearBf16Test, ZeroInnerDimensionGivesBiasAndEmptyBatchWritesNothing) {
   const std::vector<float> bias = {1.5f, -2.0f, 3.25f};
@@ -244,8 +245,9 @@ float AvxSpecElement(const float* x, const float* w, const float* bias, int64_t 
 // is checked by the invariance tests below instead.
 TEST(LinearBf16BatchInvarianceTest, EveryElementFollowsTheSpecifiedOperations) {
   if (RoundsActivations()) GTEST_SKIP() << "defined for the avx2 path";
-  for (const auto& [m, n, k] : {Shape{1, 37, 1}, Shape{1, 301, 257}, Shape{3, 19, 16},
-                                Shape{7, 45, 100}, Shape{13, 70, 33}, Shape{300, 37, 257}}) {
+  for (const auto& [m, n, k] :
+       {Shape{1, 37, 1}, Shape{1, 301, 257}, Shape{3, 19, 16}, Shape{7, 45, 100}, Shape{13, 70, 33},
+        Shape{300, 37, 257}, Shape{2, 11, 40}, Shape{5, 23, 1500}}) {
     SCOPED_TRACE(::testing::Message() << "m=" << m << " n=" << n << " k=" << k);
     const std::vector<float> x = RandomFloats(m * k, 20);
     const std::vector<float> w = RandomFloats(n * k, 21);
@@ -269,7 +271,8 @@ TEST(LinearBf16BatchInvarianceTest, EveryElementFollowsTheSpecifiedOperations) {
 // Row i of a batch equals the same row computed alone (M = 1), bit for bit, at every batch
 // size up to 513 rows (decode, small batches and weight passes).
 TEST(LinearBf16BatchInvarianceTest, RowsAreBitIdenticalWhateverTheBatchSize) {
-  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{100, 64}, {301, 257}, {130, 1100}}) {
+  for (const auto& [n, k] :
+       {std::pair<int64_t, int64_t>{100, 64}, {301, 257}, {130, 1100}, {61, 1500}}) {
     SCOPED_TRACE(::testing::Message() << "n=" << n << " k=" << k);
     const std::vector<uint16_t> w = Packed(RandomFloats(n * k, 10), n, k);
     const std::vector<float> bias = RandomFloats(n, 11);
