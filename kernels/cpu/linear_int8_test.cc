@@ -269,6 +269,12 @@ TEST(LinearInt8EdgeTest, SupportedGroupsAndSizes) {
   const std::string path = LinearInt8Path();
   EXPECT_TRUE(path == "avx512_vnni" || path == "avx_vnni" || path == "avx2" || path == "portable")
       << path;
+#if defined(__AVX2__) && defined(__FMA__)
+  // The VNNI paths are chosen only where the CPU has the instructions.
+  if (!__builtin_cpu_supports("avx512vnni") && !__builtin_cpu_supports("avxvnni")) {
+    EXPECT_EQ(path, "avx2");
+  }
+#endif
 }
 
 // Row i of y depends on row i of x only, bit for bit, whatever M and the pool's size.
