@@ -38,7 +38,11 @@ nlohmann::json StatsToJson(const StatsOut& s) {
                        {"heartbeat_age_ms", w.heartbeat_age_ms},
                        {"cached_prefix_blocks", w.cached_prefix_blocks},
                        {"migrations_in", w.migrations_in},
-                       {"tokens_generated", w.tokens_generated}});
+                       {"tokens_generated", w.tokens_generated},
+                       {"preemptions", w.preemptions},
+                       {"suspensions", w.suspensions},
+                       {"weight_dtype", w.weight_dtype},
+                       {"kv_cache_dtype", w.kv_cache_dtype}});
   }
   nlohmann::json tenants = nlohmann::json::array();
   for (const TenantStatsOut& t : s.tenants) {
@@ -110,9 +114,9 @@ std::string Table(const StatsOut& s, const Rates& rates) {
   for (const WorkerStatsOut& w : s.workers) id_width = std::max(id_width, w.worker_id.size());
   const int width = static_cast<int>(id_width);
   std::string out = absl::StrFormat(
-      "%-*s  %-8s  %5s  %11s  %7s  %6s  %13s  %9s  %11s  %8s  %8s  %8s  %6s\n", width, "worker",
-      "health", "epoch", "running/max", "waiting", "kv %", "kv used/total", "tokens/s",
-      "outstanding", "served", "migrated", "prefixes", "beat");
+      "%-*s  %-8s  %5s  %11s  %7s  %6s  %13s  %9s  %11s  %8s  %8s  %8s  %6s  %s\n", width,
+      "worker", "health", "epoch", "running/max", "waiting", "kv %", "kv used/total", "tokens/s",
+      "outstanding", "served", "migrated", "prefixes", "beat", "weights/kv");
   for (const WorkerStatsOut& w : s.workers) {
     const char* health = w.draining ? "draining" : (w.healthy ? "yes" : "NO");
     const double kv_pct =
@@ -121,11 +125,12 @@ std::string Table(const StatsOut& s, const Rates& rates) {
     const std::string tokens_per_s =
         rate == rates.tokens_per_s.end() ? "-" : absl::StrFormat("%.1f", rate->second);
     absl::StrAppendFormat(
-        &out, "%-*s  %-8s  %5d  %11s  %7d  %5.1f%%  %13s  %9s  %11d  %8d  %8d  %8d  %4dms\n",
+        &out, "%-*s  %-8s  %5d  %11s  %7d  %5.1f%%  %13s  %9s  %11d  %8d  %8d  %8d  %4dms  %s\n",
         width, w.worker_id, health, w.epoch, absl::StrCat(w.running, "/", w.max_num_seqs),
         w.waiting, kv_pct, absl::StrCat(w.kv_used_blocks, "/", w.num_kv_blocks), tokens_per_s,
         w.outstanding_tokens, w.requests_served, w.migrations_in, w.cached_prefix_blocks,
-        w.heartbeat_age_ms);
+        w.heartbeat_age_ms,
+        w.weight_dtype.empty() ? "-" : absl::StrCat(w.weight_dtype, "/", w.kv_cache_dtype));
   }
   if (s.workers.empty()) out += "(no workers registered)\n";
   // A router that reports the batch lane's limits has one (older ones report 0).

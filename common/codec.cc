@@ -376,6 +376,10 @@ struct ServerEncoder {
       q->set_cached_prefix_blocks(w.cached_prefix_blocks);
       q->set_migrations_in(w.migrations_in);
       q->set_tokens_generated(w.tokens_generated);
+      q->set_preemptions(w.preemptions);
+      q->set_suspensions(w.suspensions);
+      q->set_weight_dtype(w.weight_dtype);
+      q->set_kv_cache_dtype(w.kv_cache_dtype);
     }
     p->set_queued(s.queued);
     p->set_inflight(s.inflight);
@@ -460,6 +464,8 @@ struct WorkerEncoder {
     p->set_tokenizer_config_json(r.tokenizer_config_json);
     p->mutable_eos_token_ids()->Add(r.eos_token_ids.begin(), r.eos_token_ids.end());
     p->set_chat_template_jinja(r.chat_template_jinja);
+    p->set_weight_dtype(r.weight_dtype);
+    p->set_kv_cache_dtype(r.kv_cache_dtype);
   }
   void operator()(const HeartbeatInfo& h) const {
     m->mutable_heartbeat()->set_epoch(h.epoch);
@@ -759,6 +765,10 @@ absl::StatusOr<ServerMessage> DecodeServerMessage(std::string_view frame) {
         o.cached_prefix_blocks = w.cached_prefix_blocks();
         o.migrations_in = w.migrations_in();
         o.tokens_generated = w.tokens_generated();
+        o.preemptions = w.preemptions();
+        o.suspensions = w.suspensions();
+        o.weight_dtype = w.weight_dtype();
+        o.kv_cache_dtype = w.kv_cache_dtype();
         s.workers.push_back(std::move(o));
       }
       s.queued = p.queued();
@@ -843,6 +853,8 @@ absl::StatusOr<WorkerMessage> DecodeWorkerMessage(std::string_view frame) {
       r.tokenizer_config_json = p.tokenizer_config_json();
       r.eos_token_ids.assign(p.eos_token_ids().begin(), p.eos_token_ids().end());
       r.chat_template_jinja = p.chat_template_jinja();
+      r.weight_dtype = p.weight_dtype();
+      r.kv_cache_dtype = p.kv_cache_dtype();
       return WorkerMessage(std::move(r));
     }
     case pb::WorkerMessage::kHeartbeat: {

@@ -243,6 +243,10 @@ struct WorkerStatsOut {
   int cached_prefix_blocks = 0;
   int64_t migrations_in = 0;
   int64_t tokens_generated = 0;
+  int64_t preemptions = 0;
+  int64_t suspensions = 0;
+  std::string weight_dtype;
+  std::string kv_cache_dtype;
 };
 
 struct TenantStatsOut {
@@ -348,6 +352,9 @@ struct RegisterInfo {
   std::string tokenizer_config_json;
   std::vector<int32_t> eos_token_ids;  // what ends generation
   std::string chat_template_jinja;     // the folder's chat_template.jinja ("": none)
+  // Its weights' and KV cache's storage: "fp32", "bf16", "fp16", "int8" ("": no model).
+  std::string weight_dtype;
+  std::string kv_cache_dtype;
 };
 
 struct WorkerLoad {

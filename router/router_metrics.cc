@@ -89,6 +89,10 @@ RouterMetrics::RouterMetrics()
       worker_running_(registry_.AddGauge("carpool_worker_requests_running",
                                          "Requests the router has dispatched to the worker.",
                                          {"worker"})),
+      worker_dtypes_(registry_.AddGauge(
+          "carpool_worker_dtype_info",
+          "1 for each worker, labelled with how it stores its weights and its KV cache.",
+          {"worker", "weights", "kv_cache"})),
       worker_waiting_(registry_.AddGauge("carpool_worker_requests_waiting",
                                          "Requests queued inside the worker (last load report).",
                                          {"worker"})),
@@ -270,12 +274,23 @@ void RouterMetrics::UpdateCluster(int waiting, int running,
         .Set(w.num_kv_blocks > 0 ? static_cast<double>(w.kv_used_blocks) / w.num_kv_blocks : 0);
     WorkerCounts& last = last_counts_[w.worker_id];
     // A restarted worker counts from zero again.
-    const auto delta = [](int64_t now, int64_t before) { return now >= before ? now - before : now; };
+    const auto delta = [](int64_t now, int64_t before) {
+      return now >= before ? now - before : now;
+    };
     const int64_t preempted = delta(w.preemptions, last.preemptions);
     const int64_t suspended = delta(w.suspensions, last.suspensions);
     if (preempted > 0) preemptions_.With({}).Inc(static_cast<double>(preempted));
     if (suspended > 0) suspensions_.With({}).Inc(static_cast<double>(suspended));
-    last = {w.preemptions, w.suspensions};
+    // A worker that registers again may store differently: one sample per worker.
+    if (last.weight_dtype != w.weight_dtype || last.kv_cache_dtype != w.kv_cache_dtype) {
+      if (!last.weight_dtype.empty()) {
+        worker_dtypes_.Remove({w.worker_id, last.weight_dtype, last.kv_cache_dtype});
+      }
+      if (!w.weight_dtype.empty()) {
+        worker_dtypes_.With({w.worker_id, w.weight_dtype, w.kv_cache_dtype}).Set(1);
+      }
+    }
+    last = {w.preemptions, w.suspensions, w.weight_dtype, w.kv_cache_dtype};
   }
   for (const std::string& gone : known_workers_) {
     if (std::find(now.begin(), now.end(), gone) != now.end()) continue;
@@ -284,7 +299,12 @@ void RouterMetrics::UpdateCluster(int waiting, int running,
     worker_running_.Remove({gone});
     worker_waiting_.Remove({gone});
     kv_usage_.Remove({gone});
-    last_counts_.erase(gone);
+    if (auto it = last_counts_.find(gone); it != last_counts_.end()) {
+      if (!it->second.weight_dtype.empty()) {
+        worker_dtypes_.Remove({gone, it->second.weight_dtype, it->second.kv_cache_dtype});
+      }
+      last_counts_.erase(it);
+    }
     now.push_back(gone);  // keep reporting it as down
   }
   known_workers_ = std::move(now);

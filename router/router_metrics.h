@@ -27,6 +27,8 @@ struct WorkerMetricsSnapshot {
   int num_kv_blocks = 0;
   int64_t preemptions = 0;  // the worker's cumulative counts
   int64_t suspensions = 0;
+  std::string weight_dtype;  // as it registered ("": no model)
+  std::string kv_cache_dtype;
 };
 
 class RouterMetrics {
@@ -90,6 +92,7 @@ class RouterMetrics {
   metrics::Family<metrics::Gauge>& batch_lane_;
   metrics::Family<metrics::Gauge>& worker_up_;
   metrics::Family<metrics::Gauge>& worker_running_;
+  metrics::Family<metrics::Gauge>& worker_dtypes_;
   metrics::Family<metrics::Gauge>& worker_waiting_;
   metrics::Family<metrics::Gauge>& kv_usage_;
   metrics::Family<metrics::Gauge>& workers_;
@@ -103,10 +106,13 @@ class RouterMetrics {
   metrics::Family<metrics::Counter>& embed_inputs_total_;
 
   absl::Mutex mu_;
-  // Cumulative preemptions and suspensions last reported per worker, to count deltas.
+  // Cumulative preemptions and suspensions last reported per worker, to count deltas, and the
+  // dtype labels its carpool_worker_dtype_info sample has.
   struct WorkerCounts {
     int64_t preemptions = 0;
     int64_t suspensions = 0;
+    std::string weight_dtype;
+    std::string kv_cache_dtype;
   };
   absl::flat_hash_map<std::string, WorkerCounts> last_counts_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> known_workers_ ABSL_GUARDED_BY(mu_);

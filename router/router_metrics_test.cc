@@ -77,10 +77,29 @@ TEST(RouterMetricsTest, StepsGiveBatchSizeAndFillRatio) {
   EXPECT_THAT(page, HasSubstr("carpool_batch_fill_ratio_sum 0.5\n"));
 }
 
+// A worker as the router saw it: only the fields a test names.
+WorkerMetricsSnapshot Worker(std::string id, bool up, int running = 0, int waiting = 0,
+                             int kv_used = 0, int kv_total = 0, int64_t preemptions = 0,
+                             int64_t suspensions = 0, std::string weights = "",
+                             std::string kv = "") {
+  WorkerMetricsSnapshot w;
+  w.worker_id = std::move(id);
+  w.up = up;
+  w.running = running;
+  w.waiting = waiting;
+  w.kv_used_blocks = kv_used;
+  w.num_kv_blocks = kv_total;
+  w.preemptions = preemptions;
+  w.suspensions = suspensions;
+  w.weight_dtype = std::move(weights);
+  w.kv_cache_dtype = std::move(kv);
+  return w;
+}
+
 TEST(RouterMetricsTest, WorkersGaugesPreemptionDeltasAndDeparture) {
   RouterMetrics m;
-  m.UpdateCluster(3, 2, {{"w1", true, 2, 1, 25, 100, 4}, {"w2", false, 0, 0, 0, 50, 0}});
-  m.UpdateCluster(3, 2, {{"w1", true, 2, 1, 50, 100, 6}, {"w2", false, 0, 0, 0, 50, 0}});
+  m.UpdateCluster(3, 2, {Worker("w1", true, 2, 1, 25, 100, 4), Worker("w2", false, 0, 0, 0, 50)});
+  m.UpdateCluster(3, 2, {Worker("w1", true, 2, 1, 50, 100, 6), Worker("w2", false, 0, 0, 0, 50)});
   std::string page = m.Render();
   EXPECT_THAT(page, HasSubstr("carpool_requests_waiting 3\n"));
   EXPECT_THAT(page, HasSubstr("carpool_workers 2\n"));
@@ -89,14 +108,37 @@ TEST(RouterMetricsTest, WorkersGaugesPreemptionDeltasAndDeparture) {
   EXPECT_THAT(page, HasSubstr("carpool_kv_cache_usage_ratio{worker=\"w1\"} 0.5\n"));
   EXPECT_THAT(page, HasSubstr("carpool_preemptions_total 6\n"));
   // w1 leaves: reported down, its load gone, its preemptions still counted.
-  m.UpdateCluster(0, 0, {{"w2", true, 0, 0, 0, 50, 0}});
+  m.UpdateCluster(0, 0, {Worker("w2", true, 0, 0, 0, 50)});
   page = m.Render();
   EXPECT_THAT(page, HasSubstr("carpool_worker_up{worker=\"w1\"} 0\n"));
   EXPECT_THAT(page, Not(HasSubstr("carpool_kv_cache_usage_ratio{worker=\"w1\"}")));
   EXPECT_THAT(page, HasSubstr("carpool_preemptions_total 6\n"));
   // It comes back after a restart and counts from zero again.
-  m.UpdateCluster(0, 0, {{"w1", true, 0, 0, 0, 100, 2}, {"w2", true, 0, 0, 0, 50, 0}});
+  m.UpdateCluster(0, 0, {Worker("w1", true, 0, 0, 0, 100, 2), Worker("w2", true, 0, 0, 0, 50)});
   EXPECT_THAT(m.Render(), HasSubstr("carpool_preemptions_total 8\n"));
+}
+
+// Issue 16's suspensions count by deltas like preemptions; issue 17's dtypes are one labelled
+// sample per worker, replaced when it registers again storing differently, gone when it leaves.
+TEST(RouterMetricsTest, SuspensionDeltasAndOneDtypeSamplePerWorker) {
+  RouterMetrics m;
+  m.UpdateCluster(0, 0,
+                  {Worker("w1", true, 0, 0, 0, 100, 0, 3, "bf16", "bf16"), Worker("w2", true)});
+  m.UpdateCluster(0, 0,
+                  {Worker("w1", true, 0, 0, 0, 100, 0, 5, "bf16", "bf16"), Worker("w2", true)});
+  std::string page = m.Render();
+  EXPECT_THAT(page, HasSubstr("carpool_suspensions_total 5\n"));
+  EXPECT_THAT(page, HasSubstr(
+      "carpool_worker_dtype_info{worker=\"w1\",weights=\"bf16\",kv_cache=\"bf16\"} 1\n"));
+  EXPECT_THAT(page, Not(HasSubstr("carpool_worker_dtype_info{worker=\"w2\"")));
+  m.UpdateCluster(0, 0, {Worker("w1", true, 0, 0, 0, 100, 0, 1, "int8", "bf16")});
+  page = m.Render();
+  EXPECT_THAT(page, HasSubstr("carpool_suspensions_total 6\n"));  // restarted: from zero
+  EXPECT_THAT(page, HasSubstr(
+      "carpool_worker_dtype_info{worker=\"w1\",weights=\"int8\",kv_cache=\"bf16\"} 1\n"));
+  EXPECT_THAT(page, Not(HasSubstr("weights=\"bf16\"")));
+  m.UpdateCluster(0, 0, {});
+  EXPECT_THAT(m.Render(), Not(HasSubstr("carpool_worker_dtype_info{")));
 }
 
 EmbedBatcherCounters Embed(int64_t answered, std::vector<int64_t> batch_size_counts,

@@ -49,7 +49,7 @@ void RouterStats::UpdateGauges(const StatsSources& s) {
     workers.push_back({w->info.worker_id, Healthy(*w, s.now_micros),
                        static_cast<int>(w->requests.size()), w->load.waiting,
                        w->load.kv_used_blocks, w->info.num_kv_blocks, w->load.preemptions,
-                       w->load.suspensions});
+                       w->load.suspensions, w->info.weight_dtype, w->info.kv_cache_dtype});
   }
   const AdmissionCounters& c = s.admission.counters();
   int queued = c.batch_queued;
@@ -78,6 +78,10 @@ StatsOut RouterStats::Build(const StatsSources& s) const {
     o.cached_prefix_blocks = s.prefixes.Size(w->identity);
     o.migrations_in = w->migrations_in;
     o.tokens_generated = w->tokens_generated;
+    o.preemptions = w->load.preemptions;
+    o.suspensions = w->load.suspensions;
+    o.weight_dtype = w->info.weight_dtype;
+    o.kv_cache_dtype = w->info.kv_cache_dtype;
     out.workers.push_back(std::move(o));
   }
   const AdmissionCounters& c = s.admission.counters();

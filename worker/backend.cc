@@ -167,6 +167,9 @@ class EngineBackend : public Backend {
     RegisterInfo r;
     r.max_num_seqs = o.scheduler.max_num_seqs;
     r.num_kv_blocks = engine_->kv_cache().num_blocks();
+    const ModelDevice& device = engine_->model().device();
+    r.weight_dtype = device.weight_type();
+    r.kv_cache_dtype = StorageTypeName(device.kv_storage_type());
     r.block_size = o.block_size;
     r.max_model_len = o.scheduler.max_model_len;
     r.vocab_size = c.vocab_size;
