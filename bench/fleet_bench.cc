@@ -1,0 +1,502 @@
+// carpool-bench-fleet: what one router costs as the fleet behind it grows (issue 19). For each
+// fleet size N and placement policy it starts carpool-router (a subprocess on 127.0.0.1
+// ephemeral ports) and N simulated workers in this process (router/testing/sim_fleet.h), waits
+// until every worker registered and its cached blocks reached the router's prefix index, then
+// measures:
+//   idle     router CPU (utime + stime, /proc/<pid>/stat) while N workers only heartbeat, as a
+//            share of one core;
+//   load     requests/s through the router from several clients keeping many minimal requests
+//            in flight (a short prompt, max_tokens 1), and router CPU per request;
+//   latency  p50 / p99 round trip of one request at a time (the fleet answers at once with
+//            --step-ms 0, so this is client -> router -> worker -> router -> client);
+// and, in process, without sockets, the router's per-request placement work at N workers (the
+// worker list, the placement view with the prefix match against an index of N x
+// --cached-blocks hashes, the policy's Place) and one admission cycle (Admit, Next,
+// MarkDispatched, Release), in ns per call; and the prefix index's memory.
+// Everything runs on one machine: the fleet and the clients share its cores with the router.
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/codec.h"
+#include "common/flags.h"
+#include "common/transport.h"
+#include "nlohmann/json.hpp"
+#include "router/admission.h"
+#include "router/generate_kind.h"
+#include "router/placement.h"
+#include "router/prefix_index.h"
+#include "router/testing/sim_fleet.h"
+#include "router/testing/sim_worker.h"
+#include "router/worker_registry.h"
+#include "tests/testing/subprocess.h"
+
+namespace carpool::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using router::PlacementPolicy;
+
+struct Config {
+  std::vector<int> workers;
+  std::vector<PlacementPolicy> policies;
+  int cached_blocks = 10000;
+  int num_kv_blocks = 16384;
+  int max_num_seqs = 64;
+  int heartbeat_ms = 200;
+  int step_ms = 0;
+  int threads = 2;
+  double idle_seconds = 5;
+  int requests = 20000;
+  int clients = 4;
+  int window = 64;
+  int latency_requests = 500;
+  int prompt_tokens = 33;
+  int micro_iterations = 20000;
+  bool micro_only = false;
+  std::string bin_dir;
+};
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
+}
+
+// utime + stime of `pid`, in seconds; -1 when unreadable.
+double CpuSeconds(pid_t pid) {
+  std::ifstream f(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::istringstream rest(stat.substr(close + 2));
+  std::string field;
+  // Fields after the command: state is field 3; utime and stime are fields 14 and 15.
+  unsigned long long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14) utime = std::stoull(field);
+    if (i == 15) stime = std::stoull(field);
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// VmRSS of `pid` ("self" for this process), in bytes.
+int64_t RssBytes(const std::string& pid) {
+  std::ifstream f("/proc/" + pid + "/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return -1;
+}
+
+std::vector<int32_t> PromptFor(uint64_t n, int length) {
+  std::vector<int32_t> p;
+  uint64_t x = n * 0x9E3779B97F4A7C15ull + 1;
+  for (int i = 0; i < length; ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    p.push_back(1 + static_cast<int32_t>(x % 255));
+  }
+  return p;
+}
+
+std::string MinimalRequest(const std::string& id, uint64_t n, int prompt_tokens) {
+  GenerateInput g;
+  g.request_id = id;
+  g.token_ids = PromptFor(n, prompt_tokens);
+  g.sampling.max_tokens = 1;
+  g.sampling.temperature = 0;
+  return Encode(ClientMessage(g));
+}
+
+// ---- end to end
+
+struct EndToEnd {
+  bool ok = false;
+  std::string error;
+  double register_s = 0;           // until every worker's cached blocks were in the index
+  int64_t router_rss_delta = 0;    // router RSS after registration less before, bytes
+  double idle_core_share = 0;      // router CPU / wall while the fleet heartbeats
+  double rps = 0;
+  double router_us_per_request = 0;
+  int64_t refused = 0;             // requests answered with an error under load
+  double p50_us = 0, p99_us = 0;
+};
+
+// One client keeping `window` requests in flight until `n` are answered; false on a timeout.
+bool ClosedLoop(const std::string& frontend, int client, int n, int window, int prompt_tokens,
+                std::atomic<int64_t>* refused) {
+  zmq::context_t ctx(1);
+  auto s = Socket::Create(&ctx, zmq::socket_type::dealer, SocketOptions());
+  if (!s.ok() || !(*s)->Connect(frontend).ok()) return false;
+  int sent = 0, done = 0;
+  while (done < n) {
+    while (sent < n && sent - done < window) {
+      const uint64_t tag = (static_cast<uint64_t>(client) << 32) | static_cast<uint64_t>(sent);
+      if (!(*s)->Send({MinimalRequest(absl::StrCat("c", client, "-", sent), tag,
+                                      prompt_tokens)}).ok()) {
+        return false;
+      }
+      ++sent;
+    }
+    auto reply = (*s)->Recv(10000);
+    if (!reply.ok() || !reply->has_value()) return false;
+    auto m = DecodeServerMessage((*reply)->back());
+    if (m.ok() && std::holds_alternative<ErrorInfo>(*m)) ++*refused;
+    ++done;
+  }
+  return true;
+}
+
+EndToEnd RunEndToEnd(const Config& c, int n, PlacementPolicy policy) {
+  EndToEnd r;
+  const std::string tmp = absl::StrCat("/tmp/carpool_bench_fleet_", getpid(), "_", n, "_",
+                                       router::PlacementPolicyName(policy));
+  testing::Subprocess router({c.bin_dir + "/carpool-router", "--frontend", "tcp://127.0.0.1:*",
+                              "--backend", "tcp://127.0.0.1:*", "--placement",
+                              router::PlacementPolicyName(policy)},
+                             tmp + "_router.log");
+  testing::RouterEndpoints ep;
+  if (!testing::WaitForRouterEndpoints(router, &ep)) {
+    r.error = "router did not start: " + router.Log();
+    return r;
+  }
+  const std::string router_pid = absl::StrCat(router.pid());
+  const int64_t rss_before = RssBytes(router_pid);
+  router::testing::SimFleetOptions fo;
+  fo.router = ep.backend;
+  fo.workers = n;
+  fo.max_num_seqs = c.max_num_seqs;
+  fo.num_kv_blocks = c.num_kv_blocks;
+  fo.cached_blocks = c.cached_blocks;
+  fo.step_ms = c.step_ms;
+  fo.heartbeat_ms = c.heartbeat_ms;
+  fo.threads = c.threads;
+  const auto t0 = Clock::now();
+  auto fleet = router::testing::SimFleet::Start(fo);
+  if (!fleet.ok()) {
+    r.error = std::string(fleet.status().message());
+    return r;
+  }
+  if (!(*fleet)->WaitRegistered(120'000)) {
+    r.error = "the fleet did not register";
+    return r;
+  }
+  // Registered, and every worker's cached blocks applied to the index.
+  const int64_t want = int64_t{n} * c.cached_blocks;
+  for (;;) {
+    const StatsOut s = router::testing::QueryStats(ep.frontend);
+    int64_t blocks = 0;
+    for (const WorkerStatsOut& w : s.workers) blocks += w.cached_prefix_blocks;
+    if (static_cast<int>(s.workers.size()) == n && blocks == want) break;
+    if (Seconds(Clock::now() - t0) > 180) {
+      r.error = absl::StrCat("the index holds ", blocks, " of ", want, " blocks");
+      return r;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  r.register_s = Seconds(Clock::now() - t0);
+  r.router_rss_delta = RssBytes(router_pid) - rss_before;
+
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  double cpu0 = CpuSeconds(router.pid());
+  auto w0 = Clock::now();
+  std::this_thread::sleep_for(std::chrono::duration<double>(c.idle_seconds));
+  r.idle_core_share = (CpuSeconds(router.pid()) - cpu0) / Seconds(Clock::now() - w0);
+
+  std::atomic<int64_t> refused{0};
+  std::atomic<bool> failed{false};
+  cpu0 = CpuSeconds(router.pid());
+  w0 = Clock::now();
+  std::vector<std::thread> clients;
+  const int per_client = c.requests / c.clients;
+  for (int k = 0; k < c.clients; ++k) {
+    clients.emplace_back([&, k] {
+      if (!ClosedLoop(ep.frontend, k, per_client, c.window, c.prompt_tokens, &refused)) {
+        failed.store(true);
+      }
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  const double wall = Seconds(Clock::now() - w0);
+  const double cpu = CpuSeconds(router.pid()) - cpu0;
+  if (failed.load()) {
+    r.error = "a client got no answer for 10 s";
+    return r;
+  }
+  const int total = per_client * c.clients;
+  r.rps = total / wall;
+  r.router_us_per_request = cpu * 1e6 / total;
+  r.refused = refused.load();
+
+  zmq::context_t ctx(1);
+  auto s = Socket::Create(&ctx, zmq::socket_type::dealer, SocketOptions());
+  if (!s.ok() || !(*s)->Connect(ep.frontend).ok()) {
+    r.error = "no latency client";
+    return r;
+  }
+  std::vector<double> us;
+  for (int i = 0; i < c.latency_requests + 50; ++i) {
+    const auto t = Clock::now();
+    if (!(*s)->Send({MinimalRequest(absl::StrCat("l", i), 1'000'000'000ull + i,
+                                    c.prompt_tokens)}).ok()) {
+      break;
+    }
+    auto reply = (*s)->Recv(5000);
+    if (!reply.ok() || !reply->has_value()) break;
+    if (i >= 50) us.push_back(Seconds(Clock::now() - t) * 1e6);  // the first 50 warm up
+  }
+  r.p50_us = Percentile(us, 0.5);
+  r.p99_us = Percentile(us, 0.99);
+  (*fleet)->Stop(/*deregister=*/true);
+  router.Terminate();
+  r.ok = true;
+  return r;
+}
+
+// ---- in process
+
+struct Micro {
+  double list_ns = 0;       // the worker list of the request's model (registry Mutable, filter)
+  double view_ns = 0;       // GenerateKind::Place: snapshots, and the prefix match
+  double place_ns = 0;      // the policy's Place over the snapshots
+  double admission_ns = 0;  // Admit + Next + MarkDispatched + Release
+};
+
+struct Fixture {
+  router::WorkerRegistry registry;
+  router::PrefixIndex index;
+};
+
+// A registry of n workers with random load and an index holding `cached` random hashes each.
+void Populate(const Config& c, int n, Fixture* f) {
+  std::mt19937_64 rng(42);
+  for (int i = 0; i < n; ++i) {
+    RegisterInfo info;
+    info.worker_id = absl::StrCat("sim-", i);
+    info.model = "sim";
+    info.max_num_seqs = c.max_num_seqs;
+    info.num_kv_blocks = c.num_kv_blocks;
+    info.block_size = 16;
+    std::vector<uint64_t> orphaned;
+    f->registry.Register(info.worker_id, info, 0, &orphaned);
+    f->registry.Find(info.worker_id)->outstanding_tokens = static_cast<int64_t>(rng() % 4096);
+    KvEventsInfo k;
+    k.reset = true;
+    for (int b = 0; b < c.cached_blocks; ++b) k.stored.push_back(rng() | 1);
+    f->index.Apply(info.worker_id, k, c.num_kv_blocks);
+  }
+}
+
+template <typename Body>
+double NsPerCall(int iterations, Body body) {
+  for (int i = 0; i < iterations / 10; ++i) body(i);  // warm the caches first
+  const auto t0 = Clock::now();
+  for (int i = 0; i < iterations; ++i) body(i);
+  return Seconds(Clock::now() - t0) * 1e9 / iterations;
+}
+
+// Where the timed loops' results go, so the compiler keeps the loops.
+volatile size_t g_sink = 0;
+
+Micro RunMicro(const Config& c, Fixture& f, PlacementPolicy policy) {
+  router::RouterOptions options;
+  options.placement = policy;
+  // Place never calls back into the host.
+  router::GenerateKind kind(nullptr, options);
+  std::vector<router::GenerateRequest> requests(64);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    requests[i].prompt = PromptFor(i, c.prompt_tokens);
+    requests[i].sampling.max_tokens = 1;
+  }
+  const int iters = std::max(1, c.micro_iterations);
+  Micro m;
+  size_t sink = 0;
+  m.list_ns = NsPerCall(iters, [&](int) {
+    std::vector<router::WorkerState*> workers = f.registry.Mutable();
+    std::erase_if(workers, [](const router::WorkerState* w) { return w->info.model != "sim"; });
+    sink += workers.size();
+  });
+  std::vector<router::WorkerState*> workers = f.registry.Mutable();
+  m.view_ns = NsPerCall(iters, [&](int i) {
+    router::PlacementView view = kind.Place(requests[i % requests.size()], workers, f.index);
+    sink += view.snapshots.size();
+  });
+  const router::PlacementView view = kind.Place(requests[0], workers, f.index);
+  std::mt19937_64 rng(7);
+  m.place_ns = NsPerCall(iters, [&](int i) {
+    router::PlacementInput in;
+    in.request_tokens = view.request_tokens;
+    in.cursor = static_cast<uint64_t>(i);
+    in.random = rng();
+    sink += router::Place(policy, view.snapshots, in).value_or(0);
+  });
+  router::AdmissionController admission{router::AdmissionOptions(), router::TenantTable()};
+  admission.SetCapacityTokens(int64_t{c.num_kv_blocks} * 16);
+  admission.SetLargestWorkerTokens(int64_t{c.num_kv_blocks} * 16);
+  admission.SetWorkersAvailable(true);
+  uint64_t next_id = 1;
+  m.admission_ns = NsPerCall(iters, [&](int) {
+    router::AdmissionRequest a;
+    a.id = next_id++;
+    a.prompt_tokens = c.prompt_tokens;
+    a.max_tokens = 1;
+    if (admission.Admit(a)) return;
+    if (std::optional<uint64_t> next = admission.Next()) {
+      admission.MarkDispatched(*next);
+      admission.Release(*next, 1, /*completed=*/true);
+    }
+  });
+  g_sink = sink;
+  return m;
+}
+
+// The bytes an absl::flat_hash_set<uint64_t> holding `n` hashes takes when filled one insert at
+// a time, as PrefixIndex's per-worker sets are: a slot of 8 bytes and a control byte per
+// capacity entry.
+int64_t HashSetBytes(int n) {
+  absl::flat_hash_set<uint64_t> s;
+  for (int i = 0; i < n; ++i) s.insert(static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull + 1);
+  return static_cast<int64_t>(s.capacity()) * (sizeof(uint64_t) + 1) + 16;
+}
+
+absl::Status ParseConfig(int argc, char** argv, Config* c, std::string* json_path) {
+  std::string workers = "1,16,256,1024";
+  std::string policies = "round_robin,least_loaded,power_of_two,prefix_affinity";
+  FlagParser flags;
+  flags.AddString("workers", &workers, "fleet sizes, comma-separated");
+  flags.AddString("policies", &policies, "placement policies, comma-separated");
+  flags.AddInt("cached-blocks", &c->cached_blocks, "prefix-cache blocks each worker reports");
+  flags.AddInt("num-kv-blocks", &c->num_kv_blocks, "KV blocks per worker");
+  flags.AddInt("max-num-seqs", &c->max_num_seqs, "sequences per worker");
+  flags.AddInt("heartbeat-ms", &c->heartbeat_ms, "the fleet's heartbeat interval");
+  flags.AddInt("step-ms", &c->step_ms, "the fleet's step time; 0: answers at once");
+  flags.AddInt("threads", &c->threads, "threads serving the fleet's sockets");
+  flags.AddDouble("idle-seconds", &c->idle_seconds, "how long router CPU is sampled idle");
+  flags.AddInt("requests", &c->requests, "requests of the throughput run");
+  flags.AddInt("clients", &c->clients, "client sockets of the throughput run");
+  flags.AddInt("window", &c->window, "requests in flight per client");
+  flags.AddInt("latency-requests", &c->latency_requests, "sequential round trips");
+  flags.AddInt("prompt-tokens", &c->prompt_tokens, "prompt length of every request");
+  flags.AddInt("micro-iterations", &c->micro_iterations, "calls timed per in-process figure");
+  flags.AddBool("micro-only", &c->micro_only, "only the in-process measurements");
+  flags.AddString("bin-dir", &c->bin_dir, "where carpool-router is; none: this binary's folder");
+  flags.AddString("json", json_path, "also write the results to this file");
+  if (absl::Status s = flags.Parse(argc, argv, 1); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(s.message(), "\n", flags.Help()));
+  }
+  for (absl::string_view w : absl::StrSplit(workers, ',', absl::SkipEmpty())) {
+    int n = 0;
+    if (!absl::SimpleAtoi(w, &n) || n < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("--workers: bad size '", w, "'"));
+    }
+    c->workers.push_back(n);
+  }
+  const std::vector<std::string> names = absl::StrSplit(policies, ',', absl::SkipEmpty());
+  for (const std::string& p : names) {
+    absl::StatusOr<PlacementPolicy> policy = router::ParsePlacementPolicy(p);
+    if (!policy.ok()) return absl::InvalidArgumentError(absl::StrCat("--policies: ", p));
+    c->policies.push_back(*policy);
+  }
+  if (c->workers.empty() || c->policies.empty()) {
+    return absl::InvalidArgumentError("--workers and --policies need at least one entry");
+  }
+  if (c->clients < 1 || c->window < 1 || c->requests < c->clients || c->prompt_tokens < 1 ||
+      c->idle_seconds <= 0 || c->cached_blocks < 0 || c->cached_blocks > c->num_kv_blocks) {
+    return absl::InvalidArgumentError(
+        "need --clients >= 1, --window >= 1, --requests >= --clients, --prompt-tokens >= 1, "
+        "--idle-seconds > 0 and 0 <= --cached-blocks <= --num-kv-blocks");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace carpool::bench
+
+int main(int argc, char** argv) {
+  using namespace carpool::bench;
+  Config c;
+  std::string json_path;
+  if (absl::Status s = ParseConfig(argc, argv, &c, &json_path); !s.ok()) {
+    std::cerr << "carpool-bench-fleet: " << s.message() << "\n";
+    return 2;
+  }
+  if (c.bin_dir.empty()) {
+    const std::string self = argv[0];
+    c.bin_dir = self.find('/') == std::string::npos ? "." : self.substr(0, self.rfind('/'));
+  }
+  nlohmann::json results = nlohmann::json::array();
+  std::printf("%6s %-16s %9s %9s %9s %9s %9s | %9s %9s %9s %9s\n", "N", "policy", "idle %cpu",
+              "req/s", "cpu us/r", "p50 us", "p99 us", "list ns", "view ns", "place ns",
+              "admit ns");
+  for (int n : c.workers) {
+    const int64_t rss0 = RssBytes("self");
+    Fixture fixture;
+    Populate(c, n, &fixture);
+    const int64_t index_rss = RssBytes("self") - rss0;
+    const int64_t index_estimate = int64_t{n} * HashSetBytes(c.cached_blocks);
+    std::printf("N=%d: prefix index of %d x %d blocks: %.1f MB measured (this process's RSS "
+                "growth, registry included), %.1f MB from its structure\n",
+                n, n, c.cached_blocks, index_rss / 1e6, index_estimate / 1e6);
+    for (PlacementPolicy policy : c.policies) {
+      const Micro m = RunMicro(c, fixture, policy);
+      EndToEnd e;
+      if (!c.micro_only) e = RunEndToEnd(c, n, policy);
+      if (!c.micro_only && !e.ok) {
+        std::fprintf(stderr, "N=%d %s: %s\n", n, carpool::router::PlacementPolicyName(policy),
+                     e.error.c_str());
+      }
+      std::printf("%6d %-16s %9.2f %9.0f %9.1f %9.0f %9.0f | %9.0f %9.0f %9.0f %9.0f\n", n,
+                  carpool::router::PlacementPolicyName(policy), 100 * e.idle_core_share, e.rps,
+                  e.router_us_per_request, e.p50_us, e.p99_us, m.list_ns, m.view_ns, m.place_ns,
+                  m.admission_ns);
+      std::fflush(stdout);
+      results.push_back({{"workers", n},
+                         {"policy", carpool::router::PlacementPolicyName(policy)},
+                         {"cached_blocks_per_worker", c.cached_blocks},
+                         {"end_to_end_ok", e.ok},
+                         {"error", e.error},
+                         {"register_s", e.register_s},
+                         {"router_rss_growth_bytes", e.router_rss_delta},
+                         {"idle_router_core_share", e.idle_core_share},
+                         {"requests_per_s", e.rps},
+                         {"router_cpu_us_per_request", e.router_us_per_request},
+                         {"refused_under_load", e.refused},
+                         {"latency_p50_us", e.p50_us},
+                         {"latency_p99_us", e.p99_us},
+                         {"worker_list_ns", m.list_ns},
+                         {"placement_view_ns", m.view_ns},
+                         {"place_ns", m.place_ns},
+                         {"admission_cycle_ns", m.admission_ns},
+                         {"index_rss_bytes", index_rss},
+                         {"index_estimate_bytes", index_estimate}});
+    }
+  }
+  if (!json_path.empty()) {
+    std::ofstream out(json_path);
+    out << results.dump(2) << "\n";
+    if (!out) {
+      std::cerr << "carpool-bench-fleet: cannot write " << json_path << "\n";
+      return 1;
+    }
+  }
+  return 0;
+}
