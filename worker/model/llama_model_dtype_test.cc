@@ -7,19 +7,25 @@
 //   - int8 weights, teacher-forced over 64 sequences of 128 tokens: the mean |logprob - the
 //     fp32 model's| of the next token is under 0.05 and the top-1 agrees at >= 97% of positions;
 //   - for every weight and KV type: a request batched with others equals it alone, bit for bit;
+//   - tensor parallelism (two ranks over threads): each rank packs or quantizes its own slices
+//     and the group gives the whole model's answers in the same types;
 //   - what the types change: the host's tensors released, the bytes a decode reads, the KV
 //     blocks a --kv-cache-memory holds, what --dtype auto picks.
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
-#include <filesystem>
-#include <map>
+#include <cstring>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "cluster/communicator.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/kernel_test_util.h"
 #include "kernels/cpu/linear_bf16.h"
@@ -28,6 +34,7 @@
 #include "tests/testing/reference_llama.h"
 #include "worker/engine.h"
 #include "worker/model/llama_model.h"
+#include "worker/mpi_worker.h"
 #include "worker/weights/weights.h"
 
 namespace carpool::worker {
@@ -367,6 +374,157 @@ INSTANTIATE_TEST_SUITE_P(
         Types{"Int8Bf16Kv", std::nullopt, Quantization::kInt8, StorageType::kBF16}),
     [](const auto& info) { return std::string(info.param.name); });
 
+// ---- tensor parallelism ----------------------------------------------------------------------
+
+// The ranks of one in-process group, one thread each: every collective is an exchange where
+// each rank posts its buffer, waits for all, reads the others' (summing in rank order) and
+// waits again before it leaves, so no buffer is reused while a peer still reads it.
+class ThreadGroup {
+ public:
+  explicit ThreadGroup(int size) : size_(size), posted_(size) {}
+  int size() const { return size_; }
+
+  void Exchange(int rank, const void* mine,
+                const std::function<void(const std::vector<const void*>&)>& read) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      posted_[rank] = mine;
+    }
+    Barrier();
+    read(posted_);
+    Barrier();
+  }
+
+  void Barrier() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const int64_t generation = generation_;
+    if (++arrived_ == size_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+    } else {
+      cv_.wait(lock, [&] { return generation_ != generation; });
+    }
+  }
+
+ private:
+  const int size_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int arrived_ = 0;
+  int64_t generation_ = 0;
+  std::vector<const void*> posted_;
+};
+
+class ThreadCommunicator : public cluster::Communicator {
+ public:
+  ThreadCommunicator(ThreadGroup* group, int rank) : group_(group), rank_(rank) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return group_->size(); }
+  absl::Status AllReduceSum(float* data, int64_t count) override {
+    std::vector<float> sum(count, 0.0f);
+    group_->Exchange(rank_, data, [&](const std::vector<const void*>& all) {
+      for (const void* p : all) {
+        for (int64_t i = 0; i < count; ++i) sum[i] += static_cast<const float*>(p)[i];
+      }
+    });
+    std::copy(sum.begin(), sum.end(), data);
+    return absl::OkStatus();
+  }
+  absl::Status AllGather(const float* send, int64_t count, float* recv) override {
+    group_->Exchange(rank_, send, [&](const std::vector<const void*>& all) {
+      for (size_t r = 0; r < all.size(); ++r) {
+        std::memcpy(recv + r * count, all[r], count * sizeof(float));
+      }
+    });
+    return absl::OkStatus();
+  }
+  absl::Status Gather(const float* send, int64_t count, float* recv, int root) override {
+    if (rank_ == root) return AllGather(send, count, recv);
+    group_->Exchange(rank_, send, [](const std::vector<const void*>&) {});
+    return absl::OkStatus();
+  }
+  absl::Status Broadcast(void* data, int64_t bytes, int root, absl::Duration) override {
+    group_->Exchange(rank_, data, [&](const std::vector<const void*>& all) {
+      if (rank_ != root) std::memcpy(data, all[root], bytes);
+    });
+    return absl::OkStatus();
+  }
+  absl::Status Barrier() override {
+    group_->Barrier();
+    return absl::OkStatus();
+  }
+  absl::Duration timeout() const override { return absl::Seconds(60); }
+
+ private:
+  ThreadGroup* const group_;
+  const int rank_;
+};
+
+// Two ranks, each packing or quantizing its own slices, against the whole model in the same
+// types: bf16 slices are the whole model's values, so only the order of the sums over ranks
+// differs (logprobs within kExactBf16Tolerance with an fp32 KV cache where activations stay
+// fp32, kBf16Tolerance where the avx512_bf16 path rounds them); int8 column slices are
+// quantized in groups of their own (a rank's part of o_proj is narrower than a group), so they
+// are the int8 criterion's distance apart. Tokens equal but past a near-tie of the whole model.
+TEST_F(DtypeTest, TensorParallelRanksPackTheirOwnSlices) {
+  const std::vector<Types> cases = {
+      {"bf16", StorageType::kBF16, Quantization::kNone, StorageType::kF32},
+      {"int8", std::nullopt, Quantization::kInt8, StorageType::kBF16}};
+  std::mt19937 rng(12);
+  std::vector<EngineRequest> requests;
+  for (int i = 0; i < 4; ++i) requests.push_back(Request(RandomTokens(&rng, 4 + 11 * i, 300), 12));
+  for (const Types& types : cases) {
+    SCOPED_TRACE(types.name);
+    std::unique_ptr<Engine> whole = MakeEngine(Options(types));
+    ASSERT_NE(whole, nullptr);
+    const std::vector<absl::StatusOr<Completion>> want = whole->Generate(requests);
+
+    ThreadGroup group(2);
+    ThreadCommunicator leader_comm(&group, 0), follower_comm(&group, 1);
+    EngineOptions o = Options(types);
+    o.num_threads = 1;
+    std::thread follower([&] {
+      EngineOptions fo = o;
+      fo.tensor_parallel_group = &follower_comm;
+      std::unique_ptr<Engine> engine = MakeEngine(fo);
+      ASSERT_NE(engine, nullptr);
+      EXPECT_TRUE(RunFollower(&engine->model(), &follower_comm).ok());
+    });
+    o.tensor_parallel_group = &leader_comm;
+    std::unique_ptr<Engine> leader = MakeEngine(o);
+    if (leader == nullptr) {
+      follower.detach();  // its engine failed the same way; nothing runs on it
+      return;
+    }
+    EXPECT_EQ(leader->model().device().weight_type(), whole->model().device().weight_type());
+    EXPECT_EQ(leader->model().weights().ParameterBytes(), 0);  // released after packing
+    const std::vector<absl::StatusOr<Completion>> got = leader->Generate(requests);
+    EXPECT_TRUE(StopFollowers(&leader_comm).ok());
+    follower.join();
+
+    const bool bf16_activations =
+        std::string(kernels::cpu::LinearBf16Path()) == "avx512_bf16";
+    const double tolerance = types.quantization == Quantization::kInt8 ? 0.05
+                             : bf16_activations                       ? kBf16Tolerance
+                                                                      : kExactBf16Tolerance;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      ASSERT_TRUE(got[i].ok() && want[i].ok());
+      for (size_t j = 0; j < want[i]->tokens.size(); ++j) {
+        if (got[i]->tokens[j] != want[i]->tokens[j]) {
+          const std::vector<TokenLogprob>& top = want[i]->logprobs[j].top_logprobs;
+          EXPECT_LT(top[0].logprob - top[1].logprob, kNearTie)
+              << "request " << i << " differs at token " << j << " away from a near-tie";
+          break;
+        }
+        EXPECT_NEAR(got[i]->logprobs[j].logprob, want[i]->logprobs[j].logprob, tolerance)
+            << "request " << i << " token " << j;
+      }
+    }
+  }
+}
+
 // ---- what the types change --------------------------------------------------------------------
 
 TEST_F(DtypeTest, PackedWeightsReleaseTheHostTensorsAndReadFewerBytes) {
@@ -420,6 +578,7 @@ TEST_F(DtypeTest, AutoTakesABf16CheckpointAsBf16WhereThatIsFaster) {
       MakeEngine(Options({"auto", std::nullopt, Quantization::kNone, std::nullopt}));
   ASSERT_NE(checkpoint, nullptr);
   const bool bf16 = CpuAutoDtypeIsBf16();
+  EXPECT_EQ(bf16, std::string(kernels::cpu::LinearBf16Path()) != "portable");
   EXPECT_EQ(checkpoint->model().device().weight_type(), bf16 ? "bf16" : "fp32");
   EXPECT_EQ(checkpoint->model().device().kv_storage_type(),
             bf16 ? StorageType::kBF16 : StorageType::kF32);
@@ -427,9 +586,20 @@ TEST_F(DtypeTest, AutoTakesABf16CheckpointAsBf16WhereThatIsFaster) {
   EngineOptions o;
   o.model = "synthetic:tiny";
   o.num_kv_blocks = 16;
+  o.device.dtype = std::nullopt;
   std::unique_ptr<Engine> synthetic = MakeEngine(o);
   ASSERT_NE(synthetic, nullptr);
   EXPECT_EQ(synthetic->model().device().weight_type(), "fp32");
+  // An engine built in code without asking is fp32.
+  EngineOptions in_code;
+  EXPECT_EQ(in_code.device.dtype, StorageType::kF32);
+  in_code.model = dir_->path().string();
+  in_code.num_kv_blocks = 16;
+  in_code.scheduler.max_model_len = 192;
+  std::unique_ptr<Engine> plain = MakeEngine(in_code);
+  ASSERT_NE(plain, nullptr);
+  EXPECT_EQ(plain->model().device().weight_type(), "fp32");
+  EXPECT_EQ(plain->model().device().kv_storage_type(), StorageType::kF32);
 }
 
 }  // namespace
