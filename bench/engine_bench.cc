@@ -53,6 +53,16 @@ int64_t RssBytes() {
   return resident * sysconf(_SC_PAGESIZE);
 }
 
+// Multiply-adds of one token through every linear layer and the head (whatever the weights'
+// storage type: decode bytes / 4 counts only fp32 weights).
+int64_t LinearParams(const worker::ModelConfig& c) {
+  const int64_t h = c.hidden_size;
+  const int64_t q = int64_t{c.num_heads} * c.head_dim;
+  const int64_t kv = int64_t{c.num_kv_heads} * c.head_dim;
+  return c.num_layers * (h * q + 2 * h * kv + q * h + 3 * h * c.intermediate_size) +
+         int64_t{c.vocab_size} * h;
+}
+
 // Streaming-read bandwidth in bytes/s over `bytes` of memory, split over `pool` (the engine's,
 // so the limit is measured on the threads the kernels run on).
 double MeasureBandwidth(ThreadPool* pool, int64_t bytes, int repeats) {
@@ -419,7 +429,8 @@ int main(int argc, char** argv) {
     if (run("prefill")) {
       const double gemm = MeasureGemm(threads, 512, 2048, 768, 5);
       const double prefill = MeasurePrefill(engine.get(), 8, 256);
-      const double flops_per_token = 2.0 * (weight_bytes / 4.0);
+      const double flops_per_token =
+          2.0 * static_cast<double>(LinearParams(engine->model_config()));
       std::printf(
           "prefill %.0f tokens/s = %.1f GFLOP/s; OpenBLAS sgemm 512x2048x768 %.1f GFLOP/s "
           "(ratio %.2f)\n",

@@ -36,8 +36,9 @@ struct DeviceOptions {
   int gpu_index = -1;
   // On a GPU the storage type of weights, activations and KV cache (bf16, fp16 or fp32); on
   // the CPU that of the linear and embedding weights (fp32 or bf16). nullopt (--dtype auto):
-  // bf16 on a GPU; on the CPU bf16 for a BF16 checkpoint where the bf16 kernel is the faster
-  // (CpuAutoDtypeIsBf16), else fp32. Default: auto.
+  // bf16 on a GPU; on the CPU bf16 for a BF16 checkpoint where the bf16 kernel has a vector
+  // path (CpuAutoDtypeIsBf16 in worker/engine.h), else fp32. Default: auto (EngineOptions sets
+  // fp32).
   std::optional<StorageType> dtype = std::nullopt;
   // --quantization int8 (the CPU only): linear and embedding weights quantized to int8 at load,
   // from any checkpoint dtype; dtype must then be auto. Default: none.

@@ -175,6 +175,7 @@ TEST(DeviceOptionsTest, ValidateChecksRanges) {
 TEST(DeviceOptionsTest, EngineFlagsCarryTheDeviceFlags) {
   EngineOptions o;
   EXPECT_EQ(o.device.kind, DeviceKind::kCpu);  // an engine built in code stays on the CPU
+  EXPECT_EQ(o.device.dtype, StorageType::kF32);  // in fp32
   ASSERT_TRUE(ParseEngineFlags({"--model", "synthetic:tiny"}, &o).ok());
   EXPECT_EQ(o.device.kind, DeviceKind::kAuto);  // binaries default to auto
   EXPECT_EQ(o.device.gpu_index, -1);

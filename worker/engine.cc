@@ -157,7 +157,7 @@ int ReleasableWindow(const ModelConfig& c) {
 }  // namespace
 
 bool CpuAutoDtypeIsBf16() {
-  return std::string(kernels::cpu::LinearBf16Path()) == "avx512_bf16";
+  return std::string(kernels::cpu::LinearBf16Path()) != "portable";
 }
 
 void StepPlanFromBatch(const BatchPlan& plan, int block_size, StepPlan* step) {

@@ -58,12 +58,15 @@ struct EngineOptions {
   // so a BF16 checkpoint is never converted to fp32, and the model releases the host's copy once
   // packed. kCuda (or kAuto resolving to it): a CudaDevice on device.gpu_index in
   // device.dtype, and, when neither num_kv_blocks nor kv_cache_memory_bytes is set, a KV pool
-  // sized by device.gpu_memory_utilization (CudaKvPoolBytes). Under tensor parallelism the same, per rank: the caller resolves each
-  // rank's gpu_index (carpool-worker: the local rank), the collectives are staged through host
-  // memory over the group's communicator, and a pool sized by memory takes the fewest blocks of
-  // the group's ranks (every rank of the group then takes part in that collective).
-  // Default: the CPU (the binaries' --device flag defaults to auto; RegisterEngineFlags).
-  DeviceOptions device = {.kind = DeviceKind::kCpu};
+  // sized by device.gpu_memory_utilization (CudaKvPoolBytes). Under tensor parallelism the
+  // same, per rank: the caller resolves each rank's gpu_index (carpool-worker: the local rank),
+  // the collectives are staged through host memory over the group's communicator, and a pool
+  // sized by memory takes the fewest blocks of the group's ranks (every rank of the group then
+  // takes part in that collective).
+  // Default: the CPU in fp32 (the binaries' --device and --dtype flags default to auto;
+  // RegisterEngineFlags), so an engine built in code computes what it did before bf16 weights
+  // existed unless it asks for them.
+  DeviceOptions device = {.kind = DeviceKind::kCpu, .dtype = StorageType::kF32};
 
   absl::Status Validate() const;
 };
@@ -109,7 +112,10 @@ struct EngineEvent {
 };
 
 // --dtype auto on the CPU: whether a BF16 checkpoint's weights stay bf16 (else they are
-// converted to fp32 at load). True where LinearBf16 runs on AVX512-BF16.
+// converted to fp32 at load). True wherever LinearBf16 has a vector path (avx512_bf16, and
+// avx2, which computes on the exact bf16 weights): a decode step reads half the bytes, and
+// carpool-bench-engine measured bf16 faster than fp32 on an AVX2-only EPYC too; false for the
+// portable build.
 bool CpuAutoDtypeIsBf16();
 
 // The model's step for the scheduler's `plan`: per scheduled sequence its positions, whether it

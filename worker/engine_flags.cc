@@ -2,6 +2,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/linear_int8.h"
 
 namespace carpool::worker {
 
@@ -50,7 +51,9 @@ void RegisterEngineFlags(FlagParser* p, EngineOptions* o) {
       "static scheduler: how long to collect a batch",
       absl::StrCat(o->scheduler.static_batch_timeout_micros / 1000.0));
   p->AddInt("threads", &o->num_threads, "kernel threads; 0: one per core");
-  o->device.kind = DeviceKind::kAuto;  // binaries use the GPU when there is one
+  // Binaries use the GPU when there is one, and pick the storage types by --dtype auto.
+  o->device.kind = DeviceKind::kAuto;
+  o->device.dtype = std::nullopt;
   RegisterDeviceFlags(p, &o->device);
 }
 
@@ -78,7 +81,7 @@ void RegisterDeviceFlags(FlagParser* p, DeviceOptions* o) {
       },
       "auto, bfloat16, float16 or float32: on a GPU the storage type of weights, activations "
       "and KV cache (auto: bfloat16); on the CPU that of the weights, float32 or bfloat16 "
-      "(auto: bfloat16 for a BF16 checkpoint where the CPU has AVX512-BF16, else float32)",
+      "(auto: bfloat16 for a BF16 checkpoint, else float32)",
       DtypeFlagName(o->dtype));
   p->AddCustom(
       "quantization",
@@ -88,8 +91,9 @@ void RegisterDeviceFlags(FlagParser* p, DeviceOptions* o) {
         o->quantization = *q;
         return absl::OkStatus();
       },
-      "none or int8: int8 weights with a scale per group of 32 along K, quantized at load from "
-      "any checkpoint (the CPU only)",
+      absl::StrCat("none or int8: int8 weights with a scale per group of ",
+                   kernels::cpu::kInt8Group,
+                   " along K, quantized at load from any checkpoint (the CPU only)"),
       QuantizationName(o->quantization));
   p->AddCustom(
       "kv-cache-dtype",
