@@ -5,6 +5,7 @@ by its fixture."""
 import json
 import signal
 import socket
+import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -12,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from conftest import BUILT, Cluster
+from conftest import BUILT, CLI_BIN, Cluster
 
 pytestmark = pytest.mark.skipif(not BUILT, reason="carpool binaries not built")
 
@@ -412,6 +413,31 @@ def test_metrics(cluster):
     # Cumulative buckets end at +Inf with the count.
     inf = ("carpool_time_to_first_token_seconds_bucket", (("le", "+Inf"),))
     assert after[inf] == after[ttft]
+
+
+def test_status_and_metrics_show_each_workers_dtypes(make_cluster):
+    """Issue 17: how each worker stores its weights and KV cache, in `carpool status` and on
+    /metrics, and a model in int8 beside one in fp32 both answer."""
+    c = make_cluster()
+    c.add_worker(MODEL, "--max-model-len", str(MAX_MODEL_LEN), "--quantization", "int8")
+    c.add_worker(MODEL, "--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-dtype", "float32")
+    deadline = time.monotonic() + 30
+    while len(c.stats()["workers"]) < 2:
+        assert time.monotonic() < deadline, c.log_text()
+        time.sleep(0.05)
+    dtypes = sorted((w["weight_dtype"], w["kv_cache_dtype"]) for w in c.stats()["workers"])
+    int8 = dtypes[1][0]  # "int8 (group G)", G the kernel's default
+    assert dtypes == [("fp32", "fp32"), (int8, "bf16")] and int8.startswith("int8 (group "), dtypes
+    info = sorted((dict(k[1])["weights"], dict(k[1])["kv_cache"])
+                  for k, v in scrape(c).items() if k[0] == "carpool_worker_dtype_info" and v == 1)
+    assert info == dtypes
+    table = subprocess.run([CLI_BIN, "status", "--router", c.frontend], capture_output=True,
+                           text=True, timeout=30, check=True).stdout
+    assert int8 + "/bf16" in table and "fp32/fp32" in table, table
+    for _ in range(4):  # round-robin or least-loaded: both workers are asked
+        r = post(c, "/v1/completions", greedy(prompt=PROMPT, max_tokens=4))
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 4
 
 
 def test_embed_batcher_metrics(cluster):
