@@ -4,7 +4,9 @@
 // until every worker registered and its cached blocks reached the router's prefix index, then
 // measures:
 //   idle     router CPU (utime + stime, /proc/<pid>/stat) while N workers only heartbeat, as a
-//            share of one core;
+//            share of one core (10 ms ticks: use several seconds); for the first policy
+//            again at --alt-heartbeat-ms, which splits it into a cost per heartbeat and a
+//            fixed part (the router's periodic scans of its workers);
 //   load     requests/s through the router from several clients keeping many minimal requests
 //            in flight (a short prompt, max_tokens 1), and router CPU per request;
 //   latency  p50 / p99 round trip of one request at a time (the fleet answers at once with
@@ -14,7 +16,7 @@
 // --cached-blocks hashes, the policy's Place) and one admission cycle (Admit, Next,
 // MarkDispatched, Release), in ns per call; and the prefix index's memory.
 // Everything runs on one machine: the fleet and the clients share its cores with the router.
-#include <sys/resource.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -58,6 +60,7 @@ struct Config {
   int num_kv_blocks = 16384;
   int max_num_seqs = 64;
   int heartbeat_ms = 200;
+  int alt_heartbeat_ms = 600;  // 0: none
   int step_ms = 0;
   int threads = 2;
   double idle_seconds = 5;
@@ -94,6 +97,12 @@ double CpuSeconds(pid_t pid) {
     if (i == 15) stime = std::stoull(field);
   }
   return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// Bytes this process has allocated from malloc now.
+int64_t HeapBytes() {
+  const struct mallinfo2 m = mallinfo2();
+  return static_cast<int64_t>(m.uordblks + m.hblkhd);
 }
 
 // VmRSS of `pid` ("self" for this process), in bytes.
@@ -135,6 +144,7 @@ struct EndToEnd {
   double register_s = 0;           // until every worker's cached blocks were in the index
   int64_t router_rss_delta = 0;    // router RSS after registration less before, bytes
   double idle_core_share = 0;      // router CPU / wall while the fleet heartbeats
+  double idle_core_share_alt = 0;  // the same at Config::alt_heartbeat_ms; 0: not measured
   double rps = 0;
   double router_us_per_request = 0;
   int64_t refused = 0;             // requests answered with an error under load
@@ -166,7 +176,61 @@ bool ClosedLoop(const std::string& frontend, int client, int n, int window, int 
   return true;
 }
 
-EndToEnd RunEndToEnd(const Config& c, int n, PlacementPolicy policy) {
+// Starts n simulated workers heartbeating every heartbeat_ms and waits until all registered and
+// their cached blocks are in the router's index; null with `error` set when they are not.
+// `id_prefix` names its workers: a second fleet takes new names, since the router's backend
+// leaves a new connection under the routing id of one it still holds unserved.
+std::unique_ptr<router::testing::SimFleet> StartFleet(const Config& c, int n, int heartbeat_ms,
+                                                      const std::string& id_prefix,
+                                                      const testing::RouterEndpoints& ep,
+                                                      std::string* error) {
+  router::testing::SimFleetOptions fo;
+  fo.router = ep.backend;
+  fo.id_prefix = id_prefix;
+  fo.workers = n;
+  fo.max_num_seqs = c.max_num_seqs;
+  fo.num_kv_blocks = c.num_kv_blocks;
+  fo.cached_blocks = c.cached_blocks;
+  fo.step_ms = c.step_ms;
+  fo.heartbeat_ms = heartbeat_ms;
+  fo.threads = c.threads;
+  const auto t0 = Clock::now();
+  auto fleet = router::testing::SimFleet::Start(fo);
+  if (!fleet.ok()) {
+    *error = std::string(fleet.status().message());
+    return nullptr;
+  }
+  if (!(*fleet)->WaitRegistered(120'000)) {
+    *error = "the fleet did not register";
+    return nullptr;
+  }
+  const int64_t want = int64_t{n} * c.cached_blocks;
+  for (;;) {
+    const StatsOut s = router::testing::QueryStats(ep.frontend);
+    int64_t blocks = 0;
+    for (const WorkerStatsOut& w : s.workers) blocks += w.cached_prefix_blocks;
+    if (static_cast<int>(s.workers.size()) == n && blocks == want) break;
+    if (Seconds(Clock::now() - t0) > 180) {
+      *error = absl::StrCat("the index holds ", blocks, " of ", want, " blocks");
+      return nullptr;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return std::move(*fleet);
+}
+
+// The router's CPU over `seconds` of wall time, as a share of one core (after a short settle).
+double IdleShare(pid_t pid, double seconds) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const double cpu0 = CpuSeconds(pid);
+  const auto w0 = Clock::now();
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  return (CpuSeconds(pid) - cpu0) / Seconds(Clock::now() - w0);
+}
+
+// `alt_heartbeat`: afterwards, the idle share again with a fleet heartbeating every
+// c.alt_heartbeat_ms, so the cost splits into per-heartbeat and fixed parts.
+EndToEnd RunEndToEnd(const Config& c, int n, PlacementPolicy policy, bool alt_heartbeat) {
   EndToEnd r;
   const std::string tmp = absl::StrCat("/tmp/carpool_bench_fleet_", getpid(), "_", n, "_",
                                        router::PlacementPolicyName(policy));
@@ -181,51 +245,18 @@ EndToEnd RunEndToEnd(const Config& c, int n, PlacementPolicy policy) {
   }
   const std::string router_pid = absl::StrCat(router.pid());
   const int64_t rss_before = RssBytes(router_pid);
-  router::testing::SimFleetOptions fo;
-  fo.router = ep.backend;
-  fo.workers = n;
-  fo.max_num_seqs = c.max_num_seqs;
-  fo.num_kv_blocks = c.num_kv_blocks;
-  fo.cached_blocks = c.cached_blocks;
-  fo.step_ms = c.step_ms;
-  fo.heartbeat_ms = c.heartbeat_ms;
-  fo.threads = c.threads;
   const auto t0 = Clock::now();
-  auto fleet = router::testing::SimFleet::Start(fo);
-  if (!fleet.ok()) {
-    r.error = std::string(fleet.status().message());
-    return r;
-  }
-  if (!(*fleet)->WaitRegistered(120'000)) {
-    r.error = "the fleet did not register";
-    return r;
-  }
-  // Registered, and every worker's cached blocks applied to the index.
-  const int64_t want = int64_t{n} * c.cached_blocks;
-  for (;;) {
-    const StatsOut s = router::testing::QueryStats(ep.frontend);
-    int64_t blocks = 0;
-    for (const WorkerStatsOut& w : s.workers) blocks += w.cached_prefix_blocks;
-    if (static_cast<int>(s.workers.size()) == n && blocks == want) break;
-    if (Seconds(Clock::now() - t0) > 180) {
-      r.error = absl::StrCat("the index holds ", blocks, " of ", want, " blocks");
-      return r;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  std::unique_ptr<router::testing::SimFleet> fleet =
+      StartFleet(c, n, c.heartbeat_ms, "sim", ep, &r.error);
+  if (fleet == nullptr) return r;
   r.register_s = Seconds(Clock::now() - t0);
   r.router_rss_delta = RssBytes(router_pid) - rss_before;
-
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  double cpu0 = CpuSeconds(router.pid());
-  auto w0 = Clock::now();
-  std::this_thread::sleep_for(std::chrono::duration<double>(c.idle_seconds));
-  r.idle_core_share = (CpuSeconds(router.pid()) - cpu0) / Seconds(Clock::now() - w0);
+  r.idle_core_share = IdleShare(router.pid(), c.idle_seconds);
 
   std::atomic<int64_t> refused{0};
   std::atomic<bool> failed{false};
-  cpu0 = CpuSeconds(router.pid());
-  w0 = Clock::now();
+  double cpu0 = CpuSeconds(router.pid());
+  const auto w0 = Clock::now();
   std::vector<std::thread> clients;
   const int per_client = c.requests / c.clients;
   for (int k = 0; k < c.clients; ++k) {
@@ -266,7 +297,13 @@ EndToEnd RunEndToEnd(const Config& c, int n, PlacementPolicy policy) {
   }
   r.p50_us = Percentile(us, 0.5);
   r.p99_us = Percentile(us, 0.99);
-  (*fleet)->Stop(/*deregister=*/true);
+  fleet->Stop(/*deregister=*/true);
+  if (alt_heartbeat) {
+    fleet = StartFleet(c, n, c.alt_heartbeat_ms, "sim-alt", ep, &r.error);
+    if (fleet == nullptr) return r;
+    r.idle_core_share_alt = IdleShare(router.pid(), c.idle_seconds);
+    fleet->Stop(/*deregister=*/true);
+  }
   router.Terminate();
   r.ok = true;
   return r;
@@ -388,6 +425,9 @@ absl::Status ParseConfig(int argc, char** argv, Config* c, std::string* json_pat
   flags.AddInt("num-kv-blocks", &c->num_kv_blocks, "KV blocks per worker");
   flags.AddInt("max-num-seqs", &c->max_num_seqs, "sequences per worker");
   flags.AddInt("heartbeat-ms", &c->heartbeat_ms, "the fleet's heartbeat interval");
+  flags.AddInt("alt-heartbeat-ms", &c->alt_heartbeat_ms,
+               "idle CPU again at this heartbeat interval (first policy of each N), to split "
+               "it into a cost per heartbeat and a fixed part; 0: not measured");
   flags.AddInt("step-ms", &c->step_ms, "the fleet's step time; 0: answers at once");
   flags.AddInt("threads", &c->threads, "threads serving the fleet's sockets");
   flags.AddDouble("idle-seconds", &c->idle_seconds, "how long router CPU is sampled idle");
@@ -448,18 +488,19 @@ int main(int argc, char** argv) {
               "req/s", "cpu us/r", "p50 us", "p99 us", "list ns", "view ns", "place ns",
               "admit ns");
   for (int n : c.workers) {
-    const int64_t rss0 = RssBytes("self");
+    const int64_t heap0 = HeapBytes();
     Fixture fixture;
     Populate(c, n, &fixture);
-    const int64_t index_rss = RssBytes("self") - rss0;
+    const int64_t index_heap = HeapBytes() - heap0;
     const int64_t index_estimate = int64_t{n} * HashSetBytes(c.cached_blocks);
-    std::printf("N=%d: prefix index of %d x %d blocks: %.1f MB measured (this process's RSS "
-                "growth, registry included), %.1f MB from its structure\n",
-                n, n, c.cached_blocks, index_rss / 1e6, index_estimate / 1e6);
+    std::printf("N=%d: prefix index of %d x %d blocks: %.1f MB allocated (heap growth, the "
+                "registry's few KB included), %.1f MB from its structure\n",
+                n, n, c.cached_blocks, index_heap / 1e6, index_estimate / 1e6);
     for (PlacementPolicy policy : c.policies) {
       const Micro m = RunMicro(c, fixture, policy);
       EndToEnd e;
-      if (!c.micro_only) e = RunEndToEnd(c, n, policy);
+      const bool alt = policy == c.policies.front() && c.alt_heartbeat_ms > 0;
+      if (!c.micro_only) e = RunEndToEnd(c, n, policy, alt);
       if (!c.micro_only && !e.ok) {
         std::fprintf(stderr, "N=%d %s: %s\n", n, carpool::router::PlacementPolicyName(policy),
                      e.error.c_str());
@@ -468,6 +509,19 @@ int main(int argc, char** argv) {
                   carpool::router::PlacementPolicyName(policy), 100 * e.idle_core_share, e.rps,
                   e.router_us_per_request, e.p50_us, e.p99_us, m.list_ns, m.view_ns, m.place_ns,
                   m.admission_ns);
+      // idle = fixed + rate x per_heartbeat, at two heartbeat rates.
+      double per_heartbeat_us = 0, fixed_share = 0;
+      if (e.ok && alt) {
+        const double rate = n * 1000.0 / c.heartbeat_ms;
+        const double alt_rate = n * 1000.0 / c.alt_heartbeat_ms;
+        per_heartbeat_us = (e.idle_core_share - e.idle_core_share_alt) / (rate - alt_rate) * 1e6;
+        fixed_share = e.idle_core_share - rate * per_heartbeat_us / 1e6;
+        std::printf("%6s idle router CPU %.2f%% at %d ms heartbeats (%.0f/s), %.2f%% at %d ms: "
+                    "%.1f us per heartbeat, %.2f%% of a core besides\n",
+                    "", 100 * e.idle_core_share, c.heartbeat_ms, rate,
+                    100 * e.idle_core_share_alt, c.alt_heartbeat_ms, per_heartbeat_us,
+                    100 * fixed_share);
+      }
       std::fflush(stdout);
       results.push_back({{"workers", n},
                          {"policy", carpool::router::PlacementPolicyName(policy)},
@@ -477,6 +531,11 @@ int main(int argc, char** argv) {
                          {"register_s", e.register_s},
                          {"router_rss_growth_bytes", e.router_rss_delta},
                          {"idle_router_core_share", e.idle_core_share},
+                         {"idle_router_core_share_alt_heartbeat", e.idle_core_share_alt},
+                         {"heartbeat_ms", c.heartbeat_ms},
+                         {"alt_heartbeat_ms", alt ? c.alt_heartbeat_ms : 0},
+                         {"router_us_per_heartbeat", per_heartbeat_us},
+                         {"idle_fixed_core_share", fixed_share},
                          {"requests_per_s", e.rps},
                          {"router_cpu_us_per_request", e.router_us_per_request},
                          {"refused_under_load", e.refused},
@@ -486,7 +545,7 @@ int main(int argc, char** argv) {
                          {"placement_view_ns", m.view_ns},
                          {"place_ns", m.place_ns},
                          {"admission_cycle_ns", m.admission_ns},
-                         {"index_rss_bytes", index_rss},
+                         {"index_heap_bytes", index_heap},
                          {"index_estimate_bytes", index_estimate}});
     }
   }
