@@ -22,6 +22,8 @@
 #include "common/status.h"
 #include "common/thread_pool.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/linear_bf16.h"
+#include "kernels/cpu/linear_int8.h"
 #include "nlohmann/json.hpp"
 #include "worker/device_options.h"
 #include "worker/engine.h"
@@ -403,14 +405,18 @@ int main(int argc, char** argv) {
     const char* kv_type = worker::StorageTypeName(d.kv_storage_type());
     out["weights"] = weight_type;
     out["kv_cache"] = kv_type;
+    // The kernels' paths on this CPU (each chooses at run time from the instructions it has).
+    out["kernel_paths"] = {{"bf16", kernels::cpu::LinearBf16Path()},
+                           {"int8", kernels::cpu::LinearInt8Path()}};
     out["bandwidth_gb_s"] = bandwidth / 1e9;
     out["decode_weight_bytes"] = weight_bytes;
     out["batch1_floor_ms"] = floor_ms;
     std::printf(
         "model %s, weights %s, KV cache %s, %d threads, bandwidth %.1f GB/s, decode reads "
-        "%.1f MB -> floor %.2f ms, peak RSS after load %.0f MiB\n",
+        "%.1f MB -> floor %.2f ms, peak RSS after load %.0f MiB; kernel paths: bf16 %s, int8 %s\n",
         model.c_str(), weight_type.c_str(), kv_type, engine->thread_pool().num_threads(),
-        bandwidth / 1e9, weight_bytes / 1e6, floor_ms, load_peak / 1048576.0);
+        bandwidth / 1e9, weight_bytes / 1e6, floor_ms, load_peak / 1048576.0,
+        kernels::cpu::LinearBf16Path(), kernels::cpu::LinearInt8Path());
 
     if (run("decode")) {
       std::printf("%-8s %12s %10s %12s\n", "batch", "tokens/s", "step ms", "step/floor");
