@@ -5,8 +5,9 @@
 // measures:
 //   idle     router CPU (utime + stime, /proc/<pid>/stat) while N workers only heartbeat, as a
 //            share of one core (10 ms ticks: use several seconds); for the first policy
-//            again at --alt-heartbeat-ms, which splits it into a cost per heartbeat and a
-//            fixed part (the router's periodic scans of its workers);
+//            again at --alt-heartbeat-ms (a fresh router, its heartbeat timeout 5 times
+//            that), which splits it into a cost per heartbeat and a fixed part (the router's
+//            periodic passes over its workers);
 //   load     requests/s through the router from several clients keeping many minimal requests
 //            in flight (a short prompt, max_tokens 1), and router CPU per request;
 //   latency  p50 / p99 round trip of one request at a time (the fleet answers at once with
@@ -14,7 +15,8 @@
 // and, in process, without sockets, the router's per-request placement work at N workers (the
 // worker list, the placement view with the prefix match against an index of N x
 // --cached-blocks hashes, the policy's Place) and one admission cycle (Admit, Next,
-// MarkDispatched, Release), in ns per call; and the prefix index's memory.
+// MarkDispatched, Release), in ns per call; the loop's periodic housekeeping pass over the
+// workers; and the prefix index's memory.
 // Everything runs on one machine: the fleet and the clients share its cores with the router.
 #include <malloc.h>
 #include <unistd.h>
@@ -42,6 +44,7 @@
 #include "router/generate_kind.h"
 #include "router/placement.h"
 #include "router/prefix_index.h"
+#include "router/router_stats.h"
 #include "router/testing/sim_fleet.h"
 #include "router/testing/sim_worker.h"
 #include "router/worker_registry.h"
@@ -60,7 +63,7 @@ struct Config {
   int num_kv_blocks = 16384;
   int max_num_seqs = 64;
   int heartbeat_ms = 200;
-  int alt_heartbeat_ms = 600;  // 0: none
+  int alt_heartbeat_ms = 2000;  // 0: none
   int step_ms = 0;
   int threads = 2;
   double idle_seconds = 5;
@@ -178,15 +181,11 @@ bool ClosedLoop(const std::string& frontend, int client, int n, int window, int 
 
 // Starts n simulated workers heartbeating every heartbeat_ms and waits until all registered and
 // their cached blocks are in the router's index; null with `error` set when they are not.
-// `id_prefix` names its workers: a second fleet takes new names, since the router's backend
-// leaves a new connection under the routing id of one it still holds unserved.
 std::unique_ptr<router::testing::SimFleet> StartFleet(const Config& c, int n, int heartbeat_ms,
-                                                      const std::string& id_prefix,
                                                       const testing::RouterEndpoints& ep,
                                                       std::string* error) {
   router::testing::SimFleetOptions fo;
   fo.router = ep.backend;
-  fo.id_prefix = id_prefix;
   fo.workers = n;
   fo.max_num_seqs = c.max_num_seqs;
   fo.num_kv_blocks = c.num_kv_blocks;
@@ -247,7 +246,7 @@ EndToEnd RunEndToEnd(const Config& c, int n, PlacementPolicy policy, bool alt_he
   const int64_t rss_before = RssBytes(router_pid);
   const auto t0 = Clock::now();
   std::unique_ptr<router::testing::SimFleet> fleet =
-      StartFleet(c, n, c.heartbeat_ms, "sim", ep, &r.error);
+      StartFleet(c, n, c.heartbeat_ms, ep, &r.error);
   if (fleet == nullptr) return r;
   r.register_s = Seconds(Clock::now() - t0);
   r.router_rss_delta = RssBytes(router_pid) - rss_before;
@@ -298,13 +297,24 @@ EndToEnd RunEndToEnd(const Config& c, int n, PlacementPolicy policy, bool alt_he
   r.p50_us = Percentile(us, 0.5);
   r.p99_us = Percentile(us, 0.99);
   fleet->Stop(/*deregister=*/true);
+  router.Terminate();
   if (alt_heartbeat) {
-    fleet = StartFleet(c, n, c.alt_heartbeat_ms, "sim-alt", ep, &r.error);
+    // A fresh router: one that served the first fleet still keeps its workers' metrics.
+    testing::Subprocess alt({c.bin_dir + "/carpool-router", "--frontend", "tcp://127.0.0.1:*",
+                             "--backend", "tcp://127.0.0.1:*", "--placement",
+                             router::PlacementPolicyName(policy), "--heartbeat-timeout-ms",
+                             absl::StrCat(std::max(1000, 5 * c.alt_heartbeat_ms))},
+                            tmp + "_alt_router.log");
+    testing::RouterEndpoints alt_ep;
+    if (!testing::WaitForRouterEndpoints(alt, &alt_ep)) {
+      r.error = "router did not start: " + alt.Log();
+      return r;
+    }
+    fleet = StartFleet(c, n, c.alt_heartbeat_ms, alt_ep, &r.error);
     if (fleet == nullptr) return r;
-    r.idle_core_share_alt = IdleShare(router.pid(), c.idle_seconds);
+    r.idle_core_share_alt = IdleShare(alt.pid(), c.idle_seconds);
     fleet->Stop(/*deregister=*/true);
   }
-  router.Terminate();
   r.ok = true;
   return r;
 }
@@ -406,6 +416,26 @@ Micro RunMicro(const Config& c, Fixture& f, PlacementPolicy policy) {
   return m;
 }
 
+// What the router's loop does every 50 ms whatever the load (CheckWorkers: the silent workers,
+// the stall check's and the capacity's passes over the worker list, the metrics' gauges), in
+// microseconds per pass over `f`'s workers; `gauges_us`: of which the metrics' gauges.
+double HousekeepingMicros(Fixture& f, int iterations, double* gauges_us) {
+  router::RouterStats stats{router::RouterOptions()};
+  router::AdmissionController admission{router::AdmissionOptions(), router::TenantTable()};
+  const router::StatsSources sources{f.registry, admission, f.index, false, 0};
+  size_t sink = 0;
+  const double ns = NsPerCall(std::max(10, iterations), [&](int) {
+    sink += f.registry.Silent(0, 1'000'000).size();
+    for (router::WorkerState* w : f.registry.Mutable()) sink += w->stalled ? 1 : 0;
+    for (const router::WorkerState* w : f.registry.All()) sink += w->info.num_kv_blocks;
+    stats.UpdateGauges(sources);
+  });
+  *gauges_us = NsPerCall(std::max(10, iterations), [&](int) { stats.UpdateGauges(sources); }) /
+               1000;
+  g_sink = sink;
+  return ns / 1000;
+}
+
 // The bytes an absl::flat_hash_set<uint64_t> holding `n` hashes takes when filled one insert at
 // a time, as PrefixIndex's per-worker sets are: a slot of 8 bytes and a control byte per
 // capacity entry.
@@ -465,6 +495,10 @@ absl::Status ParseConfig(int argc, char** argv, Config* c, std::string* json_pat
         "need --clients >= 1, --window >= 1, --requests >= --clients, --prompt-tokens >= 1, "
         "--idle-seconds > 0 and 0 <= --cached-blocks <= --num-kv-blocks");
   }
+  if (c->heartbeat_ms < 1 || c->alt_heartbeat_ms < 0 || c->alt_heartbeat_ms == c->heartbeat_ms) {
+    return absl::InvalidArgumentError(
+        "need --heartbeat-ms >= 1 and --alt-heartbeat-ms 0 (none) or another interval");
+  }
   return absl::OkStatus();
 }
 
@@ -493,9 +527,15 @@ int main(int argc, char** argv) {
     Populate(c, n, &fixture);
     const int64_t index_heap = HeapBytes() - heap0;
     const int64_t index_estimate = int64_t{n} * HashSetBytes(c.cached_blocks);
+    double gauges_us = 0;
+    const double housekeeping_us =
+        HousekeepingMicros(fixture, c.micro_iterations / 100, &gauges_us);
     std::printf("N=%d: prefix index of %d x %d blocks: %.1f MB allocated (heap growth, the "
-                "registry's few KB included), %.1f MB from its structure\n",
-                n, n, c.cached_blocks, index_heap / 1e6, index_estimate / 1e6);
+                "registry's few KB included), %.1f MB from its structure; the loop's 50 ms "
+                "housekeeping pass: %.0f us (%.2f%% of a core), %.0f us of it the metrics' "
+                "gauges\n",
+                n, n, c.cached_blocks, index_heap / 1e6, index_estimate / 1e6, housekeeping_us,
+                housekeeping_us / 50'000 * 100, gauges_us);
     for (PlacementPolicy policy : c.policies) {
       const Micro m = RunMicro(c, fixture, policy);
       EndToEnd e;
@@ -546,6 +586,8 @@ int main(int argc, char** argv) {
                          {"place_ns", m.place_ns},
                          {"admission_cycle_ns", m.admission_ns},
                          {"index_heap_bytes", index_heap},
+                         {"housekeeping_pass_us", housekeeping_us},
+                         {"housekeeping_gauges_us", gauges_us},
                          {"index_estimate_bytes", index_estimate}});
     }
   }
