@@ -24,6 +24,18 @@ absl::Status NcclStatus(ncclResult_t r, const char* what) {
   return absl::UnavailableError(absl::StrCat(what, ": ", ncclGetErrorString(r)));
 }
 
+ncclDataType_t NcclType(DeviceElementType t) {
+  switch (t) {
+    case DeviceElementType::kBF16:
+      return ncclBfloat16;
+    case DeviceElementType::kF16:
+      return ncclFloat16;
+    case DeviceElementType::kF32:
+      break;
+  }
+  return ncclFloat32;
+}
+
 }  // namespace
 
 struct NcclCommunicator::Handles {
@@ -110,11 +122,12 @@ absl::StatusOr<std::vector<std::unique_ptr<NcclCommunicator>>> NcclCommunicator:
   return out;
 }
 
-absl::Status NcclCommunicator::Sync(absl::Duration timeout, const char* what) {
+absl::Status NcclCommunicator::Sync(absl::Duration timeout, const char* what, void* stream) {
   const absl::Time deadline =
       timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
+  cudaStream_t s = stream != nullptr ? static_cast<cudaStream_t>(stream) : handles_->stream;
   for (int polls = 0;; ++polls) {
-    const cudaError_t e = cudaStreamQuery(handles_->stream);
+    const cudaError_t e = cudaStreamQuery(s);
     if (e == cudaSuccess) return absl::OkStatus();
     absl::Status failure;
     if (e != cudaErrorNotReady) failure = CudaStatus(e, what);
@@ -200,6 +213,32 @@ absl::Status NcclCommunicator::Barrier() {
                                            ncclSum, handles_->comm, handles_->stream),
                              "ncclAllReduce(barrier)"));
   return Sync(timeout_, "Barrier");
+}
+
+absl::Status NcclCommunicator::AllReduceSumOnStream(void* data, int64_t count,
+                                                   DeviceElementType type, void* stream) {
+  if (broken_) return absl::FailedPreconditionError("NCCL communicator is broken");
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+  return NcclStatus(ncclAllReduce(data, data, static_cast<size_t>(count), NcclType(type), ncclSum,
+                                  handles_->comm, static_cast<cudaStream_t>(stream)),
+                    "ncclAllReduce");
+}
+
+absl::Status NcclCommunicator::AllGatherOnStream(const void* send, int64_t count,
+                                                DeviceElementType type, void* recv,
+                                                void* stream) {
+  if (broken_) return absl::FailedPreconditionError("NCCL communicator is broken");
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+  return NcclStatus(ncclAllGather(send, recv, static_cast<size_t>(count), NcclType(type),
+                                  handles_->comm, static_cast<cudaStream_t>(stream)),
+                    "ncclAllGather");
+}
+
+absl::Status NcclCommunicator::WaitStream(void* stream) {
+  if (broken_) return absl::FailedPreconditionError("NCCL communicator is broken");
+  if (stream == nullptr) return absl::InvalidArgumentError("WaitStream: no stream");
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+  return Sync(timeout_, "the step's collectives", stream);
 }
 
 }  // namespace carpool::cluster

@@ -29,7 +29,10 @@ struct NcclCommunicatorOptions {
   absl::Duration timeout = absl::Seconds(60);
 };
 
-class NcclCommunicator : public Communicator {
+// Also a DeviceCommunicator: its *OnStream operations enqueue on the caller's stream (the
+// model's step stream), with no wait, so they can be captured in a CUDA graph; WaitStream polls
+// that stream as Sync polls its own.
+class NcclCommunicator : public Communicator, public DeviceCommunicator {
  public:
   // Collective over `group`: its rank 0 creates the ncclUniqueId and broadcasts it over MPI.
   static absl::StatusOr<std::unique_ptr<NcclCommunicator>> CreateOverMpi(
@@ -52,12 +55,19 @@ class NcclCommunicator : public Communicator {
   absl::Status Barrier() override;
   absl::Duration timeout() const override { return timeout_; }
 
+  absl::Status AllReduceSumOnStream(void* data, int64_t count, DeviceElementType type,
+                                    void* stream) override;
+  absl::Status AllGatherOnStream(const void* send, int64_t count, DeviceElementType type,
+                                 void* recv, void* stream) override;
+  absl::Status WaitStream(void* stream) override;
+
  private:
   struct Handles;
   NcclCommunicator(std::unique_ptr<Handles> handles, int rank, int size, int device,
                    absl::Duration timeout);
-  // Waits for the stream; aborts the communicator on timeout or an asynchronous error.
-  absl::Status Sync(absl::Duration timeout, const char* what);
+  // Waits for `stream` (the communicator's own when null); aborts the communicator on timeout
+  // or an asynchronous error.
+  absl::Status Sync(absl::Duration timeout, const char* what, void* stream = nullptr);
 
   std::unique_ptr<Handles> handles_;  // ncclComm_t, cudaStream_t, scratch
   int rank_;

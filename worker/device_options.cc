@@ -120,6 +120,59 @@ const char* QuantizationName(Quantization q) {
   return q == Quantization::kInt8 ? "int8" : "none";
 }
 
+absl::StatusOr<TpTransport> ParseTpTransport(const std::string& text) {
+  const std::string t = absl::AsciiStrToLower(text);
+  if (t == "auto") return TpTransport::kAuto;
+  if (t == "mpi") return TpTransport::kMpi;
+  if (t == "nccl") return TpTransport::kNccl;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--tp-transport must be auto, mpi or nccl, got '", text, "'"));
+}
+
+const char* TpTransportName(TpTransport t) {
+  switch (t) {
+    case TpTransport::kMpi:
+      return "mpi";
+    case TpTransport::kNccl:
+      return "nccl";
+    case TpTransport::kAuto:
+      break;
+  }
+  return "auto";
+}
+
+bool BuiltWithNccl() {
+#ifdef CARPOOL_HAVE_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
+absl::StatusOr<TpTransport> ResolveTpTransport(TpTransport requested, int ranks_on_gpu,
+                                               int group_size, bool have_nccl) {
+  const bool every_rank_on_gpu = ranks_on_gpu == group_size;
+  switch (requested) {
+    case TpTransport::kMpi:
+      return TpTransport::kMpi;
+    case TpTransport::kAuto:
+      return every_rank_on_gpu && have_nccl ? TpTransport::kNccl : TpTransport::kMpi;
+    case TpTransport::kNccl:
+      break;
+  }
+  if (!have_nccl) {
+    return absl::FailedPreconditionError(
+        "--tp-transport nccl: this build has no NCCL; use --tp-transport mpi or auto");
+  }
+  if (!every_rank_on_gpu) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--tp-transport nccl needs a GPU on every rank of the tensor-parallel group, but ",
+        group_size - ranks_on_gpu, " of its ", group_size,
+        " ranks run on the CPU; use --tp-transport mpi or auto (or --device cuda)"));
+  }
+  return TpTransport::kNccl;
+}
+
 const char* StorageTypeFlagName(StorageType t) {
   switch (t) {
     case StorageType::kF32:

@@ -1,6 +1,6 @@
 // Which device a worker's model runs on, and how it stores weights and the KV cache: the
 // options behind --device, --gpu, --dtype, --quantization, --kv-cache-dtype,
-// --gpu-memory-utilization and --cuda-graphs (worker/engine_flags.h).
+// --gpu-memory-utilization, --cuda-graphs and --tp-transport (worker/engine_flags.h).
 //
 //   DeviceOptions d;                       // auto: CUDA when built with it and a GPU is visible
 //   ASSIGN_OR_RETURN(d, ResolveDevice(d, local_rank));   // kind is now kCpu or kCuda
@@ -28,6 +28,12 @@ enum class DeviceKind { kAuto, kCpu, kCuda };
 // Weight-only quantization computed at load.
 enum class Quantization { kNone, kInt8 };
 
+// How a tensor-parallel group's collectives travel (--tp-transport). kMpi: through host memory
+// over MPI (the CPU's way; on GPUs each sum copies its array to the host and back). kNccl: NCCL
+// on the device's buffers, on the step's stream (every rank on a GPU). kAuto: kNccl when every
+// rank of the group computes on a GPU and the build has NCCL, else kMpi.
+enum class TpTransport { kAuto, kMpi, kNccl };
+
 struct DeviceOptions {
   // kAuto: kCuda when this build has CUDA and a GPU is visible, else kCpu. Default: kAuto.
   DeviceKind kind = DeviceKind::kAuto;
@@ -52,6 +58,8 @@ struct DeviceOptions {
   double gpu_memory_utilization = 0.9;
   // Capture decode steps at padded batch sizes as CUDA graphs. Default: true.
   bool cuda_graphs = true;
+  // Tensor parallelism's collectives (ResolveTpTransport). Default: auto.
+  TpTransport tp_transport = TpTransport::kAuto;
 
   // The storage type on a GPU (dtype, or bf16 for auto).
   StorageType gpu_dtype() const { return dtype.value_or(StorageType::kBF16); }
@@ -86,6 +94,21 @@ std::string DtypeFlagName(const std::optional<StorageType>& t);
 // otherwise.
 absl::StatusOr<Quantization> ParseQuantization(const std::string& text);
 const char* QuantizationName(Quantization q);  // "none", "int8"
+// --tp-transport: "auto" | "mpi" | "nccl"; INVALID_ARGUMENT naming --tp-transport and the
+// choices otherwise.
+absl::StatusOr<TpTransport> ParseTpTransport(const std::string& text);
+const char* TpTransportName(TpTransport t);  // "auto", "mpi", "nccl"
+
+// True when this build has NCCL (the NCCL communicator, cluster/nccl_communicator.h).
+bool BuiltWithNccl();
+
+// The transport (kMpi or kNccl) a tensor-parallel group of `group_size` ranks, of which
+// `ranks_on_gpu` resolved their device to CUDA, uses under `requested`. Every rank must call it
+// with the same counts (carpool-worker sums them over the group first), so that all agree.
+// FAILED_PRECONDITION naming --tp-transport when kNccl is asked for but a rank runs on the CPU
+// or the build has no NCCL (`have_nccl`).
+absl::StatusOr<TpTransport> ResolveTpTransport(TpTransport requested, int ranks_on_gpu,
+                                               int group_size, bool have_nccl);
 
 // True when this build has the CUDA backend.
 bool BuiltWithCuda();

@@ -261,7 +261,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   ASSIGN_OR_RETURN(engine->model_,
                    LlamaModel::Create(std::move(weights),
                                       KvCacheShape{static_cast<int>(blocks), options.block_size},
-                                      group, std::move(device)));
+                                      group, std::move(device),
+                                      options.tensor_parallel_device_group));
   ASSIGN_OR_RETURN(engine->scheduler_, CreateScheduler(sched, engine->kv_cache_.get()));
   engine->sampler_ = std::make_unique<Sampler>(config.vocab_size);
   engine->next_seed_ = std::random_device{}();

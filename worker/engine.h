@@ -51,6 +51,12 @@ struct EngineOptions {
   // (LlamaModel::Follow, RunFollower in worker/mpi_worker.h). Null or a group of one: the whole
   // model here. Default: null.
   cluster::Communicator* tensor_parallel_group = nullptr;
+  // The same group's collectives on device buffers (cluster::DeviceCommunicator, not owned;
+  // outlives the engine): with a GPU device, the model's sums and logits' gather run on the
+  // device's stream through it instead of through host memory over tensor_parallel_group
+  // (carpool-worker: an NcclCommunicator under --tp-transport nccl or auto). Null: host
+  // staging. Default: null.
+  cluster::DeviceCommunicator* tensor_parallel_device_group = nullptr;
   // The device the model runs on when Engine::Create is given none. kCpu: a CpuDevice whose
   // weights are device.dtype's (auto: CpuAutoDtypeIsBf16 and a BF16 checkpoint), int8 with
   // device.quantization, and whose KV cache is device.kv_cache_dtype's (auto: bf16 with bf16 or
@@ -60,9 +66,9 @@ struct EngineOptions {
   // device.dtype, and, when neither num_kv_blocks nor kv_cache_memory_bytes is set, a KV pool
   // sized by device.gpu_memory_utilization (CudaKvPoolBytes). Under tensor parallelism the
   // same, per rank: the caller resolves each rank's gpu_index (carpool-worker: the local rank),
-  // the collectives are staged through host memory over the group's communicator, and a pool
-  // sized by memory takes the fewest blocks of the group's ranks (every rank of the group then
-  // takes part in that collective).
+  // the collectives are staged through host memory over the group's communicator unless
+  // tensor_parallel_device_group is set, and a pool sized by memory takes the fewest blocks of
+  // the group's ranks (every rank of the group then takes part in that collective).
   // Default: the CPU in fp32 (the binaries' --device and --dtype flags default to auto;
   // RegisterEngineFlags), so an engine built in code computes what it did before bf16 weights
   // existed unless it asks for them.

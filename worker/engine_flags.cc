@@ -113,6 +113,17 @@ void RegisterDeviceFlags(FlagParser* p, DeviceOptions* o) {
   p->AddBool("cuda-graphs", &o->cuda_graphs,
              "replay decode steps as CUDA graphs at padded batch sizes (--no-cuda-graphs "
              "turns them off)");
+  p->AddCustom(
+      "tp-transport",
+      [o](const std::string& v) -> absl::Status {
+        absl::StatusOr<TpTransport> t = ParseTpTransport(v);
+        if (!t.ok()) return t.status();
+        o->tp_transport = *t;
+        return absl::OkStatus();
+      },
+      "auto, mpi or nccl: how a tensor-parallel group's sums and logits travel; nccl on the "
+      "GPUs' buffers, mpi through host memory (auto: nccl when every rank has a GPU)",
+      TpTransportName(o->tp_transport));
 }
 
 }  // namespace carpool::worker

@@ -17,7 +17,8 @@ void RegisterEngineFlags(FlagParser* parser, EngineOptions* options);
 
 // Binds --device (cpu|cuda|auto), --gpu N, --dtype (auto|bfloat16|float16|float32),
 // --quantization (none|int8), --kv-cache-dtype (auto|bfloat16|float32),
-// --gpu-memory-utilization (0, 1] and --cuda-graphs / --no-cuda-graphs to `options`. Malformed
+// --gpu-memory-utilization (0, 1], --cuda-graphs / --no-cuda-graphs and --tp-transport
+// (auto|mpi|nccl) to `options`. Malformed
 // values are errors naming the flag and the choices; ranges and combinations are checked by
 // DeviceOptions::Validate and CheckDeviceStorage.
 // `options` must outlive the parser.

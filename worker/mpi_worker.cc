@@ -10,6 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "cluster/group_heartbeat.h"
 #include "cluster/mpi_communicator.h"
+#ifdef CARPOOL_HAVE_NCCL
+#include "cluster/nccl_communicator.h"
+#endif
 #include "common/status.h"
 #include "worker/engine.h"
 
@@ -107,6 +110,33 @@ absl::Status AgreeOnShape(cluster::Communicator* group, const GroupShape& mine) 
   return absl::OkStatus();
 }
 
+// The group's transport for its collectives (--tp-transport, ResolveTpTransport): the ranks
+// first count how many of them run on a GPU, so that every rank decides the same. With NCCL,
+// `nccl` holds the group's NCCL communicator on this rank's GPU (its unique id broadcast over
+// MPI); with MPI it stays null.
+absl::Status ChooseTransport(cluster::MpiJob* job, const MpiWorkerOptions& options,
+                             cluster::Communicator* group,
+                             std::unique_ptr<cluster::DeviceCommunicator>* nccl) {
+  const DeviceOptions& device = options.server.engine.device;
+  float on_gpu = device.kind == DeviceKind::kCuda ? 1.0f : 0.0f;
+  RETURN_IF_ERROR(group->AllReduceSum(&on_gpu, 1));
+  ASSIGN_OR_RETURN(const TpTransport transport,
+                   ResolveTpTransport(device.tp_transport, static_cast<int>(on_gpu),
+                                      group->size(), BuiltWithNccl()));
+  Log(*job, "tensor-parallel transport: ", TpTransportName(transport), " (--tp-transport ",
+      TpTransportName(device.tp_transport), ")");
+  if (transport != TpTransport::kNccl) return absl::OkStatus();
+#ifdef CARPOOL_HAVE_NCCL
+  ASSIGN_OR_RETURN(*nccl, cluster::NcclCommunicator::CreateOverMpi(
+                              job->tp_comm(), {.device = device.gpu_index,
+                                               .timeout = options.collective_timeout}));
+  return absl::OkStatus();
+#else
+  (void)nccl;
+  return absl::InternalError("NCCL transport chosen in a build without NCCL");
+#endif
+}
+
 absl::Status RunLeader(cluster::MpiJob* job, const MpiWorkerOptions& options,
                        cluster::Communicator* group, Watcher* watcher,
                        std::atomic<WorkerServer*>* server_slot,
@@ -185,6 +215,7 @@ absl::Status RunMpiWorker(cluster::MpiJob* job, MpiWorkerOptions options,
   const bool leader = job->tp_rank() == 0;
   std::unique_ptr<cluster::MpiCommunicator> group;
   std::unique_ptr<cluster::GroupHeartbeat> beats;
+  std::unique_ptr<cluster::DeviceCommunicator> nccl;
   if (job->tp_size() > 1) {
     ASSIGN_OR_RETURN(group, cluster::MpiCommunicator::Create(
                                 job->tp_comm(), {.timeout = options.collective_timeout}));
@@ -192,6 +223,8 @@ absl::Status RunMpiWorker(cluster::MpiJob* job, MpiWorkerOptions options,
                                 job->tp_comm(), {.interval = options.heartbeat_interval,
                                                  .timeout = options.heartbeat_timeout}));
     options.server.engine.tensor_parallel_group = group.get();
+    RETURN_IF_ERROR(ChooseTransport(job, options, group.get(), &nccl));
+    options.server.engine.tensor_parallel_device_group = nccl.get();
   }
   Watcher watcher(job, beats.get(),
                   std::min(options.heartbeat_interval / 2, absl::Milliseconds(50)), leader,

@@ -5,7 +5,10 @@
 // other ranks (followers) load their slices of the same model and run every step they receive
 // (RunFollower) until the leader says it is done. Every rank builds its engine from the same
 // options, device included: carpool-worker resolved the device per process, so on GPUs each rank
-// computes on its local rank's GPU, its collectives staged through host memory over MPI.
+// computes on its local rank's GPU. The group's collectives go as --tp-transport says
+// (ResolveTpTransport in worker/device_options.h): NCCL on the GPUs' buffers, its unique id
+// broadcast over MPI, when every rank has a GPU (auto, nccl); through host memory over MPI
+// otherwise (mpi, or a rank on the CPU). Step plans and heartbeats always go over MPI.
 //
 // Liveness, so that no rank ever hangs:
 //   - a watcher thread per rank exchanges heartbeats with its group (cluster/group_heartbeat.h)

@@ -299,6 +299,8 @@ class CudaDeviceImpl final : public CudaDevice {
 
   // ---- graphs
 
+  void* stream() const override { return stream_; }
+
   int GraphBatchSize(int num_seqs) const override {
     if (!options_.cuda_graphs) return 0;
     for (int s : graph_sizes_) {

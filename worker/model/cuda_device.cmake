@@ -13,6 +13,9 @@ if(CARPOOL_WITH_CUDA)
     PUBLIC carpool_kernels_cuda carpool_weights carpool_common
     PRIVATE carpool_warnings)
   target_compile_definitions(carpool_cuda_device PUBLIC CARPOOL_HAVE_CUDA=1)
+  # StorageTypeName and the rest of model_device.h live in carpool_model (a cycle of static
+  # libraries, which CMake links by repeating them).
+  target_link_libraries(carpool_cuda_device PUBLIC carpool_model)
   target_link_libraries(carpool_device_options PUBLIC carpool_cuda_device)
   target_compile_definitions(carpool_device_options PUBLIC CARPOOL_HAVE_CUDA=1)
 
@@ -31,4 +34,9 @@ if(CARPOOL_WITH_CUDA)
   if(TARGET carpool_gpu_checks)
     add_dependencies(carpool_gpu_checks carpool_cuda_model_test)
   endif()
+endif()
+
+# BuiltWithNccl() (worker/device_options.h), and carpool-worker's NCCL transport.
+if(CARPOOL_WITH_NCCL)
+  target_compile_definitions(carpool_device_options PUBLIC CARPOOL_HAVE_NCCL=1)
 endif()

@@ -76,7 +76,8 @@ int64_t LlamaModel::KvBytesPerBlock(const ModelConfig& c, int block_size, Storag
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(
     std::unique_ptr<LlamaWeights> weights, const KvCacheShape& kv_shape,
-    cluster::Communicator* group, std::unique_ptr<ModelDevice> device) {
+    cluster::Communicator* group, std::unique_ptr<ModelDevice> device,
+    cluster::DeviceCommunicator* device_group) {
   if (weights == nullptr) return absl::InvalidArgumentError("no weights");
   const TensorParallelRank& tp = weights->tp;
   if (tp.size > 1 && (group == nullptr || group->size() != tp.size || group->rank() != tp.rank)) {
@@ -90,6 +91,14 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(
     return absl::InvalidArgumentError("a tensor-parallel group needs weights sliced for it");
   }
   if (tp.size == 1) group = nullptr;
+  if (device_group != nullptr && group == nullptr) device_group = nullptr;
+  if (device_group != nullptr &&
+      (device_group->size() != group->size() || device_group->rank() != group->rank())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the device collectives' group is rank ", device_group->rank(), " of ",
+        device_group->size(), " but the tensor-parallel group is rank ", group->rank(), " of ",
+        group->size()));
+  }
   if (kv_shape.num_blocks <= 0 || kv_shape.block_size <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("KV cache needs at least one block of size >= 1, got ", kv_shape.num_blocks,
@@ -97,18 +106,25 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(
   }
   RETURN_IF_ERROR(CheckFamilyTensors(*weights));
   if (device == nullptr) device = CreateCpuDevice();
-  std::unique_ptr<LlamaModel> model(
-      new LlamaModel(std::move(weights), kv_shape, group, std::move(device)));
+  if (device_group != nullptr && device->stream() == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("collectives on device buffers need a device with a stream (a GPU); ",
+                     device->name(), " has none: use --tp-transport mpi"));
+  }
+  std::unique_ptr<LlamaModel> model(new LlamaModel(std::move(weights), kv_shape, group,
+                                                   std::move(device), device_group));
   RETURN_IF_ERROR(model->Init());
   return model;
 }
 
 LlamaModel::LlamaModel(std::unique_ptr<LlamaWeights> weights, const KvCacheShape& kv_shape,
-                       cluster::Communicator* group, std::unique_ptr<ModelDevice> device)
+                       cluster::Communicator* group, std::unique_ptr<ModelDevice> device,
+                       cluster::DeviceCommunicator* device_group)
     : weights_(std::move(weights)),
       kv_shape_(kv_shape),
       group_(group),
       device_(std::move(device)),
+      device_group_(device_group),
       num_heads_(weights_->shard.num_heads),
       num_kv_heads_(weights_->shard.num_kv_heads),
       intermediate_(weights_->shard.intermediate),
@@ -118,6 +134,17 @@ LlamaModel::LlamaModel(std::unique_ptr<LlamaWeights> weights, const KvCacheShape
   layout_.block_size = kv_shape.block_size;
   layout_.num_kv_heads = num_kv_heads_;
   layout_.head_dim = c.head_dim;
+  switch (device_->storage_type()) {
+    case StorageType::kBF16:
+      element_type_ = cluster::DeviceElementType::kBF16;
+      break;
+    case StorageType::kF16:
+      element_type_ = cluster::DeviceElementType::kF16;
+      break;
+    case StorageType::kF32:
+      element_type_ = cluster::DeviceElementType::kF32;
+      break;
+  }
 }
 
 absl::Status LlamaModel::Init() {
@@ -427,6 +454,7 @@ void LlamaModel::RunEmbedStep(const StepPlan& step, StepInputs* in) {
   PrepareInputs(step, in);
   Stage(*in, 0);
   RunLayers(*in);  // final-norm hidden states -> hidden_
+  if (device_group_ != nullptr) WaitForDevice();
 }
 
 void LlamaModel::EmbedPass(absl::Span<const EmbeddingInput* const> inputs,
@@ -488,6 +516,11 @@ void LlamaModel::EmbedTokens(const StepInputs& in, int64_t t) {
     const int64_t row = in.token_ids[i] - first;
     if (row < 0 || row >= vocab_) std::fill_n(rows + i * h, h, 0.0f);
   }
+  if (device_group_ != nullptr) {
+    Release(rows, t * h, &residual_);
+    AllReduce(&residual_, t * h);
+    return;
+  }
   SumOverGroup(rows, t * h);
   Release(rows, t * h, &residual_);
 }
@@ -503,23 +536,42 @@ void LlamaModel::ParallelHead(int64_t s, std::vector<float>* logits) {
   const ModelConfig& c = weights_->config;
   const int64_t h = c.hidden_size;
   logits->clear();
-  if (s == 0) return;
+  const bool leader = group_->rank() == 0;
+  const int size = group_->size();
+  if (s == 0) {
+    if (device_group_ != nullptr) WaitForDevice();
+    return;
+  }
   device_->GatherRows(hidden_, h, &sampled_);
   device_->Linear(sampled_, *lm_head_, no_bias_, s, vocab_, h, &logits_);
   CapLogits(s, &logits_);  // elementwise, so each rank caps its own slice
-  const float* local = HostView(logits_, s * vocab_);
-  const bool leader = group_->rank() == 0;
-  const int size = group_->size();
   if (leader && static_cast<int64_t>(gathered_.size()) < size * s * vocab_) {
     gathered_.resize(size * s * vocab_);
   }
-  const int64_t start = Clock::Real()->NowMicros();
-  if (absl::Status st = group_->Gather(local, s * vocab_, leader ? gathered_.data() : nullptr, 0);
-      !st.ok()) {
-    cluster::FailGroup(st);
+  if (device_group_ != nullptr) {
+    // NCCL has no gather: every rank receives every slice, and the followers drop theirs.
+    device_->Reserve(&gathered_logits_, size * s * vocab_);
+    const int64_t start = Clock::Real()->NowMicros();
+    if (absl::Status st = device_group_->AllGatherOnStream(
+            logits_.data(), s * vocab_, element_type_, gathered_logits_.data(), device_->stream());
+        !st.ok()) {
+      cluster::FailGroup(st);
+    }
+    times_.gather_micros += Clock::Real()->NowMicros() - start;
+    WaitForDevice();
+    if (!leader) return;
+    device_->ToHost(gathered_logits_, 0, size * s * vocab_, gathered_.data());
+  } else {
+    const float* local = HostView(logits_, s * vocab_);
+    const int64_t start = Clock::Real()->NowMicros();
+    if (absl::Status st =
+            group_->Gather(local, s * vocab_, leader ? gathered_.data() : nullptr, 0);
+        !st.ok()) {
+      cluster::FailGroup(st);
+    }
+    times_.gather_micros += Clock::Real()->NowMicros() - start;
+    if (!leader) return;
   }
-  times_.gather_micros += Clock::Real()->NowMicros() - start;
-  if (!leader) return;
   logits->resize(s * c.vocab_size);
   for (int r = 0; r < size; ++r) {
     for (int64_t i = 0; i < s; ++i) {
@@ -542,9 +594,28 @@ void LlamaModel::Release(float* host, int64_t count, DeviceArray* x) {
 
 void LlamaModel::AllReduce(DeviceArray* x, int64_t count) {
   if (group_ == nullptr) return;
+  if (device_group_ != nullptr) {
+    const int64_t start = Clock::Real()->NowMicros();
+    if (absl::Status s =
+            device_group_->AllReduceSumOnStream(x->data(), count, element_type_, device_->stream());
+        !s.ok()) {
+      cluster::FailGroup(s);
+    }
+    times_.all_reduce_micros += Clock::Real()->NowMicros() - start;
+    ++times_.all_reduces;
+    return;
+  }
   float* host = HostView(*x, count);
   SumOverGroup(host, count);
   Release(host, count, x);
+}
+
+void LlamaModel::WaitForDevice() {
+  const int64_t start = Clock::Real()->NowMicros();
+  if (absl::Status s = device_group_->WaitStream(device_->stream()); !s.ok()) {
+    cluster::FailGroup(s);
+  }
+  times_.device_wait_micros += Clock::Real()->NowMicros() - start;
 }
 
 void LlamaModel::SumOverGroup(float* host, int64_t count) {

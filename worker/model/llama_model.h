@@ -23,6 +23,17 @@
 // same collectives in the same order. A collective that fails ends the process
 // (cluster::FailGroup): the group cannot finish the step.
 //
+// Where the collectives run. By default through host memory over `group` (MPI): each sum copies
+// its array to the host where the device's memory is not the host's, and back. Given a
+// cluster::DeviceCommunicator (NCCL) and a device with a stream (a GPU), the sums after o_proj
+// and down_proj and the gather of the head's logits run on the device's arrays instead,
+// enqueued on the device's stream between the kernels (an all-gather, of which the followers
+// drop their copy); the step's end waits for that stream with the group's timeout. The
+// vocabulary-parallel embedding's rows of tokens other ranks hold are still zeroed on the host
+// (one copy each way per step) before its sum on the device, so a tensor-parallel step is never
+// captured as a CUDA graph (RunStep), although its collectives would be. Step plans always go
+// over `group`.
+//
 // Decode-only steps are padded to the device's GraphBatchSize with dummy sequences (their
 // logits dropped) and run through ModelDevice::RunStep, so a GPU can replay them as graphs;
 // every row is computed independently, so padding changes no result.
@@ -68,6 +79,9 @@ struct CollectiveTimes {
   int64_t all_reduces = 0;
   int64_t gather_micros = 0;      // logits to the leader
   int64_t broadcast_micros = 0;   // the leader's step plans
+  // Device collectives only: waiting at the end of a step for the device's stream (its kernels
+  // and collectives; enqueueing takes no time worth counting).
+  int64_t device_wait_micros = 0;
 };
 
 class LlamaModel {
@@ -78,9 +92,14 @@ class LlamaModel {
   // otherwise. `device` computes everything (weights, KV pool and activations live there);
   // nullptr means CreateCpuDevice() (its kernels on the calling thread; the engine passes a
   // device on its own thread pool). RESOURCE_EXHAUSTED when the weights or the pool do not fit.
+  // `device_group` (not owned, outlives the model; nullptr: none) is the same group's
+  // collectives on device buffers: the model's sums and its logits' gather then run on the
+  // device's stream (see the header comment); it needs `group` and a device with a stream
+  // (ModelDevice::stream), else INVALID_ARGUMENT.
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(
       std::unique_ptr<LlamaWeights> weights, const KvCacheShape& kv_shape,
-      cluster::Communicator* group = nullptr, std::unique_ptr<ModelDevice> device = nullptr);
+      cluster::Communicator* group = nullptr, std::unique_ptr<ModelDevice> device = nullptr,
+      cluster::DeviceCommunicator* device_group = nullptr);
 
   // Bytes of KV cache one block takes across all layers (keys and values) in `storage` (the
   // device's kv_storage_type()).
@@ -132,11 +151,14 @@ class LlamaModel {
 
   // Null without tensor parallelism.
   cluster::Communicator* group() const { return group_; }
+  // Null unless the collectives run on the device's buffers.
+  cluster::DeviceCommunicator* device_group() const { return device_group_; }
   const CollectiveTimes& collective_times() const { return times_; }
 
  private:
   LlamaModel(std::unique_ptr<LlamaWeights> weights, const KvCacheShape& kv_shape,
-             cluster::Communicator* group, std::unique_ptr<ModelDevice> device);
+             cluster::Communicator* group, std::unique_ptr<ModelDevice> device,
+             cluster::DeviceCommunicator* device_group);
   // Puts the weights on the device and allocates the KV pool.
   absl::Status Init();
   // Every weight array holds its own memory (none borrows the host tensors without keeping them
@@ -190,14 +212,20 @@ class LlamaModel {
   // else copied into host_scratch_. Release() copies a changed host view back.
   float* HostView(const DeviceArray& x, int64_t count);
   void Release(float* host, int64_t count, DeviceArray* x);
-  // Sums `count` floats of `x` over the group (no-op without one).
+  // Sums `count` elements of `x` over the group (no-op without one): on the device's stream
+  // with device_group_, else through host memory.
   void AllReduce(DeviceArray* x, int64_t count);
   void SumOverGroup(float* host, int64_t count);
+  // Device collectives: waits for the device's stream (the step's kernels and collectives).
+  void WaitForDevice();
 
   std::unique_ptr<LlamaWeights> weights_;
   KvCacheShape kv_shape_;
   cluster::Communicator* const group_;
   std::unique_ptr<ModelDevice> device_;
+  cluster::DeviceCommunicator* const device_group_;
+  // The device's storage type as a collective's element type (device collectives only).
+  cluster::DeviceElementType element_type_ = cluster::DeviceElementType::kF32;
   // The device's memory is the host's (ModelDevice::HostData is non-null).
   bool host_memory_ = false;
   // This rank's heads and widths (the whole model's without tensor parallelism).
@@ -223,6 +251,8 @@ class LlamaModel {
   std::vector<int32_t> embed_table_;
   // Activation scratch on the device, grown on demand and reused across steps.
   DeviceArray residual_, hidden_, q_, k_, v_, attn_, gate_, up_, out_, sampled_, logits_;
+  // Device collectives: every rank's logits slices, [rank][sampled row][vocab_].
+  DeviceArray gathered_logits_;
   // Host side: token ids as this rank's vocabulary rows (tensor parallelism), collectives'
   // and pooling's copies where the device's memory is not the host's, the gathered logits.
   std::vector<int32_t> local_ids_;

@@ -220,6 +220,15 @@ class ModelDevice {
   // instead of calling `body`. Other devices and steps just call `body`.
   virtual void RunStep(const std::function<void()>& body) { body(); }
 
+  // ---- collectives on the device's buffers
+
+  // The stream the device's kernels are enqueued on (a cudaStream_t), for collectives on its
+  // arrays that must run in order with them (cluster::DeviceCommunicator, given it with
+  // DeviceArray::data() of kStorage arrays); nullptr for a device without one (the CPU), whose
+  // collectives go through host memory. Such collectives may run inside RunStep's body: they
+  // are enqueued on this stream, so a captured graph records them.
+  virtual void* stream() const { return nullptr; }
+
   // ---- host transfers (fp32 on the host), for logits, pooled embeddings and collectives.
 
   // The array as host fp32 memory when the device's memory is the host's (the CPU device), so
