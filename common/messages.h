@@ -245,8 +245,9 @@ struct WorkerStatsOut {
   int64_t tokens_generated = 0;
   int64_t preemptions = 0;
   int64_t suspensions = 0;
-  std::string weight_dtype;
-  std::string kv_cache_dtype;
+  // Initialized so the positional aggregates of older fields need not name them.
+  std::string weight_dtype{};
+  std::string kv_cache_dtype{};
 };
 
 struct TenantStatsOut {
@@ -353,8 +354,8 @@ struct RegisterInfo {
   std::vector<int32_t> eos_token_ids;  // what ends generation
   std::string chat_template_jinja;     // the folder's chat_template.jinja ("": none)
   // Its weights' and KV cache's storage: "fp32", "bf16", "fp16", "int8" ("": no model).
-  std::string weight_dtype;
-  std::string kv_cache_dtype;
+  std::string weight_dtype{};
+  std::string kv_cache_dtype{};
 };
 
 struct WorkerLoad {

@@ -27,8 +27,8 @@ struct WorkerMetricsSnapshot {
   int num_kv_blocks = 0;
   int64_t preemptions = 0;  // the worker's cumulative counts
   int64_t suspensions = 0;
-  std::string weight_dtype;  // as it registered ("": no model)
-  std::string kv_cache_dtype;
+  std::string weight_dtype{};  // as it registered ("": no model)
+  std::string kv_cache_dtype{};
 };
 
 class RouterMetrics {
