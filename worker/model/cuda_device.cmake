@@ -34,6 +34,17 @@ if(CARPOOL_WITH_CUDA)
   if(TARGET carpool_gpu_checks)
     add_dependencies(carpool_gpu_checks carpool_cuda_model_test)
   endif()
+  # Tensor parallelism on GPUs: two ranks on one GPU over host staging, two GPUs over NCCL.
+  set(carpool_cuda_tp_libs carpool_model carpool_cuda_device)
+  if(CARPOOL_WITH_NCCL)
+    list(APPEND carpool_cuda_tp_libs carpool_cluster_nccl)
+  endif()
+  carpool_test(carpool_cuda_tp_test gpu
+    SOURCES cuda_tp_test.cc
+    LIBS ${carpool_cuda_tp_libs})
+  if(TARGET carpool_gpu_checks)
+    add_dependencies(carpool_gpu_checks carpool_cuda_tp_test)
+  endif()
 endif()
 
 # BuiltWithNccl() (worker/device_options.h), and carpool-worker's NCCL transport.
