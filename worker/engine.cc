@@ -156,6 +156,35 @@ int ReleasableWindow(const ModelConfig& c) {
 
 }  // namespace
 
+const char* DeviceSamplingName(DeviceSampling d) {
+  switch (d) {
+    case DeviceSampling::kOn:
+      return "on";
+    case DeviceSampling::kOff:
+      return "off";
+    case DeviceSampling::kAuto:
+      break;
+  }
+  return "auto";
+}
+
+void SampleRequestsFromBatch(const BatchPlan& plan, std::vector<SampleRequest>* requests,
+                             std::vector<int>* seq_index) {
+  requests->clear();
+  seq_index->clear();
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const ScheduledSeq& s = plan.seqs[i];
+    if (!s.sample) continue;
+    SampleRequest r;
+    r.params = &s.seq->sampling;
+    r.prompt_tokens = s.seq->prompt_tokens;
+    r.output_tokens = s.seq->output_tokens;
+    r.position = s.seq->num_tokens();
+    requests->push_back(r);
+    seq_index->push_back(static_cast<int>(i));
+  }
+}
+
 bool CpuAutoDtypeIsBf16() {
   return std::string(kernels::cpu::LinearBf16Path()) != "portable";
 }
@@ -264,6 +293,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
                                       group, std::move(device),
                                       options.tensor_parallel_device_group));
   ASSIGN_OR_RETURN(engine->scheduler_, CreateScheduler(sched, engine->kv_cache_.get()));
+  const bool can_sample_on_device = engine->model_->CanSampleOnDevice();
+  if (options.device_sampling == DeviceSampling::kOn && !can_sample_on_device) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--device-sampling on: ", engine->model_->device().name(),
+        engine->model_->group() != nullptr ? " under tensor parallelism" : "",
+        " cannot sample on the device (a GPU without tensor parallelism can); use auto or off"));
+  }
+  engine->samples_on_device_ =
+      options.device_sampling != DeviceSampling::kOff && can_sample_on_device;
   engine->sampler_ = std::make_unique<Sampler>(config.vocab_size);
   engine->next_seed_ = std::random_device{}();
   return engine;
@@ -352,10 +390,19 @@ bool Engine::Abort(int64_t request_id) {
 StepOutput Engine::RunModel(const BatchPlan& plan) {
   const int64_t start = clock_->NowMicros();
   StepPlanFromBatch(plan, options_.block_size, &step_);
-  model_->Forward(step_, &logits_);
-  forward_micros_ += clock_->NowMicros() - start;
   StepOutput out;
   out.samples.resize(plan.seqs.size());
+  if (samples_on_device_) {
+    SampleRequestsFromBatch(plan, &sample_requests_, &sample_seq_index_);
+    model_->ForwardAndSample(step_, sample_requests_, &device_samples_);
+    forward_micros_ += clock_->NowMicros() - start;
+    for (size_t i = 0; i < sample_seq_index_.size(); ++i) {
+      out.samples[sample_seq_index_[i]] = std::move(device_samples_[i]);
+    }
+    return out;
+  }
+  model_->Forward(step_, &logits_);
+  forward_micros_ += clock_->NowMicros() - start;
   const int vocab = model_->config().vocab_size;
   int row = 0;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {

@@ -27,6 +27,14 @@
 
 namespace carpool::worker {
 
+// Where the engine samples (--device-sampling). kOn and kAuto where the device can
+// (LlamaModel::CanSampleOnDevice: a GPU, without tensor parallelism): on the device, which
+// returns only the sampled ids and logprobs (ModelDevice::Sample); kOff, and kAuto elsewhere:
+// the logits are copied to the host and sampled there (Sampler). Both follow the CPU sampler's
+// contract, so the same logits give the same tokens either way.
+enum class DeviceSampling { kAuto, kOn, kOff };
+const char* DeviceSamplingName(DeviceSampling d);  // "auto", "on", "off"
+
 struct EngineOptions {
   // "synthetic:<preset>" or a Hugging Face folder. Required.
   std::string model;
@@ -73,6 +81,9 @@ struct EngineOptions {
   // RegisterEngineFlags), so an engine built in code computes what it did before bf16 weights
   // existed unless it asks for them.
   DeviceOptions device = {.kind = DeviceKind::kCpu, .dtype = StorageType::kF32};
+  // Sampling on the device (see DeviceSampling); kOn makes Create fail with
+  // FAILED_PRECONDITION where the device cannot sample. Default: auto.
+  DeviceSampling device_sampling = DeviceSampling::kAuto;
 
   absl::Status Validate() const;
 };
@@ -130,13 +141,21 @@ bool CpuAutoDtypeIsBf16();
 // tokens.
 void StepPlanFromBatch(const BatchPlan& plan, int block_size, StepPlan* step);
 
+// The sampled rows of `plan` as ModelDevice::Sample takes them: one request per sequence with
+// `sample` set, in plan order (the order of the model's sampled rows), with its parameters,
+// prompt and output tokens and the position of the token it samples (num_tokens(), as the host
+// path's SampleInput). (*seq_index)[i] is request i's index in plan.seqs. Reuses the vectors'
+// memory; the requests point into the plan's sequences.
+void SampleRequestsFromBatch(const BatchPlan& plan, std::vector<SampleRequest>* requests,
+                             std::vector<int>* seq_index);
+
 class Engine {
  public:
   // `device` runs the model (its kv_storage_type sizes the KV pool; the weights load as fp32
   // for it); nullptr: the one options.device asks for (on the CPU, one that computes on the
   // engine's thread pool).
   // FAILED_PRECONDITION when options.device asks for CUDA and this build has none or no GPU is
-  // visible; INVALID_ARGUMENT when the device it resolves to refuses the storage flags
+  // visible, or options.device_sampling is kOn and the device cannot sample; INVALID_ARGUMENT when the device it resolves to refuses the storage flags
   // (CheckDeviceStorage); RESOURCE_EXHAUSTED when --gpu-memory-utilization leaves no room for a
   // KV block (on any rank of a tensor-parallel group).
   static absl::StatusOr<std::unique_ptr<Engine>> Create(
@@ -176,9 +195,12 @@ class Engine {
   // The engine's pool (options.num_threads threads), for callers that want to run work of
   // their own on the same threads between steps (benchmarks).
   ThreadPool& thread_pool() const { return *pool_; }
-  // Wall time spent inside the model's forward, cumulative (for overhead measurements).
+  // Wall time spent inside the model's forward, cumulative (for overhead measurements); with
+  // device sampling it includes the sampling, which the forward's read-back then waits for.
   // Embed's passes are not included.
   int64_t forward_micros() const { return forward_micros_; }
+  // Whether steps sample on the device (options.device_sampling resolved).
+  bool samples_on_device() const { return samples_on_device_; }
 
  private:
   Engine() = default;
@@ -198,6 +220,11 @@ class Engine {
   absl::flat_hash_map<int64_t, std::shared_ptr<Completion>> inflight_;
   StepPlan step_;  // the current step, reused across steps
   std::vector<float> logits_;
+  bool samples_on_device_ = false;
+  // Device sampling: the step's requests, their sequences' indices in the plan, the results.
+  std::vector<SampleRequest> sample_requests_;
+  std::vector<int> sample_seq_index_;
+  std::vector<SampleResult> device_samples_;
   int64_t forward_micros_ = 0;
 };
 

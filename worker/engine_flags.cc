@@ -51,6 +51,24 @@ void RegisterEngineFlags(FlagParser* p, EngineOptions* o) {
       "static scheduler: how long to collect a batch",
       absl::StrCat(o->scheduler.static_batch_timeout_micros / 1000.0));
   p->AddInt("threads", &o->num_threads, "kernel threads; 0: one per core");
+  p->AddCustom(
+      "device-sampling",
+      [o](const std::string& v) -> absl::Status {
+        if (v == "auto") {
+          o->device_sampling = DeviceSampling::kAuto;
+        } else if (v == "on") {
+          o->device_sampling = DeviceSampling::kOn;
+        } else if (v == "off") {
+          o->device_sampling = DeviceSampling::kOff;
+        } else {
+          return absl::InvalidArgumentError(
+              absl::StrCat("--device-sampling must be auto, on or off, got '", v, "'"));
+        }
+        return absl::OkStatus();
+      },
+      "auto, on or off: sample on the GPU, copying back only the ids and logprobs (auto: on a "
+      "GPU without tensor parallelism), or copy the logits to the host and sample there",
+      DeviceSamplingName(o->device_sampling));
   // Binaries use the GPU when there is one, and pick the storage types by --dtype auto.
   o->device.kind = DeviceKind::kAuto;
   o->device.dtype = std::nullopt;

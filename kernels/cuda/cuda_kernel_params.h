@@ -41,8 +41,17 @@ struct PagedAttentionBatch {
 // Largest number of top logprobs the device sampler returns (kMaxLogprobs).
 inline constexpr int kMaxTopLogprobs = 20;
 
-// One row's sampling parameters (SamplingParams without the penalties, which the
-// caller applies to the logits first). Field meanings and defaults as there.
+// One token a row's penalties touch, distinct within the row: `count` > 0 is its number of
+// occurrences in the output (the repetition, frequency and presence penalties apply), 0 means it
+// is in the prompt only (the repetition penalty applies). The host builds the list from the
+// request's prompt and output tokens, as worker::Sampler's ApplyPenalties walks them.
+struct PenaltyToken {
+  int32_t token = 0;
+  int32_t count = 0;
+};
+
+// One row's sampling parameters (SamplingParams, resolved). Field meanings and defaults as
+// there.
 struct SamplingRow {
   uint64_t seed = 0;     // already resolved: a request without a seed uses 0, as on the CPU
   int64_t position = 0;  // sequence position of the token being sampled
@@ -51,7 +60,15 @@ struct SamplingRow {
   float top_p = 1.0f;
   float min_p = 0.0f;
   int32_t num_top_logprobs = 0;  // 0 .. kMaxTopLogprobs
-  int32_t padding = 0;
+  // Penalties: entries [penalty_begin, penalty_begin + num_penalty_tokens) of the penalty list
+  // (Sample's `penalties`); 0 entries: the row is sampled as it is. A row with entries is
+  // penalized into row `penalized_row` of Sample's `penalized` scratch.
+  int32_t num_penalty_tokens = 0;
+  int64_t penalty_begin = 0;
+  float repetition_penalty = 1.0f;
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
+  int32_t penalized_row = 0;
 };
 
 struct SampledToken {

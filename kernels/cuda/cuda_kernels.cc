@@ -213,10 +213,20 @@ absl::Status Argmax(const float* x, int64_t rows, int64_t n, int32_t* out, Strea
 
 absl::Status Sample(const float* logits, const SamplingRow* rows, int64_t num_rows, int64_t vocab,
                     SampledToken* out, Stream stream) {
+  return Sample(logits, rows, num_rows, vocab, nullptr, nullptr, out, stream);
+}
+
+absl::Status Sample(const float* logits, const SamplingRow* rows, int64_t num_rows, int64_t vocab,
+                    const PenaltyToken* penalties, float* penalized, SampledToken* out,
+                    Stream stream) {
   RETURN_IF_ERROR(CheckRows("Sample", num_rows, vocab));
   if (vocab > INT32_MAX) return Invalid("Sample: vocab must fit in int32");
+  if ((penalties == nullptr) != (penalized == nullptr)) {
+    return Invalid("Sample: penalties and penalized go together");
+  }
   if (num_rows == 0) return absl::OkStatus();
-  CUDA_RETURN_IF_ERROR(internal::LaunchSample(logits, rows, num_rows, vocab, out, stream));
+  CUDA_RETURN_IF_ERROR(internal::LaunchSample(logits, rows, num_rows, vocab, penalties, penalized,
+                                              out, stream));
   return absl::OkStatus();
 }
 

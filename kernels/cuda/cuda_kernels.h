@@ -109,12 +109,21 @@ absl::Status LogSoftmax(float* x, int64_t rows, int64_t n, Stream stream);
 absl::Status Argmax(const float* x, int64_t rows, int64_t n, int32_t* out, Stream stream);
 
 // Samples one token per row of logits ([rows, vocab], fp32) with the CPU sampler's rule
-// (worker/sampler/sampler.h, steps 1 and 3-7): the same weights bit for bit (its exp, computed
+// (worker/sampler/sampler.h, steps 1-7): the same weights bit for bit (its exp, computed
 // with the FMAs GCC forms on an FMA host), the same order (weight desc, id asc; the top-k set of
 // k <= 1024 by logit desc, id asc), the same top-k, top-p and min-p cuts and the same draw
 // u = CounterUniform(seed, position). Masses are summed in double in another order, so a draw
 // can differ from the CPU only when u * mass falls within ~1e-15 relative of a boundary.
-// Penalties are not applied here. rows and out are device arrays of num_rows entries.
+// rows and out are device arrays of num_rows entries.
+// Penalties (step 2): a row with num_penalty_tokens > 0 reads its entries of `penalties` (device,
+// PenaltyToken) and samples from a penalized copy of itself written to row
+// SamplingRow::penalized_row of `penalized` (device scratch of fp32 rows of `vocab`, one row per
+// penalized row of the call), with the CPU's roundings (including the FMA GCC forms for the
+// frequency penalty on an FMA host); logprobs stay those of the raw row. Both pointers null:
+// no row is penalized. The overload without them is that.
+absl::Status Sample(const float* logits, const SamplingRow* rows, int64_t num_rows, int64_t vocab,
+                    const PenaltyToken* penalties, float* penalized, SampledToken* out,
+                    Stream stream);
 absl::Status Sample(const float* logits, const SamplingRow* rows, int64_t num_rows, int64_t vocab,
                     SampledToken* out, Stream stream);
 

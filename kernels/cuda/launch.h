@@ -64,7 +64,8 @@ cudaError_t LaunchLogSoftmax(float* x, int64_t rows, int64_t n, cudaStream_t str
 cudaError_t LaunchArgmax(const float* x, int64_t rows, int64_t n, int32_t* out,
                          cudaStream_t stream);
 cudaError_t LaunchSample(const float* logits, const SamplingRow* rows, int64_t num_rows,
-                         int64_t vocab, SampledToken* out, cudaStream_t stream);
+                         int64_t vocab, const PenaltyToken* penalties, float* penalized,
+                         SampledToken* out, cudaStream_t stream);
 cudaError_t LaunchCounterUniform(const uint64_t* seeds, const uint64_t* positions, double* out,
                                  int64_t n, cudaStream_t stream);
 

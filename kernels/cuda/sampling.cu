@@ -5,7 +5,8 @@
 // a count or a mass", which a radix select finds in four passes over the row (8 bits of the
 // 32-bit weight or logit key per pass, with a histogram of counts and masses), plus one pass
 // to order tokens of exactly equal weight by id when the cut falls inside such a group.
-// Weights are recomputed from the logits in every pass instead of being stored.
+// Weights are recomputed from the logits in every pass instead of being stored. Penalties are
+// applied to a copy of the row in a caller's scratch row first (only rows that have any).
 #include <cfloat>
 #include <climits>
 #include <cstdint>
@@ -384,8 +385,35 @@ __device__ int32_t SampleTruncated(Row row, const SamplingRow& p, SampleShared& 
   return TokenOfKey(drawn.key);
 }
 
+// Step 2 of Sampler::Sample (ApplyPenalties): the sanitized row `raw` with the row's penalties
+// applied, into `penalized`, with the roundings of GCC's build of it on an FMA host (which
+// contracts the frequency penalty's v - f * count into one fma; repetition first, presence
+// last, then capped at the largest float). Entries are distinct tokens, so threads never touch
+// the same one. REQUIRES: all threads call it.
+__device__ void Penalize(const Row& raw, const SamplingRow& p, const PenaltyToken* entries,
+                         float* penalized) {
+  for (int i = threadIdx.x; i < raw.vocab; i += blockDim.x) penalized[i] = raw.Logit(i);
+  __syncthreads();
+  const bool repetition = p.repetition_penalty != 1.0f;
+  for (int j = threadIdx.x; j < p.num_penalty_tokens; j += blockDim.x) {
+    const PenaltyToken e = entries[p.penalty_begin + j];
+    if (e.token < 0 || e.token >= raw.vocab) continue;
+    float v = penalized[e.token];
+    if (repetition) {
+      v = v > 0.0f ? __fdiv_rn(v, p.repetition_penalty) : __fmul_rn(v, p.repetition_penalty);
+    }
+    if (e.count > 0) {
+      v = __fmaf_rn(-p.frequency_penalty, static_cast<float>(e.count), v);
+      v = __fsub_rn(v, p.presence_penalty);
+    }
+    penalized[e.token] = FLT_MAX < v ? FLT_MAX : v;
+  }
+  __syncthreads();  // global writes of the block are visible to the block after it
+}
+
 __global__ void __launch_bounds__(kRowThreads)
-    SampleKernel(const float* logits, const SamplingRow* rows, int vocab, SampledToken* out) {
+    SampleKernel(const float* logits, const SamplingRow* rows, int vocab,
+                 const PenaltyToken* penalties, float* penalized, SampledToken* out) {
   __shared__ SampleShared sh;
   const SamplingRow p = rows[blockIdx.x];
   Row row{logits + static_cast<int64_t>(blockIdx.x) * vocab, vocab, 0.0f, 1.0f, false};
@@ -404,17 +432,30 @@ __global__ void __launch_bounds__(kRowThreads)
   raw_mass = BlockSum(raw_mass, sh.scratch_d);
   const double log_normalizer = static_cast<double>(max_logit) + log(raw_mass);
 
+  // 2. Penalties on a copy (the logprobs stay those of the raw row): steps 3-7 read the
+  // penalized row, whose maximum the weights are relative to.
+  Row sampled = row;
+  if (p.num_penalty_tokens > 0 && penalties != nullptr && penalized != nullptr) {
+    float* copy = penalized + static_cast<int64_t>(p.penalized_row) * vocab;
+    Penalize(row, p, penalties, copy);
+    float copy_max = -INFINITY;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) copy_max = fmaxf(copy_max, copy[i]);
+    copy_max = BlockMax(copy_max, sh.scratch_f);
+    // Finite: the raw row's largest value stays finite, and an all-masked row is all zeros.
+    sampled = Row{copy, vocab, copy_max, 1.0f, false};
+  }
+
   // 3. Greedy: the lowest id of the largest logit. Otherwise 4-7.
   int32_t token;
   if (p.temperature == 0.0f) {
     uint64_t best = 0;
     for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-      const uint64_t key = MakeKey(OrderedBits(row.Logit(i)), i);
+      const uint64_t key = MakeKey(OrderedBits(sampled.Logit(i)), i);
       best = key > best ? key : best;
     }
     token = TokenOfKey(BlockMaxU64(best, sh.scratch_u));
   } else {
-    token = SampleTruncated(row, p, sh);
+    token = SampleTruncated(sampled, p, sh);
   }
 
   // Logprobs of the raw distribution; top ones by (logit desc, id asc).
@@ -487,9 +528,10 @@ cudaError_t LaunchArgmax(const float* x, int64_t rows, int64_t n, int32_t* out,
 }
 
 cudaError_t LaunchSample(const float* logits, const SamplingRow* rows, int64_t num_rows,
-                         int64_t vocab, SampledToken* out, cudaStream_t stream) {
+                         int64_t vocab, const PenaltyToken* penalties, float* penalized,
+                         SampledToken* out, cudaStream_t stream) {
   SampleKernel<<<static_cast<unsigned>(num_rows), kRowThreads, 0, stream>>>(
-      logits, rows, static_cast<int>(vocab), out);
+      logits, rows, static_cast<int>(vocab), penalties, penalized, out);
   return cudaGetLastError();
 }
 

@@ -19,6 +19,7 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/gemm.h"
+#include "worker/model/device_sampling.h"
 
 namespace carpool::worker {
 namespace {
@@ -311,6 +312,12 @@ class CudaDeviceImpl final : public CudaDevice {
 
   void RunStep(const std::function<void()>& body) override;
 
+  // ---- sampling
+
+  bool SamplesOnDevice() const override { return true; }
+  void Sample(const DeviceArray& logits, int64_t vocab, absl::Span<const SampleRequest> requests,
+              std::vector<SampleResult>* out) override;
+
   // ---- host transfers
 
   void ToHost(const DeviceArray& x, int64_t offset, int64_t n, float* host) override;
@@ -344,6 +351,11 @@ class CudaDeviceImpl final : public CudaDevice {
   absl::Status EnsureWorkspace(size_t bytes);
   absl::Status EnsureStaging();
   void DropGraphs();
+  // After a failed transfer or sampling: with abort_on_error, prints the error and ends the
+  // process (see the header comment); else returns.
+  void ExitOnError();
+  // Makes `buffer` hold at least `bytes` (contents lost when it grows).
+  absl::Status EnsureDevice(kc::DeviceBuffer* buffer, size_t bytes);
   // Captures `body` into `g` (after an eager run of the same step). Errors stay in the capture.
   void Capture(const std::function<void()>& body, Graph* g);
 
@@ -373,6 +385,16 @@ class CudaDeviceImpl final : public CudaDevice {
   bool decode_only_ = true;
   bool graph_step_ = false;
   int block_size_ = 16;  // tokens per block of the step's block tables (StepView::block_size)
+
+  // Device sampling: the rows' parameters and penalty lists (host side), packed with room for
+  // the results into one pinned buffer and one device buffer; fp32 logits (a non-fp32 storage
+  // type converts the head's rows into them) and the penalized rows' scratch.
+  DeviceSamplingRows sampling_rows_;
+  std::unique_ptr<void, PinnedFree> sample_host_;
+  size_t sample_host_bytes_ = 0;
+  kc::DeviceBuffer sample_device_;
+  kc::DeviceBuffer sample_logits_;
+  kc::DeviceBuffer sample_penalized_;
 
   // Graphs by batch size; valid while their generation is the current one.
   std::vector<int> graph_sizes_;
@@ -611,6 +633,97 @@ absl::Status CudaDeviceImpl<T>::Upload(const S* host, int64_t offset, int64_t n,
 }
 
 template <typename T>
+absl::Status CudaDeviceImpl<T>::EnsureDevice(kc::DeviceBuffer* buffer, size_t bytes) {
+  if (buffer->size() >= bytes) return absl::OkStatus();
+  *buffer = kc::DeviceBuffer();
+  ASSIGN_OR_RETURN(*buffer, kc::DeviceBuffer::Allocate(bytes));
+  return absl::OkStatus();
+}
+
+template <typename T>
+void CudaDeviceImpl<T>::Sample(const DeviceArray& logits, int64_t vocab,
+                               absl::Span<const SampleRequest> requests,
+                               std::vector<SampleResult>* out) {
+  const int64_t n = static_cast<int64_t>(requests.size());
+  out->clear();
+  if (n == 0) return;
+  if (status_.ok() && (vocab < 1 || n * vocab > logits.numel())) {
+    Record(absl::InvalidArgumentError("Sample: rows outside the logits"));
+  }
+  if (status_.ok() && capturing_) {
+    Record(absl::FailedPreconditionError("Sample inside a captured step"));
+  }
+  // The packed buffers: rows, penalty entries, then the results.
+  sampling_rows_.Pack(requests, vocab);
+  const size_t rows_bytes = Align16(n * sizeof(kc::SamplingRow));
+  const size_t penalties_bytes =
+      Align16(sampling_rows_.penalties().size() * sizeof(kc::PenaltyToken));
+  const size_t results_at = rows_bytes + penalties_bytes;
+  const size_t total = results_at + n * sizeof(kc::SampledToken);
+  const int64_t penalized = sampling_rows_.num_penalized();
+  if (status_.ok() && sample_host_bytes_ < total) {
+    void* pinned = nullptr;
+    Record(kc::CudaStatus(cudaMallocHost(&pinned, std::max(total, 2 * sample_host_bytes_)),
+                          "cudaMallocHost"));
+    if (status_.ok()) {
+      sample_host_.reset(pinned);
+      sample_host_bytes_ = std::max(total, 2 * sample_host_bytes_);
+    }
+  }
+  if (status_.ok()) Record(EnsureDevice(&sample_device_, total));
+  if (status_.ok() && penalized > 0) {
+    Record(EnsureDevice(&sample_penalized_, penalized * vocab * sizeof(float)));
+  }
+  // The head's rows in fp32: as they are, or converted (exactly, as ToHost widens them).
+  const float* fp32_logits = static_cast<const float*>(logits.data());
+  if constexpr (!std::is_same_v<T, float>) {
+    if (status_.ok()) Record(EnsureDevice(&sample_logits_, n * vocab * sizeof(float)));
+    if (status_.ok()) {
+      Record(kc::Convert<T, float>(P(logits), sample_logits_.as<float>(), n * vocab, stream_));
+    }
+    fp32_logits = sample_logits_.as<float>();
+  }
+  if (status_.ok()) {
+    char* host = static_cast<char*>(sample_host_.get());
+    char* dev = sample_device_.as<char>();
+    std::memcpy(host, sampling_rows_.rows().data(), n * sizeof(kc::SamplingRow));
+    std::memcpy(host + rows_bytes, sampling_rows_.penalties().data(),
+                sampling_rows_.penalties().size() * sizeof(kc::PenaltyToken));
+    Record(kc::CopyToDevice(dev, host, results_at, stream_));
+    const kc::PenaltyToken* penalties =
+        penalized > 0 ? reinterpret_cast<const kc::PenaltyToken*>(dev + rows_bytes) : nullptr;
+    Record(kc::Sample(fp32_logits, reinterpret_cast<const kc::SamplingRow*>(dev), n, vocab,
+                      penalties, penalized > 0 ? sample_penalized_.as<float>() : nullptr,
+                      reinterpret_cast<kc::SampledToken*>(dev + results_at), stream_));
+    Record(kc::CopyToHost(host + results_at, dev + results_at, n * sizeof(kc::SampledToken),
+                          stream_));
+    Record(kc::Synchronize(stream_));
+  }
+  if (!status_.ok()) {
+    ExitOnError();
+    out->assign(n, SampleResult());
+    return;
+  }
+  const auto* results =
+      reinterpret_cast<const kc::SampledToken*>(static_cast<char*>(sample_host_.get()) + results_at);
+  out->reserve(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const int num_top =
+        static_cast<int>(std::min<int64_t>(requests[i].params->logprobs, vocab));
+    out->push_back(ToSampleResult(results[i], num_top));
+  }
+}
+
+template <typename T>
+void CudaDeviceImpl<T>::ExitOnError() {
+  if (status_.ok() || !options_.abort_on_error) return;
+  const std::string line =
+      absl::StrCat("carpool: ", name(), " failed: ", status_.ToString(), "; exiting\n");
+  (void)!write(STDERR_FILENO, line.data(), line.size());
+  std::_Exit(1);
+}
+
+template <typename T>
 void CudaDeviceImpl<T>::ToHost(const DeviceArray& x, int64_t offset, int64_t n, float* host) {
   if (status_.ok() && (offset < 0 || n < 0 || offset + n > x.numel())) {
     Record(absl::InvalidArgumentError("ToHost: range outside the array"));
@@ -630,12 +743,7 @@ void CudaDeviceImpl<T>::ToHost(const DeviceArray& x, int64_t offset, int64_t n, 
     Record(kc::Synchronize(stream_));
   }
   if (!status_.ok()) {
-    if (options_.abort_on_error) {
-      const std::string line =
-          absl::StrCat("carpool: ", name(), " failed: ", status_.ToString(), "; exiting\n");
-      (void)!write(STDERR_FILENO, line.data(), line.size());
-      std::_Exit(1);
-    }
+    ExitOnError();
     std::fill(host, host + std::max<int64_t>(n, 0), 0.0f);
   }
 }

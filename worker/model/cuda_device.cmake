@@ -34,6 +34,13 @@ if(CARPOOL_WITH_CUDA)
   if(TARGET carpool_gpu_checks)
     add_dependencies(carpool_gpu_checks carpool_cuda_model_test)
   endif()
+  # Sampling on the GPU against the CPU sampler, and the engine with device sampling on and off.
+  carpool_test(carpool_cuda_sampling_test gpu
+    SOURCES cuda_sampling_test.cc
+    LIBS carpool_cuda_device carpool_engine carpool_sampler)
+  if(TARGET carpool_gpu_checks)
+    add_dependencies(carpool_gpu_checks carpool_cuda_sampling_test)
+  endif()
   # Tensor parallelism on GPUs: two ranks on one GPU over host staging, two GPUs over NCCL.
   set(carpool_cuda_tp_libs carpool_model carpool_cuda_device)
   if(CARPOOL_WITH_NCCL)

@@ -274,6 +274,20 @@ void LlamaModel::Forward(const StepPlan& step, std::vector<float>* logits) {
   Compute(&in, logits);
 }
 
+bool LlamaModel::CanSampleOnDevice() const {
+  return group_ == nullptr && device_->SamplesOnDevice();
+}
+
+void LlamaModel::ForwardAndSample(const StepPlan& step, absl::Span<const SampleRequest> requests,
+                                  std::vector<SampleResult>* samples) {
+  CARPOOL_CHECK(step.kind == StepPlan::Kind::kGenerate);
+  CARPOOL_CHECK(CanSampleOnDevice());
+  StepInputs in;
+  PrepareInputs(step, &in);
+  CARPOOL_CHECK(requests.size() == in.sample_rows.size());
+  Compute(&in, &sample_scratch_, requests, samples);
+}
+
 void LlamaModel::Follow(const StepPlan& step) {
   CARPOOL_CHECK(group_ != nullptr && group_->rank() != 0);
   if (step.kind == StepPlan::Kind::kGenerate) {
@@ -304,7 +318,9 @@ bool LlamaModel::PadDecode(StepInputs* in) const {
   return true;
 }
 
-void LlamaModel::Compute(StepInputs* in, std::vector<float>* logits) {
+void LlamaModel::Compute(StepInputs* in, std::vector<float>* logits,
+                         absl::Span<const SampleRequest> requests,
+                         std::vector<SampleResult>* samples) {
   const int64_t wanted = static_cast<int64_t>(in->sample_rows.size());
   // Under tensor parallelism the step needs collectives, which a recorded step cannot hold.
   const bool whole_step = group_ == nullptr && PadDecode(in);
@@ -336,7 +352,11 @@ void LlamaModel::Compute(StepInputs* in, std::vector<float>* logits) {
   } else {
     body();
   }
-  // The padding's rows come last; their logits are dropped.
+  // The padding's rows come last; their logits are dropped (and they are not sampled).
+  if (samples != nullptr) {
+    device_->Sample(*head_out, vocab_, requests, samples);
+    return;
+  }
   logits->resize(wanted * vocab_);
   if (!host_memory_ && wanted > 0) device_->ToHost(logits_, 0, wanted * vocab_, logits->data());
 }

@@ -113,6 +113,18 @@ class LlamaModel {
   // Follow.
   void Forward(const StepPlan& step, std::vector<float>* logits);
 
+  // Whether ForwardAndSample can run: the device samples (ModelDevice::SamplesOnDevice) and the
+  // model is whole (under tensor parallelism the logits are gathered on the leader's host).
+  bool CanSampleOnDevice() const;
+
+  // Forward, but the sampled rows are sampled on the device instead of copied to the host: the
+  // i-th sequence of `step` with `sample` set (plan order) is sampled with requests[i]
+  // (ModelDevice::Sample) into (*samples)[i]; only ids and logprobs come back. Padding rows of
+  // a graph-sized decode step are not sampled. REQUIRES: CanSampleOnDevice(); requests.size()
+  // is the number of sampled sequences.
+  void ForwardAndSample(const StepPlan& step, absl::Span<const SampleRequest> requests,
+                        std::vector<SampleResult>* samples);
+
   // A tensor-parallel follower (group rank > 0): runs a step its leader broadcast, of either
   // kind, making the collectives the leader makes. Its results stay on the leader: a follower
   // gathers no logits and pools no embeddings.
@@ -192,7 +204,12 @@ class LlamaModel {
   void Publish(const StepPlan& step);
   // Pads a decode-only step to the device's GraphBatchSize; false when it does not run as one.
   bool PadDecode(StepInputs* in) const;
-  void Compute(StepInputs* in, std::vector<float>* logits);
+  // The step's layers and head. With `samples` (ForwardAndSample), the device samples the
+  // wanted rows with `requests` into it and `logits` is only the host's scratch for them where
+  // the device's memory is the host's; else the wanted rows' logits go to `logits`.
+  void Compute(StepInputs* in, std::vector<float>* logits,
+               absl::Span<const SampleRequest> requests = {},
+               std::vector<SampleResult>* samples = nullptr);
   // Hands the step to the device and sizes the activations for t tokens and s sampled rows.
   void Stage(const StepInputs& in, int64_t s);
   // Embeddings through the final norm: leaves the final-norm hidden states in hidden_.
@@ -259,6 +276,8 @@ class LlamaModel {
   std::vector<float> host_scratch_, gathered_;
   // A follower's (empty) logits of the generation steps it follows.
   std::vector<float> follower_logits_;
+  // ForwardAndSample on a device whose memory is the host's: the head's output rows.
+  std::vector<float> sample_scratch_;
 };
 
 }  // namespace carpool::worker

@@ -31,6 +31,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/sample_result.h"
+#include "common/sampling_params.h"
 #include "common/thread_pool.h"
 #include "kernels/kernel_params.h"
 #include "worker/weights/weights.h"
@@ -111,6 +113,16 @@ struct StepView {
   int block_size = 0;
   absl::Span<const int64_t> sample_rows;           // rows whose logits are wanted, in order
   bool decode_only = true;                         // every seq has query_len 1
+};
+
+// One row for ModelDevice::Sample: what the CPU sampler's SampleInput (worker/sampler/sampler.h)
+// holds besides the logits. The spans point into the caller's sequences and are read during the
+// call only.
+struct SampleRequest {
+  const SamplingParams* params = nullptr;   // validated against the vocabulary
+  absl::Span<const int32_t> prompt_tokens;  // for the repetition penalty
+  absl::Span<const int32_t> output_tokens;  // for all penalties
+  int64_t position = 0;                     // sequence position of the token being sampled
 };
 
 class ModelDevice {
@@ -228,6 +240,24 @@ class ModelDevice {
   // collectives go through host memory. Such collectives may run inside RunStep's body: they
   // are enqueued on this stream, so a captured graph records them.
   virtual void* stream() const { return nullptr; }
+
+  // ---- sampling on the device
+
+  // Whether Sample() is implemented (a GPU). Where it is not, the engine copies the logits to
+  // the host and samples there (worker/sampler/sampler.h).
+  virtual bool SamplesOnDevice() const { return false; }
+  // Samples one token per request from rows [0, requests.size()) of `logits` (an array of
+  // rows of `vocab` values as the head wrote them, in the storage type), row i with
+  // requests[i], under the CPU sampler's contract (Sampler::Sample: the same pipeline, penalties
+  // on the prompt and output tokens, the same (seed, position) draw, logprobs of the raw
+  // distribution), so that the same logits give the same token as on the host. Waits for the
+  // work enqueued so far and for its own, then writes out[i] (token, logprob, top_logprobs;
+  // `out` is resized). Only ids and logprobs cross to the host. REQUIRES: SamplesOnDevice();
+  // every params->logprobs <= kMaxLogprobs.
+  virtual void Sample(const DeviceArray& logits, int64_t vocab,
+                      absl::Span<const SampleRequest> requests, std::vector<SampleResult>* out) {
+    out->clear();
+  }
 
   // ---- host transfers (fp32 on the host), for logits, pooled embeddings and collectives.
 
