@@ -844,6 +844,102 @@ TEST_F(CudaTest, SamplerMatchesCpuSmallVocab) { CheckSamplerEquality(1000, false
 TEST_F(CudaTest, SamplerMatchesCpuLlamaVocab) { CheckSamplerEquality(128256, false); }
 TEST_F(CudaTest, SamplerMatchesCpuWithTiedWeights) { CheckSamplerEquality(32000, true); }
 
+// Penalties on the device: each row's distinct output tokens with their counts and, with a
+// repetition penalty, its prompt-only tokens (count 0), as worker::Sampler walks them; rows
+// without penalties mixed in (no entries, no scratch row).
+TEST_F(CudaTest, SamplerAppliesPenaltiesAsTheCpu) {
+  const int vocab = 4096;
+  const int rows = 96;
+  std::vector<float> logits = RandomFloats(static_cast<size_t>(rows) * vocab, 71, -3.0f, 3.0f);
+  std::mt19937 rng(72);
+  std::vector<SamplingRow> params(rows);
+  std::vector<SamplingParams> cpu(rows);
+  std::vector<std::vector<int32_t>> prompts(rows), outputs(rows);
+  std::vector<PenaltyToken> entries;
+  int penalized = 0;
+  for (int r = 0; r < rows; ++r) {
+    for (int j = 0; j < 30; ++j) {
+      const int32_t t = static_cast<int32_t>(rng() % 64);  // repeats; likely tokens below
+      if (j % 2 == 0) prompts[r].push_back(t);
+      if (j % 3 == 0) outputs[r].push_back(t);
+      logits[static_cast<size_t>(r) * vocab + t] += 3.0f;
+    }
+    SamplingParams& q = cpu[r];
+    q.has_seed = true;
+    q.seed = 300 + r;
+    q.temperature = r % 4 == 0 ? 0.0f : 0.9f;
+    q.top_k = r % 3 == 0 ? 30 : 0;
+    q.top_p = r % 5 == 0 ? 0.8f : 1.0f;
+    q.logprobs = r % 7;
+    q.repetition_penalty = r % 6 == 1 ? 1.0f : 0.6f + 0.1f * (r % 9);
+    q.frequency_penalty = r % 6 == 2 ? 0.0f : -1.5f + 0.37f * (r % 8);
+    q.presence_penalty = r % 6 == 3 ? 0.0f : 1.9f - 0.41f * (r % 10);
+    if (r % 11 == 0) {  // no penalty at all
+      q.repetition_penalty = 1.0f;
+      q.frequency_penalty = 0.0f;
+      q.presence_penalty = 0.0f;
+    }
+    SamplingRow& p = params[r];
+    p.seed = q.seed;
+    p.position = 5 * r + 1;
+    p.temperature = q.temperature;
+    p.top_k = q.top_k;
+    p.top_p = q.top_p;
+    p.num_top_logprobs = q.logprobs;
+    p.repetition_penalty = q.repetition_penalty;
+    p.frequency_penalty = q.frequency_penalty;
+    p.presence_penalty = q.presence_penalty;
+    // The entries, built here independently of worker/model/device_sampling.cc.
+    const size_t begin = entries.size();
+    std::vector<int32_t> counts(vocab, 0);
+    for (int32_t t : outputs[r]) ++counts[t];
+    const bool any_output = q.frequency_penalty != 0.0f || q.presence_penalty != 0.0f ||
+                            q.repetition_penalty != 1.0f;
+    for (int32_t t : outputs[r]) {
+      if (!any_output || counts[t] <= 0) continue;
+      entries.push_back({t, counts[t]});
+      counts[t] = -1;
+    }
+    for (int32_t t : prompts[r]) {
+      if (q.repetition_penalty == 1.0f || counts[t] != 0) continue;
+      entries.push_back({t, 0});
+      counts[t] = -1;
+    }
+    if (entries.size() > begin) {
+      p.penalty_begin = static_cast<int64_t>(begin);
+      p.num_penalty_tokens = static_cast<int32_t>(entries.size() - begin);
+      p.penalized_row = penalized++;
+    }
+  }
+  ASSERT_GT(penalized, rows / 2);
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_logits, DeviceBuffer::FromHost(logits));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_params, DeviceBuffer::FromHost(params));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_entries, DeviceBuffer::FromHost(entries));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_penalized,
+                       DeviceBuffer::Allocate(static_cast<size_t>(penalized) * vocab * 4));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer d_out, DeviceBuffer::Allocate(rows * sizeof(SampledToken)));
+  ASSERT_OK(Sample(d_logits.as<float>(), d_params.as<SamplingRow>(), rows, vocab,
+                   d_entries.as<PenaltyToken>(), d_penalized.as<float>(),
+                   d_out.as<SampledToken>(), nullptr));
+  ASSERT_OK_AND_ASSIGN(std::vector<SampledToken> out, d_out.ToHost<SampledToken>(rows));
+  worker::Sampler sampler(vocab);
+  for (int r = 0; r < rows; ++r) {
+    SCOPED_TRACE("row " + std::to_string(r));
+    worker::SampleInput input;
+    input.logits = &logits[static_cast<size_t>(r) * vocab];
+    input.params = &cpu[r];
+    input.prompt_tokens = prompts[r];
+    input.output_tokens = outputs[r];
+    input.position = params[r].position;
+    const SampleResult want = sampler.Sample(input);
+    EXPECT_EQ(out[r].token, want.token);
+    EXPECT_NEAR(out[r].logprob, want.logprob, 1e-5);  // of the raw row
+    for (int i = 0; i < params[r].num_top_logprobs; ++i) {
+      EXPECT_EQ(out[r].top_tokens[i], want.top_logprobs[i].token) << "top " << i;
+    }
+  }
+}
+
 TEST_F(CudaTest, SamplerTreatsAllMaskedRowAsUniform) {
   const int vocab = 300;
   std::vector<float> logits(vocab, -std::numeric_limits<float>::infinity());

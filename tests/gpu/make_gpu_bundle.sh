@@ -19,7 +19,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 DIR=${1:-$ROOT/gpu-bundle}
 BUILD=${2:-$ROOT/build}
-TESTS=(carpool_cuda_kernels_test carpool_cuda_device_test carpool_cuda_model_test)
+TESTS=(carpool_cuda_kernels_test carpool_cuda_device_test carpool_cuda_model_test carpool_cuda_sampling_test)
 BENCHES=(carpool-bench-cuda-kernels carpool-bench-gpu-model)
 
 if [ ! -f "$BUILD/CMakeCache.txt" ]; then
