@@ -13,7 +13,9 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "common/flags.h"
 #include "worker/engine.h"
+#include "worker/engine_flags.h"
 #include "worker/model/model_device.h"
 #include "worker/sampler/sampler.h"
 
@@ -334,6 +336,29 @@ TEST(EngineDeviceSamplingTest, OnNeedsADeviceThatSamples) {
   ASSERT_TRUE(results[0].ok()) << results[0].status();
   EXPECT_EQ(results[0]->tokens.size(), 3u);
   EXPECT_EQ(counts.sampled_rows, 3);
+}
+
+absl::Status ParseFlags(std::vector<std::string> args, EngineOptions* options) {
+  FlagParser parser;
+  RegisterEngineFlags(&parser, options);
+  std::vector<char*> argv = {const_cast<char*>("test")};
+  for (std::string& a : args) argv.push_back(a.data());
+  return parser.Parse(static_cast<int>(argv.size()), argv.data(), 1);
+}
+
+TEST(EngineDeviceSamplingTest, FlagTakesAutoOnOff) {
+  EngineOptions o;
+  EXPECT_EQ(o.device_sampling, DeviceSampling::kAuto);
+  ASSERT_TRUE(ParseFlags({"--device-sampling", "off"}, &o).ok());
+  EXPECT_EQ(o.device_sampling, DeviceSampling::kOff);
+  ASSERT_TRUE(ParseFlags({"--device-sampling=on"}, &o).ok());
+  EXPECT_EQ(o.device_sampling, DeviceSampling::kOn);
+  ASSERT_TRUE(ParseFlags({"--device-sampling", "auto"}, &o).ok());
+  EXPECT_EQ(o.device_sampling, DeviceSampling::kAuto);
+  const absl::Status bad = ParseFlags({"--device-sampling", "gpu"}, &o);
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("--device-sampling"), std::string::npos) << bad;
+  EXPECT_STREQ(DeviceSamplingName(DeviceSampling::kOff), "off");
 }
 
 // The rows of a plan: only sequences that sample, in plan order, at their next position.
