@@ -155,9 +155,10 @@ class Engine {
   // for it); nullptr: the one options.device asks for (on the CPU, one that computes on the
   // engine's thread pool).
   // FAILED_PRECONDITION when options.device asks for CUDA and this build has none or no GPU is
-  // visible, or options.device_sampling is kOn and the device cannot sample; INVALID_ARGUMENT when the device it resolves to refuses the storage flags
-  // (CheckDeviceStorage); RESOURCE_EXHAUSTED when --gpu-memory-utilization leaves no room for a
-  // KV block (on any rank of a tensor-parallel group).
+  // visible, or options.device_sampling is kOn and the device cannot sample; INVALID_ARGUMENT
+  // when the device it resolves to refuses the storage flags (CheckDeviceStorage);
+  // RESOURCE_EXHAUSTED when --gpu-memory-utilization leaves no room for a KV block (on any rank
+  // of a tensor-parallel group).
   static absl::StatusOr<std::unique_ptr<Engine>> Create(
       const EngineOptions& options, Clock* clock = nullptr,
       std::unique_ptr<ModelDevice> device = nullptr);

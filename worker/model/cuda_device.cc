@@ -651,7 +651,8 @@ void CudaDeviceImpl<T>::Sample(const DeviceArray& logits, int64_t vocab,
     Record(absl::InvalidArgumentError("Sample: rows outside the logits"));
   }
   if (status_.ok() && capturing_) {
-    Record(absl::FailedPreconditionError("Sample inside a captured step"));
+    // Not Record: inside a capture that would only fail the capture, and this copies to the host.
+    status_ = absl::FailedPreconditionError("Sample inside a captured step");
   }
   // The packed buffers: rows, penalty entries, then the results.
   sampling_rows_.Pack(requests, vocab);
@@ -704,8 +705,8 @@ void CudaDeviceImpl<T>::Sample(const DeviceArray& logits, int64_t vocab,
     out->assign(n, SampleResult());
     return;
   }
-  const auto* results =
-      reinterpret_cast<const kc::SampledToken*>(static_cast<char*>(sample_host_.get()) + results_at);
+  const auto* results = reinterpret_cast<const kc::SampledToken*>(
+      static_cast<char*>(sample_host_.get()) + results_at);
   out->reserve(n);
   for (int64_t i = 0; i < n; ++i) {
     const int num_top =
