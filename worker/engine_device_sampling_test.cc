@@ -38,11 +38,15 @@ struct SampleCounts {
   int64_t penalized_rows = 0;
 };
 
-// The CPU device dressed as a GPU that samples: no host views, and Sample() on the CPU sampler.
+// The CPU device dressed as a GPU that samples: no host views (unless `host_views`, a device
+// that samples and whose memory is the host's), and Sample() on the CPU sampler.
 class FakeSamplingGpu : public ModelDevice {
  public:
-  explicit FakeSamplingGpu(SampleCounts* counts)
-      : cpu_(CreateCpuDevice(PaddedCpu())), sampler_(kVocab), counts_(counts) {}
+  explicit FakeSamplingGpu(SampleCounts* counts, bool host_views = false)
+      : cpu_(CreateCpuDevice(PaddedCpu())),
+        sampler_(kVocab),
+        counts_(counts),
+        host_views_(host_views) {}
 
   std::string name() const override { return "fake-sampling-gpu"; }
   StorageType storage_type() const override { return cpu_->storage_type(); }
@@ -109,6 +113,9 @@ class FakeSamplingGpu : public ModelDevice {
   }
   int GraphBatchSize(int num_seqs) const override { return cpu_->GraphBatchSize(num_seqs); }
   void RunStep(const std::function<void()>& body) override { cpu_->RunStep(body); }
+  float* HostData(const DeviceArray& x) override {
+    return host_views_ ? cpu_->HostData(x) : nullptr;
+  }
   void ToHost(const DeviceArray& x, int64_t offset, int64_t n, float* host) override {
     cpu_->ToHost(x, offset, n, host);
   }
@@ -151,6 +158,7 @@ class FakeSamplingGpu : public ModelDevice {
   std::unique_ptr<ModelDevice> cpu_;
   Sampler sampler_;
   SampleCounts* const counts_;
+  const bool host_views_;
   int64_t step_sample_rows_ = 0;
   std::vector<float> host_;
 };
@@ -305,6 +313,17 @@ TEST(EngineDeviceSamplingTest, DeviceSamplingEqualsHostSamplingForEveryModeInAMi
   EXPECT_GT(counts.sample_calls, 0);
   EXPECT_GT(counts.padded_steps, 0);  // some decode steps were padded: their rows not sampled
   EXPECT_GT(counts.penalized_rows, 0);
+}
+
+// The same with a sampling device whose memory is the host's (the head writes into the model's
+// host scratch, which the device samples from).
+TEST(EngineDeviceSamplingTest, DeviceSamplingFromHostMemoryEqualsHostSampling) {
+  const auto host = Generate(CreateCpuDevice(PaddedCpu()), DeviceSampling::kAuto, false);
+  SampleCounts counts;
+  const auto device = Generate(std::make_unique<FakeSamplingGpu>(&counts, /*host_views=*/true),
+                               DeviceSampling::kOn, true);
+  ExpectSame(host, device);
+  EXPECT_EQ(counts.sampled_rows, 28 * 12 - 7 * 5);
 }
 
 TEST(EngineDeviceSamplingTest, OffSamplesOnTheHostFromTheDevicesLogits) {
