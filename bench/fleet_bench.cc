@@ -12,11 +12,13 @@
 //            in flight (a short prompt, max_tokens 1), and router CPU per request;
 //   latency  p50 / p99 round trip of one request at a time (the fleet answers at once with
 //            --step-ms 0, so this is client -> router -> worker -> router -> client);
-// and, in process, without sockets, the router's per-request placement work at N workers (the
-// worker list, the placement view with the prefix match against an index of N x
-// --cached-blocks hashes, the policy's Place) and one admission cycle (Admit, Next,
-// MarkDispatched, Release), in ns per call; the loop's periodic housekeeping pass over the
-// workers; and the prefix index's memory.
+// and, in process, without sockets, the router's per-request placement work at N workers, the
+// router's way (its model's placement index, router/placement_index.h: GenerateKind::PlaceAmong,
+// with the prefix match against an index of N x --cached-blocks hashes) and, for reference, the
+// linear way it replaced (the worker list, the placement view with every worker's prefix match,
+// the policy's Place over the snapshots); the index's update when a worker's load changes; one
+// admission cycle (Admit, Next, MarkDispatched, Release), in ns per call; the loop's periodic
+// housekeeping pass over the workers; and the prefix index's memory.
 // Everything runs on one machine: the fleet and the clients share its cores with the router.
 #include <malloc.h>
 #include <unistd.h>
@@ -36,6 +38,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/block_hash.h"
 #include "common/codec.h"
 #include "common/flags.h"
 #include "common/transport.h"
@@ -73,6 +76,7 @@ struct Config {
   int latency_requests = 500;
   int prompt_tokens = 33;
   int micro_iterations = 20000;
+  int hot_holders = 8;
   bool micro_only = false;
   std::string bin_dir;
 };
@@ -322,10 +326,17 @@ EndToEnd RunEndToEnd(const Config& c, int n, PlacementPolicy policy, bool alt_he
 // ---- in process
 
 struct Micro {
+  double indexed_ns = 0;    // the router's placement: Model() + GenerateKind::PlaceAmong
+  double update_ns = 0;     // a worker's load changes: WorkerRegistry::Changed
+  // The linear placement, for reference:
   double list_ns = 0;       // the worker list of the request's model (registry Mutable, filter)
   double view_ns = 0;       // GenerateKind::Place: snapshots, and the prefix match
   double place_ns = 0;      // the policy's Place over the snapshots
   double admission_ns = 0;  // Admit + Next + MarkDispatched + Release
+  // prefix_affinity only: prompts whose blocks Config::hot_holders workers cache, and prompts
+  // whose first block every worker caches (a system prompt), the router's way.
+  double hot_ns = 0;
+  double shared_ns = 0;
 };
 
 struct Fixture {
@@ -345,7 +356,9 @@ void Populate(const Config& c, int n, Fixture* f) {
     info.block_size = 16;
     std::vector<uint64_t> orphaned;
     f->registry.Register(info.worker_id, info, 0, &orphaned);
-    f->registry.Find(info.worker_id)->outstanding_tokens = static_cast<int64_t>(rng() % 4096);
+    router::WorkerState* w = f->registry.Find(info.worker_id);
+    w->outstanding_tokens = static_cast<int64_t>(rng() % 4096);
+    f->registry.Changed(w);
     KvEventsInfo k;
     k.reset = true;
     for (int b = 0; b < c.cached_blocks; ++b) k.stored.push_back(rng() | 1);
@@ -396,6 +409,22 @@ Micro RunMicro(const Config& c, Fixture& f, PlacementPolicy policy) {
     in.random = rng();
     sink += router::Place(policy, view.snapshots, in).value_or(0);
   });
+  const router::PlacementIndex* model = f.registry.Model("sim");
+  m.indexed_ns = NsPerCall(iters, [&](int i) {
+    router::PlacementInput in;
+    in.cursor = static_cast<uint64_t>(i);
+    in.random = rng();
+    in.affinity_load_weight = options.affinity_load_weight;
+    const router::Placement p = kind.PlaceAmong(requests[i % requests.size()],
+                                                *f.registry.Model("sim"), f.index, policy, in);
+    sink += p.worker != nullptr ? 1 : 0;
+  });
+  // Loads drawn as Populate draws them: the fixture stays alike for the next policy.
+  m.update_ns = NsPerCall(iters, [&](int i) {
+    router::WorkerState* w = model->workers()[static_cast<size_t>(i) % workers.size()];
+    w->outstanding_tokens = static_cast<int64_t>(rng() % 4096);
+    f.registry.Changed(w);
+  });
   router::AdmissionController admission{router::AdmissionOptions(), router::TenantTable()};
   admission.SetCapacityTokens(int64_t{c.num_kv_blocks} * 16);
   admission.SetLargestWorkerTokens(int64_t{c.num_kv_blocks} * 16);
@@ -412,6 +441,39 @@ Micro RunMicro(const Config& c, Fixture& f, PlacementPolicy policy) {
       admission.Release(*next, 1, /*completed=*/true);
     }
   });
+  if (policy == PlacementPolicy::kPrefixAffinity) {
+    const int n = static_cast<int>(workers.size());
+    std::vector<router::GenerateRequest> hot(requests.size());
+    std::vector<router::GenerateRequest> shared(requests.size());
+    const std::vector<int32_t> system = PromptFor(7, 16);
+    for (size_t i = 0; i < hot.size(); ++i) {
+      hot[i].prompt = PromptFor(1000 + i, c.prompt_tokens);
+      hot[i].sampling.max_tokens = 1;
+      shared[i].prompt = system;
+      const std::vector<int32_t> rest = PromptFor(2000 + i, c.prompt_tokens);
+      shared[i].prompt.insert(shared[i].prompt.end(), rest.begin(), rest.end());
+      shared[i].sampling.max_tokens = 1;
+      KvEventsInfo k;
+      k.stored = PromptBlockHashes(hot[i].prompt, 16, 0);
+      for (int j = 0; j < std::min(c.hot_holders, n); ++j) {
+        f.index.Apply(workers[(i * 131 + j) % n]->identity, k, c.num_kv_blocks);
+      }
+    }
+    KvEventsInfo first;
+    first.stored = {PromptBlockHashes(shared[0].prompt, 16, 0)[0]};
+    for (const router::WorkerState* w : workers) f.index.Apply(w->identity, first, c.num_kv_blocks);
+    const auto timed = [&](std::vector<router::GenerateRequest>& rs) {
+      return NsPerCall(iters, [&](int i) {
+        router::PlacementInput in;
+        in.affinity_load_weight = options.affinity_load_weight;
+        const router::Placement p =
+            kind.PlaceAmong(rs[i % rs.size()], *f.registry.Model("sim"), f.index, policy, in);
+        sink += static_cast<size_t>(p.cached_prefix_tokens);
+      });
+    };
+    m.hot_ns = timed(hot);
+    m.shared_ns = timed(shared);
+  }
   g_sink = sink;
   return m;
 }
@@ -468,6 +530,8 @@ absl::Status ParseConfig(int argc, char** argv, Config* c, std::string* json_pat
   flags.AddInt("prompt-tokens", &c->prompt_tokens, "prompt length of every request");
   flags.AddInt("micro-iterations", &c->micro_iterations, "calls timed per in-process figure");
   flags.AddBool("micro-only", &c->micro_only, "only the in-process measurements");
+  flags.AddInt("hot-holders", &c->hot_holders,
+               "prefix_affinity: also time prompts whose blocks this many workers cache");
   flags.AddString("bin-dir", &c->bin_dir, "where carpool-router is; none: this binary's folder");
   flags.AddString("json", json_path, "also write the results to this file");
   if (absl::Status s = flags.Parse(argc, argv, 1); !s.ok()) {
@@ -518,24 +582,25 @@ int main(int argc, char** argv) {
     c.bin_dir = self.find('/') == std::string::npos ? "." : self.substr(0, self.rfind('/'));
   }
   nlohmann::json results = nlohmann::json::array();
-  std::printf("%6s %-16s %9s %9s %9s %9s %9s | %9s %9s %9s %9s\n", "N", "policy", "idle %cpu",
-              "req/s", "cpu us/r", "p50 us", "p99 us", "list ns", "view ns", "place ns",
-              "admit ns");
+  std::printf("%6s %-16s %9s %9s %9s %9s %9s | %9s %9s %9s | %9s %9s %9s\n", "N", "policy",
+              "idle %cpu", "req/s", "cpu us/r", "p50 us", "p99 us", "index ns", "update ns",
+              "admit ns", "list ns", "view ns", "place ns");
   for (int n : c.workers) {
     const int64_t heap0 = HeapBytes();
     Fixture fixture;
     Populate(c, n, &fixture);
     const int64_t index_heap = HeapBytes() - heap0;
     const int64_t index_estimate = int64_t{n} * HashSetBytes(c.cached_blocks);
+    const int64_t index_bytes = fixture.index.MemoryBytes();
     double gauges_us = 0;
     const double housekeeping_us =
         HousekeepingMicros(fixture, c.micro_iterations / 100, &gauges_us);
     std::printf("N=%d: prefix index of %d x %d blocks: %.1f MB allocated (heap growth, the "
-                "registry's few KB included), %.1f MB from its structure; the loop's 50 ms "
-                "housekeeping pass: %.0f us (%.2f%% of a core), %.0f us of it the metrics' "
-                "gauges\n",
-                n, n, c.cached_blocks, index_heap / 1e6, index_estimate / 1e6, housekeeping_us,
-                housekeeping_us / 50'000 * 100, gauges_us);
+                "registry's few KB included), %.1f MB in its tables (%.1f MB of them the "
+                "workers' sets); the loop's 50 ms housekeeping pass: %.0f us (%.2f%% of a "
+                "core), %.0f us of it the metrics' gauges\n",
+                n, n, c.cached_blocks, index_heap / 1e6, index_bytes / 1e6, index_estimate / 1e6,
+                housekeeping_us, housekeeping_us / 50'000 * 100, gauges_us);
     for (PlacementPolicy policy : c.policies) {
       const Micro m = RunMicro(c, fixture, policy);
       EndToEnd e;
@@ -545,10 +610,16 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "N=%d %s: %s\n", n, carpool::router::PlacementPolicyName(policy),
                      e.error.c_str());
       }
-      std::printf("%6d %-16s %9.2f %9.0f %9.1f %9.0f %9.0f | %9.0f %9.0f %9.0f %9.0f\n", n,
-                  carpool::router::PlacementPolicyName(policy), 100 * e.idle_core_share, e.rps,
-                  e.router_us_per_request, e.p50_us, e.p99_us, m.list_ns, m.view_ns, m.place_ns,
-                  m.admission_ns);
+      std::printf("%6d %-16s %9.2f %9.0f %9.1f %9.0f %9.0f | %9.0f %9.0f %9.0f | %9.0f %9.0f "
+                  "%9.0f\n",
+                  n, carpool::router::PlacementPolicyName(policy), 100 * e.idle_core_share, e.rps,
+                  e.router_us_per_request, e.p50_us, e.p99_us, m.indexed_ns, m.update_ns,
+                  m.admission_ns, m.list_ns, m.view_ns, m.place_ns);
+      if (policy == PlacementPolicy::kPrefixAffinity) {
+        std::printf("%6s prefix_affinity, the router's way: %.0f ns with the prompt's blocks "
+                    "cached on %d workers, %.0f ns with its first block cached on every worker\n",
+                    "", m.hot_ns, std::min(c.hot_holders, n), m.shared_ns);
+      }
       // idle = fixed + rate x per_heartbeat, at two heartbeat rates.
       double per_heartbeat_us = 0, fixed_share = 0;
       if (e.ok && alt) {
@@ -581,11 +652,17 @@ int main(int argc, char** argv) {
                          {"refused_under_load", e.refused},
                          {"latency_p50_us", e.p50_us},
                          {"latency_p99_us", e.p99_us},
+                         {"indexed_place_ns", m.indexed_ns},
+                         {"index_update_ns", m.update_ns},
+                         {"prefix_hot_holders", std::min(c.hot_holders, n)},
+                         {"prefix_hot_place_ns", m.hot_ns},
+                         {"prefix_shared_first_block_place_ns", m.shared_ns},
                          {"worker_list_ns", m.list_ns},
                          {"placement_view_ns", m.view_ns},
                          {"place_ns", m.place_ns},
                          {"admission_cycle_ns", m.admission_ns},
                          {"index_heap_bytes", index_heap},
+                         {"index_table_bytes", index_bytes},
                          {"housekeeping_pass_us", housekeeping_us},
                          {"housekeeping_gauges_us", gauges_us},
                          {"index_estimate_bytes", index_estimate}});

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/container/inlined_vector.h"
 #include "common/block_hash.h"
 
 namespace carpool::router {
@@ -10,6 +11,16 @@ namespace {
 
 GenerateRequest& Of(Request& r) { return static_cast<GenerateRequest&>(r); }
 const GenerateRequest& Of(const Request& r) { return static_cast<const GenerateRequest&>(r); }
+
+// prefix_affinity visits the holders of the prompt's first block when at most this many
+// workers hold it; past that, it walks the candidates from the least loaded.
+constexpr int kMaxHoldersVisited = 16;
+
+// A prompt's block-hash chain for the workers of one block size.
+struct Chain {
+  int block_size = 0;
+  std::vector<uint64_t> hashes;
+};
 
 }  // namespace
 
@@ -102,6 +113,96 @@ PlacementView GenerateKind::Place(const Request& request, const std::vector<Work
     }
   }
   return view;
+}
+
+Placement GenerateKind::PlaceAmong(const Request& request, const PlacementIndex& model,
+                                   const PrefixIndex& prefixes, PlacementPolicy policy,
+                                   PlacementInput in) {
+  const GenerateRequest& r = Of(request);
+  PlacementIndex::Query q;
+  q.batch_job = request.admission.batch_job;
+  q.request_tokens = static_cast<int64_t>(r.prompt.size()) + r.sampling.max_tokens;
+  q.cursor = in.cursor;
+  q.random = in.random;
+  q.affinity_load_weight = in.affinity_load_weight;
+  std::optional<int> pick;
+  switch (policy) {
+    case PlacementPolicy::kRoundRobin:
+      pick = model.RoundRobin(q);
+      break;
+    case PlacementPolicy::kPowerOfTwo:
+      pick = model.PowerOfTwo(q);
+      break;
+    case PlacementPolicy::kPrefixAffinity:
+      // The index's search needs weight >= 0 (RouterOptions checks it).
+      if (q.affinity_load_weight < 0) {
+        return RequestKind::PlaceAmong(request, model, prefixes, policy, in);
+      }
+      if (prefix_affinity_) return PlaceByPrefix(r, model, prefixes, q);
+      pick = model.PrefixAffinity(q, {});  // no cached prefixes counted: Place() sees none
+      break;
+    default:
+      pick = model.LeastLoaded(q);
+      break;
+  }
+  Placement p;
+  if (pick) p.worker = model.workers()[*pick];
+  return p;
+}
+
+Placement GenerateKind::PlaceByPrefix(const GenerateRequest& r, const PlacementIndex& model,
+                                      const PrefixIndex& prefixes,
+                                      const PlacementIndex::Query& q) {
+  // The prompt's chain once per block size among the workers (nearly always one).
+  absl::InlinedVector<Chain, 1> chains;
+  int holders = 0;
+  for (int block_size : model.block_sizes()) {
+    Chain c{block_size, PromptBlockHashes(r.prompt, block_size, r.cache_salt)};
+    if (c.hashes.empty()) continue;
+    holders += prefixes.Holders(c.hashes[0]);
+    chains.push_back(std::move(c));
+  }
+  // The cached tokens of the worker at `position`.
+  const auto cached_of = [&](int position) -> int64_t {
+    const WorkerState& w = *model.workers()[position];
+    for (const Chain& c : chains) {
+      if (c.block_size == w.info.block_size) {
+        return int64_t{prefixes.MatchedBlocks(w.identity, c.hashes)} * c.block_size;
+      }
+    }
+    return 0;
+  };
+  std::optional<int> pick;
+  if (holders <= kMaxHoldersVisited) {
+    absl::InlinedVector<PlacementIndex::Cached, kMaxHoldersVisited> cached;
+    for (const Chain& c : chains) {
+      prefixes.ForEachHolder(c.hashes[0], [&](const std::string& identity) {
+        const int position = model.PositionOf(identity);
+        if (position < 0 || model.workers()[position]->info.block_size != c.block_size ||
+            !model.IsCandidate(position, q)) {
+          return;
+        }
+        cached.push_back(
+            {position, int64_t{prefixes.MatchedBlocks(identity, c.hashes)} * c.block_size});
+      });
+    }
+    pick = model.PrefixAffinity(q, cached);
+  } else {
+    // No worker caches more of a chain than its first block that no worker holds.
+    int64_t max_cached = 0;
+    for (const Chain& c : chains) {
+      size_t depth = 0;
+      while (depth < c.hashes.size() && prefixes.Holders(c.hashes[depth]) > 0) ++depth;
+      max_cached = std::max(max_cached, static_cast<int64_t>(depth) * c.block_size);
+    }
+    pick = model.PrefixAffinityByLoad(q, max_cached, cached_of);
+  }
+  Placement p;
+  if (pick) {
+    p.worker = model.workers()[*pick];
+    p.cached_prefix_tokens = cached_of(*pick);
+  }
+  return p;
 }
 
 RouterMessage GenerateKind::Dispatch(Request& request, WorkerState* w,

@@ -65,12 +65,19 @@ class GenerateKind final : public RequestKind {
   int64_t PromptTokens(const Request& r) const override;
   PlacementView Place(const Request& r, const std::vector<WorkerState*>& workers,
                       const PrefixIndex& prefixes) override;
+  // A search of the index (router/placement_index.h) that chooses what Place() would.
+  Placement PlaceAmong(const Request& r, const PlacementIndex& model, const PrefixIndex& prefixes,
+                       PlacementPolicy policy, PlacementInput in) override;
   RouterMessage Dispatch(Request& r, WorkerState* w, int64_t cached_prefix_tokens) override;
   void OnWorkerEvent(Request& r, WorkerState* w, WorkerEvent event, int64_t now) override;
   bool Detach(const Request& r, WorkerState* w) override;
   int64_t GeneratedTokens(const Request& r) const override;
 
  private:
+  // prefix_affinity by the index: the workers that hold the prompt's first block, or, when
+  // many do, a walk from the least loaded.
+  Placement PlaceByPrefix(const GenerateRequest& r, const PlacementIndex& model,
+                          const PrefixIndex& prefixes, const PlacementIndex::Query& q);
   // The worker's answer for a token (and its relay), and the end of the request when finished.
   void OnToken(GenerateRequest& r, WorkerState* w, const TokenEvent& e, int64_t now);
   // The text `token` completes (and, when `last`, all that is left), after the stop strings.

@@ -6,9 +6,7 @@ namespace carpool::router {
 namespace {
 
 bool Candidate(const WorkerSnapshot& w, int64_t request_tokens) {
-  if (w.credit <= 0) return false;
-  if (w.capacity_tokens <= 0 || w.outstanding_tokens == 0) return true;
-  return w.outstanding_tokens + request_tokens <= w.capacity_tokens;
+  return IsCandidate(w, request_tokens);
 }
 
 std::optional<int> LeastLoaded(const std::vector<WorkerSnapshot>& workers, int64_t tokens) {
@@ -50,8 +48,8 @@ std::optional<int> PrefixAffinity(const std::vector<WorkerSnapshot>& workers,
   for (int i = 0; i < static_cast<int>(workers.size()); ++i) {
     const WorkerSnapshot& w = workers[i];
     if (!Candidate(w, in.request_tokens)) continue;
-    const double score = static_cast<double>(w.cached_prefix_tokens) -
-                         in.affinity_load_weight * static_cast<double>(w.outstanding_tokens);
+    const double score =
+        PrefixAffinityScore(w.cached_prefix_tokens, w.outstanding_tokens, in.affinity_load_weight);
     if (!best || score > best_score ||
         (score == best_score && w.outstanding_tokens < workers[*best].outstanding_tokens)) {
       best = i;
@@ -62,6 +60,12 @@ std::optional<int> PrefixAffinity(const std::vector<WorkerSnapshot>& workers,
 }
 
 }  // namespace
+
+bool IsCandidate(const WorkerSnapshot& w, int64_t request_tokens) {
+  if (w.credit <= 0) return false;
+  if (w.capacity_tokens <= 0 || w.outstanding_tokens == 0) return true;
+  return w.outstanding_tokens + request_tokens <= w.capacity_tokens;
+}
 
 absl::StatusOr<PlacementPolicy> ParsePlacementPolicy(std::string_view name) {
   if (name == "round_robin") return PlacementPolicy::kRoundRobin;

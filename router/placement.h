@@ -46,6 +46,18 @@ struct PlacementInput {
   double affinity_load_weight = 1.0;
 };
 
+// Whether `w` is a candidate for a request adding `request_tokens`: credit, and its free
+// capacity holds the request (or its capacity is unknown, or it holds nothing).
+bool IsCandidate(const WorkerSnapshot& w, int64_t request_tokens);
+
+// prefix_affinity's score of a worker (higher wins; ties: fewer outstanding tokens, then the
+// lower index).
+inline double PrefixAffinityScore(int64_t cached_prefix_tokens, int64_t outstanding_tokens,
+                                  double affinity_load_weight) {
+  return static_cast<double>(cached_prefix_tokens) -
+         affinity_load_weight * static_cast<double>(outstanding_tokens);
+}
+
 // The chosen worker's index, or nullopt when no worker is a candidate.
 std::optional<int> Place(PlacementPolicy policy, const std::vector<WorkerSnapshot>& workers,
                          const PlacementInput& input);

@@ -1,7 +1,17 @@
-// Which prefix-cache blocks each worker holds, from its KV events (proto KvEvents): the
+// Which prefix-cache blocks each worker holds, from its KV events (proto KvEventsInfo): the
 // router's input to prefix_affinity placement. Hashes are common/block_hash.h chains, so the
 // router computes a prompt's chain itself (PromptBlockHashes) and asks how much of it each
 // worker holds.
+//
+// Two views of the same facts, kept in step by Apply and RemoveWorker: each worker's set of
+// hashes (MatchedBlocks), and each hash's holders (ForEachHolder), so placement visits only the
+// workers that hold a prompt's first block instead of every worker.
+//
+// Memory: a worker never holds more than the `max_hashes` Apply is given (its KV cache's size),
+// so both views are bounded by the sum of the workers' caches: 9 bytes per slot of each
+// worker's set and 17 per slot of the holder map (a hash and a 32-bit holder; a hash held by
+// several workers adds a list of their ids), a table having between 8/7 and 16/7 slots per
+// entry (MemoryBytes() counts them).
 //
 // Thread-compatible: owned by the router's event loop.
 #ifndef CARPOOL_ROUTER_PREFIX_INDEX_H_
@@ -31,8 +41,42 @@ class PrefixIndex {
   int MatchedBlocks(const std::string& worker, absl::Span<const uint64_t> chain) const;
   int Size(const std::string& worker) const;
 
+  // Calls f(const std::string& worker) once for each worker holding `hash`, in no particular
+  // order.
+  template <typename F>
+  void ForEachHolder(uint64_t hash, F&& f) const {
+    auto it = holders_.find(hash);
+    if (it == holders_.end()) return;
+    if ((it->second & kMany) == 0) {
+      f(names_[it->second - 1]);
+      return;
+    }
+    for (uint32_t id : many_[it->second & ~kMany]) f(names_[id]);
+  }
+  // How many workers hold `hash`.
+  int Holders(uint64_t hash) const;
+
+  // The bytes its tables take (their capacity, not only what they hold).
+  int64_t MemoryBytes() const;
+
  private:
-  absl::flat_hash_map<std::string, absl::flat_hash_set<uint64_t>> by_worker_;
+  // holders_' value: the holder's id + 1 when it is the only one; else kMany | its list in many_.
+  static constexpr uint32_t kMany = 0x80000000u;
+
+  struct Worker {
+    uint32_t id = 0;
+    absl::flat_hash_set<uint64_t> held;
+  };
+
+  void AddHolder(uint64_t hash, uint32_t id);
+  void RemoveHolder(uint64_t hash, uint32_t id);
+
+  absl::flat_hash_map<std::string, Worker> by_worker_;
+  absl::flat_hash_map<uint64_t, uint32_t> holders_;
+  std::vector<std::vector<uint32_t>> many_;  // holder ids (unordered) of hashes with several
+  std::vector<uint32_t> free_many_;          // unused entries of many_
+  std::vector<std::string> names_;           // by id ("" when free)
+  std::vector<uint32_t> free_ids_;
 };
 
 }  // namespace carpool::router

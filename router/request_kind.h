@@ -32,6 +32,7 @@
 #include "common/messages.h"
 #include "router/admission.h"
 #include "router/placement.h"
+#include "router/placement_index.h"
 #include "router/prefix_index.h"
 #include "router/request_validator.h"
 #include "router/router_metrics.h"
@@ -100,6 +101,13 @@ struct PlacementView {
   std::optional<Refusal> never;
 };
 
+// Where a request goes now (RequestKind::PlaceAmong).
+struct Placement {
+  WorkerState* worker = nullptr;      // null: no worker is a candidate now
+  int64_t cached_prefix_tokens = 0;   // of its prompt, on `worker` (prefix_affinity)
+  std::optional<Refusal> never;       // as PlacementView::never
+};
+
 // What a worker said about one dispatched request.
 using WorkerEvent = std::variant<TokenEvent, EmbedDoneInfo>;
 
@@ -165,6 +173,26 @@ class RequestKind {
   // How `r` sees each of `workers` now (credit, load, cached prefix) and its size.
   virtual PlacementView Place(const Request& r, const std::vector<WorkerState*>& workers,
                               const PrefixIndex& prefixes) = 0;
+  // The worker of `model` (its placement index) that `policy` chooses for `r` now, given `in`
+  // (cursor, random, weight; request_tokens is the kind's): what router::Place chooses over
+  // Place()'s view. This default is that, linear in the workers; a kind overrides it with a
+  // search of the index (GenerateKind).
+  virtual Placement PlaceAmong(const Request& r, const PlacementIndex& model,
+                               const PrefixIndex& prefixes, PlacementPolicy policy,
+                               PlacementInput in) {
+    Placement p;
+    PlacementView view = Place(r, model.workers(), prefixes);
+    if (view.never) {
+      p.never = std::move(view.never);
+      return p;
+    }
+    in.request_tokens = view.request_tokens;
+    if (const std::optional<int> pick = router::Place(policy, view.snapshots, in)) {
+      p.worker = model.workers()[*pick];
+      p.cached_prefix_tokens = view.snapshots[*pick].cached_prefix_tokens;
+    }
+    return p;
+  }
   // Books `r` on `w` (a sequence slot, embed inputs), sets r.outstanding and returns the
   // message that starts it there. r.worker and r.dispatch_id are set; the loop adds
   // r.outstanding to w's outstanding_tokens and sends the message.
@@ -204,9 +232,7 @@ inline double MillisBetween(int64_t from, int64_t to) {
 }
 
 // A worker's KV cache in tokens.
-inline int64_t CapacityTokens(const WorkerState& w) {
-  return int64_t{w.info.num_kv_blocks} * std::max(0, w.info.block_size);
-}
+inline int64_t CapacityTokens(const WorkerState& w) { return w.capacity_tokens(); }
 
 }  // namespace carpool::router
 

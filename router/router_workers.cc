@@ -39,9 +39,8 @@ void Router::Impl::TryDispatch() {
       continue;
     }
     // Placement among the workers serving its model (admission is the cluster's, for all).
-    std::vector<WorkerState*> workers = registry_.Mutable();
-    std::erase_if(workers, [&](const WorkerState* w) { return w->info.model != r.model; });
-    if (workers.empty()) {
+    const PlacementIndex* model = registry_.Model(r.model);
+    if (model == nullptr) {
       // Its model's workers are all gone while others serve: it waits for one of them, as long
       // as a request waits when no worker at all is there (--no-worker-timeout-ms).
       const int64_t now = clock_->NowMicros();
@@ -60,29 +59,33 @@ void Router::Impl::TryDispatch() {
       continue;
     }
     r.no_worker_since = 0;
-    PlacementView view = r.kind->Place(r, workers, prefix_index_);
-    if (view.never) {
-      Fail(*router_id, view.never->code, view.never->reason, std::move(view.never->message));
-      continue;
-    }
     PlacementInput in;
-    in.request_tokens = view.request_tokens;
     in.cursor = placements_;
     in.random = rng_();
     in.affinity_load_weight = options_.affinity_load_weight;
-    const std::optional<int> pick = Place(options_.placement, view.snapshots, in);
-    if (!pick) {
+    Placement placed = r.kind->PlaceAmong(r, *model, prefix_index_, options_.placement, in);
+    if (placed.never) {
+      Fail(*router_id, placed.never->code, placed.never->reason,
+           std::move(placed.never->message));
+      continue;
+    }
+    if (placed.worker == nullptr) {
       // Batch jobs hold the KV room it needs: one of them yields, and Next() gives it again.
-      if (!preempted_for.contains(*router_id) && PreemptBatchJobForCapacity(r, workers, view)) {
-        preempted_for.insert(*router_id);
-        continue;
+      // (Only here does it see every worker of its model.)
+      if (!preempted_for.contains(*router_id) && !r.admission.batch_job &&
+          r.admission.kv_resident && admission_->counters().batch_inflight > 0) {
+        const std::vector<WorkerState*>& workers = model->workers();
+        if (PreemptBatchJobForCapacity(r, workers, r.kind->Place(r, workers, prefix_index_))) {
+          preempted_for.insert(*router_id);
+          continue;
+        }
       }
       if (!pass_over(*router_id)) return;
       continue;
     }
     admission_->MarkDispatched(*router_id);
     ++placements_;
-    Dispatch(r, workers[*pick], view.snapshots[*pick].cached_prefix_tokens);
+    Dispatch(r, placed.worker, placed.cached_prefix_tokens);
   }
 }
 
@@ -143,8 +146,10 @@ bool Router::Impl::PreemptBatchJobForBudget(const absl::flat_hash_set<uint64_t>&
   };
   std::vector<Running> running;
   int64_t held_by_batch = 0;
-  for (WorkerState* w : registry_.Mutable()) {
-    if (w->info.model != r.model || !w->serving()) continue;
+  const PlacementIndex* model = registry_.Model(r.model);
+  if (model == nullptr) return false;
+  for (WorkerState* w : model->workers()) {
+    if (!w->serving()) continue;
     for (uint64_t router_id : w->requests) {
       auto b = requests_.find(router_id);
       if (b == requests_.end() || !b->second->admission.batch_job) continue;
@@ -191,6 +196,7 @@ void Router::Impl::Dispatch(Request& r, WorkerState* w, int64_t cached_prefix_to
   if (!w->busy()) w->last_progress_micros = now;  // the watchdog starts now
   const RouterMessage message = r.kind->Dispatch(r, w, cached_prefix_tokens);
   w->outstanding_tokens += r.outstanding;
+  registry_.Changed(w);
   if (r.migrations > 0) ++w->migrations_in;
   SendToWorker(w->identity, message);
 }
@@ -200,6 +206,7 @@ bool Router::Impl::DetachFromWorker(Request& r, WorkerState* w) {
   // the identity, whose fresh state never counted it.
   if (!r.kind->Detach(r, w)) return false;
   w->outstanding_tokens -= r.outstanding;
+  registry_.Changed(w);
   return true;
 }
 
@@ -248,6 +255,7 @@ void Router::Impl::OnWorkerMessage(const std::string& identity, WorkerMessage m)
     w->load = s->load;
     stats_.metrics().OnStep(static_cast<int>(s->events.size()), w->info.max_num_seqs);
     for (TokenEvent& e : s->events) OnRequestEvent(w, std::move(e), now);
+    registry_.Changed(w);  // each token took from its request's outstanding tokens
   } else if (auto* e = std::get_if<EmbedDoneInfo>(&m)) {
     NoteProgress(w, now, /*step=*/true);
     OnRequestEvent(w, std::move(*e), now);
@@ -304,6 +312,7 @@ void Router::Impl::OnFailed(WorkerState* w, const RequestFailedInfo& f) {
   r->outstanding = 0;
   if (f.error.reason == reason::kDraining) {
     w->draining = true;
+    registry_.Changed(w);
     by_dispatch_.erase(r->dispatch_id);
     admission_->Requeue(router_id);
     return;
@@ -342,6 +351,11 @@ void Router::Impl::CheckWorkers(int64_t now) {
     RemoveWorker(identity, "missed its heartbeats: dead");
   }
   CheckStalls(now);
+  // Every change of what placement reads calls registry_.Changed; this finds any that did not.
+  if (const int stale = registry_.ResyncPlacement(); stale > 0) {
+    std::cerr << "carpool-router: bug: the placement index missed a change of " << stale
+              << " worker(s); read again\n";
+  }
   UpdateCapacity();  // a worker may have started draining
   FailQueuedThatCannotRun();
   stats_.UpdateGauges(Sources());
@@ -356,6 +370,7 @@ void Router::Impl::NoteProgress(WorkerState* w, int64_t now, bool step) {
   w->last_progress_micros = now;
   if (w->stalled) {
     w->stalled = false;
+    registry_.Changed(w);
     std::cerr << "carpool-router: worker " << w->info.worker_id << " makes progress again\n";
     UpdateCapacity();
   }
@@ -374,6 +389,7 @@ void Router::Impl::CheckStalls(int64_t now) {
               << quiet / 1000 << " ms (limit " << limit / 1000
               << " ms): stalled, moving its requests\n";
     w->stalled = true;
+    registry_.Changed(w);
     std::vector<uint64_t> held(w->requests.begin(), w->requests.end());
     held.insert(held.end(), w->embeds.begin(), w->embeds.end());
     std::sort(held.begin(), held.end());

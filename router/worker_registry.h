@@ -3,16 +3,23 @@
 #ifndef CARPOOL_ROUTER_WORKER_REGISTRY_H_
 #define CARPOOL_ROUTER_WORKER_REGISTRY_H_
 
+#include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "common/messages.h"
+#include "router/placement_index.h"
 
 namespace carpool::router {
 
+// What placement reads of a worker: serving() (draining, stalled), credit() (requests,
+// batch_jobs, info.max_num_seqs), outstanding_tokens and capacity_tokens(). Whoever changes any
+// of them calls WorkerRegistry::Changed before the next placement, which reads them through the
+// model's PlacementIndex.
 struct WorkerState {
   std::string identity;          // ZeroMQ routing id
   RegisterInfo info;
@@ -52,12 +59,20 @@ struct WorkerState {
     const auto held = static_cast<int>(requests.size() - (batch_job ? 0 : batch_jobs.size()));
     return std::max(0, info.max_num_seqs - held);
   }
+  // Its KV cache in tokens; 0: unknown.
+  int64_t capacity_tokens() const {
+    return int64_t{info.num_kv_blocks} * std::max(0, info.block_size);
+  }
   bool can_embed() const { return info.embed_queue_size > 0 && serving(); }
   // Whether it can take an embed request of `inputs` inputs now: they fit its embed queue
   // beside the inputs it already holds.
   bool HasEmbedCredit(int inputs) const {
     return can_embed() && embed_inputs + inputs <= info.embed_queue_size;
   }
+
+  // Set by WorkerRegistry: its model's placement index and its position there.
+  PlacementIndex* placement = nullptr;
+  int position = -1;
 };
 
 class WorkerRegistry {
@@ -78,12 +93,28 @@ class WorkerRegistry {
   // Identities of workers not heard from within timeout_micros.
   std::vector<std::string> Silent(int64_t now_micros, int64_t timeout_micros) const;
 
+  // Every worker, ordered by identity: O(N log N), for the rare passes over all of them.
   std::vector<const WorkerState*> All() const;
   std::vector<WorkerState*> Mutable();
   bool empty() const { return workers_.empty(); }
 
+  // The placement index of `model`'s workers (PlacementIndex::workers(): ordered by identity,
+  // built again only when one of them registers or leaves); null when none serves it. O(1).
+  const PlacementIndex* Model(const std::string& model) const;
+
+  // `w` (one of this registry's) changed what placement reads of it (see WorkerState): its
+  // model's index reads it again. O(log N).
+  void Changed(WorkerState* w);
+  // Reads every worker again, as a safety net; returns how many had changed without Changed.
+  int ResyncPlacement();
+
  private:
-  absl::flat_hash_map<std::string, WorkerState> workers_;
+  // Builds `model`'s list and index again from the registered workers.
+  void Rebuild(const std::string& model);
+
+  // Owned one by one: the placement indexes keep pointers to them.
+  absl::flat_hash_map<std::string, std::unique_ptr<WorkerState>> workers_;
+  absl::flat_hash_map<std::string, std::unique_ptr<PlacementIndex>> models_;
   uint64_t next_epoch_ = 1;
 };
 
