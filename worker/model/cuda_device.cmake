@@ -37,7 +37,7 @@ if(CARPOOL_WITH_CUDA)
   # Sampling on the GPU against the CPU sampler, and the engine with device sampling on and off.
   carpool_test(carpool_cuda_sampling_test gpu
     SOURCES cuda_sampling_test.cc
-    LIBS carpool_cuda_device carpool_engine carpool_sampler)
+    LIBS carpool_cuda_device carpool_engine carpool_sampler carpool_testing)
   if(TARGET carpool_gpu_checks)
     add_dependencies(carpool_gpu_checks carpool_cuda_sampling_test)
   endif()
