@@ -135,7 +135,8 @@ Placement GenerateKind::PlaceAmong(const Request& request, const PlacementIndex&
       break;
     case PlacementPolicy::kPrefixAffinity:
       // The index's search needs weight >= 0 (RouterOptions checks it).
-      if (q.affinity_load_weight < 0) {
+      // And the holders of each hash (the router keeps them under prefix_affinity).
+      if (q.affinity_load_weight < 0 || (prefix_affinity_ && !prefixes.tracks_holders())) {
         return RequestKind::PlaceAmong(request, model, prefixes, policy, in);
       }
       if (prefix_affinity_) return PlaceByPrefix(r, model, prefixes, q);

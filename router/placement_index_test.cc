@@ -264,7 +264,11 @@ TEST(PlacementIndexTest, ChoosesWhatTheLinearPlacementChoosesUnderRandomChanges)
   int walked = 0;
   for (uint64_t seed = 1; seed <= 60; ++seed) {
     Fleet fleet(seed);
+    // Some fleets start without the holders of each hash (as under the other policies), and
+    // build them from the workers' sets halfway.
+    if (seed % 5 == 0) fleet.prefixes().TrackHolders(false);
     for (int step = 0; step < 400; ++step) {
+      if (step == 200) fleet.prefixes().TrackHolders(true);
       fleet.Mutate();
       ASSERT_EQ(fleet.registry().ResyncPlacement(), 0) << "every change was told";
       CheckPlacements(fleet, by_policy, &placed, &walked);
@@ -401,6 +405,12 @@ TEST(PrefixIndexTest, HoldersFollowEveryWorkersSet) {
         want[w].insert(h);
       }
       index.Apply(w, e, cap);
+    }
+    if (step % 500 == 499) {
+      // Off frees the holders; on builds them again from the workers' sets.
+      index.TrackHolders(false);
+      ASSERT_FALSE(index.tracks_holders());
+      index.TrackHolders(true);
     }
     for (uint64_t h : hashes) {
       std::set<std::string> holders;

@@ -19,7 +19,9 @@ void PrefixIndex::Apply(const std::string& worker, const KvEventsInfo& events,
     }
   }
   if (events.reset) {
-    for (uint64_t h : w.held) RemoveHolder(h, w.id);
+    if (track_holders_) {
+      for (uint64_t h : w.held) RemoveHolder(h, w.id);
+    }
     w.held.clear();
   }
   for (uint64_t h : events.removed) {
@@ -35,13 +37,28 @@ void PrefixIndex::RemoveWorker(const std::string& worker) {
   auto it = by_worker_.find(worker);
   if (it == by_worker_.end()) return;
   const uint32_t id = it->second.id;
-  for (uint64_t h : it->second.held) RemoveHolder(h, id);
+  if (track_holders_) {
+    for (uint64_t h : it->second.held) RemoveHolder(h, id);
+  }
   names_[id].clear();
   free_ids_.push_back(id);
   by_worker_.erase(it);
 }
 
+void PrefixIndex::TrackHolders(bool on) {
+  if (on == track_holders_) return;
+  track_holders_ = on;
+  absl::flat_hash_map<uint64_t, uint32_t>().swap(holders_);
+  std::vector<std::vector<uint32_t>>().swap(many_);
+  free_many_.clear();
+  if (!on) return;
+  for (const auto& [name, w] : by_worker_) {
+    for (uint64_t h : w.held) AddHolder(h, w.id);
+  }
+}
+
 void PrefixIndex::AddHolder(uint64_t hash, uint32_t id) {
+  if (!track_holders_) return;
   auto [it, inserted] = holders_.try_emplace(hash, id + 1);
   if (inserted) return;
   if ((it->second & kMany) != 0) {
@@ -61,6 +78,7 @@ void PrefixIndex::AddHolder(uint64_t hash, uint32_t id) {
 }
 
 void PrefixIndex::RemoveHolder(uint64_t hash, uint32_t id) {
+  if (!track_holders_) return;
   auto it = holders_.find(hash);
   if (it == holders_.end()) return;
   if ((it->second & kMany) == 0) {

@@ -5,7 +5,8 @@
 //
 // Two views of the same facts, kept in step by Apply and RemoveWorker: each worker's set of
 // hashes (MatchedBlocks), and each hash's holders (ForEachHolder), so placement visits only the
-// workers that hold a prompt's first block instead of every worker.
+// workers that hold a prompt's first block instead of every worker. Only prefix_affinity asks
+// for holders: the router keeps them only under that policy (TrackHolders).
 //
 // Memory: a worker never holds more than the `max_hashes` Apply is given (its KV cache's size),
 // so both views are bounded by the sum of the workers' caches: 9 bytes per slot of each
@@ -41,8 +42,13 @@ class PrefixIndex {
   int MatchedBlocks(const std::string& worker, absl::Span<const uint64_t> chain) const;
   int Size(const std::string& worker) const;
 
+  // Whether it keeps each hash's holders (on when made). Turning it off frees them; on again
+  // builds them from the workers' sets.
+  void TrackHolders(bool on);
+  bool tracks_holders() const { return track_holders_; }
+
   // Calls f(const std::string& worker) once for each worker holding `hash`, in no particular
-  // order.
+  // order. REQUIRES: tracks_holders().
   template <typename F>
   void ForEachHolder(uint64_t hash, F&& f) const {
     auto it = holders_.find(hash);
@@ -53,7 +59,7 @@ class PrefixIndex {
     }
     for (uint32_t id : many_[it->second & ~kMany]) f(names_[id]);
   }
-  // How many workers hold `hash`.
+  // How many workers hold `hash`. REQUIRES: tracks_holders().
   int Holders(uint64_t hash) const;
 
   // The bytes its tables take (their capacity, not only what they hold).
@@ -71,6 +77,7 @@ class PrefixIndex {
   void AddHolder(uint64_t hash, uint32_t id);
   void RemoveHolder(uint64_t hash, uint32_t id);
 
+  bool track_holders_ = true;
   absl::flat_hash_map<std::string, Worker> by_worker_;
   absl::flat_hash_map<uint64_t, uint32_t> holders_;
   std::vector<std::vector<uint32_t>> many_;  // holder ids (unordered) of hashes with several

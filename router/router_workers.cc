@@ -274,6 +274,8 @@ void Router::Impl::OnRegister(const std::string& identity, const RegisterInfo& i
   std::vector<uint64_t> orphaned;
   const uint64_t epoch = registry_.Register(identity, info, now, &orphaned);
   prefix_index_.RemoveWorker(identity);
+  // Which workers hold a hash: only prefix_affinity asks (and it doubles the index's memory).
+  prefix_index_.TrackHolders(options_.placement == PlacementPolicy::kPrefixAffinity);
   if (std::optional<TokenizerLoad> load = models_.Register(info)) {
     StartTokenizerLoad(std::move(*load));
   }
