@@ -68,7 +68,10 @@ absl::StatusOr<std::unique_ptr<Socket>> Socket::Create(zmq::context_t* context,
     s.set(zmq::sockopt::maxmsgsize, o.max_message_bytes);
     s.set(zmq::sockopt::sndhwm, o.high_water_mark);
     s.set(zmq::sockopt::rcvhwm, o.high_water_mark);
-    if (type == zmq::socket_type::router) s.set(zmq::sockopt::router_mandatory, 1);
+    if (type == zmq::socket_type::router) {
+      s.set(zmq::sockopt::router_mandatory, 1);
+      if (o.router_handover) s.set(zmq::sockopt::router_handover, 1);
+    }
     s.set(zmq::sockopt::reconnect_ivl, o.reconnect_ivl_ms);
     s.set(zmq::sockopt::reconnect_ivl_max, o.reconnect_ivl_max_ms);
     if (!o.routing_id.empty()) s.set(zmq::sockopt::routing_id, o.routing_id);

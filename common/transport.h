@@ -52,6 +52,11 @@ struct SocketOptions {
   // Queue messages only on completed connections (ZMQ_IMMEDIATE): with no live peer a send
   // fails with RESOURCE_EXHAUSTED instead of queueing for a later connection. Default: false.
   bool immediate = false;
+  // ROUTER only: a peer that connects under a routing id another live connection holds takes
+  // that id over (ZMQ_ROUTER_HANDOVER), and messages to the id go to it; without this the newer
+  // connection is refused. A worker reconnecting after a network cut presents its old id while
+  // the router may not yet have seen the old TCP connection die. Default: false.
+  bool router_handover = false;
   // Server side of CURVE: set to require encryption and authentication. Default: off.
   std::optional<CurveServerKeys> curve_server;
   // Client side of CURVE: the server's public key and this client's key pair. Default: off.

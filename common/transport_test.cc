@@ -169,6 +169,54 @@ TEST_F(TransportTest, HeartbeatOptionsAreAccepted) {
   EXPECT_NE(Make(zmq::socket_type::dealer, o), nullptr);
 }
 
+// Receives the next message on `s`, waiting at most 5 s; nullopt if none came.
+std::optional<Frames> RecvWithin5s(Socket* s) {
+  absl::StatusOr<std::optional<Frames>> got = s->Recv(5000);
+  EXPECT_TRUE(got.ok()) << got.status();
+  return got.ok() ? *got : std::nullopt;
+}
+
+// Two DEALERs under one routing id, the first still connected when the second arrives (a
+// worker back from a network cut before the router saw its old connection die). With handover
+// the second takes the id over: the router hears it and its replies reach it. Without, the
+// second is refused and nothing it sends arrives.
+TEST_F(TransportTest, RouterHandoverGivesAnIdToItsNewestConnection) {
+  for (const bool handover : {true, false}) {
+    SCOPED_TRACE(handover ? "handover" : "no handover");
+    SocketOptions ro;
+    ro.router_handover = handover;
+    std::unique_ptr<Socket> router = Make(zmq::socket_type::router, ro);
+    ASSERT_TRUE(router->Bind("tcp://127.0.0.1:*").ok());
+    SocketOptions d;
+    d.routing_id = "worker-7";
+    std::unique_ptr<Socket> old_link = Make(zmq::socket_type::dealer, d);
+    ASSERT_TRUE(old_link->Connect(router->LastEndpoint()).ok());
+    ASSERT_TRUE(old_link->Send({"from the old link"}).ok());
+    std::optional<Frames> got = RecvWithin5s(router.get());
+    ASSERT_TRUE(got.has_value());
+    EXPECT_EQ(*got, (Frames{"worker-7", "from the old link"}));
+
+    std::unique_ptr<Socket> new_link = Make(zmq::socket_type::dealer, d);
+    ASSERT_TRUE(new_link->Connect(router->LastEndpoint()).ok());
+    ASSERT_TRUE(new_link->Send({"from the new link"}).ok());
+    absl::StatusOr<std::optional<Frames>> second = router->Recv(handover ? 5000 : 500);
+    ASSERT_TRUE(second.ok()) << second.status();
+    if (!handover) {
+      EXPECT_FALSE(second->has_value()) << "a refused connection's message arrived";
+      continue;
+    }
+    ASSERT_TRUE(second->has_value());
+    EXPECT_EQ(**second, (Frames{"worker-7", "from the new link"}));
+    ASSERT_TRUE(router->Send({"worker-7", "reply"}).ok());
+    got = RecvWithin5s(new_link.get());
+    ASSERT_TRUE(got.has_value());
+    EXPECT_EQ(*got, Frames{"reply"});
+    absl::StatusOr<std::optional<Frames>> stale = old_link->Recv(100);
+    ASSERT_TRUE(stale.ok());
+    EXPECT_FALSE(stale->has_value()) << "the reply went to the replaced connection";
+  }
+}
+
 TEST_F(TransportTest, ErrorsAreStatuses) {
   std::unique_ptr<Socket> s = Make(zmq::socket_type::router);
   EXPECT_EQ(s->Bind("bogus://nowhere").code(), absl::StatusCode::kInvalidArgument);

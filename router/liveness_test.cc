@@ -233,6 +233,44 @@ TEST_F(LivenessTest, AWorkerThatHeartbeatsButNeverStepsIsStalledAndTheStreamResu
   EXPECT_EQ(s.inflight, 0);
 }
 
+// A worker back from a network cut reconnects under its own id before the router saw the old
+// connection die (no ZMTP heartbeat here). The new connection takes the id over: its
+// registration is a new epoch, the stream the old one held resumes on it from the tokens the
+// client already has, and what the old link still sends is dropped.
+TEST_F(LivenessTest, AWorkerReconnectingUnderItsIdWhileTheOldLinkLivesTakesItOver) {
+  StartRouter();
+  FakeWorker old_link = StartWorker("w1");
+  auto client = Dealer(router_->frontend_endpoint(), "c1");
+  SendClient(client.get(), Request("r1", 4, /*stream=*/true));
+  const DispatchInfo d1 = old_link.RecvAs<DispatchInfo>();
+  old_link.Send(Step(old_link, d1.dispatch_id, 10));
+  old_link.Send(Step(old_link, d1.dispatch_id, 11));
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(RecvClientAs<GenerateChunkOut>(client.get()).index, i);
+
+  FakeWorker new_link = StartWorker("w1");  // refused without handover: no ack would come
+  EXPECT_GT(new_link.epoch, old_link.epoch);
+  const DispatchInfo d2 = new_link.RecvAs<DispatchInfo>();
+  EXPECT_EQ(d2.prompt_tokens, (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(d2.output_tokens, (std::vector<int32_t>{10, 11}));
+  EXPECT_EQ(d2.sampling.seed, d1.sampling.seed);
+  // The old link's late token goes nowhere; the stream goes on from the new link, no gap.
+  old_link.Send(Step(old_link, d1.dispatch_id, 99));
+  new_link.Send(Step(new_link, d2.dispatch_id, 12));
+  new_link.Send(Step(new_link, d2.dispatch_id, 13, /*finished=*/true));
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 2; ++i) {
+    const GenerateChunkOut c = RecvClientAs<GenerateChunkOut>(client.get());
+    EXPECT_EQ(c.index, 2 + i);
+    tokens.push_back(c.tokens.empty() ? -1 : c.tokens[0].token);
+  }
+  EXPECT_EQ(tokens, (std::vector<int32_t>{12, 13}));
+  EXPECT_EQ(RecvClientAs<GenerateFinalOut>(client.get()).usage.completion_tokens, 4);
+  const StatsOut s = Stats(client.get());
+  ASSERT_EQ(s.workers.size(), 1u);
+  EXPECT_TRUE(s.workers[0].healthy);
+  EXPECT_EQ(s.inflight, 0);
+}
+
 TEST_F(LivenessTest, SlowStepsAndAdvancingPrefillAreNotStalls) {
   StartRouter();
   FakeWorker w1 = StartWorker("w1");

@@ -113,7 +113,11 @@ absl::Status Router::Impl::Init() {
   ASSIGN_OR_RETURN(batch_pool_, TokenizerPool::Create(1));
   SocketOptions so;
   so.max_message_bytes = options_.max_frame_bytes;
+  // A worker that reconnects after a network cut comes back under its own id, possibly before
+  // its old connection is seen dead; its registration (a new epoch) then takes the id over.
+  so.router_handover = true;
   ASSIGN_OR_RETURN(backend_, Socket::Create(&context_, zmq::socket_type::router, so));
+  so.router_handover = false;
   // Clients may send a batch call's upload.
   so.max_message_bytes = std::max(options_.max_frame_bytes, options_.max_batch_call_bytes);
   if (!options_.curve_secret_key.empty()) {
