@@ -275,18 +275,43 @@ absl::StatusOr<std::unique_ptr<ModelDevice>> CreateCudaModelDevice(const DeviceO
 #endif
 }
 
-absl::StatusOr<int64_t> CudaKvPoolBytes(const DeviceOptions& options, int64_t weight_bytes,
-                                        int64_t margin_bytes) {
+absl::StatusOr<GpuMemoryInfo> CudaMemoryInfo(const DeviceOptions& options) {
 #ifdef CARPOOL_HAVE_CUDA
   size_t free = 0, total = 0;
   // Measure the GPU the device was created on, whichever device this thread had current.
   CUDA_RETURN_IF_ERROR(cudaSetDevice(std::max(options.gpu_index, 0)));
   CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free, &total));
-  return KvPoolBytesForUtilization(options.gpu_memory_utilization, static_cast<int64_t>(total),
-                                   static_cast<int64_t>(free), weight_bytes + margin_bytes);
+  return GpuMemoryInfo{static_cast<int64_t>(total), static_cast<int64_t>(free)};
 #else
+  (void)options;
   return absl::FailedPreconditionError("this build has no CUDA device support");
 #endif
+}
+
+absl::StatusOr<int64_t> CudaKvPoolBytes(const DeviceOptions& options, int64_t weight_bytes,
+                                        int64_t margin_bytes) {
+  ASSIGN_OR_RETURN(const GpuMemoryInfo memory, CudaMemoryInfo(options));
+  return KvPoolBytesForUtilization(options.gpu_memory_utilization, memory.total_bytes,
+                                   memory.free_bytes, weight_bytes + margin_bytes);
+}
+
+absl::Status GpuMemoryFitError(const std::string& device_name, double utilization,
+                               const GpuMemoryInfo& memory, int64_t weight_bytes,
+                               int64_t margin_bytes, int64_t kv_block_bytes) {
+  const auto mib = [](int64_t bytes) { return absl::StrCat(bytes >> 20, " MiB"); };
+  const int64_t needed = weight_bytes + margin_bytes + kv_block_bytes;
+  const int64_t others = memory.total_bytes - std::min(memory.free_bytes, memory.total_bytes);
+  // What the utilization leaves this process: KvPoolBytesForUtilization's budget before margins.
+  const int64_t allowed = KvPoolBytesForUtilization(utilization, memory.total_bytes,
+                                                    memory.free_bytes, 0);
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the model does not fit on ", device_name, ": it needs ", mib(needed), " (",
+      mib(weight_bytes), " of weights, ", mib(margin_bytes), " for activations, ",
+      mib(kv_block_bytes), " for one KV block), and --gpu-memory-utilization ", utilization,
+      " allows ", mib(allowed), " of the GPU's ", mib(memory.total_bytes), " (",
+      mib(memory.free_bytes), " free, ", mib(others),
+      " held by other processes); raise --gpu-memory-utilization, lower "
+      "--max-num-batched-tokens, split the model with --tp, or free GPU memory"));
 }
 
 }  // namespace carpool::worker

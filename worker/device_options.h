@@ -160,6 +160,23 @@ absl::StatusOr<std::unique_ptr<ModelDevice>> CreateCudaModelDevice(const DeviceO
 absl::StatusOr<int64_t> CudaKvPoolBytes(const DeviceOptions& options, int64_t weight_bytes,
                                         int64_t margin_bytes);
 
+// A GPU's memory as the driver reports it (cudaMemGetInfo).
+struct GpuMemoryInfo {
+  int64_t total_bytes = 0;
+  int64_t free_bytes = 0;
+};
+
+// The memory of the CUDA device `options` names. FAILED_PRECONDITION without CUDA.
+absl::StatusOr<GpuMemoryInfo> CudaMemoryInfo(const DeviceOptions& options);
+
+// RESOURCE_EXHAUSTED for a model that does not fit on a GPU under --gpu-memory-utilization,
+// naming what it needs (weights, activation margin and one KV block, each and in sum), what the
+// utilization allows of the GPU's memory, what is free and what other processes hold, and the
+// flags that would make it fit.
+absl::Status GpuMemoryFitError(const std::string& device_name, double utilization,
+                               const GpuMemoryInfo& memory, int64_t weight_bytes,
+                               int64_t margin_bytes, int64_t kv_block_bytes);
+
 }  // namespace carpool::worker
 
 #endif  // CARPOOL_WORKER_DEVICE_OPTIONS_H_

@@ -254,6 +254,23 @@ TEST(DeviceOptionsTest, InvalidOptionsFailResolution) {
   EXPECT_EQ(ResolveDevice(d, -1).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(DeviceOptionsTest, GpuMemoryFitErrorNamesWhatIsNeededAndWhatIsFree) {
+  constexpr int64_t kMiB = int64_t{1} << 20;
+  // An 80 GiB GPU with 20 GiB held elsewhere: 0.9 allows 72 - 20 = 52 GiB; the model needs
+  // 50 + 4 GiB and a 2 MiB block.
+  const GpuMemoryInfo memory{81920 * kMiB, 61440 * kMiB};
+  const absl::Status s =
+      GpuMemoryFitError("cuda:0 (H200)", 0.9, memory, 51200 * kMiB, 4096 * kMiB, 2 * kMiB);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  const std::string m(s.message());
+  EXPECT_THAT(m, HasSubstr("does not fit on cuda:0 (H200)"));
+  EXPECT_THAT(m, HasSubstr("needs 55298 MiB (51200 MiB of weights, 4096 MiB for activations, "
+                           "2 MiB for one KV block)"));
+  EXPECT_THAT(m, HasSubstr("--gpu-memory-utilization 0.9 allows 53248 MiB of the GPU's "
+                           "81920 MiB (61440 MiB free, 20480 MiB held by other processes)"));
+  EXPECT_THAT(m, HasSubstr("--tp"));
+}
+
 TEST(DeviceOptionsTest, KvPoolBytesForUtilization) {
   constexpr int64_t kGiB = int64_t{1} << 30;
   // 0.9 x 80 GiB = 72 GiB budget; 10 GiB in use (70 free); 2 GiB margin: 60 GiB.

@@ -138,10 +138,9 @@ absl::StatusOr<int64_t> GpuKvBlocks(const ChosenDevice& chosen, const ModelConfi
         "--gpu-memory-utilization ", u, " leaves no room for a KV block on another rank of the "
         "tensor-parallel group; raise it or free GPU memory there"));
   }
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "--gpu-memory-utilization ", u, " leaves no room for the KV cache on ",
-      chosen.device->name(), " after ", chosen.weight_bytes >> 20, " MiB of weights and ",
-      chosen.margin_bytes >> 20, " MiB for activations; raise it or free GPU memory"));
+  ASSIGN_OR_RETURN(const GpuMemoryInfo memory, CudaMemoryInfo(o.device));
+  return GpuMemoryFitError(chosen.device->name(), u, memory, chosen.weight_bytes,
+                           chosen.margin_bytes, per_block);
 }
 
 // The window behind which the KV cache may release a running sequence's blocks: the model's
