@@ -223,12 +223,15 @@ assert.deepEqual(failed.errors.data.map((e) => [e.line, e.code]),
                   [5, 'missing_custom_id'], [6, 'invalid_body']]);
 for (const e of failed.errors.data) assert.ok(e.message, JSON.stringify(e));
 
-// ---- unknown ids: 404, the SDK's NotFoundError
-for (const call of [client.files.retrieve('file-unknown'), client.files.content('file-unknown'),
-                    client.batches.retrieve('batch_unknown'),
-                    client.batches.create({ input_file_id: 'file-unknown', endpoint: ENDPOINT,
-                                            completion_window: '24h' })]) {
-  const e = await failure(call);
+// ---- unknown ids: 404, the SDK's NotFoundError. Each call starts only when the one before has
+// been answered: started together, a rejection that comes before its promise is awaited is an
+// unhandled rejection, which ends Node.
+for (const call of [() => client.files.retrieve('file-unknown'),
+                    () => client.files.content('file-unknown'),
+                    () => client.batches.retrieve('batch_unknown'),
+                    () => client.batches.create({ input_file_id: 'file-unknown',
+                                                  endpoint: ENDPOINT, completion_window: '24h' })]) {
+  const e = await failure(call());
   assert.equal(e.status, 404);
   assert.ok(e instanceof sdk.NotFoundError, e.constructor.name);
 }
