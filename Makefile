@@ -26,7 +26,7 @@ run: build
 
 # The benchmark suite; SCENARIO=b (or a,c) runs some scenarios only. Rewrites the suite's sections
 # of docs/PERFORMANCE.md.
-SCENARIO ?= abcdefgh
+SCENARIO ?= abcdefghi
 bench: build
 	@bash scripts/bench.sh $(BUILD) $(SCENARIO)
 

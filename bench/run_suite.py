@@ -6,7 +6,7 @@ ports, runs the scenarios, stops every process it started, and rewrites the suit
 docs/PERFORMANCE.md (between `<!-- bench:KEY begin -->` / `end` markers; the hand-written
 sections are left alone) and its plots in docs/img/bench_*.png.
 
-    bench/run_suite.py --build build                 # every scenario, a to h
+    bench/run_suite.py --build build                 # every scenario, a to i
     bench/run_suite.py --build build --scenarios b,d # some of them; only their sections change
 
 Scenarios (README of each is its section in docs/PERFORMANCE.md):
@@ -18,6 +18,7 @@ Scenarios (README of each is its section in docs/PERFORMANCE.md):
   f  engine overhead: forward time / step wall time                        carpool-bench-engine
   g  paged KV: concurrent sequences at a fixed KV budget                   carpool-bench-engine
   h  batch jobs under an interactive load: isolation, capacity they use   carpool bench serve
+  i  one router before a simulated fleet of 1..1,024 workers              carpool-bench-fleet
 """
 import argparse
 import datetime
@@ -36,7 +37,7 @@ import urllib.error
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ALL_SCENARIOS = "abcdefgh"
+ALL_SCENARIOS = "abcdefghi"
 
 # KV cache bytes per token: 2 (K and V) x layers x KV heads x head dim x 4 bytes (fp32), from
 # the presets in worker/weights/synthetic.cc.
@@ -559,6 +560,55 @@ class Suite:
             "decoding runs out of blocks)."]
         return {"data": j}, md
 
+    def scenario_i(self):
+        path = os.path.join(self.results, "i_fleet.json")
+        argv = [os.path.join(self.bindir, "carpool-bench-fleet"), "--json", path]
+        self.run_tool(argv, "i_fleet")
+        with open(path) as f:
+            rows = json.load(f)
+        failed = [r for r in rows if r.get("error")]
+        if failed:
+            raise RuntimeError(f"carpool-bench-fleet: {failed[0]['error']}")
+        md = [
+            "`carpool-bench-fleet` starts one `carpool-router` and, in its own process, a "
+            "simulated fleet whose workers (one DEALER socket each, real registration, heartbeats "
+            "with load and KV events, 10,000 cached prefix blocks each) answer at once, so the "
+            "router's own cost is what is measured; the clients, the fleet and the router share "
+            "the machine's cores. Placement + admission is timed in process on the router's "
+            "structures at the same fleet size (the placement index and the admission cycle); "
+            "\"linear\" is the same choice made the old way, over a snapshot of every worker "
+            "(kept as the reference the index is tested against).", "",
+            "```", "carpool-bench-fleet --json FILE", "```", "",
+            "| workers | policy | placement + admission µs | linear µs | req/s | router CPU µs / "
+            "req | p50 / p99 round trip µs | idle router, share of a core |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in rows:
+            admit = r["admission_cycle_ns"]
+            indexed = (r["indexed_place_ns"] + admit) / 1000
+            linear = (r["worker_list_ns"] + r["placement_view_ns"] + r["place_ns"] + admit) / 1000
+            md.append(f"| {r['workers']} | {r['policy']} | {indexed:.2f} | {linear:.2f} | "
+                      f"{r['requests_per_s']:,.0f} | {r['router_cpu_us_per_request']:.1f} | "
+                      f"{r['latency_p50_us']:.0f} / {r['latency_p99_us']:.0f} | "
+                      f"{100 * r['idle_router_core_share']:.1f}% |")
+        biggest = max(r["workers"] for r in rows)
+        top = [r for r in rows if r["workers"] == biggest]
+        worst = max((r["indexed_place_ns"] + r["admission_cycle_ns"]) / 1000 for r in top)
+        rps = max(r["requests_per_s"] for r in top)
+        idle = max(r["idle_router_core_share"] for r in top)
+        t = top[0]
+        md += ["",
+               f"- Placement + admission at {biggest} workers: at most **{worst:.2f} µs** "
+               f"(target <= 5 µs: {verdict(worst <= 5)}; stretch 2 µs: {verdict(worst <= 2)}).",
+               f"- Requests/s through one router at {biggest} workers: at most **{rps:,.0f}** "
+               f"(target >= 100,000: {verdict(rps >= 100000)}).",
+               f"- Idle router at {biggest} workers, heartbeats every {t['heartbeat_ms']} ms: "
+               f"**{100 * idle:.1f}%** of a core (target <= 10%: {verdict(idle <= 0.10)}); its "
+               f"50 ms housekeeping pass {t['housekeeping_pass_us'] / 1000:.2f} ms.",
+               f"- Prefix index at {biggest} x {t['cached_blocks_per_worker']:,} blocks: "
+               f"{t['index_table_bytes'] / 1e6:.1f} MB in its tables, bounded by each worker's "
+               "KV blocks."]
+        return {"data": rows}, md
+
     def scenario_h(self):
         model, seqs, max_len = "synthetic:small", 8, 512
         in_len, out_len = 32, 64
@@ -895,6 +945,7 @@ TITLES = {
     "f": "f. Engine overhead: forward time / step wall time",
     "g": "g. Paged KV: concurrent sequences at a fixed KV budget",
     "h": "h. Batch jobs under interactive load: isolation and the capacity they use",
+    "i": "i. One router in front of a simulated fleet of 1 to 1,024 workers",
 }
 
 INTRO = """## Serving benchmark suite (issue 9): `make bench`
@@ -930,7 +981,7 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default="build", help="build folder holding bin/ (default build)")
     ap.add_argument("--scenarios", default=ALL_SCENARIOS,
-                    help="which to run, e.g. b or a,c (default: all, a to h)")
+                    help="which to run, e.g. b or a,c (default: all, a to i)")
     ap.add_argument("--doc", default=os.path.join(ROOT, "docs", "PERFORMANCE.md"),
                     help="the report to update (default docs/PERFORMANCE.md)")
     args = ap.parse_args()
@@ -940,7 +991,7 @@ def main():
         ap.error(f"unknown scenario(s) {''.join(bad)!r}: choose from {ALL_SCENARIOS}")
     suite = Suite(args)
     for tool in ("carpool", "carpool-router", "carpool-worker", "carpool-bench-engine",
-                 "carpool-bench-kernels", "carpool-bench-router"):
+                 "carpool-bench-kernels", "carpool-bench-router", "carpool-bench-fleet"):
         if not os.access(os.path.join(suite.bindir, tool), os.X_OK):
             sys.exit(f"run_suite: {suite.bindir}/{tool} is missing: build first (make build)")
     update_doc(suite.doc, INTRO_KEY, INTRO)
