@@ -273,6 +273,7 @@ struct ClientEncoder {
     p->set_include_stop_str_in_output(g.include_stop_str_in_output);
     p->set_skip_special_tokens(g.skip_special_tokens);
     p->set_batch_job(g.batch_job);
+    for (int32_t id : g.resume_tokens) p->add_resume_tokens(id);
   }
   void operator()(const CancelInput& c) const { m->mutable_cancel()->set_request_id(c.request_id); }
   void operator()(const StatsQuery& q) const { m->mutable_stats()->set_api_key(q.api_key); }
@@ -589,6 +590,7 @@ absl::StatusOr<ClientMessage> DecodeClientMessage(std::string_view frame) {
       g.include_stop_str_in_output = p.include_stop_str_in_output();
       g.skip_special_tokens = !p.has_skip_special_tokens() || p.skip_special_tokens();
       g.batch_job = p.batch_job();
+      g.resume_tokens.assign(p.resume_tokens().begin(), p.resume_tokens().end());
       return ClientMessage(std::move(g));
     }
     case pb::ClientMessage::kCancel:

@@ -94,6 +94,8 @@ struct GenerateInput {
   // A request of a batch job (docs/batch.md): admitted in the batch lane. Only the router's
   // in-process batch runner may set it.
   bool batch_job = false;
+  // A resumed stream: the output tokens the client already received (the proto's comment).
+  std::vector<int32_t> resume_tokens;
 };
 
 // One input of an embed request: text (tokenized by the router) or token ids.

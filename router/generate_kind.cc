@@ -81,7 +81,32 @@ absl::Status GenerateKind::Validate(Request& request, const ModelLimits& model,
     r.stops.emplace(std::move(r.input.stop), r.input.include_stop_str_in_output);
   }
   r.input = GenerateInput();
+  if (!v->resume_tokens.empty()) Resume(r, v->resume_tokens);
   return absl::OkStatus();
+}
+
+void GenerateKind::Resume(GenerateRequest& r, const std::vector<int32_t>& tokens) {
+  // They stand as tokens this router produced: Dispatch sends them to the worker as output
+  // tokens (recomputed as context, as a worker failover does), chunks continue at their count
+  // and usage counts them. Their logprobs went with the lost router: none here.
+  r.output.reserve(tokens.size());
+  for (int32_t id : tokens) {
+    SampleResult t;
+    t.token = id;
+    r.output.push_back(std::move(t));
+  }
+  if (r.tokenizer == nullptr) return;
+  // The decoder and the stop matcher see the received tokens' text, and a stream lets none of
+  // it out (the client has it): they hold back what the lost router held back (a character cut
+  // short, a possible stop string), so the text continues exactly. A stop string inside them is
+  // not acted on: the lost router would have ended the stream there. A non-streamed request's
+  // final text is that of every token, these included.
+  r.decoder = std::make_unique<text::StreamDecoder>(r.tokenizer.get(), r.skip_special_tokens);
+  for (SampleResult& t : r.output) {
+    t.text = r.decoder->Add(t.token);
+    std::string out = r.stops ? r.stops->Feed(t.text) : t.text;
+    if (!r.stream) r.text += out;
+  }
 }
 
 int64_t GenerateKind::PromptTokens(const Request& request) const {

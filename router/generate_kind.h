@@ -78,6 +78,9 @@ class GenerateKind final : public RequestKind {
   // many do, a walk from the least loaded.
   Placement PlaceByPrefix(const GenerateRequest& r, const PlacementIndex& model,
                           const PrefixIndex& prefixes, const PlacementIndex::Query& q);
+  // A resumed stream (GenerateInput::resume_tokens): `tokens` become its output so far, and its
+  // decoder and stop strings have seen their text.
+  void Resume(GenerateRequest& r, const std::vector<int32_t>& tokens);
   // The worker's answer for a token (and its relay), and the end of the request when finished.
   void OnToken(GenerateRequest& r, WorkerState* w, const TokenEvent& e, int64_t now);
   // The text `token` completes (and, when `last`, all that is left), after the stop strings.

@@ -72,6 +72,15 @@ absl::Status ValidateShape(const GenerateInput& r, const RequestLimits& limits) 
                                                    "; it must be in [1, ",
                                                    limits.max_max_tokens, "]"));
   }
+  // A resumed stream (resume_tokens): what was received counts in max_tokens, and a stream
+  // that had them all would have ended.
+  if (!r.resume_tokens.empty() &&
+      static_cast<int64_t>(r.resume_tokens.size()) >= r.sampling.max_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "resume_tokens has ", r.resume_tokens.size(),
+        " tokens; a resumed stream must have fewer than max_tokens (", r.sampling.max_tokens,
+        "), which counts them"));
+  }
   if (static_cast<int>(r.sampling.stop_token_ids.size()) > limits.max_stop_token_ids) {
     return absl::InvalidArgumentError(absl::StrCat("stop_token_ids has ",
                                                    r.sampling.stop_token_ids.size(),
@@ -132,6 +141,15 @@ absl::StatusOr<ValidatedPrompt> ValidateGenerate(const GenerateInput& r,
                                                      model.vocab_size, ")"));
     }
   }
+  for (size_t i = 0; i < r.resume_tokens.size(); ++i) {
+    if (r.resume_tokens[i] < 0 || r.resume_tokens[i] >= model.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("resume_tokens[", i, "] has id ",
+                                                     r.resume_tokens[i],
+                                                     ", outside the vocabulary [0, ",
+                                                     model.vocab_size, ")"));
+    }
+  }
+  out.resume_tokens = r.resume_tokens;
   if (absl::Status s = r.sampling.Validate(model.vocab_size); !s.ok()) return s;
   if (!r.stop.empty() && model.tokenizer == nullptr) {
     return NoTokenizer("stop strings are matched on the output text: ");
@@ -142,6 +160,8 @@ absl::StatusOr<ValidatedPrompt> ValidateGenerate(const GenerateInput& r,
                                       model.max_model_len,
                                       " and at least one token must be generated"));
   }
+  // Resume tokens are fewer than max_tokens (ValidateShape), so this bounds the prompt and
+  // them together too.
   if (prompt_len + r.sampling.max_tokens > model.max_model_len) {
     return absl::InvalidArgumentError(absl::StrCat("prompt (", prompt_len,
                                                    " tokens) + max_tokens (",

@@ -76,6 +76,8 @@ struct RequestLimits {
 // prompt_too_long. REQUIRES: limits.known.
 struct ValidatedPrompt {
   std::vector<int32_t> tokens;
+  // GenerateInput::resume_tokens, each checked against the vocabulary.
+  std::vector<int32_t> resume_tokens;
 };
 absl::StatusOr<ValidatedPrompt> ValidateGenerate(const GenerateInput& request,
                                                  const ModelLimits& model,
