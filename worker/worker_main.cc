@@ -2,6 +2,7 @@
 //
 //   carpool-worker --router tcp://127.0.0.1:5556 --model synthetic:tiny [engine flags]
 //                  [--worker-id ID] [--heartbeat-ms 200] [--embed-* flags]
+//   carpool-worker --router tcp://A:5556,tcp://B:5556 [--router-lost-ms 2000] ...  (two routers)
 //   mpirun -np 1 carpool-router : -np 4 carpool-worker --tp 2 --model DIR    (worker/mpi_worker.h)
 //
 // SIGTERM / SIGINT drain the worker: new requests are refused, running ones finish, it
@@ -105,8 +106,12 @@ int main(int argc, char** argv) {
   int tp_heartbeat_ms = 100, tp_timeout_ms = 1000, tp_collective_timeout_ms = 60000;
   carpool::FlagParser parser;
   parser.AddString("router", &options.router_endpoint,
-                   "the router's worker endpoint, e.g. tcp://127.0.0.1:5556; none: under "
-                   "mpirun, the job's carpool-router rank");
+                   "the router's worker endpoint, e.g. tcp://127.0.0.1:5556, or a pair "
+                   "tcp://A:5556,tcp://B:5556 (registers with the first that answers, the next "
+                   "once it is lost); none: under mpirun, the job's carpool-router rank");
+  parser.AddInt("router-lost-ms", &options.router_lost_ms,
+                "with several --router endpoints: a router silent (no ZMTP heartbeat answer, "
+                "no registration) this long is lost, and the worker registers with the next");
   // With the device flags (--device, --gpu, --dtype, ...) into options.engine.device.
   carpool::worker::RegisterEngineFlags(&parser, &options.engine);
   parser.AddString("worker-id", &options.worker_id, "routing id; none: hostname:pid");

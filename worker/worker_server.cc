@@ -8,7 +8,9 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/clock.h"
 #include "common/codec.h"
 #include "common/status.h"
@@ -47,19 +49,31 @@ bool ShouldLogRouterFailure(int64_t n) { return n > 1 && ShouldLogCount(n); }
 // Owns the DEALER to the router; see worker_server.h.
 class IoLoop {
  public:
-  IoLoop(const WorkerServerOptions& options, const RegisterInfo& reg, Socket* dealer, Socket* pair,
-         const SharedLoad* load, const std::atomic<bool>* drain_requested)
+  // `dealer_options` are those of every DEALER it opens to a router, in `context`.
+  IoLoop(const WorkerServerOptions& options, const RegisterInfo& reg, zmq::context_t* context,
+         SocketOptions dealer_options, Socket* pair, const SharedLoad* load,
+         const std::atomic<bool>* drain_requested)
       : options_(options),
         register_(reg),
-        dealer_(dealer),
+        context_(context),
+        dealer_options_(std::move(dealer_options)),
+        routers_(WorkerServer::RouterEndpoints(options.router_endpoint)),
         pair_(pair),
         load_(load),
         drain_requested_(drain_requested) {}
 
+  // Connects to the first router. Errors only when a socket cannot be set up.
+  absl::Status Connect();
   // Returns once the engine thread has drained and `deregister` is queued.
   void Run();
 
  private:
+  // Opens the DEALER (and, with several routers, its monitor) to routers_[current_].
+  absl::Status ConnectCurrent();
+  // Several routers: the current one is lost (`why`); registers with the next.
+  void NextRouter(const std::string& why);
+  void ReadMonitor();
+  bool failover() const { return routers_.size() > 1; }
   void PollOnce(int timeout_ms);
   void ReadRouter();
   void ReadEngine();
@@ -78,7 +92,15 @@ class IoLoop {
 
   const WorkerServerOptions& options_;
   const RegisterInfo& register_;
-  Socket* const dealer_;
+  zmq::context_t* const context_;
+  const SocketOptions dealer_options_;
+  const std::vector<std::string> routers_;
+  size_t current_ = 0;  // the router served: routers_[current_]
+  // Destroyed monitor first, then the DEALER it watches.
+  std::unique_ptr<Socket> dealer_;
+  std::unique_ptr<SocketMonitor> monitor_;  // several routers only
+  bool handshaken_ = false;                 // the connection to the current router is up
+  int64_t router_since_ms_ = 0;             // when the current router was chosen
   Socket* const pair_;
   const SharedLoad* const load_;
   const std::atomic<bool>* const drain_requested_;
@@ -91,6 +113,56 @@ class IoLoop {
   bool engine_done_ = false;
   int64_t send_failures_ = 0;
 };
+
+absl::Status IoLoop::Connect() {
+  if (routers_.empty()) return absl::InvalidArgumentError("--router names no endpoint");
+  return ConnectCurrent();
+}
+
+absl::Status IoLoop::ConnectCurrent() {
+  monitor_.reset();
+  dealer_.reset();
+  handshaken_ = false;
+  router_since_ms_ = NowMillis();
+  ASSIGN_OR_RETURN(dealer_, Socket::Create(context_, zmq::socket_type::dealer, dealer_options_));
+  if (failover()) {
+    // Before Connect: no event is missed.
+    ASSIGN_OR_RETURN(monitor_, SocketMonitor::Start(context_, dealer_.get()));
+  }
+  return dealer_->Connect(routers_[current_]);
+}
+
+void IoLoop::NextRouter(const std::string& why) {
+  const std::string& lost = routers_[current_];
+  current_ = (current_ + 1) % routers_.size();
+  Log("router ", lost, " lost (", why, "); registering with ", routers_[current_]);
+  if (epoch_ != 0) {
+    // The lost router's requests are its clients' to resume elsewhere: drop them all.
+    epoch_ = 0;
+    ToEngine({kTagEpoch, "0"});
+  }
+  register_pending_ = false;
+  if (absl::Status s = ConnectCurrent(); !s.ok()) {
+    Log("cannot connect to router ", routers_[current_], ": ", s.ToString());
+    return;  // dealer_ may be null: Tick tries the next one after router_lost_ms
+  }
+  SendRegister();
+}
+
+void IoLoop::ReadMonitor() {
+  for (;;) {
+    absl::StatusOr<std::optional<SocketMonitor::Event>> event = monitor_->Next();
+    if (!event.ok() || !event->has_value()) return;
+    if (**event == SocketMonitor::Event::kHandshakeSucceeded) {
+      handshaken_ = true;
+    } else if (**event == SocketMonitor::Event::kDisconnected && handshaken_) {
+      // An established connection dropped: the router died, closed it, or stopped answering
+      // ZMTP heartbeats. A connection that never came up is left to the register timeout.
+      NextRouter("its connection dropped");
+      return;  // the monitor was replaced
+    }
+  }
+}
 
 void IoLoop::Run() {
   SendRegister();
@@ -113,14 +185,25 @@ void IoLoop::Run() {
 }
 
 void IoLoop::PollOnce(int timeout_ms) {
-  const PollItem items[] = {{dealer_}, {pair_}};
-  absl::StatusOr<PollResult> readable = Poll(items, timeout_ms);  // EINTR: nothing readable
+  const PollItem items[] = {
+      {dealer_.get()}, {pair_}, {monitor_ != nullptr ? monitor_->socket() : nullptr}};
+  const size_t n = monitor_ != nullptr ? 3 : dealer_ != nullptr ? 2 : 0;
+  if (n == 0) {
+    // No DEALER (a connect failed): only the engine is read until the next router is tried.
+    const PollItem engine_only[] = {{pair_}};
+    absl::StatusOr<PollResult> readable = Poll(engine_only, timeout_ms);
+    if (readable.ok() && (*readable)[0]) ReadEngine();
+    return;
+  }
+  // EINTR: nothing readable.
+  absl::StatusOr<PollResult> readable = Poll(absl::MakeConstSpan(items, n), timeout_ms);
   if (!readable.ok()) {
     Log(readable.status().message());
     return;
   }
   if ((*readable)[0]) ReadRouter();
   if ((*readable)[1]) ReadEngine();
+  if (n == 3 && (*readable)[2]) ReadMonitor();
 }
 
 void IoLoop::ReadRouter() {
@@ -184,6 +267,7 @@ void IoLoop::OnRegistered(uint64_t epoch) {
     if (epoch_ == 0 && register_pending_) return;
     Log("router does not know epoch ", epoch_, "; registering again");
     epoch_ = 0;
+    router_since_ms_ = NowMillis();  // its router_lost_ms to answer starts now
     ToEngine({kTagEpoch, "0"});
     SendRegister();
     return;
@@ -210,6 +294,11 @@ void IoLoop::OnEngineFrames(const Frames& f) {
 void IoLoop::Tick() {
   if (!draining_ && drain_requested_->load(std::memory_order_relaxed)) StartDrain("signal");
   const int64_t now = NowMillis();
+  if (failover() && epoch_ == 0 && now - router_since_ms_ >= options_.router_lost_ms) {
+    // Not registered with this router within router_lost_ms: down, or not answering.
+    NextRouter(absl::StrCat("no registration within ", options_.router_lost_ms, " ms"));
+    return;
+  }
   if (epoch_ > 0) {
     if (now < next_heartbeat_ms_) return;
     next_heartbeat_ms_ = now + options_.heartbeat_ms;
@@ -249,13 +338,14 @@ void IoLoop::ToEngine(Frames frames) {
 }
 
 bool IoLoop::ToRouter(const std::string& frame) {
+  if (dealer_ == nullptr) return false;
   const absl::Status s = dealer_->Send({frame});
   if (s.ok()) {
     send_failures_ = 0;
     return true;
   }
   if (ShouldLogRouterFailure(++send_failures_)) {
-    Log("cannot send to router ", options_.router_endpoint,
+    Log("cannot send to router ", routers_[current_],
         " (not connected, or its queue is full); ", send_failures_, " message(s) not sent");
   }
   return false;
@@ -302,6 +392,15 @@ absl::Status WorkerServerOptions::ValidateEmbed() const {
 
 absl::Status WorkerServerOptions::Validate() const {
   if (router_endpoint.empty()) return absl::InvalidArgumentError("--router is required");
+  const std::vector<std::string> routers = WorkerServer::RouterEndpoints(router_endpoint);
+  if (routers.empty() || std::find(routers.begin(), routers.end(), "") != routers.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--router '", router_endpoint, "' has an empty endpoint; give ENDPOINT[,ENDPOINT...]"));
+  }
+  if (router_lost_ms < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--router-lost-ms must be >= 1, got ", router_lost_ms));
+  }
   if (heartbeat_ms < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--heartbeat-ms must be >= 1, got ", heartbeat_ms));
@@ -339,6 +438,14 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(
 
 WorkerServer::~WorkerServer() = default;
 
+std::vector<std::string> WorkerServer::RouterEndpoints(const std::string& router_endpoint) {
+  std::vector<std::string> out;
+  for (absl::string_view part : absl::StrSplit(router_endpoint, ',')) {
+    out.emplace_back(absl::StripAsciiWhitespace(part));
+  }
+  return out;
+}
+
 void WorkerServer::RequestDrain() { drain_requested_.store(true, std::memory_order_relaxed); }
 
 absl::Status WorkerServer::Run() {
@@ -349,9 +456,12 @@ absl::Status WorkerServer::Run() {
   // heartbeats), and flush `deregister` at exit.
   dealer_options.immediate = true;
   dealer_options.linger_ms = options_.linger_ms;
-  ASSIGN_OR_RETURN(std::unique_ptr<Socket> dealer,
-                   Socket::Create(&context, zmq::socket_type::dealer, dealer_options));
-  RETURN_IF_ERROR(dealer->Connect(options_.router_endpoint));
+  if (WorkerServer::RouterEndpoints(options_.router_endpoint).size() > 1) {
+    // A router that stops answering (its host gone, a network cut) is noticed without waiting
+    // for TCP: no traffic for router_lost_ms after a PING drops the connection.
+    dealer_options.zmtp_heartbeat_ms = std::max(1, options_.router_lost_ms / 3);
+    dealer_options.zmtp_heartbeat_timeout_ms = options_.router_lost_ms;
+  }
   SocketOptions pair_options;
   pair_options.high_water_mark = kPairHighWaterMark;
   ASSIGN_OR_RETURN(std::unique_ptr<Socket> io_pair,
@@ -369,13 +479,16 @@ absl::Status WorkerServer::Run() {
       r.embed_queue_size, " (hidden_size ", r.hidden_size, ")");
   SharedLoad load;
   load.Publish(backend_->Load());
+  IoLoop io(options_, register_, &context, dealer_options, io_pair.get(), &load,
+            &drain_requested_);
+  RETURN_IF_ERROR(io.Connect());
   // The engine thread takes over engine_pair and the backend until it reports done.
   EngineLoopOptions loop_options;
   loop_options.idle_wait_ms = options_.idle_wait_ms;
   loop_options.embed = options_.embed;
   std::thread engine_thread(
       [&] { EngineLoop(backend_.get(), engine_pair.get(), &load, loop_options).Run(); });
-  IoLoop(options_, register_, dealer.get(), io_pair.get(), &load, &drain_requested_).Run();
+  io.Run();
   engine_thread.join();
   Log("exit");
   return absl::OkStatus();

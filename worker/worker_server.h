@@ -18,6 +18,9 @@
 //     steps (docs/dynamic_batching.md, "Embeddings in the worker").
 // The two talk over an inproc PAIR. A new registration epoch cancels the requests taken under
 // the previous one: a router that does not know this worker's epoch has already given them up.
+// With a list of routers the I/O thread owns one DEALER at a time, to the router it serves; when
+// that router is lost it closes it, tells the engine epoch 0 (every request of the lost router
+// is dropped: their clients resume them through the other router) and registers with the next.
 // Undecodable frames from the router are logged to stderr and dropped.
 #ifndef CARPOOL_WORKER_WORKER_SERVER_H_
 #define CARPOOL_WORKER_WORKER_SERVER_H_
@@ -25,6 +28,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -37,8 +41,15 @@
 namespace carpool::worker {
 
 struct WorkerServerOptions {
-  // The router's backend endpoint, e.g. "tcp://127.0.0.1:5556". Required.
+  // The router's backend endpoint, e.g. "tcp://127.0.0.1:5556", or several separated by commas
+  // (a pair of routers, docs/cluster.md "Two routers"): the worker registers with the first
+  // that answers and, once that one is lost, with the next, under a new epoch. Required.
   std::string router_endpoint;
+  // With several routers: a router is lost when its connection drops after the handshake, when
+  // it answers no ZMTP heartbeat for this long, or when a register it was sent goes unanswered
+  // for this long; the worker then registers with the next one. One router: unused (the worker
+  // waits for it). Default: 2000.
+  int router_lost_ms = 2000;
   // Routing id and register.worker_id; empty means "<hostname>:<pid>". Default: empty.
   std::string worker_id;
   // engine.model is "echo" (worker/echo_backend.h) or anything Engine accepts.
@@ -85,6 +96,9 @@ class WorkerServer {
 
   // What `register` carries.
   const RegisterInfo& register_info() const { return register_; }
+
+  // The endpoints of options.router_endpoint, in order (split at commas, blanks trimmed).
+  static std::vector<std::string> RouterEndpoints(const std::string& router_endpoint);
 
  private:
   WorkerServer() = default;

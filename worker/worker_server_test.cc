@@ -578,6 +578,70 @@ TEST(WorkerServerReconnectTest, RegistersWithARouterThatComesUpLaterAndAfterItRe
   for (uint64_t epoch : s.epochs) EXPECT_EQ(epoch, 9u);
 }
 
+EngineOptions Echo();
+
+// ---- two routers (docs/cluster.md, "Two routers")
+
+TEST(WorkerServerTwoRoutersTest, RegistersWithTheNextRouterUnderANewEpochWhenItsRouterDrops) {
+  LongContextModel model;
+  auto first = std::make_unique<FakeRouter>();
+  FakeRouter second;
+  WorkerServerOptions o =
+      Options(first->endpoint() + ", " + second.endpoint(), model.Engine());
+  o.router_lost_ms = 5000;  // only the dropped connection may move it in this test
+  RunningWorker worker(o);
+  ASSERT_TRUE(first->Register(7).has_value());
+  // The second router hears nothing while the first serves.
+  EXPECT_FALSE(second.Next(300).has_value());
+  first->Send(Greedy(9, {256, 1, 2, 3}, LongContextModel::kMaxLen - 4));
+  ASSERT_TRUE(first->WaitFor<StepTokensInfo>().has_value());
+  const int64_t killed = NowMs();
+  first.reset();  // its socket closes, as a router killed with -9
+  std::optional<RegisterInfo> r = second.Register(3);
+  ASSERT_TRUE(r.has_value()) << "no register reached the second router";
+  EXPECT_LT(NowMs() - killed, 2000) << "the drop should be noticed at once, not by a timeout";
+  // The first router's request went with it: nothing of it runs or leaves under the new epoch.
+  std::optional<HeartbeatInfo> hb = second.WaitFor<HeartbeatInfo>(
+      [](const HeartbeatInfo& h) { return h.epoch == 3 && h.load.running == 0; },
+      [](const WorkerMessage& m) {
+        EXPECT_FALSE(std::holds_alternative<StepTokensInfo>(m)) << "a step of the old request";
+      });
+  ASSERT_TRUE(hb.has_value());
+  second.Send(Greedy(4, {256, 9, 9}, 3));
+  const Stream s = Collect(second, 4);
+  EXPECT_TRUE(s.finished());
+  for (uint64_t epoch : s.epochs) EXPECT_EQ(epoch, 3u);
+}
+
+TEST(WorkerServerTwoRoutersTest, SkipsARouterThatIsDownAfterRouterLostMs) {
+  std::string down;
+  {
+    FakeRouter probe;  // only to find a port nobody listens on
+    down = probe.endpoint();
+  }
+  FakeRouter up;
+  WorkerServerOptions o = Options(down + "," + up.endpoint(), TinyEngine());
+  o.router_lost_ms = 300;
+  const int64_t start = NowMs();
+  RunningWorker worker(o);
+  ASSERT_TRUE(up.Register(5).has_value());
+  EXPECT_GE(NowMs() - start, 250);
+  std::optional<HeartbeatInfo> hb = up.WaitFor<HeartbeatInfo>();
+  ASSERT_TRUE(hb.has_value());
+  EXPECT_EQ(hb->epoch, 5u);
+}
+
+TEST(WorkerServerTwoRoutersTest, RouterListIsSplitAtCommasAndEmptyEntriesAreRefused) {
+  EXPECT_EQ(WorkerServer::RouterEndpoints("tcp://a:1, tcp://b:2"),
+            (std::vector<std::string>{"tcp://a:1", "tcp://b:2"}));
+  WorkerServerOptions o = Options("tcp://a:1,,tcp://b:2", Echo());
+  EXPECT_THAT(o.Validate().message(), ::testing::HasSubstr("empty endpoint"));
+  o = Options("tcp://a:1,tcp://b:2", Echo());
+  EXPECT_TRUE(o.Validate().ok());
+  o.router_lost_ms = 0;
+  EXPECT_THAT(o.Validate().message(), ::testing::HasSubstr("--router-lost-ms"));
+}
+
 // ---- echo
 
 EngineOptions Echo() {
