@@ -167,6 +167,18 @@ const char* DeviceSamplingName(DeviceSampling d) {
   return "auto";
 }
 
+const char* AsyncStepName(AsyncStep a) {
+  switch (a) {
+    case AsyncStep::kOn:
+      return "on";
+    case AsyncStep::kOff:
+      return "off";
+    case AsyncStep::kAuto:
+      break;
+  }
+  return "auto";
+}
+
 void SampleRequestsFromBatch(const BatchPlan& plan, std::vector<SampleRequest>* requests,
                              std::vector<int>* seq_index) {
   requests->clear();
@@ -301,6 +313,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   }
   engine->samples_on_device_ =
       options.device_sampling != DeviceSampling::kOff && can_sample_on_device;
+  const bool can_step_async = engine->samples_on_device_ && engine->model_->CanStepAsync();
+  if (options.async_step == AsyncStep::kOn && !can_step_async) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--async-step on: ", engine->model_->device().name(),
+        !engine->samples_on_device_ ? " does not sample on the device here"
+                                    : " cannot run steps asynchronously",
+        " (a GPU that samples on the device, without tensor parallelism, can); use auto or off"));
+  }
+  engine->async_ = options.async_step != AsyncStep::kOff && can_step_async;
   engine->sampler_ = std::make_unique<Sampler>(config.vocab_size);
   engine->next_seed_ = std::random_device{}();
   return engine;
@@ -376,14 +397,24 @@ absl::StatusOr<int64_t> Engine::Add(EngineRequest request) {
   completion->prompt_tokens = static_cast<int>(seq->prompt_tokens.size());
   completion->timings.arrival = seq->arrival_micros;
   const int64_t id = seq->seq_id;
-  inflight_[id] = std::move(completion);
+  Inflight& f = inflight_[id];
+  f.completion = std::move(completion);
+  f.stop_token_ids = seq->sampling.stop_token_ids;
+  f.ignore_eos = seq->sampling.ignore_eos;
   scheduler_->Add(std::move(seq));
   return id;
 }
 
 bool Engine::Abort(int64_t request_id) {
-  inflight_.erase(request_id);
-  return scheduler_->Abort(request_id);
+  if (!pending_.active) {
+    inflight_.erase(request_id);
+    return scheduler_->Abort(request_id);
+  }
+  // A step is between the scheduler's Schedule and Update: the scheduler takes the abort
+  // before it schedules again; no event of the request comes back from now on.
+  const bool known = inflight_.erase(request_id) > 0;
+  if (known) deferred_aborts_.push_back(request_id);
+  return known;
 }
 
 StepOutput Engine::RunModel(const BatchPlan& plan) {
@@ -418,23 +449,29 @@ StepOutput Engine::RunModel(const BatchPlan& plan) {
   return out;
 }
 
-std::vector<EngineEvent> Engine::Step() {
-  std::vector<EngineEvent> events;
-  BatchPlan plan = scheduler_->Schedule();
-  if (plan.empty()) return events;
+std::vector<EngineEvent> Engine::Step() { return async_ ? AsyncStepOnce() : SyncStep(); }
+
+void Engine::MarkScheduled(const BatchPlan& plan) {
   const int64_t now = clock_->NowMicros();
   for (const ScheduledSeq& s : plan.seqs) {
     auto it = inflight_.find(s.seq->seq_id);
-    if (it != inflight_.end() && it->second->timings.first_scheduled == 0) {
-      it->second->timings.first_scheduled = now;
+    if (it != inflight_.end() && it->second.completion->timings.first_scheduled == 0) {
+      it->second.completion->timings.first_scheduled = now;
     }
   }
+}
+
+std::vector<EngineEvent> Engine::SyncStep() {
+  std::vector<EngineEvent> events;
+  BatchPlan plan = scheduler_->Schedule();
+  if (plan.empty()) return events;
+  MarkScheduled(plan);
   const StepOutput output = RunModel(plan);
   const int64_t done = clock_->NowMicros();
   for (SeqUpdate& u : scheduler_->Update(plan, output)) {
     auto it = inflight_.find(u.seq_id);
     if (it == inflight_.end()) continue;
-    Completion& c = *it->second;
+    Completion& c = *it->second.completion;
     EngineEvent event;
     event.seq_id = u.seq_id;
     if (u.has_token) {
@@ -449,7 +486,148 @@ std::vector<EngineEvent> Engine::Step() {
       c.cached_prompt_tokens = u.cached_prompt_tokens;
       c.timings.finished = done;
       event.finished = true;
-      event.completion = std::move(it->second);
+      event.completion = std::move(it->second.completion);
+      inflight_.erase(it);
+    }
+    events.push_back(std::move(event));
+  }
+  return events;
+}
+
+// The asynchronous step. Per call, with step N in flight (launched by the previous call, or
+// now when none is):
+//   1. the scheduler's Update over N with a placeholder per sampled row (PendingTokenId), so
+//      that it schedules every running sequence one token further; stops by length apply now,
+//      as they depend on no token's value;
+//   2. the aborts the scheduler could not take while N was between Schedule and Update;
+//   3. Schedule() and launch N + 1, whose rows that decode a placeholder read the token from
+//      N's results on the device;
+//   4. wait for N, write its real tokens over the placeholders, find the stops by token (stop
+//      ids, EOS), and make N's events.
+// A sequence stopped by a token in 4 is still the scheduler's and may be in N + 1 (a wasted
+// row): it is aborted in 2 of the next call, and its later rows are dropped in 4 (it is no
+// longer inflight_). Until 4 of N, no host code reads a placeholder as a token: the step plans
+// and sample requests carry them to the device, and the scheduler compares them only with stop
+// ids and EOS, which are never negative.
+std::vector<EngineEvent> Engine::AsyncStepOnce() {
+  if (!pending_.active) {
+    ApplyDeferredAborts();
+    BatchPlan plan = scheduler_->Schedule();
+    if (plan.empty()) return {};
+    MarkScheduled(plan);
+    Launch(std::move(plan));
+  }
+  ProvisionalUpdate();
+  ApplyDeferredAborts();
+  std::swap(pending_, finishing_);
+  pending_.active = false;
+  BatchPlan next = scheduler_->Schedule();
+  if (!next.empty()) {
+    MarkScheduled(next);
+    Launch(std::move(next));
+  }
+  std::vector<EngineEvent> events = FinishPending(&finishing_);
+  finishing_.active = false;
+  return events;
+}
+
+void Engine::Launch(BatchPlan plan) {
+  const int64_t start = clock_->NowMicros();
+  StepPlanFromBatch(plan, options_.block_size, &step_);
+  SampleRequestsFromBatch(plan, &sample_requests_, &sample_seq_index_);
+  pending_.rows.resize(sample_seq_index_.size());
+  for (size_t r = 0; r < sample_seq_index_.size(); ++r) {
+    const Sequence& seq = *plan.seqs[sample_seq_index_[r]].seq;
+    PendingStep::Row& row = pending_.rows[r];
+    row = PendingStep::Row();
+    row.seq_id = seq.seq_id;
+    row.seq_index = sample_seq_index_[r];
+    row.output_index = static_cast<int>(seq.output_tokens.size());
+    row.logprob_index = static_cast<int>(seq.output_logprobs.size());
+  }
+  model_->LaunchStep(step_, sample_requests_);
+  pending_.plan = std::move(plan);
+  pending_.active = true;
+  forward_micros_ += clock_->NowMicros() - start;
+}
+
+void Engine::ProvisionalUpdate() {
+  const BatchPlan& plan = pending_.plan;
+  provisional_.samples.assign(plan.seqs.size(), SampleResult());
+  for (size_t r = 0; r < pending_.rows.size(); ++r) {
+    provisional_.samples[pending_.rows[r].seq_index].token =
+        PendingTokenId(static_cast<int>(r));
+  }
+  // One update per sampled sequence, in plan order: the rows' order.
+  const std::vector<SeqUpdate> updates = scheduler_->Update(plan, provisional_);
+  CARPOOL_CHECK(updates.size() == pending_.rows.size());
+  for (size_t r = 0; r < updates.size(); ++r) {
+    PendingStep::Row& row = pending_.rows[r];
+    CARPOOL_CHECK(updates[r].seq_id == row.seq_id);
+    row.updated = true;
+    row.length_finished = updates[r].finished;
+    row.length_reason = updates[r].finish_reason;
+    row.cached_prompt_tokens = updates[r].cached_prompt_tokens;
+  }
+}
+
+void Engine::ApplyDeferredAborts() {
+  for (int64_t id : deferred_aborts_) scheduler_->Abort(id);
+  deferred_aborts_.clear();
+}
+
+std::vector<EngineEvent> Engine::FinishPending(PendingStep* step) {
+  const int64_t start = clock_->NowMicros();
+  model_->FinishStep(&device_samples_);
+  const int64_t done = clock_->NowMicros();
+  forward_micros_ += done - start;
+  CARPOOL_CHECK(device_samples_.size() == step->rows.size());
+  const std::vector<int32_t>& eos = model_->config().eos_token_ids;
+  const auto contains = [](const std::vector<int32_t>& ids, int32_t token) {
+    return std::find(ids.begin(), ids.end(), token) != ids.end();
+  };
+  std::vector<EngineEvent> events;
+  events.reserve(step->rows.size());
+  for (size_t r = 0; r < step->rows.size(); ++r) {
+    const PendingStep::Row& row = step->rows[r];
+    CARPOOL_CHECK(row.updated);
+    auto it = inflight_.find(row.seq_id);
+    if (it == inflight_.end()) {
+      ++wasted_rows_;  // aborted, or stopped by a token in the step before
+      continue;
+    }
+    SampleResult& sample = device_samples_[r];
+    if (!row.length_finished) {
+      // Still the scheduler's (aborted and stopped sequences left inflight_ above).
+      Sequence& seq = *step->plan.seqs[row.seq_index].seq;
+      seq.output_tokens[row.output_index] = sample.token;
+      seq.output_logprobs[row.logprob_index] = sample;
+    }
+    // The scheduler's StopReason, in its order, for the real token.
+    FinishReason reason = FinishReason::kNone;
+    if (contains(it->second.stop_token_ids, sample.token) ||
+        (!it->second.ignore_eos && contains(eos, sample.token))) {
+      reason = FinishReason::kStop;
+    } else if (row.length_finished) {
+      reason = row.length_reason;
+    }
+    if (reason != FinishReason::kNone && !row.length_finished) {
+      deferred_aborts_.push_back(row.seq_id);
+    }
+    Completion& c = *it->second.completion;
+    EngineEvent event;
+    event.seq_id = row.seq_id;
+    if (c.tokens.empty()) c.timings.first_token = done;
+    c.tokens.push_back(sample.token);
+    c.logprobs.push_back(sample);
+    event.has_token = true;
+    event.sample = std::move(sample);
+    if (reason != FinishReason::kNone) {
+      c.finish_reason = reason;
+      c.cached_prompt_tokens = row.cached_prompt_tokens;
+      c.timings.finished = done;
+      event.finished = true;
+      event.completion = std::move(it->second.completion);
       inflight_.erase(it);
     }
     events.push_back(std::move(event));
@@ -484,7 +662,7 @@ std::vector<absl::StatusOr<Completion>> Engine::Generate(std::vector<EngineReque
       index_of[*id] = i;
     }
   }
-  while (scheduler_->has_unfinished()) {
+  while (has_unfinished()) {
     for (EngineEvent& e : Step()) {
       if (e.finished) results[index_of[e.seq_id]] = std::move(*e.completion);
     }

@@ -35,6 +35,14 @@ namespace carpool::worker {
 enum class DeviceSampling { kAuto, kOn, kOff };
 const char* DeviceSamplingName(DeviceSampling d);  // "auto", "on", "off"
 
+// Whether the engine prepares step N + 1 while the device runs step N (--async-step). kOn and
+// kAuto where the model can (LlamaModel::CanStepAsync: a device that runs steps asynchronously
+// and samples on the device, without tensor parallelism): asynchronous; kOff, and kAuto
+// elsewhere (the CPU): each step finishes before the next is scheduled. Both give the same
+// tokens for the same requests.
+enum class AsyncStep { kAuto, kOn, kOff };
+const char* AsyncStepName(AsyncStep a);  // "auto", "on", "off"
+
 struct EngineOptions {
   // "synthetic:<preset>" or a Hugging Face folder. Required.
   std::string model;
@@ -84,6 +92,10 @@ struct EngineOptions {
   // Sampling on the device (see DeviceSampling); kOn makes Create fail with
   // FAILED_PRECONDITION where the device cannot sample. Default: auto.
   DeviceSampling device_sampling = DeviceSampling::kAuto;
+  // The asynchronous step (see AsyncStep and Engine::Step); kOn makes Create fail with
+  // FAILED_PRECONDITION where the model cannot step asynchronously (or device_sampling is
+  // kOff). Default: auto.
+  AsyncStep async_step = AsyncStep::kAuto;
 
   absl::Status Validate() const;
 };
@@ -169,9 +181,18 @@ class Engine {
   absl::StatusOr<int64_t> Add(EngineRequest request);
   bool Abort(int64_t request_id);
 
-  // One iteration: schedule, forward, sample, update.
+  // One iteration: schedule, forward, sample, update. Synchronous (steps_async() false): the
+  // step scheduled in this call runs and its events come back. Asynchronous: the step launched
+  // by the previous call (or, when none is in flight, one scheduled now) is finished here, and
+  // before waiting for it the engine schedules and launches the next one, assuming every
+  // sequence it sampled gets one more token (whose id the device fills in). A sequence that
+  // turns out to have stopped (a stop token, EOS) got a wasted row in that next step, whose
+  // result is dropped; it leaves the scheduler before the step after, and its events end with
+  // the step that stopped it, as in the synchronous engine. Either way, the events of a request
+  // are the same, token for token.
   std::vector<EngineEvent> Step();
-  bool has_unfinished() const { return scheduler_->has_unfinished(); }
+  // Requests not finished, or a step still in flight.
+  bool has_unfinished() const { return scheduler_->has_unfinished() || pending_.active; }
 
   // Embeddings of one-shot inputs (LlamaModel::Embed), one vector of hidden_size floats per
   // input, in order. Runs now, between steps; takes no KV blocks. Passes are bounded by
@@ -202,10 +223,54 @@ class Engine {
   int64_t forward_micros() const { return forward_micros_; }
   // Whether steps sample on the device (options.device_sampling resolved).
   bool samples_on_device() const { return samples_on_device_; }
+  // Whether steps run asynchronously (options.async_step resolved).
+  bool steps_async() const { return async_; }
+  // Asynchronous steps: rows computed for sequences that had already stopped (their results
+  // dropped), cumulative.
+  int64_t wasted_rows() const { return wasted_rows_; }
 
  private:
   Engine() = default;
   StepOutput RunModel(const BatchPlan& plan);
+
+  // An asynchronous step launched and not finished.
+  struct PendingStep {
+    bool active = false;
+    BatchPlan plan;
+    // Per sampled row (plan order): the sequence's id, its index in plan.seqs, and what the
+    // provisional Update said (finished by length, with its counts).
+    struct Row {
+      int64_t seq_id = 0;
+      int seq_index = 0;
+      int output_index = 0;  // the row's token's index in the sequence's output_tokens
+      int logprob_index = 0;  // and in its output_logprobs (a resumed stream has fewer)
+      bool updated = false;  // the provisional Update ran over this step
+      bool length_finished = false;
+      FinishReason length_reason = FinishReason::kNone;
+      int cached_prompt_tokens = 0;
+    };
+    std::vector<Row> rows;
+  };
+  // Per request beside its Completion: what deciding a stop needs once the scheduler may have
+  // dropped the sequence.
+  struct Inflight {
+    std::shared_ptr<Completion> completion;
+    std::vector<int32_t> stop_token_ids;
+    bool ignore_eos = false;
+  };
+  std::vector<EngineEvent> SyncStep();
+  std::vector<EngineEvent> AsyncStepOnce();
+  // Stamps first_scheduled on the plan's requests.
+  void MarkScheduled(const BatchPlan& plan);
+  // Builds the step and its sample requests from `plan` and launches it as pending_.
+  void Launch(BatchPlan plan);
+  // The scheduler's Update over the pending step before its tokens are known: every sampled
+  // sequence gets a placeholder (PendingTokenId of its row), stops by length are applied.
+  void ProvisionalUpdate();
+  // Waits for `step`, writes its real tokens into the live sequences and makes its events.
+  std::vector<EngineEvent> FinishPending(PendingStep* step);
+  // Aborts the scheduler could not take while a step was between Schedule and Update.
+  void ApplyDeferredAborts();
 
   EngineOptions options_;
   Clock* clock_ = nullptr;
@@ -218,8 +283,18 @@ class Engine {
   int64_t next_id_ = 1;
   uint64_t next_seed_ = 0x5eed;
   // Requests between Add and their final event.
-  absl::flat_hash_map<int64_t, std::shared_ptr<Completion>> inflight_;
+  absl::flat_hash_map<int64_t, Inflight> inflight_;
   StepPlan step_;  // the current step, reused across steps
+  bool async_ = false;
+  PendingStep pending_;
+  // The step being finished by the current call (pending_'s memory, swapped).
+  PendingStep finishing_;
+  // The provisional Update's placeholder samples.
+  StepOutput provisional_;
+  // Sequences to drop from the scheduler at the next point it allows (aborted, or stopped by a
+  // token while the next step was already scheduled).
+  std::vector<int64_t> deferred_aborts_;
+  int64_t wasted_rows_ = 0;
   std::vector<float> logits_;
   bool samples_on_device_ = false;
   // Device sampling: the step's requests, their sequences' indices in the plan, the results.

@@ -69,6 +69,25 @@ void RegisterEngineFlags(FlagParser* p, EngineOptions* o) {
       "auto, on or off: sample on the GPU, copying back only the ids and logprobs (auto: on a "
       "GPU without tensor parallelism), or copy the logits to the host and sample there",
       DeviceSamplingName(o->device_sampling));
+  p->AddCustom(
+      "async-step",
+      [o](const std::string& v) -> absl::Status {
+        if (v == "auto") {
+          o->async_step = AsyncStep::kAuto;
+        } else if (v == "on") {
+          o->async_step = AsyncStep::kOn;
+        } else if (v == "off") {
+          o->async_step = AsyncStep::kOff;
+        } else {
+          return absl::InvalidArgumentError(
+              absl::StrCat("--async-step must be auto, on or off, got '", v, "'"));
+        }
+        return absl::OkStatus();
+      },
+      "auto, on or off: schedule and upload step N + 1 while the device runs step N (auto: "
+      "where the device can, a GPU that samples on the device without tensor parallelism), or "
+      "finish each step before scheduling the next",
+      AsyncStepName(o->async_step));
   // Binaries use the GPU when there is one, and pick the storage types by --dtype auto.
   o->device.kind = DeviceKind::kAuto;
   o->device.dtype = std::nullopt;

@@ -10,8 +10,8 @@ namespace carpool::worker {
 
 // Binds --model, --block-size, --num-kv-blocks, --kv-cache-memory, --max-num-batched-tokens,
 // --max-num-seqs, --max-model-len, --scheduler, --enable-chunked-prefill,
-// --enable-prefix-caching, --static-batch-timeout-ms, --threads and --device-sampling
-// (auto|on|off) to `options`, and the device
+// --enable-prefix-caching, --static-batch-timeout-ms, --threads, --device-sampling
+// (auto|on|off) and --async-step (auto|on|off) to `options`, and the device
 // flags below to options->device, whose kind and dtype it sets to auto (a GPU when the build has
 // CUDA and one is visible; bf16 weights for a BF16 checkpoint on the CPU). `options` must outlive the parser.
 void RegisterEngineFlags(FlagParser* parser, EngineOptions* options);

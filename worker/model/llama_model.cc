@@ -288,6 +288,52 @@ void LlamaModel::ForwardAndSample(const StepPlan& step, absl::Span<const SampleR
   Compute(&in, &sample_scratch_, requests, samples);
 }
 
+bool LlamaModel::CanStepAsync() const {
+  // Where the device's memory is the host's, the head writes into a host vector the next step
+  // reuses, so such a device samples synchronously.
+  return CanSampleOnDevice() && device_->SupportsAsyncStep() && !host_memory_;
+}
+
+void LlamaModel::StepInputs::Clear() {
+  token_ids.clear();
+  positions.clear();
+  slots.clear();
+  attention_seqs.clear();
+  sample_rows.clear();
+  decode_only = true;
+  scratch_kv = false;
+  async = false;
+}
+
+void LlamaModel::LaunchStep(const StepPlan& step, absl::Span<const SampleRequest> requests) {
+  CARPOOL_CHECK(step.kind == StepPlan::Kind::kGenerate);
+  CARPOOL_CHECK(CanStepAsync());
+  // Two steps at most: the buffer this one takes is the one step launched_ - 2 read.
+  CARPOOL_CHECK(launched_ - finished_ < 2);
+  StepInputs& in = async_inputs_[launched_ % 2];
+  in.Clear();
+  // The block tables are copied: the caller's plan may be rewritten before the device reads
+  // them. The outer vector keeps its inner vectors' memory across steps.
+  if (in.block_tables.size() < step.seqs.size()) in.block_tables.resize(step.seqs.size());
+  for (size_t i = 0; i < step.seqs.size(); ++i) {
+    in.block_tables[i].assign(step.seqs[i].block_table.begin(), step.seqs[i].block_table.end());
+  }
+  PrepareInputs(step, &in);
+  for (size_t i = 0; i < step.seqs.size(); ++i) {
+    in.attention_seqs[i].block_table = in.block_tables[i].data();
+  }
+  in.async = true;
+  CARPOOL_CHECK(requests.size() == in.sample_rows.size());
+  ++launched_;
+  Compute(&in, &sample_scratch_, requests, nullptr, /*launch_only=*/true);
+}
+
+void LlamaModel::FinishStep(std::vector<SampleResult>* samples) {
+  CARPOOL_CHECK(finished_ < launched_);
+  device_->FinishSample(samples);
+  ++finished_;
+}
+
 void LlamaModel::Follow(const StepPlan& step) {
   CARPOOL_CHECK(group_ != nullptr && group_->rank() != 0);
   if (step.kind == StepPlan::Kind::kGenerate) {
@@ -320,7 +366,7 @@ bool LlamaModel::PadDecode(StepInputs* in) const {
 
 void LlamaModel::Compute(StepInputs* in, std::vector<float>* logits,
                          absl::Span<const SampleRequest> requests,
-                         std::vector<SampleResult>* samples) {
+                         std::vector<SampleResult>* samples, bool launch_only) {
   const int64_t wanted = static_cast<int64_t>(in->sample_rows.size());
   // Under tensor parallelism the step needs collectives, which a recorded step cannot hold.
   const bool whole_step = group_ == nullptr && PadDecode(in);
@@ -353,6 +399,10 @@ void LlamaModel::Compute(StepInputs* in, std::vector<float>* logits,
     body();
   }
   // The padding's rows come last; their logits are dropped (and they are not sampled).
+  if (launch_only) {
+    device_->SampleAsync(*head_out, vocab_, requests);
+    return;
+  }
   if (samples != nullptr) {
     device_->Sample(*head_out, vocab_, requests, samples);
     return;
@@ -383,6 +433,7 @@ void LlamaModel::Stage(const StepInputs& in, int64_t s) {
   view.block_size = in.scratch_kv ? embed_layout_.block_size : kv_shape_.block_size;
   view.sample_rows = in.sample_rows;
   view.decode_only = in.decode_only;
+  view.async = in.async;
   device_->SetStep(view);
 
   const int64_t h = c.hidden_size;

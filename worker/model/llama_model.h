@@ -125,6 +125,26 @@ class LlamaModel {
   void ForwardAndSample(const StepPlan& step, absl::Span<const SampleRequest> requests,
                         std::vector<SampleResult>* samples);
 
+  // Whether LaunchStep can run: the model samples on the device (CanSampleOnDevice) and the
+  // device runs steps asynchronously (ModelDevice::SupportsAsyncStep).
+  bool CanStepAsync() const;
+
+  // An asynchronous ForwardAndSample: enqueues the step and its sampling on the device and
+  // returns without waiting; FinishStep writes its samples later. The host may prepare and
+  // launch the next step before it finishes this one (at most two steps launched and not
+  // finished): the model keeps each step's inputs in one of two buffers, so the next step's
+  // inputs never overwrite a step the device still reads. A token id < 0 in `step` (and in a
+  // request's output_tokens) stands for a token the previous launched step sampled
+  // (PendingTokenId); the device gathers it. `step` need not outlive the call (its block
+  // tables are copied). REQUIRES: CanStepAsync(); requests.size() is the number of sampled
+  // sequences.
+  void LaunchStep(const StepPlan& step, absl::Span<const SampleRequest> requests);
+  // Waits for the oldest launched step and writes its samples (ForwardAndSample's `samples`).
+  // REQUIRES: a step launched and not finished.
+  void FinishStep(std::vector<SampleResult>* samples);
+  // Steps launched and not finished (0, 1 or 2).
+  int steps_in_flight() const { return launched_ - finished_; }
+
   // A tensor-parallel follower (group rank > 0): runs a step its leader broadcast, of either
   // kind, making the collectives the leader makes. Its results stay on the leader: a follower
   // gathers no logits and pools no embeddings.
@@ -188,6 +208,12 @@ class LlamaModel {
     // Keys and values go to embed_keys_ / embed_values_ (layout embed_layout_, shared by every
     // layer) instead of the KV pool.
     bool scratch_kv = false;
+    // An asynchronous step (LaunchStep): the device may read these after the call.
+    bool async = false;
+    // LaunchStep: the step's block tables, which attention_seqs point into.
+    std::vector<std::vector<int32_t>> block_tables;
+    // Empties the vectors, keeping their memory.
+    void Clear();
   };
   // The device's arrays of one layer's weights (empty biases when the model has none).
   struct LayerArrays {
@@ -207,9 +233,10 @@ class LlamaModel {
   // The step's layers and head. With `samples` (ForwardAndSample), the device samples the
   // wanted rows with `requests` into it and `logits` is only the host's scratch for them where
   // the device's memory is the host's; else the wanted rows' logits go to `logits`.
+  // With `launch_only` (LaunchStep) the sampling is only enqueued (SampleAsync).
   void Compute(StepInputs* in, std::vector<float>* logits,
                absl::Span<const SampleRequest> requests = {},
-               std::vector<SampleResult>* samples = nullptr);
+               std::vector<SampleResult>* samples = nullptr, bool launch_only = false);
   // Hands the step to the device and sizes the activations for t tokens and s sampled rows.
   void Stage(const StepInputs& in, int64_t s);
   // Embeddings through the final norm: leaves the final-norm hidden states in hidden_.
@@ -278,6 +305,11 @@ class LlamaModel {
   std::vector<float> follower_logits_;
   // ForwardAndSample on a device whose memory is the host's: the head's output rows.
   std::vector<float> sample_scratch_;
+  // LaunchStep's inputs, double-buffered: step k uses async_inputs_[k % 2], which the device
+  // may read until that step's FinishStep.
+  std::array<StepInputs, 2> async_inputs_;
+  int64_t launched_ = 0;
+  int64_t finished_ = 0;
 };
 
 }  // namespace carpool::worker

@@ -113,7 +113,18 @@ struct StepView {
   int block_size = 0;
   absl::Span<const int64_t> sample_rows;           // rows whose logits are wanted, in order
   bool decode_only = true;                         // every seq has query_len 1
+  // An asynchronous step (ModelDevice::SupportsAsyncStep): the spans' memory (and the block
+  // tables the seqs point to) stays valid and unchanged until the step's FinishSample returns,
+  // so a device may read it later; a token id t < 0 is the previous asynchronous step's sampled
+  // token -(t + 1) (its (-t - 1)-th request's), which the device gathers itself. False: the
+  // view is valid during SetStep only and every id is a real token.
+  bool async = false;
 };
+
+// The token a negative id of an asynchronous step stands for: the previous step's
+// (-id - 1)-th sampled token. PendingTokenId(i) is the id standing for sampled row i.
+inline int32_t PendingTokenId(int sampled_row) { return -(sampled_row + 1); }
+inline int PendingTokenRow(int32_t id) { return -id - 1; }
 
 // One row for ModelDevice::Sample: what the CPU sampler's SampleInput (worker/sampler/sampler.h)
 // holds besides the logits. The spans point into the caller's sequences and are read during the
@@ -258,6 +269,29 @@ class ModelDevice {
                       absl::Span<const SampleRequest> requests, std::vector<SampleResult>* out) {
     out->clear();
   }
+
+  // ---- asynchronous steps
+  //
+  // Whether the device can run a step while the host prepares the next (a GPU's stream, a
+  // test's fake device). Where it can, the model may launch an asynchronous step: SetStep with
+  // StepView::async, the step's kernels as usual, then SampleAsync instead of Sample, which
+  // enqueues the sampling and returns without waiting; FinishSample later waits for the oldest
+  // launched step and writes its samples. The host launches step N + 1 before it finishes step
+  // N, never more than two steps ahead: the model double-buffers the views' memory, so step
+  // N + 1's inputs never overwrite step N's. In step N + 1's view and in its requests'
+  // output_tokens, a negative id (PendingTokenId) is a token step N sampled, which the host
+  // does not know yet: the device gathers it from N's results (token ids before the embedding,
+  // penalty histories before sampling). Results are those of the synchronous path, token for
+  // token. Default: false.
+  virtual bool SupportsAsyncStep() const { return false; }
+  // Enqueues the sampling of an asynchronous step (Sample's contract otherwise); the results
+  // come from FinishSample. REQUIRES: SupportsAsyncStep() and SamplesOnDevice(); the step's
+  // SetStep had StepView::async.
+  virtual void SampleAsync(const DeviceArray& logits, int64_t vocab,
+                           absl::Span<const SampleRequest> requests) {}
+  // Waits for the oldest asynchronous step not yet finished and writes its samples to `out`
+  // (one per request of its SampleAsync). REQUIRES: such a step.
+  virtual void FinishSample(std::vector<SampleResult>* out) { out->clear(); }
 
   // ---- host transfers (fp32 on the host), for logits, pooled embeddings and collectives.
 
