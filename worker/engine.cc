@@ -522,13 +522,37 @@ std::vector<EngineEvent> Engine::AsyncStepOnce() {
   std::swap(pending_, finishing_);
   pending_.active = false;
   BatchPlan next = scheduler_->Schedule();
+  std::vector<EngineEvent> events;
+  if (!next.empty() && NeedsKnownTokens(next)) {
+    // The device cannot gather a penalized request's pending token: finish N first, so the
+    // next step's inputs are all known (the device idles for this step's host work).
+    ++drained_steps_;
+    events = FinishPending(&finishing_);
+    finishing_.active = false;
+    MarkScheduled(next);
+    Launch(std::move(next));
+    return events;
+  }
   if (!next.empty()) {
     MarkScheduled(next);
     Launch(std::move(next));
   }
-  std::vector<EngineEvent> events = FinishPending(&finishing_);
+  events = FinishPending(&finishing_);
   finishing_.active = false;
   return events;
+}
+
+bool Engine::NeedsKnownTokens(const BatchPlan& plan) const {
+  if (model_->device().SamplesPendingPenalties()) return false;
+  for (const ScheduledSeq& s : plan.seqs) {
+    if (!s.sample || s.seq->output_tokens.empty() || s.seq->output_tokens.back() >= 0) continue;
+    const SamplingParams& p = s.seq->sampling;
+    if (p.repetition_penalty != 1.0f || p.frequency_penalty != 0.0f ||
+        p.presence_penalty != 0.0f) {
+      return true;
+    }
+  }
+  return false;
 }
 
 void Engine::Launch(BatchPlan plan) {

@@ -228,6 +228,9 @@ class Engine {
   // Asynchronous steps: rows computed for sequences that had already stopped (their results
   // dropped), cumulative.
   int64_t wasted_rows() const { return wasted_rows_; }
+  // Asynchronous steps launched only after the step before finished, because the device could
+  // not gather a penalized request's pending token (ModelDevice::SamplesPendingPenalties).
+  int64_t drained_steps() const { return drained_steps_; }
 
  private:
   Engine() = default;
@@ -271,6 +274,9 @@ class Engine {
   std::vector<EngineEvent> FinishPending(PendingStep* step);
   // Aborts the scheduler could not take while a step was between Schedule and Update.
   void ApplyDeferredAborts();
+  // Whether `plan` samples a penalized sequence whose last token is still pending, which a
+  // device that does not gather pending penalty tokens cannot take.
+  bool NeedsKnownTokens(const BatchPlan& plan) const;
 
   EngineOptions options_;
   Clock* clock_ = nullptr;
@@ -295,6 +301,7 @@ class Engine {
   // token while the next step was already scheduled).
   std::vector<int64_t> deferred_aborts_;
   int64_t wasted_rows_ = 0;
+  int64_t drained_steps_ = 0;
   std::vector<float> logits_;
   bool samples_on_device_ = false;
   // Device sampling: the step's requests, their sequences' indices in the plan, the results.

@@ -27,13 +27,15 @@ constexpr int kVocab = 258;  // synthetic:tiny
 // A short device step keeps the tests fast; the benchmark uses 10 ms.
 constexpr int64_t kStepMicros = 2'000;
 
-std::unique_ptr<ModelDevice> FakeDevice(bool async, FakeDeviceLog* log) {
+std::unique_ptr<ModelDevice> FakeDevice(bool async, FakeDeviceLog* log,
+                                        bool samples_pending_penalties = true) {
   CpuDeviceOptions cpu;
   cpu.pad_decode_batch_sizes = {2, 4, 8, 16};  // padded decode steps, as a GPU pads for graphs
   FakeAsyncDeviceOptions o;
   o.step_micros = kStepMicros;
   o.async = async;
   o.vocab = kVocab;
+  o.samples_pending_penalties = samples_pending_penalties;
   return std::make_unique<FakeAsyncDevice>(CreateCpuDevice(cpu), o, log);
 }
 
@@ -205,6 +207,22 @@ TEST(EngineAsyncTest, AsyncEqualsSyncTokenForTokenInAMixedBatch) {
   EXPECT_GT(OverlappedSteps(async_log), async_log.async_steps / 2);
   EXPECT_FALSE(async->has_unfinished());
   EXPECT_EQ(async->kv_cache().num_free_blocks(), sync->kv_cache().num_free_blocks());
+}
+
+// A device that cannot gather a pending token into the penalties' histories (a GPU): the
+// engine finishes the step before a step that needs one, and the tokens stay the same.
+TEST(EngineAsyncTest, PenaltiesWithoutDeviceGatherFinishTheStepFirst) {
+  FakeDeviceLog sync_log, async_log;
+  auto sync = MakeEngine(Options(AsyncStep::kOff), false, &sync_log);
+  ASSERT_NE(sync, nullptr);
+  absl::StatusOr<std::unique_ptr<Engine>> async = Engine::Create(
+      Options(AsyncStep::kOn), nullptr, FakeDevice(true, &async_log, /*samples_pending_penalties=*/false));
+  ASSERT_TRUE(async.ok()) << async.status();
+  const auto want = sync->Generate(MixedRequests(40, 77));
+  const auto got = (*async)->Generate(MixedRequests(40, 77));
+  ExpectSame(want, got);
+  EXPECT_GT((*async)->drained_steps(), 0);
+  ExpectNoViolations(async_log);
 }
 
 TEST(EngineAsyncTest, AsyncEqualsSyncUnderPreemption) {

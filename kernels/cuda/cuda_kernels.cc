@@ -136,6 +136,16 @@ absl::Status SoftCap(T* x, float cap, int64_t n, Stream stream) {
   return absl::OkStatus();
 }
 
+absl::Status GatherPendingTokens(int32_t* ids, int64_t n, const SampledToken* previous,
+                                 int64_t num_previous, Stream stream) {
+  if (n < 0 || num_previous < 0) {
+    return Invalid("GatherPendingTokens: need n >= 0 and num_previous >= 0");
+  }
+  if (n == 0) return absl::OkStatus();
+  CUDA_RETURN_IF_ERROR(internal::LaunchGatherPendingTokens(ids, n, previous, num_previous, stream));
+  return absl::OkStatus();
+}
+
 template <typename T>
 absl::Status Scale(T* x, float factor, int64_t n, Stream stream) {
   if (n < 0) return Invalid("Scale: n < 0");

@@ -127,6 +127,12 @@ absl::Status Sample(const float* logits, const SamplingRow* rows, int64_t num_ro
 absl::Status Sample(const float* logits, const SamplingRow* rows, int64_t num_rows, int64_t vocab,
                     SampledToken* out, Stream stream);
 
+// The asynchronous step's device-side gather of token ids (worker/model/model_device.h,
+// PendingTokenId): in place on ids[0, n), an id < 0 becomes previous[-id - 1].token, the token
+// the previous step sampled for that row (0 for a row outside [0, num_previous)).
+absl::Status GatherPendingTokens(int32_t* ids, int64_t n, const SampledToken* previous,
+                                 int64_t num_previous, Stream stream);
+
 // out[i] = worker::CounterUniform(seeds[i], positions[i]) computed on the device (the sampler's
 // random numbers; exposed for tests).
 absl::Status CounterUniform(const uint64_t* seeds, const uint64_t* positions, double* out,

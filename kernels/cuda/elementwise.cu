@@ -269,4 +269,24 @@ CARPOOL_INSTANTIATE_CONVERT(BFloat16, Half)
 CARPOOL_INSTANTIATE_CONVERT(BFloat16, BFloat16)
 #undef CARPOOL_INSTANTIATE_CONVERT
 
+// The asynchronous step's gather (worker/model/model_device.h, PendingTokenId): an id < 0 is
+// the previous step's sampled token -(id + 1); one outside its rows becomes 0.
+__global__ void GatherPendingTokensKernel(int32_t* ids, int64_t n, const SampledToken* previous,
+                                          int64_t num_previous) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int32_t id = ids[i];
+    if (id >= 0) continue;
+    const int64_t row = -static_cast<int64_t>(id) - 1;
+    ids[i] = row < num_previous ? previous[row].token : 0;
+  }
+}
+
+cudaError_t LaunchGatherPendingTokens(int32_t* ids, int64_t n, const SampledToken* previous,
+                                      int64_t num_previous, cudaStream_t stream) {
+  GatherPendingTokensKernel<<<ElementBlocks(n), kElementThreads, 0, stream>>>(ids, n, previous,
+                                                                              num_previous);
+  return cudaGetLastError();
+}
+
 }  // namespace carpool::kernels::cuda::internal

@@ -32,6 +32,8 @@ template <typename T>
 cudaError_t LaunchSoftCap(T* x, float cap, int64_t n, cudaStream_t stream);
 template <typename T>
 cudaError_t LaunchScale(T* x, float factor, int64_t n, cudaStream_t stream);
+cudaError_t LaunchGatherPendingTokens(int32_t* ids, int64_t n, const SampledToken* previous,
+                                      int64_t num_previous, cudaStream_t stream);
 template <typename T>
 cudaError_t LaunchHeadRmsNorm(T* x, const float* weight, float eps, int64_t rows, int head_dim,
                               cudaStream_t stream);

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -83,7 +84,12 @@ class CudaDeviceImpl final : public CudaDevice {
     (void)cudaSetDevice(options_.device);
     (void)cudaStreamSynchronize(stream_);
     DropGraphs();
-    if (staged_ != nullptr) (void)cudaEventDestroy(staged_);
+    for (cudaEvent_t e : staged_) {
+      if (e != nullptr) (void)cudaEventDestroy(e);
+    }
+    for (cudaEvent_t e : sampled_) {
+      if (e != nullptr) (void)cudaEventDestroy(e);
+    }
     if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
     (void)cudaGetLastError();
   }
@@ -91,7 +97,10 @@ class CudaDeviceImpl final : public CudaDevice {
   absl::Status Init() {
     CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
     CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming));
+    for (int i = 0; i < 2; ++i) {
+      CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&staged_[i], cudaEventDisableTiming));
+      CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&sampled_[i], cudaEventDisableTiming));
+    }
     ASSIGN_OR_RETURN(gemm_, kc::Gemm::Create({.allow_tf32 = options_.allow_tf32}));
     for (int s : options_.graph_batch_sizes) {
       if (s >= 1 && s <= options_.max_num_seqs) graph_sizes_.push_back(s);
@@ -318,6 +327,16 @@ class CudaDeviceImpl final : public CudaDevice {
   void Sample(const DeviceArray& logits, int64_t vocab, absl::Span<const SampleRequest> requests,
               std::vector<SampleResult>* out) override;
 
+  // ---- asynchronous steps: the stream runs step N while the host prepares N + 1.
+
+  bool SupportsAsyncStep() const override { return true; }
+  // The penalty lists are packed on the host (DeviceSamplingRows), which does not know a
+  // pending token: the engine finishes the previous step before such a request.
+  bool SamplesPendingPenalties() const override { return false; }
+  void SampleAsync(const DeviceArray& logits, int64_t vocab,
+                   absl::Span<const SampleRequest> requests) override;
+  void FinishSample(std::vector<SampleResult>* out) override;
+
   // ---- host transfers
 
   void ToHost(const DeviceArray& x, int64_t offset, int64_t n, float* host) override;
@@ -351,6 +370,13 @@ class CudaDeviceImpl final : public CudaDevice {
   absl::Status EnsureWorkspace(size_t bytes);
   absl::Status EnsureStaging();
   void DropGraphs();
+  // Enqueues the sampling of `requests` with its pinned and device buffers of `slot` (0 or 1),
+  // the results copied back into the pinned buffer and event sampled_[slot] recorded after;
+  // sets sample_slots_[slot]. False when nothing was enqueued (an error, recorded).
+  bool EnqueueSample(const DeviceArray& logits, int64_t vocab,
+                     absl::Span<const SampleRequest> requests, int slot);
+  // The results of the sampling enqueued with `slot`, once it is done.
+  void CollectSamples(int slot, std::vector<SampleResult>* out);
   // After a failed transfer or sampling: with abort_on_error, prints the error and ends the
   // process (see the header comment); else returns.
   void ExitOnError();
@@ -362,7 +388,10 @@ class CudaDeviceImpl final : public CudaDevice {
   const CudaDeviceOptions options_;
   const StorageType storage_;
   cudaStream_t stream_ = nullptr;
-  cudaEvent_t staged_ = nullptr;  // recorded after each step upload reads the pinned buffer
+  // Recorded after the step upload that read step_host_[i]; an asynchronous step alternates
+  // the two pinned buffers, so preparing step N + 1 never waits for step N's upload.
+  std::array<cudaEvent_t, 2> staged_ = {nullptr, nullptr};
+  int step_slot_ = 0;  // the pinned buffer the next SetStep fills
   std::unique_ptr<kc::Gemm> gemm_;
   absl::Status status_;
   absl::Status capture_status_;
@@ -375,7 +404,7 @@ class CudaDeviceImpl final : public CudaDevice {
 
   // Step inputs: packed, at fixed addresses until they grow.
   StepLayout layout_;
-  std::unique_ptr<void, PinnedFree> step_host_;
+  std::array<std::unique_ptr<void, PinnedFree>, 2> step_host_;
   kc::DeviceBuffer step_device_;
   int64_t num_tokens_ = 0;
   int64_t num_samples_ = 0;
@@ -389,10 +418,27 @@ class CudaDeviceImpl final : public CudaDevice {
   // Device sampling: the rows' parameters and penalty lists (host side), packed with room for
   // the results into one pinned buffer and one device buffer; fp32 logits (a non-fp32 storage
   // type converts the head's rows into them) and the penalized rows' scratch.
+  // Two sets (slots), so an asynchronous step's sampling never rewrites the buffers of the step
+  // before it, whose results the next step's token ids are gathered from.
   DeviceSamplingRows sampling_rows_;
-  std::unique_ptr<void, PinnedFree> sample_host_;
-  size_t sample_host_bytes_ = 0;
-  kc::DeviceBuffer sample_device_;
+  std::array<std::unique_ptr<void, PinnedFree>, 2> sample_host_;
+  std::array<size_t, 2> sample_host_bytes_ = {0, 0};
+  std::array<kc::DeviceBuffer, 2> sample_device_;
+  // What a slot's enqueued sampling needs to be read back.
+  struct SampleSlot {
+    int64_t rows = 0;
+    size_t results_at = 0;  // the results' offset in sample_host_ / sample_device_
+    std::vector<int> num_top;
+    bool ok = false;
+  };
+  std::array<SampleSlot, 2> sample_slots_;
+  std::array<cudaEvent_t, 2> sampled_ = {nullptr, nullptr};
+  // Asynchronous steps launched and finished; step k samples with slot k % 2.
+  int64_t async_launched_ = 0;
+  int64_t async_finished_ = 0;
+  // The last asynchronous step's results on the device (for the next step's gather).
+  const kc::SampledToken* previous_samples_ = nullptr;
+  int64_t previous_rows_ = 0;
   kc::DeviceBuffer sample_logits_;
   kc::DeviceBuffer sample_penalized_;
 
@@ -407,10 +453,12 @@ class CudaDeviceImpl final : public CudaDevice {
 template <typename T>
 absl::Status CudaDeviceImpl<T>::GrowStepBuffers(const StepLayout& layout) {
   if (capturing_) return absl::FailedPreconditionError("step buffers grew during a capture");
-  if (staged_ != nullptr) CUDA_RETURN_IF_ERROR(cudaEventSynchronize(staged_));
-  void* pinned = nullptr;
-  CUDA_RETURN_IF_ERROR(cudaMallocHost(&pinned, layout.total));
-  step_host_.reset(pinned);
+  for (int i = 0; i < 2; ++i) {
+    if (staged_[i] != nullptr) CUDA_RETURN_IF_ERROR(cudaEventSynchronize(staged_[i]));
+    void* pinned = nullptr;
+    CUDA_RETURN_IF_ERROR(cudaMallocHost(&pinned, layout.total));
+    step_host_[i].reset(pinned);
+  }
   step_device_ = kc::DeviceBuffer();
   ASSIGN_OR_RETURN(step_device_, kc::DeviceBuffer::Allocate(layout.total));
   layout_ = layout;
@@ -463,11 +511,21 @@ void CudaDeviceImpl<T>::SetStep(const StepView& step) {
                                           std::max(layout_.stride, max_blocks))));
     if (!status_.ok()) return;
   }
-  // The previous step's upload must have read the pinned buffer before it is rewritten.
-  Record(kc::CudaStatus(cudaEventSynchronize(staged_), "cudaEventSynchronize"));
-  char* host = static_cast<char*>(step_host_.get());
+  // The upload that last read this pinned buffer (two steps ago for an asynchronous step, which
+  // has long run; the step before for a synchronous one) must be done before it is rewritten.
+  const int slot = step.async ? step_slot_ : 0;
+  step_slot_ = step.async ? 1 - step_slot_ : step_slot_;
+  Record(kc::CudaStatus(cudaEventSynchronize(staged_[slot]), "cudaEventSynchronize"));
+  char* host = static_cast<char*>(step_host_[slot].get());
   std::memcpy(host + layout_.slots, step.slots.data(), t * sizeof(int64_t));
   std::memcpy(host + layout_.token_ids, step.token_ids.data(), t * sizeof(int32_t));
+  const bool pending = step.async && std::any_of(step.token_ids.begin(), step.token_ids.end(),
+                                                 [](int32_t id) { return id < 0; });
+  if (pending && previous_samples_ == nullptr) {
+    Record(absl::FailedPreconditionError(
+        "SetStep: a pending token id without an asynchronous step before it"));
+    return;
+  }
   std::memcpy(host + layout_.positions, step.positions.data(), t * sizeof(int32_t));
   int32_t* sample_rows = reinterpret_cast<int32_t*>(host + layout_.sample_rows);
   for (int64_t i = 0; i < samples; ++i) sample_rows[i] = static_cast<int32_t>(step.sample_rows[i]);
@@ -486,7 +544,13 @@ void CudaDeviceImpl<T>::SetStep(const StepView& step) {
   // One copy of everything up to the end of the used part of the block tables.
   const size_t bytes = layout_.block_tables + num_seqs * layout_.stride * sizeof(int32_t);
   Record(kc::CopyToDevice(step_device_.data(), host, bytes, stream_));
-  Record(kc::CudaStatus(cudaEventRecord(staged_, stream_), "cudaEventRecord"));
+  Record(kc::CudaStatus(cudaEventRecord(staged_[slot], stream_), "cudaEventRecord"));
+  // The ids the host did not know yet: the previous step's samples, in stream order after
+  // them (its sampling kernel ran before this upload).
+  if (pending) {
+    Record(kc::GatherPendingTokens(Dev<int32_t>(layout_.token_ids), t, previous_samples_,
+                                   previous_rows_, stream_));
+  }
 
   num_tokens_ = t;
   num_samples_ = samples;
@@ -641,12 +705,20 @@ absl::Status CudaDeviceImpl<T>::EnsureDevice(kc::DeviceBuffer* buffer, size_t by
 }
 
 template <typename T>
-void CudaDeviceImpl<T>::Sample(const DeviceArray& logits, int64_t vocab,
-                               absl::Span<const SampleRequest> requests,
-                               std::vector<SampleResult>* out) {
+bool CudaDeviceImpl<T>::EnqueueSample(const DeviceArray& logits, int64_t vocab,
+                                      absl::Span<const SampleRequest> requests, int slot) {
   const int64_t n = static_cast<int64_t>(requests.size());
-  out->clear();
-  if (n == 0) return;
+  SampleSlot& record = sample_slots_[slot];
+  record.rows = n;
+  record.ok = false;
+  record.num_top.resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    record.num_top[i] = static_cast<int>(std::min<int64_t>(requests[i].params->logprobs, vocab));
+  }
+  if (n == 0) {
+    record.ok = true;
+    return true;
+  }
   if (status_.ok() && (vocab < 1 || n * vocab > logits.numel())) {
     Record(absl::InvalidArgumentError("Sample: rows outside the logits"));
   }
@@ -662,16 +734,18 @@ void CudaDeviceImpl<T>::Sample(const DeviceArray& logits, int64_t vocab,
   const size_t results_at = rows_bytes + penalties_bytes;
   const size_t total = results_at + n * sizeof(kc::SampledToken);
   const int64_t penalized = sampling_rows_.num_penalized();
-  if (status_.ok() && sample_host_bytes_ < total) {
+  // The slot's buffers were last used two asynchronous steps ago (finished), or by the last
+  // synchronous sampling (waited for).
+  if (status_.ok() && sample_host_bytes_[slot] < total) {
     void* pinned = nullptr;
-    Record(kc::CudaStatus(cudaMallocHost(&pinned, std::max(total, 2 * sample_host_bytes_)),
-                          "cudaMallocHost"));
+    const size_t bytes = std::max(total, 2 * sample_host_bytes_[slot]);
+    Record(kc::CudaStatus(cudaMallocHost(&pinned, bytes), "cudaMallocHost"));
     if (status_.ok()) {
-      sample_host_.reset(pinned);
-      sample_host_bytes_ = std::max(total, 2 * sample_host_bytes_);
+      sample_host_[slot].reset(pinned);
+      sample_host_bytes_[slot] = bytes;
     }
   }
-  if (status_.ok()) Record(EnsureDevice(&sample_device_, total));
+  if (status_.ok()) Record(EnsureDevice(&sample_device_[slot], total));
   if (status_.ok() && penalized > 0) {
     Record(EnsureDevice(&sample_penalized_, penalized * vocab * sizeof(float)));
   }
@@ -684,35 +758,89 @@ void CudaDeviceImpl<T>::Sample(const DeviceArray& logits, int64_t vocab,
     }
     fp32_logits = sample_logits_.as<float>();
   }
-  if (status_.ok()) {
-    char* host = static_cast<char*>(sample_host_.get());
-    char* dev = sample_device_.as<char>();
-    std::memcpy(host, sampling_rows_.rows().data(), n * sizeof(kc::SamplingRow));
-    std::memcpy(host + rows_bytes, sampling_rows_.penalties().data(),
-                sampling_rows_.penalties().size() * sizeof(kc::PenaltyToken));
-    Record(kc::CopyToDevice(dev, host, results_at, stream_));
-    const kc::PenaltyToken* penalties =
-        penalized > 0 ? reinterpret_cast<const kc::PenaltyToken*>(dev + rows_bytes) : nullptr;
-    Record(kc::Sample(fp32_logits, reinterpret_cast<const kc::SamplingRow*>(dev), n, vocab,
-                      penalties, penalized > 0 ? sample_penalized_.as<float>() : nullptr,
-                      reinterpret_cast<kc::SampledToken*>(dev + results_at), stream_));
-    Record(kc::CopyToHost(host + results_at, dev + results_at, n * sizeof(kc::SampledToken),
-                          stream_));
-    Record(kc::Synchronize(stream_));
+  if (!status_.ok()) return false;
+  char* host = static_cast<char*>(sample_host_[slot].get());
+  char* dev = sample_device_[slot].as<char>();
+  std::memcpy(host, sampling_rows_.rows().data(), n * sizeof(kc::SamplingRow));
+  std::memcpy(host + rows_bytes, sampling_rows_.penalties().data(),
+              sampling_rows_.penalties().size() * sizeof(kc::PenaltyToken));
+  Record(kc::CopyToDevice(dev, host, results_at, stream_));
+  const kc::PenaltyToken* penalties =
+      penalized > 0 ? reinterpret_cast<const kc::PenaltyToken*>(dev + rows_bytes) : nullptr;
+  auto* results = reinterpret_cast<kc::SampledToken*>(dev + results_at);
+  Record(kc::Sample(fp32_logits, reinterpret_cast<const kc::SamplingRow*>(dev), n, vocab,
+                    penalties, penalized > 0 ? sample_penalized_.as<float>() : nullptr, results,
+                    stream_));
+  Record(kc::CopyToHost(host + results_at, results, n * sizeof(kc::SampledToken), stream_));
+  Record(kc::CudaStatus(cudaEventRecord(sampled_[slot], stream_), "cudaEventRecord"));
+  record.results_at = results_at;
+  record.ok = status_.ok();
+  return record.ok;
+}
+
+template <typename T>
+void CudaDeviceImpl<T>::CollectSamples(int slot, std::vector<SampleResult>* out) {
+  const SampleSlot& record = sample_slots_[slot];
+  out->clear();
+  if (record.rows == 0) return;
+  if (record.ok) {
+    Record(kc::CudaStatus(cudaEventSynchronize(sampled_[slot]), "cudaEventSynchronize"));
   }
-  if (!status_.ok()) {
+  if (!record.ok || !status_.ok()) {
+    if (status_.ok()) Record(absl::InternalError("Sample: the sampling was not enqueued"));
     ExitOnError();
-    out->assign(n, SampleResult());
+    out->assign(record.rows, SampleResult());
     return;
   }
   const auto* results = reinterpret_cast<const kc::SampledToken*>(
-      static_cast<char*>(sample_host_.get()) + results_at);
-  out->reserve(n);
-  for (int64_t i = 0; i < n; ++i) {
-    const int num_top =
-        static_cast<int>(std::min<int64_t>(requests[i].params->logprobs, vocab));
-    out->push_back(ToSampleResult(results[i], num_top));
+      static_cast<char*>(sample_host_[slot].get()) + record.results_at);
+  out->reserve(record.rows);
+  for (int64_t i = 0; i < record.rows; ++i) {
+    out->push_back(ToSampleResult(results[i], record.num_top[i]));
   }
+}
+
+template <typename T>
+void CudaDeviceImpl<T>::Sample(const DeviceArray& logits, int64_t vocab,
+                               absl::Span<const SampleRequest> requests,
+                               std::vector<SampleResult>* out) {
+  // A synchronous step between asynchronous ones takes the slot the next asynchronous step
+  // would, after that slot's step finished (the engine finishes every step it launched before
+  // it samples synchronously).
+  const int slot = static_cast<int>(async_launched_ % 2);
+  if (async_launched_ != async_finished_) {
+    Record(absl::FailedPreconditionError("Sample while asynchronous steps are in flight"));
+  }
+  EnqueueSample(logits, vocab, requests, slot);
+  CollectSamples(slot, out);
+}
+
+template <typename T>
+void CudaDeviceImpl<T>::SampleAsync(const DeviceArray& logits, int64_t vocab,
+                                    absl::Span<const SampleRequest> requests) {
+  if (async_launched_ - async_finished_ >= 2) {
+    Record(absl::FailedPreconditionError("SampleAsync with two steps in flight"));
+  }
+  const int slot = static_cast<int>(async_launched_ % 2);
+  ++async_launched_;
+  if (EnqueueSample(logits, vocab, requests, slot)) {
+    previous_samples_ = reinterpret_cast<const kc::SampledToken*>(
+        sample_device_[slot].as<char>() + sample_slots_[slot].results_at);
+    previous_rows_ = sample_slots_[slot].rows;
+  }
+}
+
+template <typename T>
+void CudaDeviceImpl<T>::FinishSample(std::vector<SampleResult>* out) {
+  if (async_finished_ >= async_launched_) {
+    Record(absl::FailedPreconditionError("FinishSample with no step in flight"));
+    ExitOnError();
+    out->clear();
+    return;
+  }
+  const int slot = static_cast<int>(async_finished_ % 2);
+  ++async_finished_;
+  CollectSamples(slot, out);
 }
 
 template <typename T>

@@ -276,6 +276,13 @@ void FakeAsyncDevice::Draw(const DeviceArray& logits, int64_t vocab,
         std::any_of(r.output_tokens.begin(), r.output_tokens.end(), [](int32_t t) { return t < 0; });
     if (has_placeholder) {
       if (!resolve) Violation("a synchronous sample request has a placeholder token");
+      const bool penalized = r.params->repetition_penalty != 1.0f ||
+                             r.params->frequency_penalty != 0.0f ||
+                             r.params->presence_penalty != 0.0f;
+      if (penalized && !options_.samples_pending_penalties) {
+        Violation("a placeholder in a penalized request's output tokens on a device that does "
+                  "not gather them");
+      }
       std::vector<int32_t>& tokens = resolved_outputs_[i];
       tokens.assign(r.output_tokens.begin(), r.output_tokens.end());
       for (int32_t& t : tokens) {

@@ -43,6 +43,9 @@ struct FakeAsyncDeviceOptions {
   bool async = true;
   // The vocabulary the samples are drawn from. Required (>= 1).
   int vocab = 0;
+  // SamplesPendingPenalties(): false makes the device act as a GPU does, and a placeholder in
+  // an asynchronous request's output tokens a violation. Default: true.
+  bool samples_pending_penalties = true;
 };
 
 // What a FakeAsyncDevice saw; outlives the device (the engine owns the device).
@@ -113,6 +116,7 @@ class FakeAsyncDevice : public ModelDevice {
   void Sample(const DeviceArray& logits, int64_t vocab, absl::Span<const SampleRequest> requests,
               std::vector<SampleResult>* out) override;
   bool SupportsAsyncStep() const override { return options_.async; }
+  bool SamplesPendingPenalties() const override { return options_.samples_pending_penalties; }
   void SampleAsync(const DeviceArray& logits, int64_t vocab,
                    absl::Span<const SampleRequest> requests) override;
   void FinishSample(std::vector<SampleResult>* out) override;

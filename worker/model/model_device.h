@@ -284,6 +284,11 @@ class ModelDevice {
   // penalty histories before sampling). Results are those of the synchronous path, token for
   // token. Default: false.
   virtual bool SupportsAsyncStep() const { return false; }
+  // Whether SampleAsync also gathers pending tokens in the requests' output_tokens (the
+  // penalties' histories). Where it does not (a GPU, whose penalty lists are packed on the
+  // host), the engine finishes step N before it launches a step N + 1 that holds a penalized
+  // request whose last token is N's. Default: true.
+  virtual bool SamplesPendingPenalties() const { return true; }
   // Enqueues the sampling of an asynchronous step (Sample's contract otherwise); the results
   // come from FinishSample. REQUIRES: SupportsAsyncStep() and SamplesOnDevice(); the step's
   // SetStep had StepView::async.
