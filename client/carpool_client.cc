@@ -15,11 +15,13 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/random/random.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/codec.h"
@@ -42,6 +44,8 @@ struct Call {
   bool attempt_open ABSL_GUARDED_BY(mu) = false;
   // Finished, cancelled or timed out: nothing more is sent for it.
   bool ended ABSL_GUARDED_BY(mu) = false;
+  // The connection (Core's count of router switches) its open attempt was queued for.
+  uint64_t attempt_connection ABSL_GUARDED_BY(mu) = 0;
 };
 
 // One Stats() call. Answers are matched to calls in the order the queries were sent.
@@ -63,6 +67,10 @@ class Core {
 
   const ClientOptions& options() const { return options_; }
   std::string NextRequestId();
+  // Whether there are routers to fail over to (ClientOptions::router_endpoints), and how often
+  // one call may.
+  bool failover() const { return endpoints_.size() > 1; }
+  int max_failovers() const { return static_cast<int>(endpoints_.size()); }
 
   // ALREADY_EXISTS when another call in flight has the same id; CANCELLED once shut down.
   absl::Status Register(const std::shared_ptr<Call>& call);
@@ -92,7 +100,14 @@ class Core {
     std::shared_ptr<StatsCall> stats;  // a stats query: answered in send order
   };
 
-  explicit Core(const ClientOptions& options) : options_(options) {}
+  explicit Core(const ClientOptions& options)
+      : options_(options), endpoints_(options.Endpoints()) {}
+  // Opens socket_ (and monitor_) and connects it to endpoints_[current_].
+  absl::Status OpenSocket();
+  // With several routers: closes the connection to the current one and connects to the next.
+  void SwitchRouter();
+  // Poll's timeout: -1, or the ms until the connection being made counts as failed.
+  int PollTimeoutMs() const;
   absl::Status Enqueue(Outgoing out);
   void Wake();
   void IoLoop();
@@ -104,10 +119,17 @@ class Core {
   // Reads the monitor's events; on a disconnect after a handshake, RouterLost().
   void ReadMonitor();
   // Ends every open attempt and every stats query sent with UNAVAILABLE router_lost: the router
-  // answers a connection, so nothing sent before it dropped can be answered any more.
-  void RouterLost();
+  // answers a connection, so nothing sent before it dropped can be answered any more. With
+  // several routers it first switches to the next (`why` says what happened), so the calls'
+  // threads send their requests there.
+  void RouterLost(const std::string& why);
 
   const ClientOptions options_;
+  const std::vector<std::string> endpoints_;
+  size_t current_ = 0;  // I/O thread only (set before it starts): the router in use
+  zmq::context_t* zmq_context_ = nullptr;  // options_.zmq_context or &context_
+  SocketOptions socket_options_;
+  absl::Time connecting_since_;  // I/O thread only: when socket_ was connected
   std::string id_prefix_;
   std::atomic<uint64_t> next_id_{0};
   zmq::context_t context_;          // unless options_.zmq_context; declared before socket_
@@ -123,6 +145,9 @@ class Core {
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Call>> calls_ ABSL_GUARDED_BY(mu_);
   std::vector<Outgoing> outbox_ ABSL_GUARDED_BY(mu_);
+  // Router switches so far (several routers): an attempt queued before the latest one went to
+  // a lost router, or nowhere.
+  uint64_t connection_ ABSL_GUARDED_BY(mu_) = 0;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;   // no new calls
   bool io_stop_ ABSL_GUARDED_BY(mu_) = false;  // the I/O thread sends the outbox and exits
   int64_t undecodable_frames_ ABSL_GUARDED_BY(mu_) = 0;
@@ -163,20 +188,46 @@ absl::StatusOr<std::shared_ptr<Core>> Core::Create(const ClientOptions& options)
       so.curve_secret_key = pair.secret_key;
     }
   }
-  zmq::context_t* context =
+  core->zmq_context_ =
       options.zmq_context != nullptr ? options.zmq_context : &core->context_;
-  ASSIGN_OR_RETURN(core->socket_, Socket::Create(context, zmq::socket_type::dealer, so));
-  if (!absl::StartsWith(options.router_endpoint, "inproc://")) {
-    // Before Connect: no event is missed.
-    ASSIGN_OR_RETURN(core->monitor_, SocketMonitor::Start(context, core->socket_.get()));
-  }
-  RETURN_IF_ERROR(core->socket_->Connect(options.router_endpoint));
+  core->socket_options_ = so;
+  RETURN_IF_ERROR(core->OpenSocket());
   core->wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (core->wake_fd_ < 0) {
     return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
   }
   core->io_thread_ = std::thread([c = core.get()] { c->IoLoop(); });
   return core;
+}
+
+absl::Status Core::OpenSocket() {
+  monitor_.reset();  // before the socket it watches
+  socket_.reset();
+  handshaken_ = false;
+  connecting_since_ = absl::Now();
+  const std::string& endpoint = endpoints_[current_];
+  ASSIGN_OR_RETURN(socket_, Socket::Create(zmq_context_, zmq::socket_type::dealer,
+                                           socket_options_));
+  if (!absl::StartsWith(endpoint, "inproc://")) {
+    // Before Connect: no event is missed.
+    ASSIGN_OR_RETURN(monitor_, SocketMonitor::Start(zmq_context_, socket_.get()));
+  }
+  return socket_->Connect(endpoint);
+}
+
+void Core::SwitchRouter() {
+  current_ = (current_ + 1) % endpoints_.size();
+  // Connect errors leave a socket that never connects: connect_timeout_ms then moves on. Only
+  // a socket that cannot be made at all (no file descriptors left) leaves none, and the I/O
+  // thread stops: the calls end at their deadlines.
+  (void)OpenSocket();
+}
+
+int Core::PollTimeoutMs() const {
+  if (!failover() || handshaken_ || monitor_ == nullptr) return -1;
+  const int64_t left = absl::ToInt64Milliseconds(
+      connecting_since_ + absl::Milliseconds(options_.connect_timeout_ms) - absl::Now());
+  return static_cast<int>(std::clamp<int64_t>(left, 0, options_.connect_timeout_ms));
 }
 
 Core::~Core() {
@@ -235,16 +286,20 @@ std::shared_ptr<Call> Core::Find(const std::string& request_id) {
 }
 
 absl::Status Core::SendAttempt(const std::shared_ptr<Call>& call, std::string frame) {
+  // Opened and queued under both locks (call->mu first, the only order in which they nest):
+  // RouterLost sees an attempt either queued for the lost connection (it ends it, and drops its
+  // frame if not sent yet) or for the next one, never half of each.
   {
-    absl::MutexLock lock(&mu_);
-    if (closed_) return absl::CancelledError("the client was closed");
-  }
-  {
-    absl::MutexLock lock(&call->mu);
+    absl::MutexLock call_lock(&call->mu);
     if (call->ended) return absl::CancelledError("the request was cancelled");
+    absl::MutexLock lock(&mu_);
+    if (closed_ || io_stop_) return absl::CancelledError("the client was closed");
     call->attempt_open = true;
+    call->attempt_connection = connection_;
+    outbox_.push_back(Outgoing{std::move(frame), call, nullptr});
   }
-  return Enqueue(Outgoing{std::move(frame), call, nullptr});
+  Wake();
+  return absl::OkStatus();
 }
 
 bool Core::EndCall(Call& call, std::optional<ErrorInfo> event) {
@@ -318,11 +373,13 @@ void Core::Wake() {
 }
 
 void Core::IoLoop() {
-  const PollItem items[3] = {
-      {socket_.get()}, {nullptr, wake_fd_}, {monitor_ != nullptr ? monitor_->socket() : nullptr}};
-  const size_t n = monitor_ != nullptr ? 3 : 2;
-  for (;;) {
-    absl::StatusOr<PollResult> readable = Poll(absl::MakeConstSpan(items, n), -1);
+  while (socket_ != nullptr) {
+    // Rebuilt each time: SwitchRouter replaces the socket and its monitor.
+    const PollItem items[3] = {{socket_.get()},
+                               {nullptr, wake_fd_},
+                               {monitor_ != nullptr ? monitor_->socket() : nullptr}};
+    const size_t n = monitor_ != nullptr ? 3 : 2;
+    absl::StatusOr<PollResult> readable = Poll(absl::MakeConstSpan(items, n), PollTimeoutMs());
     if (!readable.ok()) break;
     if ((*readable)[1]) {
       uint64_t count;
@@ -332,6 +389,11 @@ void Core::IoLoop() {
     // Answers that arrived before a disconnect are delivered before the calls are ended.
     ReceiveAll();
     if (n == 3 && (*readable)[2]) ReadMonitor();
+    if (PollTimeoutMs() == 0) {
+      RouterLost(absl::StrCat("no connection to the router at ", endpoints_[current_],
+                              " within ", options_.connect_timeout_ms,
+                              " ms (connect_timeout_ms)"));
+    }
   }
 }
 
@@ -345,24 +407,39 @@ void Core::ReadMonitor() {
       // Only an established connection counts: a failed handshake (a wrong CURVE key, not a
       // carpool router) never carried a request, and those calls end at their deadline.
       handshaken_ = false;
-      RouterLost();
+      RouterLost(absl::StrCat("lost the connection to the router at ", endpoints_[current_],
+                              " with the request open (the router closed it, died or stopped "
+                              "answering ZMTP heartbeats)"));
+      return;  // with several routers the monitor was replaced
     }
   }
 }
 
-void Core::RouterLost() {
+void Core::RouterLost(const std::string& why) {
   std::vector<std::shared_ptr<Call>> calls;
   {
     absl::MutexLock lock(&mu_);
     for (auto& [id, call] : calls_) calls.push_back(call);
   }
-  const std::string message =
-      absl::StrCat("lost the connection to the router at ", options_.router_endpoint,
-                   " with the request open (the router closed it, died or stopped answering "
-                   "ZMTP heartbeats)");
+  std::string message = why;
+  uint64_t connection = 0;
+  if (failover()) {
+    // Before the calls hear of it: what they send again goes to the next router.
+    SwitchRouter();
+    absl::StrAppend(&message, "; failing over to ", endpoints_[current_]);
+    // A request queued but not sent yet belongs to an attempt of the old connection, which
+    // ends below and is sent again: sent now as well, the next router would see its
+    // request_id twice.
+    absl::MutexLock lock(&mu_);
+    connection = ++connection_;
+    outbox_.erase(std::remove_if(outbox_.begin(), outbox_.end(),
+                                 [](const Outgoing& out) { return out.call != nullptr; }),
+                  outbox_.end());
+  }
   for (const std::shared_ptr<Call>& call : calls) {
     absl::MutexLock lock(&call->mu);
     if (!call->attempt_open) continue;  // ended, or between retries: its next attempt may land
+    if (call->attempt_connection >= connection && connection > 0) continue;  // for the new one
     call->attempt_open = false;
     call->events.push_back(
         LocalError(call->request_id, absl::StatusCode::kUnavailable, reason::kRouterLost, message));
@@ -465,7 +542,13 @@ using client_internal::Core;
 
 absl::Status ClientOptions::Validate() const {
   const auto bad = [](const std::string& what) { return absl::InvalidArgumentError(what); };
-  if (router_endpoint.empty()) return bad("router_endpoint is empty");
+  const std::vector<std::string> endpoints = Endpoints();
+  if (endpoints.empty() || std::find(endpoints.begin(), endpoints.end(), "") != endpoints.end()) {
+    return bad(router_endpoints.empty()
+                   ? "router_endpoint is empty or has an empty entry between commas"
+                   : "router_endpoints has an empty entry");
+  }
+  if (connect_timeout_ms <= 0) return bad("connect_timeout_ms must be > 0");
   if (default_timeout_ms <= 0) return bad("default_timeout_ms must be > 0");
   if (max_retries < 0) return bad("max_retries must be >= 0");
   if (initial_backoff_ms <= 0 || max_backoff_ms < initial_backoff_ms) {
@@ -486,6 +569,15 @@ absl::Status ClientOptions::Validate() const {
     return bad("a CURVE key pair needs curve_server_public_key");
   }
   return absl::OkStatus();
+}
+
+std::vector<std::string> ClientOptions::Endpoints() const {
+  if (!router_endpoints.empty()) return router_endpoints;
+  std::vector<std::string> out;
+  for (absl::string_view part : absl::StrSplit(router_endpoint, ',')) {
+    out.emplace_back(absl::StripAsciiWhitespace(part));
+  }
+  return out;
 }
 
 std::vector<int32_t> GenerateResult::TokenIds() const {
@@ -585,6 +677,23 @@ bool Stream::Retry(const ErrorInfo& error) {
   return RetryCall(*core_, call_, frame_, error, deadline_, &retries_);
 }
 
+bool Stream::FailOver(const ErrorInfo& error) {
+  if (error.reason != reason::kRouterLost || !core_->failover() || !input_.has_value() ||
+      failovers_ >= core_->max_failovers() || absl::Now() >= deadline_ ||
+      static_cast<int64_t>(result_.tokens.size()) >= input_->sampling.max_tokens) {
+    // (Every token came, and only the final was lost: nothing is left to resume.)
+    return false;
+  }
+  ++failovers_;
+  if (!result_.tokens.empty()) {
+    // Every chunk before the loss has been read (the error came after them): the stream
+    // continues after exactly these tokens.
+    input_->resume_tokens = result_.TokenIds();
+    frame_ = Encode(ClientMessage(*input_));
+  }
+  return core_->SendAttempt(call_, frame_).ok();
+}
+
 absl::StatusOr<std::optional<GenerateChunkOut>> Stream::Next(int64_t wait_ms) {
   if (done_) {
     if (end_status_.ok()) return std::optional<GenerateChunkOut>();
@@ -619,7 +728,7 @@ absl::StatusOr<std::optional<GenerateChunkOut>> Stream::Next(int64_t wait_ms) {
       return std::optional<GenerateChunkOut>();
     }
     if (auto* error = std::get_if<ErrorInfo>(&*event)) {
-      if (!Retry(*error)) return Finish(StatusFromError(*error));
+      if (!FailOver(*error) && !Retry(*error)) return Finish(StatusFromError(*error));
     }
   }
 }
@@ -644,11 +753,20 @@ absl::StatusOr<std::unique_ptr<Stream>> Client::Start(GenerateInput request,
   if (request.api_key.empty()) request.api_key = core_->options().api_key;
   const int64_t timeout_ms =
       call.timeout_ms > 0 ? call.timeout_ms : core_->options().default_timeout_ms;
+  if (core_->failover() && !request.sampling.has_seed) {
+    // The router would draw one; the other router would draw another, and a resumed stream
+    // would not be the one the lost router was producing.
+    request.sampling.has_seed = true;
+    request.sampling.seed = absl::Uniform<uint64_t>(absl::BitGen());
+  }
   auto state = std::make_shared<Call>(request.request_id);
   RETURN_IF_ERROR(core_->Register(state));
+  std::optional<GenerateInput> kept;
+  if (core_->failover()) kept = request;
   std::string frame = Encode(ClientMessage(std::move(request)));
   std::unique_ptr<Stream> stream(
       new Stream(core_, state, frame, absl::Now() + absl::Milliseconds(timeout_ms), timeout_ms));
+  stream->input_ = std::move(kept);
   if (absl::Status s = core_->SendAttempt(state, std::move(frame)); !s.ok()) {
     return stream->Finish(s);
   }
@@ -739,14 +857,21 @@ absl::StatusOr<Out> OneShot(Core& core, const std::string& request_id,
   const std::string frame = Encode(message);
   if (absl::Status s = core.SendAttempt(call, frame); !s.ok()) return finish(s);
   int retries = 0;
+  int failovers = 0;
   for (;;) {
     std::optional<ServerMessage> event = core.WaitEvent(*call, deadline);
     if (!event.has_value()) return finish(CallTimedOut(core, call->request_id, timeout_ms));
     if (auto* out = std::get_if<Out>(&*event)) return finish(std::move(*out));
     if (auto* error = std::get_if<ErrorInfo>(&*event)) {
       const bool lost = error->reason == reason::kRouterLost;
-      if ((lost && !resend_after_loss) ||
-          !RetryCall(core, call, frame, *error, deadline, &retries)) {
+      if (lost && !resend_after_loss) return finish(StatusFromError(*error));
+      // The I/O thread has switched to the next router: the call goes there, at once.
+      if (lost && core.failover() && failovers < core.max_failovers() &&
+          absl::Now() < deadline) {
+        ++failovers;
+        if (core.SendAttempt(call, frame).ok()) continue;
+      }
+      if (!RetryCall(core, call, frame, *error, deadline, &retries)) {
         return finish(StatusFromError(*error));
       }
     }

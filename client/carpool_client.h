@@ -47,8 +47,22 @@ struct Call;
 }  // namespace client_internal
 
 struct ClientOptions {
-  // The router's frontend endpoint. Default: "tcp://127.0.0.1:5555".
+  // The router's frontend endpoint, or several separated by commas: a pair of routers
+  // (docs/cluster.md, "Two routers"; router_endpoints). Default: "tcp://127.0.0.1:5555".
   std::string router_endpoint = "tcp://127.0.0.1:5555";
+  // The routers to use, in order; when set, router_endpoint is not read. With two or more the
+  // client talks to one at a time and fails over: when the connection to it drops (router_lost)
+  // or does not come up within connect_timeout_ms, it connects to the next, and every call still
+  // open is sent there again, without counting against max_retries: a stream with the tokens
+  // it already received as GenerateInput::resume_tokens (it continues after them, no gap and no
+  // duplicate), any other call as it was. A call fails over at most once per endpoint. Generate
+  // requests without a seed get one drawn here, so a resumed stream is the one the lost router
+  // would have produced. Batch calls that change the store are not sent again (as today).
+  // Default: empty (router_endpoint).
+  std::vector<std::string> router_endpoints;
+  // With several routers: a router whose connection is not up this long after the client
+  // connected to it is skipped for the next. Default: 1000.
+  int64_t connect_timeout_ms = 1000;
   // Timeout of a call whose CallOptions name none, retries and backoff included.
   // Default: 60000.
   int64_t default_timeout_ms = 60000;
@@ -81,6 +95,9 @@ struct ClientOptions {
 
   // INVALID_ARGUMENT naming the first bad field.
   absl::Status Validate() const;
+  // The routers in order: router_endpoints, or router_endpoint split at commas (blanks
+  // trimmed).
+  std::vector<std::string> Endpoints() const;
 };
 
 struct CallOptions {
@@ -274,11 +291,19 @@ class Stream {
          std::string frame, absl::Time deadline, int64_t timeout_ms);
   // Handles an UNAVAILABLE error by waiting and sending again; false when it should end instead.
   bool Retry(const ErrorInfo& error);
+  // Handles router_lost with routers to fail over to: sends the request to the current one
+  // (the I/O thread has switched), resuming after the tokens received; false when it should
+  // end instead (no other router, failovers used up, past the deadline).
+  bool FailOver(const ErrorInfo& error);
   absl::Status Finish(absl::Status status);
 
   std::shared_ptr<client_internal::Core> core_;
   std::shared_ptr<client_internal::Call> call_;
   std::string frame_;  // the encoded request, for retries
+  // The request itself (routers to fail over to only): a resumed stream re-sends it with the
+  // tokens received so far as resume_tokens.
+  std::optional<GenerateInput> input_;
+  int failovers_ = 0;  // times sent to another router after router_lost
   absl::Time deadline_;
   int64_t timeout_ms_ = 0;
   int retries_ = 0;

@@ -307,7 +307,8 @@ void RegisterGenerateFlags(FlagParser* p, GenerateFlags* f) {
   p->AddBool("help", &f->help, "show this help");
   p->AddString("router", &f->router,
                "send the prompts to a carpool router (tcp://host:port) instead of running an "
-               "engine here");
+               "engine here; a pair tcp://A:port,tcp://B:port fails over to the second when the "
+               "first is lost, streams resuming where they were (docs/cluster.md)");
   p->AddInt64("timeout-ms", &f->timeout_ms,
               absl::StrCat("router: per-request timeout; 0: the client's default, ",
                            ClientOptions().default_timeout_ms));

@@ -305,6 +305,32 @@ def tokenize_result_from(r: Any) -> TokenizeResult:
     return TokenizeResult(r.request_id, list(r.token_ids), r.max_model_len)
 
 
+def seeded_frame(frame: bytes, seed: int) -> bytes:
+    """A generate frame with `seed` when it names none (any other frame as is): with two
+    routers the client draws the seed, so a stream resumed on the other router is the one the
+    lost router was producing."""
+    msg = pb.ClientMessage()
+    msg.ParseFromString(frame)
+    if msg.WhichOneof("body") != "generate" or msg.generate.sampling.HasField("seed"):
+        return frame
+    msg.generate.sampling.seed = seed
+    return msg.SerializeToString()
+
+
+def resume_frame(frame: bytes, tokens: Sequence[int]) -> Optional[bytes]:
+    """The generate frame `frame` resumed after the output `tokens` its client received
+    (GenerateRequest.resume_tokens); None when they are all it asked for (only its final was
+    lost: nothing is left to resume)."""
+    msg = pb.ClientMessage()
+    msg.ParseFromString(frame)
+    g = msg.generate
+    if g.sampling.HasField("max_tokens") and len(tokens) >= g.sampling.max_tokens:
+        return None
+    del g.resume_tokens[:]
+    g.resume_tokens.extend(tokens)
+    return msg.SerializeToString()
+
+
 def cancel_frame(request_id: str) -> bytes:
     msg = pb.ClientMessage(protocol_version=PROTOCOL_VERSION)
     msg.cancel.request_id = request_id

@@ -126,7 +126,8 @@ class AsyncClient:
           async for chunk in client.stream("Once upon a time"):
               print(chunk.text, end="")
 
-    Arguments as for Client. Connecting does not wait for the router.
+    Arguments as for Client, except that url names one router: failover between two routers is
+    Client's only (InvalidArgument for a list). Connecting does not wait for the router.
     """
 
     def __init__(self, url: str = DEFAULT_URL, *, timeout: float = 60.0, api_key: str = "",
@@ -134,6 +135,10 @@ class AsyncClient:
                  curve_server_key: str = "", curve_public_key: str = "",
                  curve_secret_key: str = "",
                  context: Optional["zmq.asyncio.Context"] = None) -> None:
+        if not isinstance(url, str) or "," in url:
+            raise errors.InvalidArgument(
+                "AsyncClient takes one router endpoint, not %r: failover between routers is "
+                "carpool.Client's" % (url,))
         self.url = url
         self.timeout = _wire.check_timeout(timeout)
         self.api_key = api_key

@@ -11,6 +11,7 @@ any thread may call.
 import collections
 import os
 import queue
+import random
 import threading
 import time
 from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence, Union
@@ -27,6 +28,9 @@ from .types import (Batch, BatchList, BatchResults, Chunk, EmbedResult, FileObje
                     GenerateResult, Stats, TokenizeResult)
 
 DEFAULT_URL = "tcp://127.0.0.1:5555"
+
+# Batch calls that change nothing: with several routers, sent again after a router is lost.
+_READ_ONLY_BATCH_OPS = frozenset(("get_file", "file_content", "get_batch", "list_batches"))
 
 
 class SocketOptions:
@@ -120,6 +124,11 @@ class ConnectionWatch:
     def __init__(self) -> None:
         self._up = False
 
+    @property
+    def up(self) -> bool:
+        """The connection is up (its handshake done) and has not dropped since."""
+        return self._up
+
     def lost(self, parts: List[bytes]) -> bool:
         """Feeds one monitor message; True when it says the connection was lost."""
         event = parse_monitor_message(parts)["event"]
@@ -131,20 +140,38 @@ class ConnectionWatch:
         return False
 
 
-def router_lost_error(url: str, request_id: str = "") -> errors.RouterLost:
+def router_lost_error(url: str, request_id: str = "", why: str = "") -> errors.RouterLost:
     return errors.RouterLost(
-        "lost the connection to the router at %s with the request open (the router closed it, "
-        "died or stopped answering ZMTP heartbeats)" % url, request_id=request_id)
+        why or "lost the connection to the router at %s with the request open (the router "
+        "closed it, died or stopped answering ZMTP heartbeats)" % url, request_id=request_id)
+
+
+def router_urls(url: Union[str, Sequence[str]]) -> List[str]:
+    """The routers of a Client's `url`: one endpoint, several separated by commas, or a list
+    of them (blanks trimmed). InvalidArgument for an empty one."""
+    parts = url.split(",") if isinstance(url, str) else list(url)
+    urls = [str(u).strip() for u in parts]
+    if not urls or any(not u for u in urls):
+        raise errors.InvalidArgument("url %r has an empty endpoint: give one router endpoint, "
+                                     "several separated by commas, or a list" % (url,))
+    return urls
 
 
 class _Call:
     """One generate call in flight: the I/O thread appends what arrives for it."""
-    __slots__ = ("request_id", "events")
+    __slots__ = ("request_id", "events", "frame", "resend", "tokens", "failovers")
 
-    def __init__(self, request_id: str) -> None:
+    def __init__(self, request_id: str, frame: bytes = b"", resend: bool = False) -> None:
         self.request_id = request_id
         # ServerMessage (chunk, final, error) or a CarpoolError made in this client.
         self.events: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        # With several routers: the request, whether it may be sent to the next one when its
+        # router is lost, the token ids its chunks carried so far and its failovers (all the
+        # I/O thread's once started).
+        self.frame = frame
+        self.resend = resend
+        self.tokens: List[int] = []
+        self.failovers = 0
 
 
 class _StatsCall:
@@ -158,19 +185,27 @@ class _StatsCall:
 class _Core:
     """The socket, its I/O thread and the calls in flight. Shared by a Client and its Streams."""
 
-    def __init__(self, url: str, options: SocketOptions,
-                 context: Optional["zmq.Context"]) -> None:
-        self._url = url
+    def __init__(self, url: Union[str, Sequence[str]], options: SocketOptions,
+                 context: Optional["zmq.Context"], connect_timeout: float = 1.0) -> None:
+        self._urls = router_urls(url)
+        self._url = self._urls[0]  # the router in use (the I/O thread's once started)
+        self._options = options
+        self._connect_timeout = float(connect_timeout)
+        if self._connect_timeout <= 0:
+            raise ValueError("connect_timeout must be > 0")
         self._own_context = context is None
         self._context = context if context is not None else zmq.Context()
         try:
             self._sock = self._context.socket(zmq.DEALER)
-            self._monitor = configure_socket(self._sock, url, options)
+            self._monitor = configure_socket(self._sock, self._url, options)
         except BaseException:
             if self._own_context:
                 self._context.term()
             raise
+        self._connecting_since = time.monotonic()
         self._watch = ConnectionWatch()  # I/O thread only
+        self._poller: Optional[zmq.Poller] = None  # I/O thread only
+        self._unsent: Deque[bytes] = collections.deque()  # I/O thread only
         # _mu guards the fields below it; the socket belongs to the I/O thread alone.
         self._mu = threading.Lock()
         self._calls: Dict[str, _Call] = {}
@@ -185,10 +220,19 @@ class _Core:
         self._thread = threading.Thread(target=self._run, name="carpool-client-io", daemon=True)
         self._thread.start()
 
+    @property
+    def failover(self) -> bool:
+        """Several routers: calls open when one is lost go to the next."""
+        return len(self._urls) > 1
+
     # ---- calling threads
 
-    def start(self, request_id: str, frame: bytes) -> _Call:
-        call = _Call(request_id)
+    def start(self, request_id: str, frame: bytes, resend: bool = True) -> _Call:
+        """Sends `frame` as a new call. resend: with several routers, it may be sent to the
+        next router when its router is lost (not for batch calls that change the store)."""
+        if self.failover:
+            frame = _wire.seeded_frame(frame, random.getrandbits(64))
+        call = _Call(request_id, frame, resend)
         with self._mu:
             if self._closed:
                 raise errors.Cancelled("the client is closed", request_id=request_id)
@@ -294,15 +338,15 @@ class _Core:
     # ---- the I/O thread
 
     def _run(self) -> None:
-        poller = zmq.Poller()
+        self._poller = poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
         if self._monitor is not None:
             poller.register(self._monitor, zmq.POLLIN)
-        unsent: Deque[bytes] = collections.deque()
+        unsent = self._unsent
         try:
             while True:
-                events = dict(poller.poll(1000))
+                events = dict(poller.poll(self._poll_timeout_ms()))
                 if self._wake_r in events:
                     self._drain_wake_pipe()
                 with self._mu:
@@ -322,11 +366,39 @@ class _Core:
                 self._receive_all()
                 if self._monitor is not None and self._monitor in events:
                     self._read_monitor()
+                if self._poll_timeout_ms() == 0:
+                    self._router_lost("no connection to the router at %s within %g s "
+                                      "(connect_timeout)" % (self._url, self._connect_timeout))
         except Exception as e:  # a broken socket or context: fail every call, never hang them
             self._fail_all(errors.InternalError("the client's I/O thread failed: %r" % (e,)))
         finally:
             close_monitor(self._sock, self._monitor)
             self._sock.close(linger=200)
+
+    def _poll_timeout_ms(self) -> int:
+        """1000, or with several routers while the connection is not up, the ms until it
+        counts as failed (connect_timeout)."""
+        if not self.failover or self._watch.up or self._monitor is None:
+            return 1000
+        left = self._connecting_since + self._connect_timeout - time.monotonic()
+        return max(0, min(1000, int(left * 1000)))
+
+    def _switch_router(self) -> None:
+        """Closes the connection to the current router and connects to the next."""
+        self._poller.unregister(self._sock)
+        if self._monitor is not None:
+            self._poller.unregister(self._monitor)
+        close_monitor(self._sock, self._monitor)
+        self._sock.close(linger=0)  # what it still holds was for the lost router
+        self._unsent.clear()
+        self._url = self._urls[(self._urls.index(self._url) + 1) % len(self._urls)]
+        self._sock = self._context.socket(zmq.DEALER)
+        self._monitor = configure_socket(self._sock, self._url, self._options)
+        self._connecting_since = time.monotonic()
+        self._watch = ConnectionWatch()
+        self._poller.register(self._sock, zmq.POLLIN)
+        if self._monitor is not None:
+            self._poller.register(self._monitor, zmq.POLLIN)
 
     def _read_monitor(self) -> None:
         while True:
@@ -336,18 +408,44 @@ class _Core:
                 return
             if self._watch.lost(parts):
                 self._router_lost()
+                return  # with several routers the monitor was replaced
 
-    def _router_lost(self) -> None:
-        """Ends every call and stats query in flight with RouterLost; the client goes on."""
+    def _router_lost(self, why: str = "") -> None:
+        """Ends every call and stats query in flight with RouterLost; the client goes on. With
+        several routers it first connects to the next, and the calls that may go there are
+        sent again instead: a stream resuming after the tokens it received (resume_tokens),
+        any other as it was, at most once per router each."""
+        lost = self._url
+        why = why or ("lost the connection to the router at %s with the request open (the "
+                      "router closed it, died or stopped answering ZMTP heartbeats)" % lost)
+        resent = False
         with self._mu:
-            calls = list(self._calls.values())
-            self._calls.clear()
+            if self.failover:
+                self._switch_router()
+                why += "; failing over to %s" % self._url
+                # Frames not sent yet were for the lost router: the calls are sent again below.
+                self._outbox.clear()
+            ended = []
+            for request_id, call in list(self._calls.items()):
+                frame = None
+                if self.failover and call.resend and call.failovers < len(self._urls):
+                    frame = (_wire.resume_frame(call.frame, call.tokens) if call.tokens
+                             else call.frame)
+                if frame is None:
+                    del self._calls[request_id]
+                    ended.append(call)
+                    continue
+                call.failovers += 1
+                self._outbox.append(frame)
+                resent = True
             stats_calls = list(self._stats_calls)
             self._stats_calls.clear()
-        for call in calls:
-            call.events.put(router_lost_error(self._url, call.request_id))
+        if resent:
+            self._wake()
+        for call in ended:
+            call.events.put(router_lost_error(lost, call.request_id, why))
         for s in stats_calls:
-            s.answer.put(router_lost_error(self._url))
+            s.answer.put(router_lost_error(lost, "", why))
 
     def _drain_wake_pipe(self) -> None:
         try:
@@ -394,6 +492,8 @@ class _Core:
             if call is not None and kind != "chunk":
                 del self._calls[request_id]
         if call is not None:
+            if kind == "chunk" and self.failover:
+                call.tokens.extend(t.id for t in msg.chunk.tokens)
             call.events.put(msg)
             return
         with self._mu:
@@ -502,7 +602,17 @@ class Client:
       reply = client.chat([{"role": "user", "content": "Hi"}], sampling=greedy)
 
     Args:
-      url: the router's frontend endpoint. Default: tcp://127.0.0.1:5555.
+      url: the router's frontend endpoint, or several (a list, or one string separated by
+        commas): a pair of routers (docs/cluster.md, "Two routers"). With several the client
+        talks to one at a time; when its connection drops (or is not up within
+        connect_timeout) it connects to the next, and every call open is sent there again
+        instead of raising RouterLost: a stream with the tokens it already received as
+        resume_tokens (it continues after them: no gap, no duplicate), any other call as it was
+        (not a batch call that changes the store), at most once per router each. Generate calls
+        without a seed get one drawn here, so a resumed stream is the one the lost router would
+        have produced. Default: tcp://127.0.0.1:5555.
+      connect_timeout: with several routers, seconds a connection may take to come up before
+        the next router is tried. Default: 1.
       timeout: seconds a call may take, unless the call names its own. Default: 60.
       api_key: sent with every request that names none. Default: none.
       max_message_bytes: largest message accepted from the router. Default: 16 MiB.
@@ -520,10 +630,11 @@ class Client:
     Thread-safe (see the module docstring). Use it as a context manager, or call close().
     """
 
-    def __init__(self, url: str = DEFAULT_URL, *, timeout: float = 60.0, api_key: str = "",
-                 max_message_bytes: int = 16 << 20, heartbeat_ms: int = 1000,
+    def __init__(self, url: Union[str, Sequence[str]] = DEFAULT_URL, *, timeout: float = 60.0,
+                 api_key: str = "", max_message_bytes: int = 16 << 20, heartbeat_ms: int = 1000,
                  curve_server_key: str = "", curve_public_key: str = "",
-                 curve_secret_key: str = "", context: Optional["zmq.Context"] = None) -> None:
+                 curve_secret_key: str = "", context: Optional["zmq.Context"] = None,
+                 connect_timeout: float = 1.0) -> None:
         self.url = url
         self.timeout = _wire.check_timeout(timeout)
         self.api_key = api_key
@@ -531,7 +642,7 @@ class Client:
         options = SocketOptions(max_message_bytes, heartbeat_ms, curve_server_key,
                                 curve_public_key, curve_secret_key)
         self._max_message_bytes = options.max_message_bytes
-        self._core = _Core(url, options, context)
+        self._core = _Core(url, options, context, connect_timeout)
 
     def generate(self, prompt: Optional[_wire.Prompt] = None, *,
                  token_ids: Optional[Sequence[int]] = None,
@@ -789,12 +900,13 @@ class Client:
                     **fields: Any) -> Any:
         req = _batch.call_request(self._ids, self.api_key, self.timeout, op, api_key=api_key,
                                   timeout=timeout, **fields)
-        return self._one_shot(req, _batch.reply_answer)
+        # A call that may have changed the store is not sent to another router after a loss.
+        return self._one_shot(req, _batch.reply_answer, resend=op in _READ_ONLY_BATCH_OPS)
 
-    def _one_shot(self, req: _requests.Request, answer: Any) -> Any:
+    def _one_shot(self, req: _requests.Request, answer: Any, resend: bool = True) -> Any:
         """Sends a one-shot call and waits for the answer `answer` finds in its events."""
         deadline = time.monotonic() + req.timeout
-        call = self._core.start(req.request_id, req.frame)
+        call = self._core.start(req.request_id, req.frame, resend)
         while True:
             result = answer(self._core.wait(call, deadline, req.timeout))
             if result is not None:
