@@ -407,8 +407,11 @@ absl::StatusOr<int64_t> Engine::Add(EngineRequest request) {
 
 bool Engine::Abort(int64_t request_id) {
   if (!pending_.active) {
-    inflight_.erase(request_id);
-    return scheduler_->Abort(request_id);
+    const bool known = inflight_.erase(request_id) > 0;
+    const bool held = scheduler_->Abort(request_id);
+    // Asynchronous: a sequence that stopped by a token may still be the scheduler's until the
+    // next call (it is finished for the caller).
+    return async_ ? known : held;
   }
   // A step is between the scheduler's Schedule and Update: the scheduler takes the abort
   // before it schedules again; no event of the request comes back from now on.

@@ -219,6 +219,7 @@ class Engine {
   ThreadPool& thread_pool() const { return *pool_; }
   // Wall time spent inside the model's forward, cumulative (for overhead measurements); with
   // device sampling it includes the sampling, which the forward's read-back then waits for.
+  // Asynchronous steps: the time launching steps and waiting for them.
   // Embed's passes are not included.
   int64_t forward_micros() const { return forward_micros_; }
   // Whether steps sample on the device (options.device_sampling resolved).
