@@ -41,9 +41,9 @@ struct Result {
   int batch = 0;
   bool async = false;
   int steps = 0;
-  double host_us = 0;        // engine thread CPU time per step
-  double wall_us = 0;        // wall time per step
-  double wait_us = 0;        // time the engine thread slept waiting for the device, per step
+  double host_us = 0;  // engine thread CPU time per step
+  double wall_us = 0;  // wall time per step
+  double wait_us = 0;  // time the engine thread slept waiting for the device, per step
   double tokens_per_step = 0;
   int64_t violations = 0;
 };
@@ -169,9 +169,10 @@ int main(int argc, char** argv) {
   out["step_micros"] = cfg.step_micros;
   out["prompt_len"] = cfg.prompt_len;
   out["steps"] = cfg.steps;
-  std::printf("fake device: %.1f ms a step, no compute; model %s; prompts %d tokens; %d timed "
-              "decode steps\n",
-              cfg.step_micros / 1e3, cfg.model.c_str(), cfg.prompt_len, cfg.steps);
+  std::printf(
+      "fake device: %.1f ms a step, no compute; model %s; prompts %d tokens; %d timed "
+      "decode steps\n",
+      cfg.step_micros / 1e3, cfg.model.c_str(), cfg.prompt_len, cfg.steps);
   std::printf("%6s %6s %14s %16s %14s %14s %10s\n", "batch", "async", "host us/step",
               "host % of step", "wall us/step", "wait us/step", "tok/step");
   bool ok = true;

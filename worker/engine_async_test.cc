@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "gtest/gtest.h"
 #include "absl/container/flat_hash_map.h"
 #include "common/flags.h"
+#include "gtest/gtest.h"
 #include "worker/engine.h"
 #include "worker/engine_flags.h"
 #include "worker/model/fake_async_device.h"
@@ -50,8 +50,7 @@ EngineOptions Options(AsyncStep async) {
   return o;
 }
 
-std::unique_ptr<Engine> MakeEngine(const EngineOptions& options, bool async,
-                                   FakeDeviceLog* log) {
+std::unique_ptr<Engine> MakeEngine(const EngineOptions& options, bool async, FakeDeviceLog* log) {
   absl::StatusOr<std::unique_ptr<Engine>> engine =
       Engine::Create(options, nullptr, FakeDevice(async, log));
   EXPECT_TRUE(engine.ok()) << engine.status();
@@ -215,8 +214,9 @@ TEST(EngineAsyncTest, PenaltiesWithoutDeviceGatherFinishTheStepFirst) {
   FakeDeviceLog sync_log, async_log;
   auto sync = MakeEngine(Options(AsyncStep::kOff), false, &sync_log);
   ASSERT_NE(sync, nullptr);
-  absl::StatusOr<std::unique_ptr<Engine>> async = Engine::Create(
-      Options(AsyncStep::kOn), nullptr, FakeDevice(true, &async_log, /*samples_pending_penalties=*/false));
+  absl::StatusOr<std::unique_ptr<Engine>> async =
+      Engine::Create(Options(AsyncStep::kOn), nullptr,
+                     FakeDevice(true, &async_log, /*samples_pending_penalties=*/false));
   ASSERT_TRUE(async.ok()) << async.status();
   const auto want = sync->Generate(MixedRequests(40, 77));
   const auto got = (*async)->Generate(MixedRequests(40, 77));

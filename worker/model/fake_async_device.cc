@@ -49,10 +49,7 @@ bool Overlap(absl::Span<const A> a, absl::Span<const B> b) {
 
 FakeAsyncDevice::FakeAsyncDevice(std::unique_ptr<ModelDevice> inner,
                                  const FakeAsyncDeviceOptions& options, FakeDeviceLog* log)
-    : inner_(std::move(inner)),
-      options_(options),
-      log_(log),
-      sampler_(std::max(options.vocab, 1)) {
+    : inner_(std::move(inner)), options_(options), log_(log), sampler_(std::max(options.vocab, 1)) {
   CARPOOL_CHECK(options.vocab >= 1);
   CARPOOL_CHECK(log != nullptr);
 }
@@ -155,8 +152,8 @@ void FakeAsyncDevice::SetStep(const StepView& view) {
     if (id >= 0) continue;
     const int row = PendingTokenRow(id);
     if (row >= static_cast<int>(previous_.size())) {
-      Violation(absl::StrCat("placeholder for row ", row, " of a step that sampled ",
-                             previous_.size()));
+      Violation(
+          absl::StrCat("placeholder for row ", row, " of a step that sampled ", previous_.size()));
       id = 0;
       continue;
     }
@@ -173,13 +170,12 @@ void FakeAsyncDevice::SetStep(const StepView& view) {
 void FakeAsyncDevice::EmbeddingGather(const DeviceArray& table, int64_t h, DeviceArray* out) {
   if (inner_ != nullptr) inner_->EmbeddingGather(table, h, out);
 }
-void FakeAsyncDevice::RmsNorm(const DeviceArray& x, const DeviceArray& w, float eps,
-                              int64_t rows, int64_t h, DeviceArray* out) {
+void FakeAsyncDevice::RmsNorm(const DeviceArray& x, const DeviceArray& w, float eps, int64_t rows,
+                              int64_t h, DeviceArray* out) {
   if (inner_ != nullptr) inner_->RmsNorm(x, w, eps, rows, h, out);
 }
-void FakeAsyncDevice::AddRmsNorm(const DeviceArray& x, DeviceArray* residual,
-                                 const DeviceArray& w, float eps, int64_t rows, int64_t h,
-                                 DeviceArray* out) {
+void FakeAsyncDevice::AddRmsNorm(const DeviceArray& x, DeviceArray* residual, const DeviceArray& w,
+                                 float eps, int64_t rows, int64_t h, DeviceArray* out) {
   if (inner_ != nullptr) inner_->AddRmsNorm(x, residual, w, eps, rows, h, out);
 }
 void FakeAsyncDevice::Linear(const DeviceArray& x, const DeviceArray& w, const DeviceArray& bias,
@@ -272,16 +268,17 @@ void FakeAsyncDevice::Draw(const DeviceArray& logits, int64_t vocab,
     in.output_tokens = r.output_tokens;
     in.position = r.position;
     // The penalties' history: a placeholder is the previous step's token, as for the ids.
-    const bool has_placeholder =
-        std::any_of(r.output_tokens.begin(), r.output_tokens.end(), [](int32_t t) { return t < 0; });
+    const bool has_placeholder = std::any_of(r.output_tokens.begin(), r.output_tokens.end(),
+                                             [](int32_t t) { return t < 0; });
     if (has_placeholder) {
       if (!resolve) Violation("a synchronous sample request has a placeholder token");
       const bool penalized = r.params->repetition_penalty != 1.0f ||
                              r.params->frequency_penalty != 0.0f ||
                              r.params->presence_penalty != 0.0f;
       if (penalized && !options_.samples_pending_penalties) {
-        Violation("a placeholder in a penalized request's output tokens on a device that does "
-                  "not gather them");
+        Violation(
+            "a placeholder in a penalized request's output tokens on a device that does "
+            "not gather them");
       }
       std::vector<int32_t>& tokens = resolved_outputs_[i];
       tokens.assign(r.output_tokens.begin(), r.output_tokens.end());

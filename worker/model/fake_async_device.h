@@ -105,9 +105,9 @@ class FakeAsyncDevice : public ModelDevice {
   void Scale(float factor, int64_t n, DeviceArray* x) override;
   void WriteKv(const DeviceArray& k, const DeviceArray& v, const kernels::KvCacheLayout& layout,
                DeviceArray* key_cache, DeviceArray* value_cache) override;
-  void Attention(const DeviceArray& q, const DeviceArray& key_cache,
-                 const DeviceArray& value_cache, const kernels::KvCacheLayout& layout,
-                 int num_heads, const AttentionOptions& options, DeviceArray* out) override;
+  void Attention(const DeviceArray& q, const DeviceArray& key_cache, const DeviceArray& value_cache,
+                 const kernels::KvCacheLayout& layout, int num_heads,
+                 const AttentionOptions& options, DeviceArray* out) override;
   void GatherRows(const DeviceArray& x, int64_t h, DeviceArray* out) override;
   int GraphBatchSize(int num_seqs) const override;
   void RunStep(const std::function<void()>& body) override;
@@ -132,7 +132,7 @@ class FakeAsyncDevice : public ModelDevice {
     StepView view;  // the host's memory, which must not change until the step finishes
     uint64_t checksum = 0;
     bool clobbered = false;  // a later view overlapped it (a violation already)
-    int64_t done_at = 0;  // steady-clock micros
+    int64_t done_at = 0;     // steady-clock micros
     std::vector<SampleResult> samples;
   };
   static uint64_t Checksum(const StepView& view);
