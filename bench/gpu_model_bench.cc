@@ -3,6 +3,8 @@
 //
 //   carpool-bench-gpu-model [--presets 1b,8b] [--real-model 1b] [--layers N] [--steps N]
 //                           [--context N] [--dtype bfloat16|float16|float32] [--json PATH]
+//                           [--engine-presets 1b] [--engine-batches 1,8,64,256]
+//                           [--engine-prompt 128]
 //
 // For each synthetic preset (worker/weights/synthetic.cc shapes; --layers N keeps only N layers
 // and scales the weight bytes accordingly): decode tokens/s at batch 1, 8, 64 and 256 (every
@@ -19,7 +21,20 @@
 // read back), so that the weights can be filled on the device: an 8B model's fp32 weights take
 // 32 GB of host memory and an unmeasured time to generate on the GPU machine's host, twice
 // (graphs on and off). Nothing about the output is checked.
-// Exit status 1 without a CUDA device or on a CUDA error.
+//
+// Presets in --engine-presets (default 1b; the full preset, --layers does not apply) then run
+// through the whole Engine (EngineBench: schedule, forward, sample, update, as carpool-worker
+// steps) in three configurations, each a fresh Engine::Create: device sampling with the
+// asynchronous step, device sampling without it, and host sampling (logits copied back, the CPU
+// Sampler; async needs device sampling). For each batch in --engine-batches, that many greedy
+// requests of --engine-prompt tokens are prefilled, then decode tokens/s is timed over --steps
+// Engine::Step calls. The ratios device/host sampling and async on/off at each batch, and graphs
+// on/off at batch 1, are printed and written with the rows.
+//
+// JSON (--json): {"copy_bandwidth_gb_per_s", "rows": [{section, model, layers, cell, batch,
+// graphs, sampling, async, ms_per_step, tokens_per_s, mbu?}], "ratios": [{name, batch, value}]}.
+// Exit status: 0 done; 77 no CUDA device visible (nothing measured, the message says so; the
+// JSON, if asked for, says {"skipped": reason}); 1 a CUDA or model error; 2 bad flags.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -39,6 +54,7 @@
 #include "common/status.h"
 #include "kernels/cuda/device_buffer.h"
 #include "worker/device_options.h"
+#include "worker/engine.h"
 #include "worker/model/cuda_device.h"
 #include "worker/model/llama_model.h"
 #include "worker/weights/weights.h"
@@ -89,9 +105,8 @@ class ModelBench {
     decode_blocks_ = (context_ + 15) / 16;
     prefill_base_ = std::max(max_seqs_, 1) * decode_blocks_;
     device_ = device.get();
-    ASSIGN_OR_RETURN(model_, LlamaModel::Create(std::move(w),
-                                                {prefill_base_ + kPrefill / 16, 16}, nullptr,
-                                                std::move(device)));
+    ASSIGN_OR_RETURN(model_, LlamaModel::Create(std::move(w), {prefill_base_ + kPrefill / 16, 16},
+                                                nullptr, std::move(device)));
     return device_->Synchronize();
   }
 
@@ -303,6 +318,76 @@ class KernelBench {
   std::vector<float> host_logits_;
 };
 
+// The whole engine on a GPU: Engine::Create over synthetic:<preset>, greedy requests stepped with
+// Engine::Step. One instance per (sampling, async) configuration.
+class EngineBench {
+ public:
+  static absl::StatusOr<std::unique_ptr<EngineBench>> Create(const std::string& preset,
+                                                             StorageType dtype, bool graphs,
+                                                             DeviceSampling sampling,
+                                                             AsyncStep async, int max_seqs,
+                                                             int max_model_len) {
+    EngineOptions o;
+    o.model = "synthetic:" + preset;
+    o.device.kind = DeviceKind::kCuda;
+    o.device.dtype = dtype;
+    o.device.cuda_graphs = graphs;
+    o.device_sampling = sampling;
+    o.async_step = async;
+    o.scheduler.max_num_seqs = max_seqs;
+    o.scheduler.max_model_len = max_model_len;
+    o.scheduler.max_num_batched_tokens = 2048;
+    o.enable_prefix_caching = false;  // every request's prompt is computed
+    ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(o));
+    return std::unique_ptr<EngineBench>(new EngineBench(std::move(engine)));
+  }
+
+  Engine& engine() { return *engine_; }
+
+  // Decode seconds per step for `batch` requests of `prompt` tokens: they are prefilled until
+  // each has its first token, 3 warm-up steps run, then `steps` steps are timed (median).
+  // *tokens_per_step: decode tokens the timed steps produced, per step (batch, unless the
+  // engine preempted). The requests are aborted afterwards.
+  absl::StatusOr<double> Time(int batch, int prompt, int steps, double* tokens_per_step) {
+    std::vector<int64_t> ids;
+    for (int i = 0; i < batch; ++i) {
+      EngineRequest r;
+      for (int j = 0; j < prompt; ++j) {
+        r.prompt_tokens.push_back((i * 7919 + j * 104729 + 1) % engine_->model_config().vocab_size);
+      }
+      r.sampling.temperature = 0;
+      r.sampling.ignore_eos = true;
+      r.sampling.max_tokens = steps + 16;
+      ASSIGN_OR_RETURN(int64_t id, engine_->Add(std::move(r)));
+      ids.push_back(id);
+    }
+    absl::flat_hash_set<int64_t> with_token;
+    for (int guard = 0; static_cast<int>(with_token.size()) < batch; ++guard) {
+      if (guard > 100000) return absl::InternalError("prefill did not finish");
+      for (const EngineEvent& e : engine_->Step()) {
+        if (e.has_token) with_token.insert(e.seq_id);
+      }
+    }
+    for (int i = 0; i < 3; ++i) engine_->Step();
+    std::vector<double> times;
+    int64_t tokens = 0;
+    for (int i = 0; i < steps; ++i) {
+      const double start = Now();
+      for (const EngineEvent& e : engine_->Step()) tokens += e.has_token ? 1 : 0;
+      times.push_back(Now() - start);
+    }
+    for (int64_t id : ids) engine_->Abort(id);
+    while (engine_->has_unfinished()) engine_->Step();
+    std::sort(times.begin(), times.end());
+    *tokens_per_step = static_cast<double>(tokens) / steps;
+    return times[times.size() / 2];
+  }
+
+ private:
+  explicit EngineBench(std::unique_ptr<Engine> engine) : engine_(std::move(engine)) {}
+  std::unique_ptr<Engine> engine_;
+};
+
 // Device-to-device copy bandwidth (bytes read + written per second) over 1 GiB buffers.
 absl::StatusOr<double> CopyBandwidth() {
   const size_t bytes = size_t{1} << 30;
@@ -321,6 +406,9 @@ absl::StatusOr<double> CopyBandwidth() {
 struct Args {
   std::string presets = "1b,8b";
   std::string real_model = "1b";
+  std::string engine_presets = "1b";
+  std::string engine_batches = "1,8,64,256";
+  int engine_prompt = 128;
   int layers = 0;
   int steps = 10;
   int context = 512;
@@ -328,10 +416,196 @@ struct Args {
   std::string json;
 };
 
+// The rows and ratios of one run, printed as they come and written as JSON at the end.
+class Report {
+ public:
+  struct Row {
+    std::string section, model, cell;
+    int layers = 0, batch = 0;
+    bool graphs = true, async = false;
+    std::string sampling = "host";
+    double seconds = 0, tokens = 0;
+    double mbu = -1;  // < 0: not measured
+    std::string note;
+  };
+
+  void Add(const Row& r) {
+    std::printf("%-8s %-6s %-7d %-34s %12.3f %12.0f %s\n", r.section.c_str(), r.model.c_str(),
+                r.layers, r.cell.c_str(), r.seconds * 1e3, r.tokens / r.seconds, r.note.c_str());
+    std::fflush(stdout);
+    absl::StrAppend(
+        &rows_, rows_.empty() ? "" : ",\n", "    {\"section\": \"", r.section, "\", \"model\": \"",
+        r.model, "\", \"layers\": ", r.layers, ", \"cell\": \"", r.cell, "\", \"batch\": ", r.batch,
+        ", \"graphs\": ", r.graphs ? "true" : "false", ", \"sampling\": \"", r.sampling,
+        "\", \"async\": ", r.async ? "true" : "false", ", \"ms_per_step\": ", r.seconds * 1e3,
+        ", \"tokens_per_s\": ", r.tokens / r.seconds);
+    if (r.mbu >= 0) absl::StrAppend(&rows_, ", \"mbu\": ", r.mbu);
+    absl::StrAppend(&rows_, "}");
+  }
+
+  // A speed-up: tokens/s of `faster` over tokens/s of `slower`.
+  void Ratio(const std::string& name, const std::string& model, int batch, double faster,
+             double slower) {
+    const double value = faster / slower;
+    std::printf("ratio %-40s %-6s b=%-4d %6.3fx\n", name.c_str(), model.c_str(), batch, value);
+    absl::StrAppend(&ratios_, ratios_.empty() ? "" : ",\n", "    {\"name\": \"", name,
+                    "\", \"model\": \"", model, "\", \"batch\": ", batch, ", \"value\": ", value,
+                    "}");
+  }
+
+  std::string Json(double bandwidth) const {
+    return absl::StrCat("{\n  \"copy_bandwidth_gb_per_s\": ", bandwidth / 1e9, ",\n  \"rows\": [\n",
+                        rows_, "\n  ],\n  \"ratios\": [\n", ratios_, "\n  ]\n}\n");
+  }
+
+ private:
+  std::string rows_, ratios_;
+};
+
+// Decode and prefill of `preset` through ModelBench or KernelBench, graphs on then off.
+absl::Status RunModel(const Args& args, const std::string& preset, bool real, double bandwidth,
+                      Report* report) {
+  ASSIGN_OR_RETURN(ModelConfig config, SyntheticConfig(preset));
+  if (args.layers > 0) config.num_layers = std::min(config.num_layers, args.layers);
+  double graphs_on_b1 = 0;
+  for (bool graphs : {true, false}) {
+    CudaDeviceOptions o;
+    o.storage = args.dtype;
+    o.cuda_graphs = graphs;
+    o.max_num_seqs = 256;
+    o.max_context_len = std::max(args.context, kPrefill);
+    o.max_num_batched_tokens = 2048;
+    ASSIGN_OR_RETURN(std::unique_ptr<CudaDevice> d, CreateCudaDevice(o));
+    // The real model or the written-out kernels: the same cells either way.
+    CudaDevice* device = d.get();
+    const int max_seqs = graphs ? 256 : 1;
+    std::unique_ptr<ModelBench> model_bench;
+    std::unique_ptr<KernelBench> kernel_bench;
+    std::function<double(int, bool, int)> time;
+    int64_t weight_bytes = 0;
+    const double load_start = Now();
+    if (real) {
+      model_bench = std::make_unique<ModelBench>(preset, args.layers, max_seqs, args.context);
+      RETURN_IF_ERROR(model_bench->Init(std::move(d)));
+      weight_bytes = model_bench->model().DecodeWeightBytes();
+      time = [&](int n, bool prefill, int steps) { return model_bench->Time(n, prefill, steps); };
+    } else {
+      kernel_bench = std::make_unique<KernelBench>(config, device, max_seqs, args.context);
+      RETURN_IF_ERROR(kernel_bench->Init());
+      weight_bytes = kernel_bench->weight_bytes();
+      time = [&](int n, bool prefill, int steps) { return kernel_bench->Time(n, prefill, steps); };
+    }
+    std::printf("# %s: %s, graphs %s, weights ready in %.1f s\n", preset.c_str(),
+                real ? "real LlamaModel" : "kernel sequence", graphs ? "on" : "off",
+                Now() - load_start);
+    Report::Row r;
+    r.section = real ? "model" : "kernels";
+    r.model = preset;
+    r.layers = config.num_layers;
+    r.graphs = graphs;
+    r.batch = 1;
+    r.cell = graphs ? "decode b=1 graphs" : "decode b=1 no-graphs";
+    r.seconds = time(1, false, args.steps);
+    r.tokens = 1;
+    r.mbu = weight_bytes / r.seconds / bandwidth;
+    r.note = absl::StrCat("MBU ", static_cast<int>(r.mbu * 100 + 0.5), "% (", weight_bytes >> 20,
+                          " MiB/step)");
+    report->Add(r);
+    RETURN_IF_ERROR(device->status());
+    if (graphs) {
+      graphs_on_b1 = r.seconds;
+    } else {
+      report->Ratio("graphs on/off decode", preset, 1, 1 / graphs_on_b1, 1 / r.seconds);
+      continue;
+    }
+    r.mbu = -1;
+    r.note.clear();
+    for (int b : {8, 64, 256}) {
+      r.batch = b;
+      r.cell = absl::StrCat("decode b=", b);
+      r.seconds = time(b, false, args.steps);
+      r.tokens = b;
+      report->Add(r);
+    }
+    r.batch = 1;
+    r.cell = absl::StrCat("prefill ", kPrefill);
+    r.seconds = time(kPrefill, true, 3);
+    r.tokens = kPrefill;
+    report->Add(r);
+    RETURN_IF_ERROR(device->status());
+  }
+  return absl::OkStatus();
+}
+
+// The engine in its three configurations (see the header), every batch of --engine-batches.
+absl::Status RunEngine(const Args& args, const std::string& preset,
+                       const std::vector<int32_t>& batches, Report* report) {
+  struct Config {
+    const char* name;
+    DeviceSampling sampling;
+    AsyncStep async;
+  };
+  const Config configs[] = {{"device-sampling async", DeviceSampling::kOn, AsyncStep::kOn},
+                            {"device-sampling sync", DeviceSampling::kOn, AsyncStep::kOff},
+                            {"host-sampling sync", DeviceSampling::kOff, AsyncStep::kOff}};
+  const int max_batch = *std::max_element(batches.begin(), batches.end());
+  // tokens/s per configuration, per batch.
+  std::vector<std::vector<double>> speed(3, std::vector<double>(batches.size(), 0));
+  for (int c = 0; c < 3; ++c) {
+    const double load_start = Now();
+    ASSIGN_OR_RETURN(std::unique_ptr<EngineBench> bench,
+                     EngineBench::Create(preset, args.dtype, /*graphs=*/true, configs[c].sampling,
+                                         configs[c].async, std::max(max_batch, 1),
+                                         args.engine_prompt + args.steps + 64));
+    std::printf("# %s engine, %s: samples on device %s, async %s, ready in %.1f s\n",
+                preset.c_str(), configs[c].name, bench->engine().samples_on_device() ? "yes" : "no",
+                bench->engine().steps_async() ? "yes" : "no", Now() - load_start);
+    for (size_t i = 0; i < batches.size(); ++i) {
+      double tokens_per_step = 0;
+      ASSIGN_OR_RETURN(double seconds,
+                       bench->Time(batches[i], args.engine_prompt, args.steps, &tokens_per_step));
+      Report::Row r;
+      r.section = "engine";
+      r.model = preset;
+      r.layers = bench->engine().model_config().num_layers;
+      r.batch = batches[i];
+      r.graphs = true;
+      r.sampling = bench->engine().samples_on_device() ? "device" : "host";
+      r.async = bench->engine().steps_async();
+      r.cell = absl::StrCat("decode b=", batches[i], " ", configs[c].name);
+      r.seconds = seconds;
+      r.tokens = tokens_per_step;
+      if (tokens_per_step != batches[i]) {
+        r.note = absl::StrCat(tokens_per_step, " tokens/step (preempted?)");
+      }
+      report->Add(r);
+      speed[c][i] = tokens_per_step / seconds;
+    }
+    if (auto* cuda = dynamic_cast<CudaDevice*>(&bench->engine().model().device())) {
+      RETURN_IF_ERROR(cuda->status());
+    }
+  }
+  for (size_t i = 0; i < batches.size(); ++i) {
+    report->Ratio("device/host sampling (sync)", preset, batches[i], speed[1][i], speed[2][i]);
+    report->Ratio("async on/off (device sampling)", preset, batches[i], speed[0][i], speed[1][i]);
+  }
+  return absl::OkStatus();
+}
+
+void WriteJson(const std::string& path, const std::string& text) {
+  if (!path.empty()) std::ofstream(path) << text;
+}
+
 int Run(const Args& args) {
+  std::vector<int32_t> batches;
+  if (absl::Status s = ParseIntList(args.engine_batches, "--engine-batches", &batches); !s.ok()) {
+    std::fprintf(stderr, "carpool-bench-gpu-model: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
   if (kernels::cuda::DeviceCount() == 0) {
-    std::fprintf(stderr, "carpool-bench-gpu-model: no CUDA device\n");
-    return 1;
+    std::printf("carpool-bench-gpu-model: skipped: no CUDA device visible\n");
+    WriteJson(args.json, "{\"skipped\": \"no CUDA device visible\"}\n");
+    return 77;
   }
   absl::StatusOr<double> bw = CopyBandwidth();
   if (!bw.ok()) {
@@ -339,88 +613,28 @@ int Run(const Args& args) {
     return 1;
   }
   std::printf("device-to-device copy bandwidth: %.0f GB/s (read + write)\n", *bw / 1e9);
-  std::printf("%-6s %-7s %-22s %12s %12s\n", "model", "layers", "cell", "ms/step", "tokens/s");
-  std::string json = "[\n";
-  auto row = [&](const std::string& model, int layers, const std::string& cell, double sec,
-                 double tokens, const std::string& extra) {
-    std::printf("%-6s %-7d %-22s %12.3f %12.0f %s\n", model.c_str(), layers, cell.c_str(),
-                sec * 1e3, tokens / sec, extra.c_str());
-    std::fflush(stdout);
-    absl::StrAppend(&json, json.size() > 2 ? ",\n" : "", "  {\"model\": \"", model,
-                    "\", \"layers\": ", layers, ", \"cell\": \"", cell,
-                    "\", \"ms_per_step\": ", sec * 1e3, ", \"tokens_per_s\": ", tokens / sec, "}");
-  };
+  std::printf("%-8s %-6s %-7s %-34s %12s %12s\n", "section", "model", "layers", "cell", "ms/step",
+              "tokens/s");
+  Report report;
   const absl::flat_hash_set<std::string> real_presets =
       absl::StrSplit(args.real_model, ',', absl::SkipEmpty());
-  for (absl::string_view preset : absl::StrSplit(args.presets, ',')) {
-    absl::StatusOr<ModelConfig> config = SyntheticConfig(std::string(preset));
-    if (!config.ok()) {
-      std::fprintf(stderr, "%s\n", config.status().ToString().c_str());
-      return 1;
-    }
-    if (args.layers > 0) config->num_layers = std::min(config->num_layers, args.layers);
-    for (bool graphs : {true, false}) {
-      CudaDeviceOptions o;
-      o.storage = args.dtype;
-      o.cuda_graphs = graphs;
-      o.max_num_seqs = 256;
-      o.max_context_len = std::max(args.context, kPrefill);
-      o.max_num_batched_tokens = 2048;
-      absl::StatusOr<std::unique_ptr<CudaDevice>> d = CreateCudaDevice(o);
-      if (!d.ok()) {
-        std::fprintf(stderr, "%s\n", d.status().ToString().c_str());
-        return 1;
-      }
-      // The real model or the written-out kernels: the same cells either way.
-      CudaDevice* device = d->get();
-      const int max_seqs = graphs ? 256 : 1;
-      std::unique_ptr<ModelBench> real;
-      std::unique_ptr<KernelBench> kernels;
-      std::function<double(int, bool, int)> time;
-      int64_t weight_bytes = 0;
-      const double load_start = Now();
-      if (real_presets.contains(std::string(preset))) {
-        real = std::make_unique<ModelBench>(std::string(preset), args.layers, max_seqs,
-                                            args.context);
-        if (absl::Status s = real->Init(std::move(*d)); !s.ok()) {
-          std::fprintf(stderr, "%s: %s\n", std::string(preset).c_str(), s.ToString().c_str());
-          return 1;
-        }
-        weight_bytes = real->model().DecodeWeightBytes();
-        time = [&](int n, bool prefill, int steps) { return real->Time(n, prefill, steps); };
-      } else {
-        kernels = std::make_unique<KernelBench>(*config, device, max_seqs, args.context);
-        if (absl::Status s = kernels->Init(); !s.ok()) {
-          std::fprintf(stderr, "%s: %s\n", std::string(preset).c_str(), s.ToString().c_str());
-          return 1;
-        }
-        weight_bytes = kernels->weight_bytes();
-        time = [&](int n, bool prefill, int steps) { return kernels->Time(n, prefill, steps); };
-      }
-      std::printf("# %s: %s, weights ready in %.1f s\n", std::string(preset).c_str(),
-                  real != nullptr ? "real LlamaModel" : "kernel sequence", Now() - load_start);
-      const std::string model(preset);
-      const double one = time(1, false, args.steps);
-      const double mbu = weight_bytes / one / *bw;
-      row(model, config->num_layers, graphs ? "decode b=1 graphs" : "decode b=1 no-graphs", one, 1,
-          absl::StrCat("MBU ", static_cast<int>(mbu * 100 + 0.5), "% (", weight_bytes >> 20,
-                       " MiB/step)"));
-      if (!graphs) continue;
-      for (int b : {8, 64, 256}) {
-        row(model, config->num_layers, absl::StrCat("decode b=", b),
-            time(b, false, args.steps), b, "");
-      }
-      row(model, config->num_layers, absl::StrCat("prefill ", kPrefill),
-          time(kPrefill, true, 3), kPrefill, "");
-      if (!device->status().ok()) {
-        std::fprintf(stderr, "%s\n", device->status().ToString().c_str());
-        return 1;
-      }
+  int rc = 0;
+  for (absl::string_view preset : absl::StrSplit(args.presets, ',', absl::SkipEmpty())) {
+    const std::string p(preset);
+    if (absl::Status s = RunModel(args, p, real_presets.contains(p), *bw, &report); !s.ok()) {
+      std::fprintf(stderr, "%s: %s\n", p.c_str(), s.ToString().c_str());
+      rc = 1;
     }
   }
-  absl::StrAppend(&json, "\n]\n");
-  if (!args.json.empty()) std::ofstream(args.json) << json;
-  return 0;
+  for (absl::string_view preset : absl::StrSplit(args.engine_presets, ',', absl::SkipEmpty())) {
+    const std::string p(preset);
+    if (absl::Status s = RunEngine(args, p, batches, &report); !s.ok()) {
+      std::fprintf(stderr, "%s engine: %s\n", p.c_str(), s.ToString().c_str());
+      rc = 1;
+    }
+  }
+  WriteJson(args.json, report.Json(*bw));
+  return rc;
 }
 
 }  // namespace
@@ -433,6 +647,11 @@ int main(int argc, char** argv) {
   p.AddString("real-model", &args.real_model,
               "presets run through the real LlamaModel over host-generated weights; the others "
               "run the kernel sequence over weights filled on the device");
+  p.AddString("engine-presets", &args.engine_presets,
+              "presets run through the whole Engine (device vs host sampling, async on/off); "
+              "empty: none");
+  p.AddString("engine-batches", &args.engine_batches, "batch sizes of the engine rows");
+  p.AddInt("engine-prompt", &args.engine_prompt, "prompt tokens of each engine request");
   p.AddInt("layers", &args.layers, "keep only this many layers; 0: all");
   p.AddInt("steps", &args.steps, "timed steps per cell");
   p.AddInt("context", &args.context, "context of every decode sequence");
