@@ -16,7 +16,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "common/clock.h"
 #include "common/flags.h"
 #include "common/status.h"
@@ -299,6 +302,7 @@ int main(int argc, char** argv) {
   std::string model = "synthetic:small";
   int decode_steps = 32;
   int decode_prompt_len = 16;
+  std::string decode_batches = "1,8,32,64";
   int batching_seqs = 16;
   int batching_requests = 256;
   std::string paged_model = "synthetic:tiny";
@@ -339,6 +343,8 @@ int main(int argc, char** argv) {
       },
       "auto, bfloat16 or float32", "auto");
   parser.AddInt("decode-steps", &decode_steps, "timed decode steps per batch size");
+  parser.AddString("decode-batches", &decode_batches,
+                   "comma-separated batch sizes of the decode measurement");
   parser.AddInt("decode-prompt-len", &decode_prompt_len,
                 "prompt tokens of each decode sequence (128 for llama-batched-bench -npp 128)");
   parser.AddInt("batching-seqs", &batching_seqs, "max-num-seqs of the batching comparison");
@@ -421,7 +427,13 @@ int main(int argc, char** argv) {
     if (run("decode")) {
       std::printf("%-8s %12s %10s %12s\n", "batch", "tokens/s", "step ms", "step/floor");
       double base = 0;
-      for (int batch : {1, 8, 32, 64}) {
+      for (absl::string_view b : absl::StrSplit(decode_batches, ',', absl::SkipEmpty())) {
+        int batch = 0;
+        if (!absl::SimpleAtoi(b, &batch) || batch <= 0) {
+          std::fprintf(stderr, "carpool-bench-engine: --decode-batches: not a batch size: %s\n",
+                       std::string(b).c_str());
+          return 2;
+        }
         DecodeResult r = MeasureDecode(engine.get(), batch, decode_prompt_len, decode_steps);
         if (batch == 1) base = r.tokens_per_s;
         std::printf("%-8d %12.1f %10.2f %12.2f\n", batch, r.tokens_per_s, r.step_ms,
@@ -429,7 +441,7 @@ int main(int argc, char** argv) {
         out["decode"][std::to_string(batch)] = {{"tokens_per_s", r.tokens_per_s},
                                                 {"step_ms", r.step_ms},
                                                 {"step_over_floor", r.step_ms / floor_ms},
-                                                {"speedup_vs_batch1", r.tokens_per_s / base}};
+                                                {"speedup_vs_batch1", base > 0 ? r.tokens_per_s / base : 0.0}};
       }
     }
     if (run("prefill")) {

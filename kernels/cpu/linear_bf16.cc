@@ -517,22 +517,17 @@ CARPOOL_AVX512_BF16 void Tile512(const uint16_t* x, int64_t ldx, const uint16_t*
     for (int j = 0; j < C; ++j) acc[i][j] = _mm512_setzero_ps();
   }
   int64_t kk = 0;
-  if constexpr (R == 1) {
-    // One row streams w from memory. The tile's C rows are one contiguous run of C * k
-    // weights, and so are the next tiles'; each block prefetches (into L2) C lines of the run
-    // two tiles ahead, so those lines are in flight while this tile's dot products run. On an
-    // AMD EPYC (Zen 4) the hardware prefetcher alone, facing C short row streams, read 23 GB/s
-    // on two cores where fp32 (rows twice as long) read 33; with this, 36 GB/s (issue 17;
-    // into L1 instead, or one or three tiles ahead, was slower).
-    const char* ahead = reinterpret_cast<const char*>(w + 2 * C * k);
-    for (; kk + kBlock512 <= k; kk += kBlock512) {
-      for (int j = 0; j < C; ++j) {
-        _mm_prefetch(ahead + (kk / kBlock512 * C + j) * 64, _MM_HINT_T1);
-      }
-      Step512<R, C, false>(x, ldx, w, k, kk, 0, acc);
-    }
-  } else {
-    for (; kk + kBlock512 <= k; kk += kBlock512) Step512<R, C, false>(x, ldx, w, k, kk, 0, acc);
+  // The tile's C rows of w are one contiguous run of C * k weights, and so are the next
+  // tiles'; each block prefetches (into L2) C lines of the run two tiles ahead, so those lines
+  // are in flight while this tile's dot products run. On an AMD EPYC (Zen 4) the hardware
+  // prefetcher alone, facing C short row streams, read 23 GB/s on two cores for one row of x
+  // where fp32 (rows twice as long) read 33; with this, 36 GB/s (issue 17; into L1 instead, or
+  // one or three tiles ahead, was slower). Where the run is in L2 already (the later blocks of
+  // rows of a weight pass), the prefetches cost a load slot each and find it there.
+  const char* ahead = reinterpret_cast<const char*>(w + 2 * C * k);
+  for (; kk + kBlock512 <= k; kk += kBlock512) {
+    for (int j = 0; j < C; ++j) _mm_prefetch(ahead + (kk / kBlock512 * C + j) * 64, _MM_HINT_T1);
+    Step512<R, C, false>(x, ldx, w, k, kk, 0, acc);
   }
   if (kk < k) {
     const auto mask = static_cast<__mmask32>((uint64_t{1} << (k - kk)) - 1);
