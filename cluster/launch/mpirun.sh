@@ -28,7 +28,9 @@ options:
   --frontend ENDPOINT   where clients connect (default tcp://127.0.0.1:5555)
   --backend ENDPOINT    --router-outside: where workers connect (default tcp://<host>:5556;
                         one job: chosen by the router and sent over MPI)
-  --hostfile FILE       Open MPI hostfile ("host slots=N" lines) for several nodes
+  --hostfile FILE       Open MPI hostfile ("host slots=N" lines) for several nodes;
+                        --router-outside places the groups with cluster/launch/plan.py
+                        (TP slots of one host each; `plan.py --hostfile FILE --tp N` prints it)
   --router-outside      the resilient layout above
   --restarts N          --router-outside: times a failed group is started again (default 3)
   --oversubscribe       allow more ranks than cores (tests, laptops)
@@ -81,24 +83,23 @@ if [ "$outside" -eq 0 ]; then
   exec "${cmd[@]}"
 fi
 
-# --router-outside: the router here, one mpirun job per group, each restarted on failure.
-hosts=()  # one entry per slot, in hostfile order
-if [ -n "$hostfile" ]; then
-  while read -r host rest; do
-    case "$host" in ''|'#'*) continue ;; esac
-    slots=$(sed -n 's/.*slots=\([0-9]*\).*/\1/p' <<<"$rest")
-    for ((i = 0; i < ${slots:-1}; i++)); do hosts+=("$host"); done
-  done <"$hostfile"
-  if [ ${#hosts[@]} -lt $((workers * tp)) ]; then
-    echo "mpirun.sh: $hostfile has ${#hosts[@]} slots, need $((workers * tp))" >&2; exit 2
-  fi
-fi
+# --router-outside: the router here, one mpirun job per group, each restarted on failure. Where
+# each group goes comes from plan.py (hostfile slots, or this host with WORKERS*TP slots).
 if [ -z "$backend" ]; then
   address=127.0.0.1
   [ -n "$hostfile" ] && address="$(hostname -I 2>/dev/null | awk '{print $1}')"
   backend="tcp://${address:-127.0.0.1}:5556"
 fi
-
+plan_args=(--tp "$tp" --workers "$workers" --model "$model" --bin "$bin" --frontend "$frontend"
+           --backend "$backend")
+address="${backend#tcp://}"
+plan_args+=(--router-address "${address%:*}")
+if [ -n "$hostfile" ]; then
+  plan_args+=(--hostfile "$hostfile")
+else
+  plan_args+=(--hosts "$(hostname):$((workers * tp))")
+fi
+plan="$(python3 "$here/plan.py" "${plan_args[@]}" --format sh)" || exit 2
 pids=()
 stop() {
   trap - INT TERM EXIT
@@ -109,26 +110,26 @@ trap 'stop; exit 130' INT
 trap 'stop; exit 143' TERM
 trap stop EXIT
 
+# The plan's router (its first host: run this script there when a hostfile names others).
+eval "router_cmd=($(sed -n 's/^router [^ ]* - 1 //p' <<<"$plan"))"
 if [ "$dry" -eq 1 ]; then
-  run "$bin/carpool-router" --frontend "$frontend" --backend "$backend"
+  run "${router_cmd[@]}"
 else
-  "$bin/carpool-router" --frontend "$frontend" --backend "$backend" &
+  "${router_cmd[@]}" &
   pids+=($!)
 fi
 
-# Group g runs on the g-th run of tp slots (consecutive slots: one node when slots allow).
+# Group g is the plan's g-th worker: `mpirun --host HOST:TP` (no --host without a hostfile),
+# its GPUs visible to a group (CUDA_VISIBLE_DEVICES), a one-rank worker's named by --gpu.
 group() {
-  local g=$1 flags=("${mpi_flags[@]}")
-  if [ ${#hosts[@]} -gt 0 ]; then
-    flags+=(--host "$(printf '%s\n' "${hosts[@]:$((g * tp)):$tp}" | sort | uniq -c |
-                      awk '{printf "%s%s:%d", (NR > 1 ? "," : ""), $2, $1}')")
-  fi
+  local g=$1 host=$2 gpus=$3 ranks=$4 flags=("${mpi_flags[@]}")
+  shift 4
+  [ -n "$hostfile" ] && flags+=(--host "$host:$ranks")
+  [ "$ranks" -gt 1 ] && flags+=(-x "CUDA_VISIBLE_DEVICES=$gpus")
   local left=$restarts child=0 status
   # stop() signals this subshell; pass it on to the group's mpirun (which drains the leader).
   trap 'kill -TERM $child 2>/dev/null; wait $child; exit 0' INT TERM
-  local cmd=("$mpirun" "${flags[@]}" -np "$tp" "$bin/carpool-worker" --tp "$tp"
-             --router "$backend" --worker-id "$(hostname)-group$g" --model "$model"
-             "${worker_extra[@]}")
+  local cmd=("$mpirun" "${flags[@]}" -np "$ranks" "$@" "${worker_extra[@]}")
   if [ "$dry" -eq 1 ]; then echo "${cmd[*]}"; return 0; fi
   while :; do
     set +e
@@ -143,11 +144,18 @@ group() {
     sleep 1
   done
 }
-for ((g = 0; g < workers; g++)); do
-  if [ "$dry" -eq 1 ]; then group "$g"; continue; fi
-  group "$g" &
-  pids+=($!)
-done
+g=0
+while read -r role host gpus ranks cmd; do
+  [ "$role" = worker ] || continue
+  eval "argv=($cmd)"
+  if [ "$dry" -eq 1 ]; then
+    group "$g" "$host" "$gpus" "$ranks" "${argv[@]}"
+  else
+    group "$g" "$host" "$gpus" "$ranks" "${argv[@]}" &
+    pids+=($!)
+  fi
+  g=$((g + 1))
+done <<<"$plan"
 [ "$dry" -eq 1 ] && exit 0
 # Runs until the router exits (or a signal arrives); the groups follow it.
 wait "${pids[0]}"
