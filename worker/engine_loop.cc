@@ -135,6 +135,9 @@ void EngineLoop::OnEpoch(uint64_t epoch) {
     for (uint64_t id : embeds) CancelEmbed(id);
   }
   owner_epoch_ = epoch;
+  // The I/O thread drops what was stamped before this: the next router may number its epochs
+  // and dispatches as the lost one did, and an old request's tokens would pass for a new one's.
+  (void)pair_->Send({kTagEpochSeen, absl::StrCat(epoch)});
   if (epoch == 0) return;
   // The router forgets a registration's prefix blocks: tell the new one everything held.
   SendKvEvents(/*snapshot=*/true);

@@ -26,12 +26,15 @@ namespace carpool::worker::internal {
 //   I/O -> engine: kTagRouter + a router frame (dispatch, embed dispatch or cancel), kTagEpoch
 //                  + the new epoch (0: re-registering, send nothing), kTagDrain.
 //   engine -> I/O: kTagSend + the epoch it is stamped with + an encoded WorkerMessage,
-//                  kTagDone once drained (the engine thread has exited).
+//                  kTagEpochSeen + an epoch once it took that kTagEpoch (everything it sends
+//                  after was stamped under it), kTagDone once drained (the engine thread has
+//                  exited).
 inline constexpr char kTagRouter[] = "router";
 inline constexpr char kTagEpoch[] = "epoch";
 inline constexpr char kTagDrain[] = "drain";
 inline constexpr char kTagSend[] = "send";
 inline constexpr char kTagDone[] = "done";
+inline constexpr char kTagEpochSeen[] = "epoch_seen";
 inline constexpr char kPairEndpoint[] = "inproc://carpool-worker-engine";
 // Messages queued between the threads before a send fails; generous, the reader never blocks.
 inline constexpr int kPairHighWaterMark = 100000;

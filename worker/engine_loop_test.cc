@@ -141,6 +141,8 @@ class LoopHarness {
     auto frames = io_->Recv(timeout_ms);
     if (!frames.ok() || !frames->has_value()) return std::nullopt;
     const Frames& f = **frames;
+    // The loop's acknowledgement of an epoch, for the I/O thread: not a message to the router.
+    if (f.size() == 2 && f[0] == kTagEpochSeen) return Next(timeout_ms);
     if (f.size() == 1 && f[0] == kTagDone) {
       done_ = true;
       return std::nullopt;

@@ -28,6 +28,7 @@ using internal::kPairHighWaterMark;
 using internal::kTagDone;
 using internal::kTagDrain;
 using internal::kTagEpoch;
+using internal::kTagEpochSeen;
 using internal::kTagRouter;
 using internal::kTagSend;
 using internal::Log;
@@ -100,6 +101,9 @@ class IoLoop {
   std::unique_ptr<Socket> dealer_;
   std::unique_ptr<SocketMonitor> monitor_;  // several routers only
   bool handshaken_ = false;                 // the connection to the current router is up
+  // Epoch 0 was sent to the engine and it has not said it took it: what it sends until then
+  // was stamped for the registration given up, whose epoch number the next one may reuse.
+  bool awaiting_epoch_zero_ = false;
   int64_t router_since_ms_ = 0;             // when the current router was chosen
   Socket* const pair_;
   const SharedLoad* const load_;
@@ -140,6 +144,7 @@ void IoLoop::NextRouter(const std::string& why) {
     // The lost router's requests are its clients' to resume elsewhere: drop them all.
     epoch_ = 0;
     ToEngine({kTagEpoch, "0"});
+    awaiting_epoch_zero_ = true;
   }
   register_pending_ = false;
   if (absl::Status s = ConnectCurrent(); !s.ok()) {
@@ -267,6 +272,7 @@ void IoLoop::OnRegistered(uint64_t epoch) {
     if (epoch_ == 0 && register_pending_) return;
     Log("router does not know epoch ", epoch_, "; registering again");
     epoch_ = 0;
+    awaiting_epoch_zero_ = true;
     router_since_ms_ = NowMillis();  // its router_lost_ms to answer starts now
     ToEngine({kTagEpoch, "0"});
     SendRegister();
@@ -285,7 +291,11 @@ void IoLoop::OnEngineFrames(const Frames& f) {
     engine_done_ = true;
     return;
   }
-  if (f.size() != 3 || f[0] != kTagSend) return;
+  if (f.size() == 2 && f[0] == kTagEpochSeen) {
+    if (f[1] == "0") awaiting_epoch_zero_ = false;
+    return;
+  }
+  if (f.size() != 3 || f[0] != kTagSend || awaiting_epoch_zero_) return;
   // Stamped under an epoch the router no longer knows: it would only be dropped there.
   if (epoch_ == 0 || f[1] != absl::StrCat(epoch_)) return;
   ToRouter(f[2]);

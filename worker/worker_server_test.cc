@@ -613,6 +613,35 @@ TEST(WorkerServerTwoRoutersTest, RegistersWithTheNextRouterUnderANewEpochWhenIts
   for (uint64_t epoch : s.epochs) EXPECT_EQ(epoch, 3u);
 }
 
+// The next router numbers epochs and dispatches from 1 as the lost one did: nothing the engine
+// produced for the lost router's requests may reach it under the reused epoch number.
+TEST(WorkerServerTwoRoutersTest, NothingOfTheLostRoutersRequestsReachesTheNextUnderTheSameEpoch) {
+  LongContextModel model;
+  for (int round = 0; round < 5; ++round) {
+    auto first = std::make_unique<FakeRouter>();
+    FakeRouter second;
+    WorkerServerOptions o = Options(first->endpoint() + "," + second.endpoint(), model.Engine());
+    o.router_lost_ms = 5000;
+    RunningWorker worker(o);
+    ASSERT_TRUE(first->Register(1).has_value());
+    // Many running requests, so steps keep coming while the router goes.
+    for (uint64_t id = 1; id <= 8; ++id) {
+      first->Send(Greedy(id, {256, static_cast<int32_t>(id), 2, 3}, LongContextModel::kMaxLen / 2));
+    }
+    ASSERT_TRUE(first->WaitFor<StepTokensInfo>().has_value());
+    first.reset();
+    ASSERT_TRUE(second.Register(1).has_value());  // the same epoch number
+    int stale_steps = 0;
+    std::optional<HeartbeatInfo> hb = second.WaitFor<HeartbeatInfo>(
+        [](const HeartbeatInfo& h) { return h.load.running == 0; },
+        [&](const WorkerMessage& m) {
+          if (std::holds_alternative<StepTokensInfo>(m)) ++stale_steps;
+        });
+    ASSERT_TRUE(hb.has_value());
+    EXPECT_EQ(stale_steps, 0) << "round " << round << ": steps of the lost router's requests";
+  }
+}
+
 TEST(WorkerServerTwoRoutersTest, SkipsARouterThatIsDownAfterRouterLostMs) {
   std::string down;
   {
