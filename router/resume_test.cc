@@ -81,6 +81,23 @@ TEST_F(ResumeTest, NonStreamedFinalHoldsEveryToken) {
   EXPECT_EQ(f.usage.completion_tokens, 2);
 }
 
+// The standby of a pair gets the resumed streams before the workers have moved to it: it holds
+// them (and checks them once a worker says what the model is).
+TEST_F(ResumeTest, ARouterWithNoWorkerYetHoldsAResumedStreamUntilOneRegisters) {
+  auto client = Dealer(router_->frontend_endpoint(), "c1");
+  SendClient(client.get(), Resumed("r1", {'x', 'y'}, 4, /*stream=*/true));
+  SendClient(client.get(), Resumed("bad", {'x', 300}, 4, /*stream=*/true));
+  EXPECT_FALSE(TryRecvClient(client.get(), 200).has_value());  // nothing refused meanwhile
+  FakeWorker w = StartWorker("w1");
+  DispatchInfo d = w.RecvAs<DispatchInfo>();
+  EXPECT_THAT(d.output_tokens, ElementsAre('x', 'y'));
+  ErrorInfo e = RecvError(client.get());
+  EXPECT_EQ(e.request_id, "bad");
+  EXPECT_THAT(e.message, HasSubstr("resume_tokens[1]"));
+  w.Send(StepTokensInfo{w.epoch, {Token(d.dispatch_id, 'z')}, {}});
+  EXPECT_EQ(RecvClientAs<GenerateChunkOut>(client.get()).index, 2);
+}
+
 TEST_F(ResumeTest, BadResumeTokensAreInvalidArgumentNamingTheField) {
   FakeWorker w = StartWorker("w1");
   auto client = Dealer(router_->frontend_endpoint(), "c1");
