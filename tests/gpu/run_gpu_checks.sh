@@ -150,7 +150,15 @@ if [ -z "$BUNDLE" ]; then
   if grep -q "^carpool GPU bundle" "$ROOT/MANIFEST" 2>/dev/null; then BUNDLE=$ROOT; else BUNDLE=$ROOT/gpu-bundle; fi
 fi
 bundle_env() { echo "$BUNDLE/lib${CUDA_LIBS:+:$CUDA_LIBS}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; }
-bundle_usable() {  # the bundle exists and its binaries load here
+bundle_usable() {  # the bundle exists (unpacked here if needed) and its binaries load here
+  if [ ! -x "$BUNDLE/bin/carpool_cuda_kernels_test" ] && [ -f "$BUNDLE/payload.tar.gz" ]; then
+    if [ ! -w "$BUNDLE" ]; then  # a read-only bundle: unpack a copy
+      mkdir -p /tmp/carpool-gpu-bundle && cp "$BUNDLE/MANIFEST" "$BUNDLE/payload.tar.gz" /tmp/carpool-gpu-bundle/
+      BUNDLE=/tmp/carpool-gpu-bundle
+    fi
+    log "unpacking $BUNDLE/payload.tar.gz"
+    tar -C "$BUNDLE" -xzf "$BUNDLE/payload.tar.gz" >>"$LOG" 2>&1 || return 1
+  fi
   [ -x "$BUNDLE/bin/carpool_cuda_kernels_test" ] || return 1
   LD_LIBRARY_PATH=$(bundle_env) "$BUNDLE/bin/carpool_cuda_kernels_test" --gtest_list_tests \
     >>"$LOG" 2>&1
@@ -275,7 +283,7 @@ gtest_step() {
   local kind=$1 path=$2 name
   shift 2
   name=$(basename "$path")
-  if [ "$MODE" = none ]; then
+  if [ "$GPUS" -eq 0 ]; then
     local listed=""
     [ -x "$path" ] && listed=$("$path" --gtest_list_tests 2>/dev/null | grep -c '^  ')
     step "$kind" "$name" skipped 0 "$NO_GPU_REASON${listed:+ (the binary loads and lists $listed tests)}"
@@ -318,7 +326,10 @@ gtest_step() {
   elif [ "${p:-0}" -eq 0 ] && [ "${s:-0}" -gt 0 ]; then
     status=skipped
   fi
-  [ "${s:-0}" -gt 0 ] && detail="$detail ($(grep -A1 '^\[ *SKIPPED *\]' "$out" | grep -oE '\] [A-Za-z0-9_./]+' | sort -u | head -3 | cut -c3- | tr '\n' ' '))"
+  if [ "${s:-0}" -gt 0 ]; then  # the first skipped tests by name
+    detail="$detail: $(grep -oE '^\[  SKIPPED \] [A-Za-z_][A-Za-z0-9_/]*\.[A-Za-z0-9_/]+' "$out" |
+      cut -c14- | sort -u | head -3 | tr '\n' ' ')"
+  fi
   rm -f "$out"
   step "$kind" "$name" "$status" $(($(elapsed) - t0)) "$detail" "${p:-0}" "${f:-0}" "${s:-0}"
 }

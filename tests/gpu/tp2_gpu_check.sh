@@ -6,7 +6,8 @@
 # synthetic:small in fp32 with --device cuda --tp-transport TRANSPORT (mpi: sums and logits
 # staged through host memory over MPI, which is what one GPU allows, both ranks on it; nccl: on
 # the devices' buffers, which needs a GPU per rank). Greedy tokens of two prompts through the
-# router must equal those of TP=1 on the CPU in fp32 (`carpool generate --model`).
+# router must equal those of TP=1 on the CPU in fp32 (`carpool generate --model`). Each rank
+# takes --gpu-memory-utilization 0.4, so two ranks fit on one GPU.
 #
 # Exit status: 0 equal; 1 they differ or the cluster did not serve (logs printed); 77 skipped,
 # with the reason on stdout (no mpirun, no python3). Environment: CARPOOL_TP2_DEVICE (default
@@ -77,7 +78,8 @@ front="tcp://127.0.0.1:$port"
 echo "TP=2 on $device, --tp-transport $transport: router + one TP-2 worker at $front"
 "$src/cluster/launch/mpirun.sh" --bin "$bin" --model synthetic:small --workers 1 --tp 2 \
   --frontend "$front" --oversubscribe -- --device "$device" --dtype float32 \
-  --tp-transport "$transport" --max-model-len 1024 >"$work/cluster.log" 2>&1 &
+  --tp-transport "$transport" --max-model-len 1024 --gpu-memory-utilization 0.4 \
+  >"$work/cluster.log" 2>&1 &
 launcher_pid=$!
 start=$(date +%s)
 while [ "$(workers "$front")" != 1 ]; do
