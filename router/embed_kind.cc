@@ -36,7 +36,7 @@ std::optional<Arrival> EmbedKind::Receive(ClientMessage& message, const RequestL
 
 std::optional<Refusal> EmbedKind::Admit(Request& r, AdmissionRequest* a) {
   const WorkerRegistry& registry = host_->workers();
-  if (!registry.empty() && !AnyCanEmbed(registry.All())) {
+  if (!registry.empty() && !registry.any_embedder()) {
     return Refusal{absl::StatusCode::kFailedPrecondition, kReasonUnsupported, kNoEmbedWorker, 0};
   }
   // Admitted like a generate request of the inputs' tokens and max_tokens 0, but it keeps no KV.

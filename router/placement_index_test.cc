@@ -431,5 +431,28 @@ TEST(PrefixIndexTest, HoldersFollowEveryWorkersSet) {
   EXPECT_GT(index.MemoryBytes(), 0);
 }
 
+// any_embedder, kept by Register and Remove, says what a scan of every worker says, through
+// registrations, re-registrations that change embed_queue_size, and removals in random order.
+TEST(WorkerRegistryTest, AnyEmbedderFollowsAScanOfEveryWorker) {
+  WorkerRegistry registry;
+  std::mt19937 rng(17);
+  for (int round = 0; round < 2000; ++round) {
+    const std::string id = absl::StrCat("w", rng() % 8);
+    if (rng() % 3 == 0) {
+      registry.Remove(id);
+    } else {
+      RegisterInfo info = Info(id, rng() % 2 ? "m" : "other", 4);
+      info.embed_queue_size = rng() % 4 == 0 ? 64 : 0;
+      std::vector<uint64_t> orphaned;
+      registry.Register(id, info, 0, &orphaned);
+    }
+    const std::vector<const WorkerState*> all = registry.All();
+    const bool scan = std::any_of(all.begin(), all.end(), [](const WorkerState* w) {
+      return w->info.embed_queue_size > 0;
+    });
+    ASSERT_EQ(registry.any_embedder(), scan) << "round " << round;
+  }
+}
+
 }  // namespace
 }  // namespace carpool::router

@@ -17,6 +17,7 @@ uint64_t WorkerRegistry::Register(const std::string& identity, const RegisterInf
     for (uint64_t id : it->second->requests) orphaned->push_back(id);
     for (uint64_t id : it->second->embeds) orphaned->push_back(id);
     old_model = it->second->info.model;
+    if (it->second->info.embed_queue_size > 0) --embedders_;
   } else {
     it = workers_.emplace(identity, std::make_unique<WorkerState>()).first;
   }
@@ -25,6 +26,7 @@ uint64_t WorkerRegistry::Register(const std::string& identity, const RegisterInf
   w = WorkerState();
   w.identity = identity;
   w.info = info;
+  if (info.embed_queue_size > 0) ++embedders_;
   w.epoch = next_epoch_++;
   w.last_seen_micros = now_micros;
   if (moved) Rebuild(old_model);
@@ -50,6 +52,7 @@ std::vector<uint64_t> WorkerRegistry::Remove(const std::string& identity) {
   held.insert(held.end(), it->second->embeds.begin(), it->second->embeds.end());
   std::sort(held.begin(), held.end());
   const std::string model = it->second->info.model;
+  if (it->second->info.embed_queue_size > 0) --embedders_;
   workers_.erase(it);
   Rebuild(model);
   return held;

@@ -97,6 +97,10 @@ class WorkerRegistry {
   std::vector<const WorkerState*> All() const;
   std::vector<WorkerState*> Mutable();
   bool empty() const { return workers_.empty(); }
+  // Whether any registered worker serves embeddings (embed_queue_size > 0, draining or not).
+  // O(1): a count kept by Register and Remove, so an embed request's admission does not read
+  // every worker.
+  bool any_embedder() const { return embedders_ > 0; }
 
   // The placement index of `model`'s workers (PlacementIndex::workers(): ordered by identity,
   // built again only when one of them registers or leaves); null when none serves it. O(1).
@@ -116,6 +120,7 @@ class WorkerRegistry {
   absl::flat_hash_map<std::string, std::unique_ptr<WorkerState>> workers_;
   absl::flat_hash_map<std::string, std::unique_ptr<PlacementIndex>> models_;
   uint64_t next_epoch_ = 1;
+  int embedders_ = 0;  // registered workers with embed_queue_size > 0
 };
 
 }  // namespace carpool::router
