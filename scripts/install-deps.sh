@@ -18,6 +18,7 @@ packages=(
   libcpp-httplib-dev libboost-dev
   libpcre2-dev libicu-dev
   libsqlite3-dev
+  iproute2
   python3 python3-zmq python3-protobuf python3-numpy python3-pytest python3-matplotlib python3-requests python3-prometheus-client python3-jinja2
 )
 
