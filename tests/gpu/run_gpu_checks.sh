@@ -134,9 +134,14 @@ for d in "${NVCC:+$(dirname "$NVCC")/../lib64}" "${NVCC:+$(dirname "$NVCC")/../l
   [ -n "$d" ] && add_libdir "$(cd "$d" 2>/dev/null && pwd)"
 done
 if [ "$GPUS" -gt 0 ]; then
+  in_cuda_libs() {
+    local d
+    IFS=: read -ra dirs <<<"$CUDA_LIBS"
+    for d in "${dirs[@]}"; do [ -e "$d/$1" ] && return 0; done
+    return 1
+  }
   for lib in libnccl.so.2 libcublasLt.so.13 libcudart.so.13; do
-    if ! ldconfig -p 2>/dev/null | grep -q "$lib" &&
-      ! ls ${CUDA_LIBS//:/\/$lib } "${CUDA_LIBS##*:}/$lib" >/dev/null 2>&1; then
+    if ! ldconfig -p 2>/dev/null | grep -q "$lib" && ! in_cuda_libs "$lib"; then
       found=$(find /usr/local /opt /usr/lib -maxdepth 9 -name "$lib" 2>/dev/null | head -1)
       [ -n "$found" ] && add_libdir "$(dirname "$found")" && log "found $lib in $(dirname "$found")"
     fi
