@@ -110,8 +110,8 @@ int main(int argc, char** argv) {
                    "tcp://A:5556,tcp://B:5556 (registers with the first that answers, the next "
                    "once it is lost); none: under mpirun, the job's carpool-router rank");
   parser.AddInt("router-lost-ms", &options.router_lost_ms,
-                "with several --router endpoints: a router silent (no ZMTP heartbeat answer, "
-                "no registration) this long is lost, and the worker registers with the next");
+                "a router silent this long (no ZMTP heartbeat answer, no registration) is lost: "
+                "the worker registers again, with the next --router endpoint if there are several");
   // With the device flags (--device, --gpu, --dtype, ...) into options.engine.device.
   carpool::worker::RegisterEngineFlags(&parser, &options.engine);
   parser.AddString("worker-id", &options.worker_id, "routing id; none: hostname:pid");

@@ -69,12 +69,12 @@ class IoLoop {
   void Run();
 
  private:
-  // Opens the DEALER (and, with several routers, its monitor) to routers_[current_].
+  // Opens the DEALER and its monitor to routers_[current_].
   absl::Status ConnectCurrent();
-  // Several routers: the current one is lost (`why`); registers with the next.
+  // The current router is lost (`why`): registers with the next (the same one again when
+  // there is one), under a new epoch.
   void NextRouter(const std::string& why);
   void ReadMonitor();
-  bool failover() const { return routers_.size() > 1; }
   void PollOnce(int timeout_ms);
   void ReadRouter();
   void ReadEngine();
@@ -99,7 +99,7 @@ class IoLoop {
   size_t current_ = 0;  // the router served: routers_[current_]
   // Destroyed monitor first, then the DEALER it watches.
   std::unique_ptr<Socket> dealer_;
-  std::unique_ptr<SocketMonitor> monitor_;  // several routers only
+  std::unique_ptr<SocketMonitor> monitor_;
   bool handshaken_ = false;                 // the connection to the current router is up
   // Epoch 0 was sent to the engine and it has not said it took it: what it sends until then
   // was stamped for the registration given up, whose epoch number the next one may reuse.
@@ -129,10 +129,10 @@ absl::Status IoLoop::ConnectCurrent() {
   handshaken_ = false;
   router_since_ms_ = NowMillis();
   ASSIGN_OR_RETURN(dealer_, Socket::Create(context_, zmq::socket_type::dealer, dealer_options_));
-  if (failover()) {
-    // Before Connect: no event is missed.
-    ASSIGN_OR_RETURN(monitor_, SocketMonitor::Start(context_, dealer_.get()));
-  }
+  // Before Connect: no event is missed. With one router too: a dropped TCP connection loses
+  // what was in flight on it, which only a new registration (the router resumes the old
+  // epoch's requests) recovers.
+  ASSIGN_OR_RETURN(monitor_, SocketMonitor::Start(context_, dealer_.get()));
   return dealer_->Connect(routers_[current_]);
 }
 
@@ -304,7 +304,7 @@ void IoLoop::OnEngineFrames(const Frames& f) {
 void IoLoop::Tick() {
   if (!draining_ && drain_requested_->load(std::memory_order_relaxed)) StartDrain("signal");
   const int64_t now = NowMillis();
-  if (failover() && epoch_ == 0 && now - router_since_ms_ >= options_.router_lost_ms) {
+  if (epoch_ == 0 && now - router_since_ms_ >= options_.router_lost_ms) {
     // Not registered with this router within router_lost_ms: down, or not answering.
     NextRouter(absl::StrCat("no registration within ", options_.router_lost_ms, " ms"));
     return;
@@ -466,12 +466,10 @@ absl::Status WorkerServer::Run() {
   // heartbeats), and flush `deregister` at exit.
   dealer_options.immediate = true;
   dealer_options.linger_ms = options_.linger_ms;
-  if (WorkerServer::RouterEndpoints(options_.router_endpoint).size() > 1) {
-    // A router that stops answering (its host gone, a network cut) is noticed without waiting
-    // for TCP: no traffic for router_lost_ms after a PING drops the connection.
-    dealer_options.zmtp_heartbeat_ms = std::max(1, options_.router_lost_ms / 3);
-    dealer_options.zmtp_heartbeat_timeout_ms = options_.router_lost_ms;
-  }
+  // A router that stops answering (its host gone, a network cut) is noticed without waiting
+  // for TCP: no traffic for router_lost_ms after a PING drops the connection.
+  dealer_options.zmtp_heartbeat_ms = std::max(1, options_.router_lost_ms / 3);
+  dealer_options.zmtp_heartbeat_timeout_ms = options_.router_lost_ms;
   SocketOptions pair_options;
   pair_options.high_water_mark = kPairHighWaterMark;
   ASSIGN_OR_RETURN(std::unique_ptr<Socket> io_pair,

@@ -562,14 +562,11 @@ TEST(WorkerServerReconnectTest, RegistersWithARouterThatComesUpLaterAndAfterItRe
     ASSERT_TRUE(hb.has_value());
     EXPECT_EQ(hb->epoch, 7u);
   }
+  // The restarted router on the same endpoint: the worker saw its connection drop, gave up
+  // epoch 7 and registers again at once (nothing of epoch 7 reaches the new router).
   FakeRouter second(endpoint);
-  std::optional<HeartbeatInfo> stale = second.WaitFor<HeartbeatInfo>();
-  ASSERT_TRUE(stale.has_value());
-  EXPECT_EQ(stale->epoch, 7u);
-  second.Send(RegisterAckInfo{0});
   ASSERT_TRUE(second.Register(9).has_value());
-  std::optional<HeartbeatInfo> hb =
-      second.WaitFor<HeartbeatInfo>([](const HeartbeatInfo& h) { return h.epoch != 7; });
+  std::optional<HeartbeatInfo> hb = second.WaitFor<HeartbeatInfo>();
   ASSERT_TRUE(hb.has_value());
   EXPECT_EQ(hb->epoch, 9u);
   second.Send(Greedy(4, {256, 9, 9}, 3));
