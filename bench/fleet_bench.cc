@@ -9,7 +9,8 @@
 //            that), which splits it into a cost per heartbeat and a fixed part (the router's
 //            periodic passes over its workers);
 //   load     requests/s through the router from several clients keeping many minimal requests
-//            in flight (a short prompt, max_tokens 1), and router CPU per request;
+//            in flight (a short prompt, max_tokens 1), and router CPU per request (all its
+//            threads, and of it the ZeroMQ I/O threads', /proc/<pid>/task/*/stat);
 //   latency  p50 / p99 round trip of one request at a time (the fleet answers at once with
 //            --step-ms 0, so this is client -> router -> worker -> router -> client);
 // and, in process, without sockets, the router's per-request placement work at N workers, the
@@ -27,6 +28,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <random>
@@ -89,12 +91,15 @@ double Percentile(std::vector<double> v, double p) {
   return v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
 }
 
-// utime + stime of `pid`, in seconds; -1 when unreadable.
-double CpuSeconds(pid_t pid) {
-  std::ifstream f(absl::StrCat("/proc/", pid, "/stat"));
+// utime + stime in a /proc .../stat file, in seconds; -1 when unreadable. `comm`, when given,
+// gets the command (a thread's name).
+double StatCpuSeconds(const std::string& path, std::string* comm = nullptr) {
+  std::ifstream f(path);
   std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const size_t open = stat.find('(');
   const size_t close = stat.rfind(')');
-  if (close == std::string::npos) return -1;
+  if (open == std::string::npos || close == std::string::npos || close < open) return -1;
+  if (comm != nullptr) *comm = stat.substr(open + 1, close - open - 1);
   std::istringstream rest(stat.substr(close + 2));
   std::string field;
   // Fields after the command: state is field 3; utime and stime are fields 14 and 15.
@@ -104,6 +109,23 @@ double CpuSeconds(pid_t pid) {
     if (i == 15) stime = std::stoull(field);
   }
   return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// utime + stime of `pid`, every thread, in seconds; -1 when unreadable.
+double CpuSeconds(pid_t pid) { return StatCpuSeconds(absl::StrCat("/proc/", pid, "/stat")); }
+
+// utime + stime of `pid`'s ZeroMQ I/O threads (named "ZMQbg/IO/<k>"), in seconds: the sockets'
+// own work (TCP reads and writes, ZMTP framing) besides the router's loop.
+double ZmqIoCpuSeconds(pid_t pid) {
+  const std::string dir = absl::StrCat("/proc/", pid, "/task");
+  double total = 0;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    std::string comm;
+    const double cpu = StatCpuSeconds(entry.path().string() + "/stat", &comm);
+    if (cpu >= 0 && comm.rfind("ZMQbg/IO", 0) == 0) total += cpu;
+  }
+  return total;
 }
 
 // Bytes this process has allocated from malloc now.
@@ -154,6 +176,7 @@ struct EndToEnd {
   double idle_core_share_alt = 0;  // the same at Config::alt_heartbeat_ms; 0: not measured
   double rps = 0;
   double router_us_per_request = 0;
+  double router_io_us_per_request = 0;  // of it, the ZeroMQ I/O threads'
   int64_t refused = 0;             // requests answered with an error under load
   double p50_us = 0, p99_us = 0;
 };
@@ -259,6 +282,7 @@ EndToEnd RunEndToEnd(const Config& c, int n, PlacementPolicy policy, bool alt_he
   std::atomic<int64_t> refused{0};
   std::atomic<bool> failed{false};
   double cpu0 = CpuSeconds(router.pid());
+  const double io0 = ZmqIoCpuSeconds(router.pid());
   const auto w0 = Clock::now();
   std::vector<std::thread> clients;
   const int per_client = c.requests / c.clients;
@@ -272,6 +296,7 @@ EndToEnd RunEndToEnd(const Config& c, int n, PlacementPolicy policy, bool alt_he
   for (std::thread& t : clients) t.join();
   const double wall = Seconds(Clock::now() - w0);
   const double cpu = CpuSeconds(router.pid()) - cpu0;
+  const double io = ZmqIoCpuSeconds(router.pid()) - io0;
   if (failed.load()) {
     r.error = "a client got no answer for 10 s";
     return r;
@@ -279,6 +304,7 @@ EndToEnd RunEndToEnd(const Config& c, int n, PlacementPolicy policy, bool alt_he
   const int total = per_client * c.clients;
   r.rps = total / wall;
   r.router_us_per_request = cpu * 1e6 / total;
+  r.router_io_us_per_request = io * 1e6 / total;
   r.refused = refused.load();
 
   zmq::context_t ctx(1);
@@ -582,8 +608,9 @@ int main(int argc, char** argv) {
     c.bin_dir = self.find('/') == std::string::npos ? "." : self.substr(0, self.rfind('/'));
   }
   nlohmann::json results = nlohmann::json::array();
-  std::printf("%6s %-16s %9s %9s %9s %9s %9s | %9s %9s %9s | %9s %9s %9s\n", "N", "policy",
-              "idle %cpu", "req/s", "cpu us/r", "p50 us", "p99 us", "index ns", "update ns",
+  std::printf("%6s %-16s %9s %9s %9s %9s %9s %9s | %9s %9s %9s | %9s %9s %9s\n", "N", "policy",
+              "idle %cpu", "req/s", "cpu us/r", "zmq io", "p50 us", "p99 us", "index ns",
+              "update ns",
               "admit ns", "list ns", "view ns", "place ns");
   for (int n : c.workers) {
     const int64_t heap0 = HeapBytes();
@@ -610,10 +637,10 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "N=%d %s: %s\n", n, carpool::router::PlacementPolicyName(policy),
                      e.error.c_str());
       }
-      std::printf("%6d %-16s %9.2f %9.0f %9.1f %9.0f %9.0f | %9.0f %9.0f %9.0f | %9.0f %9.0f "
-                  "%9.0f\n",
+      std::printf("%6d %-16s %9.2f %9.0f %9.1f %9.1f %9.0f %9.0f | %9.0f %9.0f %9.0f | %9.0f "
+                  "%9.0f %9.0f\n",
                   n, carpool::router::PlacementPolicyName(policy), 100 * e.idle_core_share, e.rps,
-                  e.router_us_per_request, e.p50_us, e.p99_us, m.indexed_ns, m.update_ns,
+                  e.router_us_per_request, e.router_io_us_per_request, e.p50_us, e.p99_us, m.indexed_ns, m.update_ns,
                   m.admission_ns, m.list_ns, m.view_ns, m.place_ns);
       if (policy == PlacementPolicy::kPrefixAffinity) {
         std::printf("%6s prefix_affinity, the router's way: %.0f ns with the prompt's blocks "
@@ -649,6 +676,7 @@ int main(int argc, char** argv) {
                          {"idle_fixed_core_share", fixed_share},
                          {"requests_per_s", e.rps},
                          {"router_cpu_us_per_request", e.router_us_per_request},
+                         {"router_zmq_io_cpu_us_per_request", e.router_io_us_per_request},
                          {"refused_under_load", e.refused},
                          {"latency_p50_us", e.p50_us},
                          {"latency_p99_us", e.p99_us},

@@ -580,14 +580,16 @@ class Suite:
             "(kept as the reference the index is tested against).", "",
             "```", "carpool-bench-fleet --json FILE", "```", "",
             "| workers | policy | placement + admission µs | linear µs | req/s | router CPU µs / "
-            "req | p50 / p99 round trip µs | idle router, share of a core |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+            "req | of it ZeroMQ I/O threads | p50 / p99 round trip µs | idle router, share of a "
+            "core |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in rows:
             admit = r["admission_cycle_ns"]
             indexed = (r["indexed_place_ns"] + admit) / 1000
             linear = (r["worker_list_ns"] + r["placement_view_ns"] + r["place_ns"] + admit) / 1000
             md.append(f"| {r['workers']} | {r['policy']} | {indexed:.2f} | {linear:.2f} | "
                       f"{r['requests_per_s']:,.0f} | {r['router_cpu_us_per_request']:.1f} | "
+                      f"{r.get('router_zmq_io_cpu_us_per_request', 0):.1f} | "
                       f"{r['latency_p50_us']:.0f} / {r['latency_p99_us']:.0f} | "
                       f"{100 * r['idle_router_core_share']:.1f}% |")
         biggest = max(r["workers"] for r in rows)
