@@ -81,6 +81,7 @@ struct Config {
   int hot_holders = 8;
   bool micro_only = false;
   std::string bin_dir;
+  int io_threads = 1;  // the router's --io-threads
 };
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
@@ -262,7 +263,8 @@ EndToEnd RunEndToEnd(const Config& c, int n, PlacementPolicy policy, bool alt_he
                                        router::PlacementPolicyName(policy));
   testing::Subprocess router({c.bin_dir + "/carpool-router", "--frontend", "tcp://127.0.0.1:*",
                               "--backend", "tcp://127.0.0.1:*", "--placement",
-                              router::PlacementPolicyName(policy)},
+                              router::PlacementPolicyName(policy), "--io-threads",
+                              absl::StrCat(c.io_threads)},
                              tmp + "_router.log");
   testing::RouterEndpoints ep;
   if (!testing::WaitForRouterEndpoints(router, &ep)) {
@@ -332,7 +334,8 @@ EndToEnd RunEndToEnd(const Config& c, int n, PlacementPolicy policy, bool alt_he
     // A fresh router: one that served the first fleet still keeps its workers' metrics.
     testing::Subprocess alt({c.bin_dir + "/carpool-router", "--frontend", "tcp://127.0.0.1:*",
                              "--backend", "tcp://127.0.0.1:*", "--placement",
-                             router::PlacementPolicyName(policy), "--heartbeat-timeout-ms",
+                             router::PlacementPolicyName(policy), "--io-threads",
+                             absl::StrCat(c.io_threads), "--heartbeat-timeout-ms",
                              absl::StrCat(std::max(1000, 5 * c.alt_heartbeat_ms))},
                             tmp + "_alt_router.log");
     testing::RouterEndpoints alt_ep;
@@ -558,6 +561,7 @@ absl::Status ParseConfig(int argc, char** argv, Config* c, std::string* json_pat
   flags.AddBool("micro-only", &c->micro_only, "only the in-process measurements");
   flags.AddInt("hot-holders", &c->hot_holders,
                "prefix_affinity: also time prompts whose blocks this many workers cache");
+  flags.AddInt("io-threads", &c->io_threads, "the router's --io-threads");
   flags.AddString("bin-dir", &c->bin_dir, "where carpool-router is; none: this binary's folder");
   flags.AddString("json", json_path, "also write the results to this file");
   if (absl::Status s = flags.Parse(argc, argv, 1); !s.ok()) {

@@ -63,6 +63,10 @@ absl::Status RouterOptions::Validate() const {
   }
   RETURN_IF_ERROR(admission.Validate());
   if (max_migrations < 0) return absl::InvalidArgumentError("--max-migrations must be >= 0");
+  if (io_threads < 1 || io_threads > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--io-threads must be in [1, 64], got ", io_threads));
+  }
   if (stall_timeout_ms < 0) return absl::InvalidArgumentError("--stall-timeout-ms must be >= 0");
   if (affinity_load_weight < 0) {
     return absl::InvalidArgumentError("--affinity-load-weight must be >= 0");
@@ -92,6 +96,7 @@ absl::Status RouterOptions::Validate() const {
 Router::Impl::Impl(const RouterOptions& o)
     : options_(o),
       clock_(o.clock ? o.clock : Clock::Real()),
+      context_(o.io_threads),
       stats_(o),
       models_(ByteModelsChatTemplate(o.chat_template)) {
   options_.admission.clock = clock_;

@@ -77,6 +77,10 @@ struct RouterOptions {
   AdmissionOptions admission;
   // Times a request may move to another worker after its worker died. Default: 3.
   int max_migrations = 3;
+  // ZeroMQ I/O threads (the context's ZMQ_IO_THREADS): the sockets' TCP reads and writes and
+  // ZMTP framing run on them, one connection on one thread, so with many workers and clients
+  // more threads spread that work over cores. Default: 1.
+  int io_threads = 1;
   // Progress watchdog: a worker holding dispatched requests that shows no progress (no token,
   // embed answer or change of its KV use) for max(stall_timeout_ms, kStallSteps x its measured
   // step time) is stalled: marked unhealthy, its requests move as for a death. 0: off.

@@ -115,6 +115,9 @@ int main(int argc, char** argv) {
   flags.AddBytes("max-request-bytes", &options.max_request_bytes, "largest client message");
   flags.AddInt("max-migrations", &options.max_migrations,
                "times a request may move after its worker died");
+  flags.AddInt("io-threads", &options.io_threads,
+               "ZeroMQ I/O threads for the router's sockets (TCP and ZMTP work of its "
+               "connections), 1-64");
   flags.AddString("http", &http.listen,
                   "serve the OpenAI-compatible HTTP API on HOST:PORT, port 0 picks one; "
                   "none: off (docs/http.md)");

@@ -443,5 +443,29 @@ TEST_F(RouterTest, ABatchOnlyTenantsRequestNamingNoClassRunsAsBatch) {
   EXPECT_THAT(e.message, HasSubstr("batch"));
 }
 
+// --io-threads: outside [1, 64] is refused naming the flag; with 4 the router serves as with one.
+TEST(RouterOptionsTest, IoThreadsAreCheckedAndServe) {
+  for (int bad : {0, -1, 65}) {
+    RouterOptions o;
+    o.io_threads = bad;
+    EXPECT_THAT(o.Validate().message(), HasSubstr("--io-threads")) << bad;
+  }
+}
+
+TEST_F(RouterTest, SeveralIoThreadsServeAsOne) {
+  RouterOptions o;
+  o.io_threads = 4;
+  ScriptedRouterTest::StartRouter(std::move(o));
+  FakeWorker w = StartWorker("w1");
+  auto client = Dealer(router_->frontend_endpoint(), "c1");
+  SendClient(client.get(), Request("r1", {256, 65}, 1, /*stream=*/false));
+  DispatchInfo d = w.RecvAs<DispatchInfo>();
+  EXPECT_EQ(d.prompt_tokens, (std::vector<int32_t>{256, 65}));
+  w.Send(StepTokensInfo{w.epoch, {Token(d.dispatch_id, 'x', true)}, {}});
+  ServerMessage m = RecvClient(client.get());
+  ASSERT_TRUE(std::holds_alternative<GenerateFinalOut>(m));
+  EXPECT_EQ(std::get<GenerateFinalOut>(m).request_id, "r1");
+}
+
 }  // namespace
 }  // namespace carpool::router
