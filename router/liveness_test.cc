@@ -1,7 +1,8 @@
 // Liveness of requests: the router in-process on a fake clock, against scripted workers and
 // clients on real ZeroMQ sockets. A queued request with no worker ends no_workers after
 // --no-worker-timeout-ms; a worker that heartbeats but never steps is stalled by the progress
-// watchdog and its stream resumes, unbroken, on another worker.
+// watchdog and its stream resumes, unbroken, on another worker; a stalled worker whose load then
+// drains to nothing is placed again, one whose load does not stays stalled.
 #include <chrono>
 #include <thread>
 
@@ -47,6 +48,20 @@ class LivenessTest : public ScriptedRouterTest {
       if (w.worker_id == worker) return w.kv_used_blocks;
     }
     return -1;
+  }
+  // Whether `worker` is listed and healthy (registered, heartbeating, not stalled or draining).
+  static bool Healthy(const StatsOut& stats, const std::string& worker) {
+    for (const WorkerStatsOut& w : stats.workers) {
+      if (w.worker_id == worker) return w.healthy;
+    }
+    return false;
+  }
+  // A heartbeat whose load reports what the worker's engine has not finished.
+  static void HeartbeatRunning(FakeWorker& w, int running, int waiting = 0) {
+    WorkerLoad load;
+    load.running = running;
+    load.waiting = waiting;
+    w.Send(HeartbeatInfo{w.epoch, load});
   }
   StatsOut Stats(Socket* c) {
     SendClient(c, StatsQuery{});
@@ -338,6 +353,90 @@ TEST_F(LivenessTest, AStallWhoseRequestsLeftWithTheirClientEndsThemAllCleanly) {
   EXPECT_EQ(stats.inflight, 0);
   ASSERT_EQ(stats.workers.size(), 1u);
   EXPECT_EQ(stats.workers[0].outstanding_tokens, 0);
+}
+
+// A stalled worker holds nothing once its requests moved away, so it can show no progress; its
+// heartbeats going from the sequence it ran to nothing running or waiting (its engine took the
+// cancel) make it healthy again, and it serves the next request.
+TEST_F(LivenessTest, AStalledWorkerWhoseLoadDrainsIsPlacedAgain) {
+  StartRouter();
+  FakeWorker w1 = StartWorker("w1");
+  auto client = Dealer(router_->frontend_endpoint(), "c1");
+  SendClient(client.get(), Request("r1", 4, /*stream=*/false));
+  const DispatchInfo d1 = w1.RecvAs<DispatchInfo>();
+  HeartbeatRunning(w1, 1);
+  FakeWorker w2 = StartWorker("w2", /*max_seqs=*/1);
+  Advance(10'100);
+  HeartbeatRunning(w1, 1);  // hung: its load still shows the sequence
+  w2.Heartbeat();
+  const DispatchInfo d2 = w2.RecvAs<DispatchInfo>();  // r1 moved
+  EXPECT_EQ(w1.RecvAs<WorkerCancelInfo>().dispatch_id, d1.dispatch_id);
+  // Before its engine took the cancel, its load still shows the sequence: it stays stalled,
+  // and the next request (w2 is full) waits.
+  HeartbeatRunning(w1, 1);
+  SendClient(client.get(), Request("r2", 4, /*stream=*/false));
+  EXPECT_FALSE(w1.Recv(kQuietMs).has_value());
+  StatsOut s = Stats(client.get());
+  EXPECT_FALSE(Healthy(s, "w1"));
+  EXPECT_EQ(s.queued, 1);
+  // The engine took the cancel: nothing running or waiting. w1 is placed again.
+  HeartbeatRunning(w1, 0);
+  const DispatchInfo d3 = w1.RecvAs<DispatchInfo>();
+  EXPECT_EQ(d3.prompt_tokens, (std::vector<int32_t>{1, 2}));
+  EXPECT_TRUE(Healthy(Stats(client.get()), "w1"));
+  w1.Send(Step(w1, d3.dispatch_id, 7, /*finished=*/true));
+  const GenerateFinalOut f2 = RecvClientAs<GenerateFinalOut>(client.get());
+  EXPECT_EQ(f2.request_id, "r2");
+  EXPECT_EQ(f2.usage.completion_tokens, 1);
+  w2.Send(Step(w2, d2.dispatch_id, 8, /*finished=*/true));
+  EXPECT_EQ(RecvClientAs<GenerateFinalOut>(client.get()).request_id, "r1");
+  s = Stats(client.get());
+  EXPECT_TRUE(Healthy(s, "w1"));
+  EXPECT_TRUE(Healthy(s, "w2"));
+  EXPECT_EQ(s.inflight, 0);
+  EXPECT_EQ(s.queued, 0);
+}
+
+// Heartbeats alone say nothing of an engine that hung: one whose load still shows its sequences,
+// and one whose load never showed the request it hung on (its last load was from before), both
+// stay stalled, and a request with no other worker ends no_workers.
+TEST_F(LivenessTest, AStalledWorkerWhoseLoadDoesNotDrainStaysStalled) {
+  max_migrations_ = 0;  // the stalled workers' requests end worker_lost: the workers hold nothing
+  StartRouter();
+  FakeWorker shows = StartWorker("shows", /*max_seqs=*/1);
+  auto client = Dealer(router_->frontend_endpoint(), "c1");
+  SendClient(client.get(), Request("r1", 4, /*stream=*/false));
+  shows.RecvAs<DispatchInfo>();
+  FakeWorker silent = StartWorker("silent", /*max_seqs=*/1);
+  SendClient(client.get(), Request("r2", 4, /*stream=*/false));
+  silent.RecvAs<DispatchInfo>();
+  HeartbeatRunning(shows, 1, /*waiting=*/1);
+  silent.Heartbeat();
+  Advance(10'100);
+  HeartbeatRunning(shows, 1, 1);
+  silent.Heartbeat();
+  for (int i = 0; i < 2; ++i) {
+    const ErrorInfo e = RecvClientAs<ErrorInfo>(client.get());
+    EXPECT_EQ(e.reason, reason::kWorkerLost) << e.request_id;
+  }
+  shows.RecvAs<WorkerCancelInfo>();
+  silent.RecvAs<WorkerCancelInfo>();
+  SendClient(client.get(), Request("r3", 4, /*stream=*/false));
+  for (int i = 0; i < 3; ++i) {
+    Advance(1'000);
+    HeartbeatRunning(shows, 1, 1);
+    silent.Heartbeat();
+    EXPECT_FALSE(shows.Recv(kQuietMs).has_value());
+    EXPECT_FALSE(silent.Recv(0).has_value());
+  }
+  const StatsOut s = Stats(client.get());
+  EXPECT_FALSE(Healthy(s, "shows"));
+  EXPECT_FALSE(Healthy(s, "silent"));
+  EXPECT_EQ(s.queued, 1);
+  Advance(30'000);
+  const ErrorInfo e = RecvClientAs<ErrorInfo>(client.get());
+  EXPECT_EQ(e.request_id, "r3");
+  EXPECT_EQ(e.reason, reason::kNoWorkers);
 }
 
 }  // namespace

@@ -193,6 +193,9 @@ class Router::Impl final : public RequestHost {
   void CheckWorkers(int64_t now);
   // The progress watchdog (RouterOptions::stall_timeout_ms).
   void NoteProgress(WorkerState* w, int64_t now, bool step);
+  // Marks a stalled worker healthy again (placement and the admission budget count it); `why`
+  // ends up in the log line.
+  void Unstall(WorkerState* w, const char* why);
   void CheckStalls(int64_t now);
   void FailQueuedThatCannotRun();
   // The admission limits from the serving workers: in-flight budget, largest worker, any at all.

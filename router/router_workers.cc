@@ -11,6 +11,11 @@ namespace {
 // TryDispatch passes over at most this many queued requests it finds no worker for, per call.
 constexpr size_t kMaxUnplacedPerPass = 16;
 
+// Whether a worker's engine reports sequences or embed inputs it has not finished.
+bool ShowsWork(const WorkerLoad& l) {
+  return l.running > 0 || l.waiting > 0 || l.embed_queued > 0;
+}
+
 }  // namespace
 
 // ---- dispatch
@@ -246,7 +251,13 @@ void Router::Impl::OnWorkerMessage(const std::string& identity, WorkerMessage m)
   if (auto* h = std::get_if<HeartbeatInfo>(&m)) {
     // A change of KV use between two steps is a long prefill advancing chunk by chunk.
     if (h->load.kv_used_blocks != w->load.kv_used_blocks) NoteProgress(w, now, /*step=*/false);
+    // A stalled worker holds nothing (its requests moved away), so it can show no progress. Its
+    // engine is alive once its load goes from the work it showed to none: the engine processed
+    // the cancels of the moved requests (a hung engine publishes no new load; one that hung
+    // before it ever showed the work never goes from work to none, and stays stalled).
+    const bool drained = w->stalled && !w->busy() && ShowsWork(w->load) && !ShowsWork(h->load);
     w->load = h->load;
+    if (drained) Unstall(w, "is alive and idle again (its load shows nothing running or waiting)");
     if (h->embed_batcher.has_value()) {
       stats_.metrics().UpdateEmbedBatcher(w->info.worker_id, *h->embed_batcher);
     }
@@ -370,12 +381,14 @@ void Router::Impl::NoteProgress(WorkerState* w, int64_t now, bool step) {
     w->step_micros = std::max(took, 0.8 * w->step_micros + 0.2 * took);
   }
   w->last_progress_micros = now;
-  if (w->stalled) {
-    w->stalled = false;
-    registry_.Changed(w);
-    std::cerr << "carpool-router: worker " << w->info.worker_id << " makes progress again\n";
-    UpdateCapacity();
-  }
+  if (w->stalled) Unstall(w, "makes progress again");
+}
+
+void Router::Impl::Unstall(WorkerState* w, const char* why) {
+  w->stalled = false;
+  registry_.Changed(w);
+  std::cerr << "carpool-router: worker " << w->info.worker_id << " " << why << ": recovered\n";
+  UpdateCapacity();
 }
 
 void Router::Impl::CheckStalls(int64_t now) {
