@@ -203,7 +203,7 @@ class Router::Impl final : public RequestHost {
 
   RouterOptions options_;
   Clock* clock_;
-  zmq::context_t context_{1};
+  zmq::context_t context_;  // options_.io_threads I/O threads
   std::unique_ptr<ZapHandler> zap_;
   std::unique_ptr<Socket> frontend_;
   std::unique_ptr<Socket> inproc_;  // in-process clients (inproc_endpoint_)
