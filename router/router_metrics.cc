@@ -275,12 +275,19 @@ void RouterMetrics::UpdateCluster(int waiting, int running,
   for (const WorkerMetricsSnapshot& w : workers) {
     now.push_back(w.worker_id);
     present.insert(w.worker_id);
-    worker_up_.With({w.worker_id}).Set(w.up ? 1 : 0);
-    worker_running_.With({w.worker_id}).Set(w.running);
-    worker_waiting_.With({w.worker_id}).Set(w.waiting);
-    kv_usage_.With({w.worker_id})
-        .Set(w.num_kv_blocks > 0 ? static_cast<double>(w.kv_used_blocks) / w.num_kv_blocks : 0);
     WorkerCounts& last = last_counts_[w.worker_id];
+    if (last.up == nullptr) {
+      // Series stay where they are until removed, which drops this entry too (below).
+      last.up = &worker_up_.With({w.worker_id});
+      last.running = &worker_running_.With({w.worker_id});
+      last.waiting = &worker_waiting_.With({w.worker_id});
+      last.kv_usage = &kv_usage_.With({w.worker_id});
+    }
+    last.up->Set(w.up ? 1 : 0);
+    last.running->Set(w.running);
+    last.waiting->Set(w.waiting);
+    last.kv_usage->Set(
+        w.num_kv_blocks > 0 ? static_cast<double>(w.kv_used_blocks) / w.num_kv_blocks : 0);
     // A restarted worker counts from zero again.
     const auto delta = [](int64_t now, int64_t before) {
       return now >= before ? now - before : now;
@@ -298,7 +305,10 @@ void RouterMetrics::UpdateCluster(int waiting, int running,
         worker_dtypes_.With({w.worker_id, w.weight_dtype, w.kv_cache_dtype}).Set(1);
       }
     }
-    last = {w.preemptions, w.suspensions, w.weight_dtype, w.kv_cache_dtype};
+    last.preemptions = w.preemptions;
+    last.suspensions = w.suspensions;
+    if (last.weight_dtype != w.weight_dtype) last.weight_dtype = w.weight_dtype;
+    if (last.kv_cache_dtype != w.kv_cache_dtype) last.kv_cache_dtype = w.kv_cache_dtype;
   }
   for (const std::string& gone : known_workers_) {
     if (present.contains(gone)) continue;

@@ -106,13 +106,19 @@ class RouterMetrics {
   metrics::Family<metrics::Counter>& embed_inputs_total_;
 
   absl::Mutex mu_;
-  // Cumulative preemptions and suspensions last reported per worker, to count deltas, and the
-  // dtype labels its carpool_worker_dtype_info sample has.
+  // Cumulative preemptions and suspensions last reported per worker, to count deltas, the
+  // dtype labels its carpool_worker_dtype_info sample has, and its series of the per-worker
+  // gauges (looked up once: a lookup by label builds and compares label vectors, which at
+  // 1,024 workers was most of the housekeeping pass).
   struct WorkerCounts {
     int64_t preemptions = 0;
     int64_t suspensions = 0;
     std::string weight_dtype;
     std::string kv_cache_dtype;
+    metrics::Gauge* up = nullptr;  // null until first seen
+    metrics::Gauge* running = nullptr;
+    metrics::Gauge* waiting = nullptr;
+    metrics::Gauge* kv_usage = nullptr;
   };
   absl::flat_hash_map<std::string, WorkerCounts> last_counts_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> known_workers_ ABSL_GUARDED_BY(mu_);

@@ -116,6 +116,13 @@ TEST(RouterMetricsTest, WorkersGaugesPreemptionDeltasAndDeparture) {
   // It comes back after a restart and counts from zero again.
   m.UpdateCluster(0, 0, {Worker("w1", true, 0, 0, 0, 100, 2), Worker("w2", true, 0, 0, 0, 50)});
   EXPECT_THAT(m.Render(), HasSubstr("carpool_preemptions_total 8\n"));
+  // Its gauges are series again (the ones removed when it left are not written to), and follow
+  // later updates.
+  m.UpdateCluster(0, 0, {Worker("w1", true, 3, 1, 75, 100, 2), Worker("w2", true, 0, 0, 0, 50)});
+  page = m.Render();
+  EXPECT_THAT(page, HasSubstr("carpool_worker_up{worker=\"w1\"} 1\n"));
+  EXPECT_THAT(page, HasSubstr("carpool_kv_cache_usage_ratio{worker=\"w1\"} 0.75\n"));
+  EXPECT_THAT(page, HasSubstr("carpool_worker_requests_running{worker=\"w1\"} 3\n"));
 }
 
 // Issue 16's suspensions count by deltas like preemptions; issue 17's dtypes are one labelled
