@@ -3,13 +3,16 @@
 //   - two ranks on GPU 0 with their sums and logits staged through host memory (--tp-transport
 //     mpi): the sharded device model (NCCL refuses two ranks on one device);
 //   - where two GPUs exist, two ranks on GPUs 0 and 1 with NCCL on the devices' streams
-//     (--tp-transport nccl).
+//     (--tp-transport nccl), and there greedy decoding with CUDA graphs on (decode steps
+//     recorded with their NCCL collectives inside, then replayed) against graphs off.
 // Reports itself skipped without a GPU.
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -106,11 +109,12 @@ ModelConfig Config() {
   return c;
 }
 
-std::unique_ptr<CudaDevice> Device(int gpu) {
+std::unique_ptr<CudaDevice> Device(int gpu, bool cuda_graphs = false) {
   CudaDeviceOptions o;
   o.device = gpu;
   o.storage = StorageType::kF32;
-  o.cuda_graphs = false;
+  o.cuda_graphs = cuda_graphs;
+  o.graph_batch_sizes = {1, 2, 4, 8};
   o.abort_on_error = false;
   o.max_num_batched_tokens = 64;
   o.max_num_seqs = 8;
@@ -196,6 +200,103 @@ void ExpectNear(const std::vector<std::vector<float>>& got,
   }
 }
 
+// Hands the leader's steps to the follower's thread as the leader makes them.
+class StepChannel {
+ public:
+  void Push(StepPlan step) {
+    std::lock_guard<std::mutex> lock(mu_);
+    steps_.push_back(std::move(step));
+    cv_.notify_all();
+  }
+  std::optional<StepPlan> Get(size_t i) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return closed_ || steps_.size() > i; });
+    if (steps_.size() > i) return steps_[i];
+    return std::nullopt;
+  }
+  void Close() {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<StepPlan> steps_;
+  bool closed_ = false;
+};
+
+struct GreedyRun {
+  std::vector<std::vector<int32_t>> tokens;  // per sequence
+  std::vector<std::vector<float>> logits;    // per step, the leader's
+  int graphs_captured = 0;                   // per rank, summed
+  int64_t graph_replays = 0;
+};
+
+// Two ranks on GPUs 0 and 1 over `nccl`: two prompts prefilled, then six greedy decode steps
+// of both (batch 2, a graph size: recorded once, replayed after, where graphs are on).
+GreedyRun ShardedGreedy(const std::vector<cluster::DeviceCommunicator*>& nccl, bool graphs) {
+  ThreadGroup group;
+  std::vector<std::unique_ptr<ThreadCommunicator>> hosts;
+  std::vector<std::unique_ptr<LlamaModel>> models;
+  for (int r = 0; r < kRanks; ++r) {
+    hosts.push_back(std::make_unique<ThreadCommunicator>(&group, r));
+    absl::StatusOr<std::unique_ptr<LlamaModel>> model = LlamaModel::Create(
+        SyntheticWeights(Config(), kSyntheticSeed, {r, kRanks}), KvCacheShape{8, kBlockSize},
+        hosts.back().get(), Device(r, graphs), nccl[r]);
+    EXPECT_TRUE(model.ok()) << model.status();
+    if (!model.ok()) return {};
+    models.push_back(std::move(*model));
+  }
+  StepChannel channel;
+  std::thread follower([&] {
+    for (size_t i = 0;; ++i) {
+      std::optional<StepPlan> step = channel.Get(i);
+      if (!step.has_value()) return;
+      models[1]->Follow(*step);
+    }
+  });
+  const int64_t vocab = Config().vocab_size;
+  const std::vector<std::vector<int32_t>> tables = {{0, 1, 2}, {3, 4, 5}};
+  GreedyRun run;
+  run.tokens.resize(2);
+  StepPlan step;
+  step.seqs = {Seq(0, 5, true, tables[0]), Seq(0, 3, true, tables[1])};
+  step.token_ids = {11, 200, 37, 129, 128, 5, 250, 130};
+  std::vector<int> length = {5, 3};
+  for (int k = 0; k < 7; ++k) {
+    if (k > 0) {
+      step = StepPlan();
+      for (int i = 0; i < 2; ++i) {
+        step.seqs.push_back(Seq(length[i], 1, true, tables[i]));
+        step.token_ids.push_back(run.tokens[i].back());
+        ++length[i];
+      }
+    }
+    channel.Push(step);
+    run.logits.emplace_back();
+    models[0]->Forward(step, &run.logits.back());
+    if (run.logits.back().size() != static_cast<size_t>(2 * vocab)) {
+      ADD_FAILURE() << "step " << k << ": " << run.logits.back().size() << " logits";
+      break;
+    }
+    for (int i = 0; i < 2; ++i) {
+      const float* row = run.logits.back().data() + i * vocab;
+      run.tokens[i].push_back(static_cast<int32_t>(std::max_element(row, row + vocab) - row));
+    }
+  }
+  channel.Close();
+  follower.join();
+  for (const auto& m : models) {
+    auto& d = static_cast<CudaDevice&>(m->device());
+    EXPECT_TRUE(d.status().ok()) << d.status();
+    run.graphs_captured += d.graphs_captured();
+    run.graph_replays += d.graph_replays();
+  }
+  return run;
+}
+
 class CudaTensorParallelTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -216,6 +317,23 @@ TEST_F(CudaTensorParallelTest, TwoGpusOverNcclOnTheDevicesStreams) {
   auto comms = cluster::NcclCommunicator::CreateLocal({0, 1}, absl::Seconds(60));
   ASSERT_TRUE(comms.ok()) << comms.status();
   ExpectNear(Sharded({0, 1}, {(*comms)[0].get(), (*comms)[1].get()}), want);
+}
+
+// The decode steps recorded as CUDA graphs with their NCCL all-reduces and all-gather inside,
+// replayed on both ranks: the same tokens as running every kernel and collective eagerly.
+TEST_F(CudaTensorParallelTest, TwoGpusOverNcclGraphsOnAndOffGiveTheSameTokens) {
+  const int gpus = kernels::cuda::DeviceCount();
+  if (gpus < 2) GTEST_SKIP() << "needs 2 GPUs (NCCL refuses two ranks on one), found " << gpus;
+  auto comms = cluster::NcclCommunicator::CreateLocal({0, 1}, absl::Seconds(60));
+  ASSERT_TRUE(comms.ok()) << comms.status();
+  const std::vector<cluster::DeviceCommunicator*> nccl = {(*comms)[0].get(), (*comms)[1].get()};
+  const GreedyRun eager = ShardedGreedy(nccl, /*graphs=*/false);
+  const GreedyRun graphs = ShardedGreedy(nccl, /*graphs=*/true);
+  EXPECT_EQ(eager.graphs_captured, 0);
+  EXPECT_EQ(graphs.graphs_captured, kRanks);  // batch 2, once per rank
+  EXPECT_EQ(graphs.graph_replays, kRanks * 5);
+  EXPECT_EQ(graphs.tokens, eager.tokens);
+  ExpectNear(graphs.logits, eager.logits);
 }
 #endif
 

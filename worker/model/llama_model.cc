@@ -368,13 +368,16 @@ void LlamaModel::Compute(StepInputs* in, std::vector<float>* logits,
                          absl::Span<const SampleRequest> requests,
                          std::vector<SampleResult>* samples, bool launch_only) {
   const int64_t wanted = static_cast<int64_t>(in->sample_rows.size());
-  // Under tensor parallelism the step needs collectives, which a recorded step cannot hold.
-  const bool whole_step = group_ == nullptr && PadDecode(in);
+  // A step whose sums go through host memory (MPI) cannot be recorded; one whose collectives
+  // are enqueued on the device's stream (device_group_) can, so it is padded and run through
+  // RunStep like a whole model's.
+  const bool whole_step = (group_ == nullptr || device_group_ != nullptr) && PadDecode(in);
   const int64_t s = static_cast<int64_t>(in->sample_rows.size());
   Stage(*in, s);
   if (group_ != nullptr) {
-    RunLayers(*in);
-    ParallelHead(s, logits);
+    ParallelStep(*in, s, whole_step, logits);
+    // The padding's rows come last; they are dropped.
+    if (!logits->empty()) logits->resize(wanted * weights_->config.vocab_size);
     return;
   }
   const int64_t h = weights_->config.hidden_size;
@@ -451,16 +454,29 @@ void LlamaModel::Stage(const StepInputs& in, int64_t s) {
   d.Reserve(&up_, t * intermediate_);
   d.Reserve(&sampled_, s * h);
   if (group_ != nullptr || !host_memory_) d.Reserve(&logits_, s * vocab_);
+  if (group_ == nullptr) return;
+  // Every step makes the embedding's sum and two per layer. Counted here, not as each is
+  // enqueued: a replayed graph makes its recorded sums without the model's calls.
+  times_.all_reduces += 1 + 2 * c.num_layers;
+  const int size = group_->size();
+  if (device_group_ != nullptr) d.Reserve(&gathered_logits_, size * s * vocab_);
+  if (group_->rank() == 0 && static_cast<int64_t>(gathered_.size()) < size * s * vocab_) {
+    gathered_.resize(size * s * vocab_);
+  }
 }
 
 void LlamaModel::RunLayers(const StepInputs& in) {
+  const int64_t t = static_cast<int64_t>(in.token_ids.size());
+  EmbedTokens(in, t, /*sum=*/true);  // -> residual_
+  RunLayersFromResidual(in);
+}
+
+void LlamaModel::RunLayersFromResidual(const StepInputs& in) {
   const ModelConfig& c = weights_->config;
   const int64_t t = static_cast<int64_t>(in.token_ids.size());
   const int64_t h = c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
   ModelDevice& d = *device_;
-
-  EmbedTokens(in, t);  // -> residual_
   d.RmsNorm(residual_, layers_[0].input_norm, eps, t, h, &hidden_);
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerArrays& lw = layers_[l];
@@ -572,7 +588,7 @@ void LlamaModel::EmbedPass(absl::Span<const EmbeddingInput* const> inputs,
   }
 }
 
-void LlamaModel::EmbedTokens(const StepInputs& in, int64_t t) {
+void LlamaModel::EmbedTokens(const StepInputs& in, int64_t t, bool sum) {
   const ModelConfig& c = weights_->config;
   const int64_t h = c.hidden_size;
   device_->EmbeddingGather(embed_, h, &residual_);
@@ -589,7 +605,7 @@ void LlamaModel::EmbedTokens(const StepInputs& in, int64_t t) {
   }
   if (device_group_ != nullptr) {
     Release(rows, t * h, &residual_);
-    AllReduce(&residual_, t * h);
+    if (sum) AllReduce(&residual_, t * h);
     return;
   }
   SumOverGroup(rows, t * h);
@@ -601,48 +617,62 @@ void LlamaModel::CapLogits(int64_t s, DeviceArray* logits) {
   if (cap > 0.0) device_->SoftCap(static_cast<float>(cap), s * vocab_, logits);
 }
 
-void LlamaModel::ParallelHead(int64_t s, std::vector<float>* logits) {
-  // Vocabulary-parallel head: each rank's [s, vocab_] slice, gathered on the leader as
-  // [rank][s][vocab_] and interleaved into [s][vocab_size].
-  const ModelConfig& c = weights_->config;
-  const int64_t h = c.hidden_size;
+void LlamaModel::ParallelStep(const StepInputs& in, int64_t s, bool whole_step,
+                              std::vector<float>* logits) {
   logits->clear();
-  const bool leader = group_->rank() == 0;
-  const int size = group_->size();
-  if (s == 0) {
-    if (device_group_ != nullptr) WaitForDevice();
+  if (device_group_ == nullptr) {
+    // Host staging (MPI): every sum and the gather wait for their ranks on the host.
+    RunLayers(in);
+    ParallelHead(s, logits);
     return;
   }
+  // Device collectives. The vocabulary-parallel embedding's rows of other ranks' tokens are
+  // zeroed on the host first (a copy each way, before anything is recorded). Everything after
+  // it, the embedding's sum, the layers with their sums, the head and the logits' all-gather,
+  // is enqueued on the device's stream with no host wait, so a padded decode step runs as one
+  // RunStep that a GPU records as a CUDA graph, NCCL kernels included (every rank pads to the
+  // same size, so every rank records and replays the same collectives). The host waits for
+  // the stream only after it.
+  const int64_t t = static_cast<int64_t>(in.token_ids.size());
+  const int64_t h = weights_->config.hidden_size;
+  EmbedTokens(in, t, /*sum=*/false);
+  const auto body = [&] {
+    AllReduce(&residual_, t * h);
+    RunLayersFromResidual(in);
+    if (s > 0) DeviceParallelHead(s);
+  };
+  if (whole_step) {
+    device_->RunStep(body);
+  } else {
+    body();
+  }
+  WaitForDevice();
+  if (s == 0 || group_->rank() != 0) return;
+  const int size = group_->size();
+  device_->ToHost(gathered_logits_, 0, size * s * vocab_, gathered_.data());
+  InterleaveGathered(s, logits);
+}
+
+void LlamaModel::DeviceParallelHead(int64_t s) {
+  const int64_t h = weights_->config.hidden_size;
   device_->GatherRows(hidden_, h, &sampled_);
   device_->Linear(sampled_, *lm_head_, no_bias_, s, vocab_, h, &logits_);
   CapLogits(s, &logits_);  // elementwise, so each rank caps its own slice
-  if (leader && static_cast<int64_t>(gathered_.size()) < size * s * vocab_) {
-    gathered_.resize(size * s * vocab_);
+  // NCCL has no gather: every rank receives every slice, and the followers drop theirs.
+  // gathered_logits_ was sized in Stage (a recorded step must not reallocate).
+  const int64_t start = Clock::Real()->NowMicros();
+  if (absl::Status st =
+          device_group_->AllGatherOnStream(logits_.data(), s * vocab_, element_type_,
+                                           gathered_logits_.data(), device_->stream());
+      !st.ok()) {
+    cluster::FailGroup(st);
   }
-  if (device_group_ != nullptr) {
-    // NCCL has no gather: every rank receives every slice, and the followers drop theirs.
-    device_->Reserve(&gathered_logits_, size * s * vocab_);
-    const int64_t start = Clock::Real()->NowMicros();
-    if (absl::Status st = device_group_->AllGatherOnStream(
-            logits_.data(), s * vocab_, element_type_, gathered_logits_.data(), device_->stream());
-        !st.ok()) {
-      cluster::FailGroup(st);
-    }
-    times_.gather_micros += Clock::Real()->NowMicros() - start;
-    WaitForDevice();
-    if (!leader) return;
-    device_->ToHost(gathered_logits_, 0, size * s * vocab_, gathered_.data());
-  } else {
-    const float* local = HostView(logits_, s * vocab_);
-    const int64_t start = Clock::Real()->NowMicros();
-    if (absl::Status st =
-            group_->Gather(local, s * vocab_, leader ? gathered_.data() : nullptr, 0);
-        !st.ok()) {
-      cluster::FailGroup(st);
-    }
-    times_.gather_micros += Clock::Real()->NowMicros() - start;
-    if (!leader) return;
-  }
+  times_.gather_micros += Clock::Real()->NowMicros() - start;
+}
+
+void LlamaModel::InterleaveGathered(int64_t s, std::vector<float>* logits) const {
+  const ModelConfig& c = weights_->config;
+  const int size = group_->size();
   logits->resize(s * c.vocab_size);
   for (int r = 0; r < size; ++r) {
     for (int64_t i = 0; i < s; ++i) {
@@ -650,6 +680,28 @@ void LlamaModel::ParallelHead(int64_t s, std::vector<float>* logits) {
                   logits->data() + i * c.vocab_size + r * vocab_);
     }
   }
+}
+
+void LlamaModel::ParallelHead(int64_t s, std::vector<float>* logits) {
+  // Vocabulary-parallel head over the host communicator: each rank's [s, vocab_] slice,
+  // gathered on the leader as [rank][s][vocab_] and interleaved into [s][vocab_size].
+  const ModelConfig& c = weights_->config;
+  const int64_t h = c.hidden_size;
+  logits->clear();
+  const bool leader = group_->rank() == 0;
+  if (s == 0) return;
+  device_->GatherRows(hidden_, h, &sampled_);
+  device_->Linear(sampled_, *lm_head_, no_bias_, s, vocab_, h, &logits_);
+  CapLogits(s, &logits_);  // elementwise, so each rank caps its own slice
+  const float* local = HostView(logits_, s * vocab_);
+  const int64_t start = Clock::Real()->NowMicros();
+  if (absl::Status st = group_->Gather(local, s * vocab_, leader ? gathered_.data() : nullptr, 0);
+      !st.ok()) {
+    cluster::FailGroup(st);
+  }
+  times_.gather_micros += Clock::Real()->NowMicros() - start;
+  if (!leader) return;
+  InterleaveGathered(s, logits);
 }
 
 float* LlamaModel::HostView(const DeviceArray& x, int64_t count) {
@@ -673,7 +725,6 @@ void LlamaModel::AllReduce(DeviceArray* x, int64_t count) {
       cluster::FailGroup(s);
     }
     times_.all_reduce_micros += Clock::Real()->NowMicros() - start;
-    ++times_.all_reduces;
     return;
   }
   float* host = HostView(*x, count);
@@ -693,7 +744,6 @@ void LlamaModel::SumOverGroup(float* host, int64_t count) {
   const int64_t start = Clock::Real()->NowMicros();
   if (absl::Status s = group_->AllReduceSum(host, count); !s.ok()) cluster::FailGroup(s);
   times_.all_reduce_micros += Clock::Real()->NowMicros() - start;
-  ++times_.all_reduces;
 }
 
 void LlamaModel::Attention(int layer, const StepInputs& in, int64_t t) {

@@ -24,15 +24,18 @@
 // (cluster::FailGroup): the group cannot finish the step.
 //
 // Where the collectives run. By default through host memory over `group` (MPI): each sum copies
-// its array to the host where the device's memory is not the host's, and back. Given a
-// cluster::DeviceCommunicator (NCCL) and a device with a stream (a GPU), the sums after o_proj
-// and down_proj and the gather of the head's logits run on the device's arrays instead,
-// enqueued on the device's stream between the kernels (an all-gather, of which the followers
-// drop their copy); the step's end waits for that stream with the group's timeout. The
-// vocabulary-parallel embedding's rows of tokens other ranks hold are still zeroed on the host
-// (one copy each way per step) before its sum on the device, so a tensor-parallel step is never
-// captured as a CUDA graph (RunStep), although its collectives would be. Step plans always go
-// over `group`.
+// its array to the host where the device's memory is not the host's, and back; such a step is
+// never padded nor recorded. Given a cluster::DeviceCommunicator (NCCL) and a device with a
+// stream (a GPU), the sums after o_proj and down_proj and the gather of the head's logits run
+// on the device's arrays instead, enqueued on the device's stream between the kernels (an
+// all-gather, of which the followers drop their copy). The vocabulary-parallel embedding's
+// rows of tokens other ranks hold are zeroed on the host (one copy each way per step) first;
+// everything after that, the embedding's sum included, is enqueued with no host wait, so a
+// decode-only step is padded and run through RunStep like a whole model's, and a GPU records
+// it as a CUDA graph with the NCCL kernels inside (every rank pads to the same size, so every
+// rank records and replays the same collectives in the same order). The host waits for the
+// stream with the group's timeout only after RunStep, then the leader copies the gathered
+// logits. Step plans always go over `group`.
 //
 // Decode-only steps are padded to the device's GraphBatchSize with dummy sequences (their
 // logits dropped) and run through ModelDevice::RunStep, so a GPU can replay them as graphs;
@@ -241,17 +244,32 @@ class LlamaModel {
   void Stage(const StepInputs& in, int64_t s);
   // Embeddings through the final norm: leaves the final-norm hidden states in hidden_.
   void RunLayers(const StepInputs& in);
+  // The layers after the embedding (summed over the group) in residual_, through the final
+  // norm.
+  void RunLayersFromResidual(const StepInputs& in);
   // One embed step through the final norm (hidden_ holds its final-norm hidden states after).
   void RunEmbedStep(const StepPlan& step, StepInputs* in);
   // One pass of Embed over inputs already checked: published, computed and pooled into `out`.
   void EmbedPass(absl::Span<const EmbeddingInput* const> inputs, std::vector<float>* out);
-  void EmbedTokens(const StepInputs& in, int64_t t);
+  // The step's embeddings into residual_; under tensor parallelism summed over the group only
+  // with `sum` (else the caller enqueues the sum on the device's stream).
+  void EmbedTokens(const StepInputs& in, int64_t t, bool sum);
   void Attention(int layer, const StepInputs& in, int64_t t);
   void Mlp(int layer, int64_t t);
   // final_logit_softcapping on s rows of this rank's logits (no-op without it).
   void CapLogits(int64_t s, DeviceArray* logits);
-  // Tensor parallelism: this rank's slice of the sampled rows' logits, gathered on the leader.
+  // Tensor parallelism: the step's layers and head, the sampled rows' logits gathered on the
+  // leader into `logits` ([s, vocab_size]; empty on a follower). With device collectives and
+  // `whole_step`, everything after the embedding's host-side masking runs as one RunStep.
+  void ParallelStep(const StepInputs& in, int64_t s, bool whole_step,
+                    std::vector<float>* logits);
+  // Host staging: this rank's slice of the sampled rows' logits, gathered on the leader.
   void ParallelHead(int64_t s, std::vector<float>* logits);
+  // Device collectives: the head's slice and its all-gather into gathered_logits_, enqueued
+  // on the device's stream (no host wait: it may be recorded).
+  void DeviceParallelHead(int64_t s);
+  // gathered_ ([rank][s][vocab_]) into `logits` as [s][vocab_size].
+  void InterleaveGathered(int64_t s, std::vector<float>* logits) const;
   // `count` floats of x as host memory: in place where the device's memory is the host's,
   // else copied into host_scratch_. Release() copies a changed host view back.
   float* HostView(const DeviceArray& x, int64_t count);

@@ -7,18 +7,26 @@
 // the kernel before it wrote and the kernel after it reads; the logits equal the host-staged
 // path's bit for bit (two-term sums are the same either way) and the whole model's closely; and
 // without a device communicator the model stages through the host communicator and makes no
-// device call.
+// device call. With fake CUDA graphs (the fake GPU pads decode steps and records and replays them
+// as CudaDevice::RunStep does, the communicator's calls recorded into the graph while it
+// captures): every captured step records the collectives its eager run made, on every rank; no
+// host wait or transfer happens while recording; replays run the recorded collectives; greedy
+// tokens equal those without graphs and of the whole model; host-staged steps are never padded
+// nor recorded.
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "worker/model/llama_model.h"
 #include "worker/model/model_device.h"
@@ -36,6 +44,10 @@ struct Event {
   int64_t count = 0;
   cluster::DeviceElementType type = cluster::DeviceElementType::kF32;
   const void* stream = nullptr;
+  // Fake CUDA graphs: made while the stream records (enqueued into the graph, not run), or run
+  // by a graph's replay.
+  bool captured = false;
+  bool replayed = false;
 };
 
 // Rendezvous of the ranks' threads: each posts a pointer, one of them combines all of them.
@@ -135,6 +147,17 @@ class HostGroup : public cluster::Communicator {
   const int rank_;
 };
 
+// What a device communicator sees of a fake GPU's stream: whether it is recording a graph
+// (work enqueued then goes into the graph and runs only when it is replayed, as
+// cudaStreamBeginCapture makes NCCL's kernels do), and the graph's work list.
+class FakeStream {
+ public:
+  virtual ~FakeStream() = default;
+  virtual bool capturing() const = 0;
+  // Enqueues `work` on the stream: runs it now, or records it into the graph being captured.
+  virtual void Enqueue(std::function<void()> work) = 0;
+};
+
 // The device communicator under test's eyes: records each call in the rank's event log and
 // computes it on the (host) memory of the fake GPU.
 class RecordingDeviceGroup : public cluster::DeviceCommunicator {
@@ -144,37 +167,119 @@ class RecordingDeviceGroup : public cluster::DeviceCommunicator {
 
   int rank() const override { return rank_; }
   int size() const override { return group_->size(); }
+  // The fake GPU whose stream the calls are enqueued on (nullptr: every call runs at once).
+  void set_stream(FakeStream* stream) { fake_stream_ = stream; }
+
   absl::Status AllReduceSumOnStream(void* data, int64_t count, cluster::DeviceElementType type,
                                     void* stream) override {
-    log_->push_back({"all_reduce", data, nullptr, count, type, stream});
     if (type != cluster::DeviceElementType::kF32) {
       return absl::InvalidArgumentError("the fake GPU holds fp32");
     }
-    Sum(group_, rank_, static_cast<float*>(data), count);
+    const Event e{"all_reduce", data, nullptr, count, type, stream};
+    OnStream(e, [this, data, count] { Sum(group_, rank_, static_cast<float*>(data), count); });
     return absl::OkStatus();
   }
   absl::Status AllGatherOnStream(const void* send, int64_t count, cluster::DeviceElementType type,
                                  void* recv, void* stream) override {
-    log_->push_back({"all_gather", send, recv, count, type, stream});
-    Concatenate(group_, rank_, static_cast<const float*>(send), count, static_cast<float*>(recv));
+    const Event e{"all_gather", send, recv, count, type, stream};
+    OnStream(e, [this, send, count, recv] {
+      Concatenate(group_, rank_, static_cast<const float*>(send), count,
+                  static_cast<float*>(recv));
+    });
     return absl::OkStatus();
   }
   absl::Status WaitStream(void* stream) override {
-    log_->push_back({"wait", nullptr, nullptr, 0, cluster::DeviceElementType::kF32, stream});
+    Event e{"wait", nullptr, nullptr, 0, cluster::DeviceElementType::kF32, stream};
+    // cudaStreamSynchronize on a capturing stream is an error (and would wait for nothing).
+    e.captured = fake_stream_ != nullptr && fake_stream_->capturing();
+    log_->push_back(e);
+    if (e.captured) return absl::FailedPreconditionError("WaitStream inside a capture");
     return absl::OkStatus();
   }
 
  private:
+  // Logs the call; runs it now, or records it into the capture (logged again, as replayed, each
+  // time a replay runs it).
+  void OnStream(Event e, std::function<void()> run) {
+    if (fake_stream_ == nullptr || !fake_stream_->capturing()) {
+      log_->push_back(e);
+      run();
+      return;
+    }
+    e.captured = true;
+    log_->push_back(e);
+    e.captured = false;
+    e.replayed = true;
+    fake_stream_->Enqueue([this, e, run] {
+      log_->push_back(e);
+      run();
+    });
+  }
+
   ThreadGroup* const group_;
   const int rank_;
   std::vector<Event>* const log_;
+  FakeStream* fake_stream_ = nullptr;
+};
+
+// How the fake GPU runs decode steps: padded to these batch sizes (empty: not padded), and
+// recorded and replayed as graphs (capture) or run eagerly every time.
+struct FakeGraphs {
+  std::vector<int> batch_sizes;
+  bool capture = false;
 };
 
 // The CPU device dressed as a GPU: a stream handle, no host views (so the model copies to and
 // from the host as it does on a GPU), and every write and read of an activation logged.
-class FakeGpu : public ModelDevice {
+//
+// Graphs are modelled on CudaDevice::RunStep: a decode-only step padded to one of the batch
+// sizes, every row sampled, runs `body` eagerly the first time its size is seen, then records
+// `body` as that size's graph (logged as begin_capture / end_capture: nothing runs while
+// recording, every kernel and collective is kept with the addresses it was given) and from
+// then on replays the graph (logged as replay) without calling `body`. A host transfer, a
+// reallocation or a stream wait while recording is an error (capture_errors), as on a GPU;
+// a reallocation drops every graph.
+class FakeGpu : public ModelDevice, public FakeStream {
  public:
-  explicit FakeGpu(std::vector<Event>* log) : cpu_(CreateCpuDevice()), log_(log) {}
+  explicit FakeGpu(std::vector<Event>* log, FakeGraphs graphs = {})
+      : cpu_(CreateCpuDevice()), log_(log), graphs_(std::move(graphs)) {}
+
+  bool capturing() const override { return capturing_; }
+  void Enqueue(std::function<void()> work) override {
+    if (capturing_) {
+      recording_.push_back(std::move(work));
+    } else {
+      work();
+    }
+  }
+  int GraphBatchSize(int num_seqs) const override {
+    for (int size : graphs_.batch_sizes) {
+      if (size >= num_seqs) return size;
+    }
+    return 0;
+  }
+  void RunStep(const std::function<void()>& body) override {
+    if (!graphs_.capture || !graph_step_) {
+      body();
+      return;
+    }
+    std::vector<std::function<void()>>& graph = graphs_by_size_[num_seqs_];
+    if (!graph.empty()) {
+      Log("replay", nullptr, num_seqs_);
+      ++replays;
+      for (const auto& work : graph) work();
+      return;
+    }
+    body();
+    Log("begin_capture", nullptr, num_seqs_);
+    capturing_ = true;
+    recording_.clear();
+    body();
+    capturing_ = false;
+    Log("end_capture", nullptr, num_seqs_);
+    graph = std::move(recording_);
+    ++captures;
+  }
 
   std::string name() const override { return "fake-gpu"; }
   StorageType storage_type() const override { return cpu_->storage_type(); }
@@ -186,70 +291,104 @@ class FakeGpu : public ModelDevice {
   absl::StatusOr<DeviceArray> AllocateKv(int64_t numel) override {
     return cpu_->AllocateKv(numel);
   }
-  void Reserve(DeviceArray* a, int64_t numel) override { cpu_->Reserve(a, numel); }
+  void Reserve(DeviceArray* a, int64_t numel) override {
+    const void* before = a->data();
+    cpu_->Reserve(a, numel);
+    if (a->data() == before) return;
+    if (capturing_) capture_errors.push_back("Reserve moved an array while capturing");
+    graphs_by_size_.clear();  // a graph may hold the old address
+  }
   int64_t FreeBytes() const override { return cpu_->FreeBytes(); }
   void SetRope(absl::Span<const float> inv_freq, absl::Span<const float> local) override {
     cpu_->SetRope(inv_freq, local);
   }
   void SetStep(const StepView& step) override {
     Log("step", nullptr, static_cast<int64_t>(step.token_ids.size()));
+    if (capturing_) capture_errors.push_back("SetStep while capturing");
     steps.push_back({static_cast<int64_t>(step.token_ids.size()),
                      static_cast<int64_t>(step.sample_rows.size()), step.decode_only});
+    num_seqs_ = static_cast<int>(step.seqs.size());
+    graph_step_ = step.decode_only && step.sample_rows.size() == step.token_ids.size() &&
+                  GraphBatchSize(num_seqs_) == num_seqs_;
     cpu_->SetStep(step);
   }
   void EmbeddingGather(const DeviceArray& table, int64_t h, DeviceArray* out) override {
-    cpu_->EmbeddingGather(table, h, out);
+    Run([=, table = View(table), out = View(*out), this] { cpu_->EmbeddingGather(*table, h, out.get()); });
   }
   void RmsNorm(const DeviceArray& x, const DeviceArray& w, float eps, int64_t rows, int64_t h,
                DeviceArray* out) override {
     Log("RmsNorm.x", x.data());
-    cpu_->RmsNorm(x, w, eps, rows, h, out);
+    Run([=, x = View(x), w = View(w), out = View(*out), this] {
+      cpu_->RmsNorm(*x, *w, eps, rows, h, out.get());
+    });
   }
   void AddRmsNorm(const DeviceArray& x, DeviceArray* residual, const DeviceArray& w, float eps,
                   int64_t rows, int64_t h, DeviceArray* out) override {
     Log("AddRmsNorm.x", x.data());
-    cpu_->AddRmsNorm(x, residual, w, eps, rows, h, out);
+    Run([=, x = View(x), residual = View(*residual), w = View(w), out = View(*out), this] {
+      cpu_->AddRmsNorm(*x, residual.get(), *w, eps, rows, h, out.get());
+    });
   }
   void Linear(const DeviceArray& x, const DeviceArray& w, const DeviceArray& bias, int64_t m,
               int64_t n, int64_t k, DeviceArray* y) override {
-    cpu_->Linear(x, w, bias, m, n, k, y);
+    Run([=, x = View(x), w = View(w), bias = View(bias), y = View(*y), this] {
+      cpu_->Linear(*x, *w, *bias, m, n, k, y.get());
+    });
     Log("Linear.y", y->data(), m * n);
   }
   void Rope(int num_heads, int head_dim, bool local, DeviceArray* x) override {
-    cpu_->Rope(num_heads, head_dim, local, x);
+    Run([=, x = View(*x), this] { cpu_->Rope(num_heads, head_dim, local, x.get()); });
   }
   void HeadRmsNorm(const DeviceArray& w, float eps, int64_t rows, int num_heads, int head_dim,
                    DeviceArray* x) override {
-    cpu_->HeadRmsNorm(w, eps, rows, num_heads, head_dim, x);
+    Run([=, w = View(w), x = View(*x), this] {
+      cpu_->HeadRmsNorm(*w, eps, rows, num_heads, head_dim, x.get());
+    });
   }
   void SiluMul(const DeviceArray& gate, const DeviceArray& up, int64_t rows, int64_t inter,
                DeviceArray* out) override {
-    cpu_->SiluMul(gate, up, rows, inter, out);
+    Run([=, gate = View(gate), up = View(up), out = View(*out), this] {
+      cpu_->SiluMul(*gate, *up, rows, inter, out.get());
+    });
   }
   void GeluTanhMul(const DeviceArray& gate, const DeviceArray& up, int64_t rows, int64_t inter,
                    DeviceArray* out) override {
-    cpu_->GeluTanhMul(gate, up, rows, inter, out);
+    Run([=, gate = View(gate), up = View(up), out = View(*out), this] {
+      cpu_->GeluTanhMul(*gate, *up, rows, inter, out.get());
+    });
   }
-  void SoftCap(float cap, int64_t n, DeviceArray* x) override { cpu_->SoftCap(cap, n, x); }
-  void Scale(float factor, int64_t n, DeviceArray* x) override { cpu_->Scale(factor, n, x); }
+  void SoftCap(float cap, int64_t n, DeviceArray* x) override {
+    Run([=, x = View(*x), this] { cpu_->SoftCap(cap, n, x.get()); });
+  }
+  void Scale(float factor, int64_t n, DeviceArray* x) override {
+    Run([=, x = View(*x), this] { cpu_->Scale(factor, n, x.get()); });
+  }
   void WriteKv(const DeviceArray& k, const DeviceArray& v, const kernels::KvCacheLayout& layout,
                DeviceArray* key_cache, DeviceArray* value_cache) override {
-    cpu_->WriteKv(k, v, layout, key_cache, value_cache);
+    Run([=, k = View(k), v = View(v), key_cache = View(*key_cache),
+         value_cache = View(*value_cache), this] {
+      cpu_->WriteKv(*k, *v, layout, key_cache.get(), value_cache.get());
+    });
   }
   void Attention(const DeviceArray& q, const DeviceArray& key_cache,
                  const DeviceArray& value_cache, const kernels::KvCacheLayout& layout,
                  int num_heads, const AttentionOptions& options, DeviceArray* out) override {
-    cpu_->Attention(q, key_cache, value_cache, layout, num_heads, options, out);
+    Run([=, q = View(q), key_cache = View(key_cache), value_cache = View(value_cache),
+         out = View(*out), this] {
+      cpu_->Attention(*q, *key_cache, *value_cache, layout, num_heads, options, out.get());
+    });
   }
   void GatherRows(const DeviceArray& x, int64_t h, DeviceArray* out) override {
-    cpu_->GatherRows(x, h, out);
+    Run([=, x = View(x), out = View(*out), this] { cpu_->GatherRows(*x, h, out.get()); });
   }
   void* stream() const override { return const_cast<int*>(&stream_tag_); }
   void ToHost(const DeviceArray& x, int64_t offset, int64_t n, float* host) override {
     Log("ToHost.x", x.data(), n);
+    if (capturing_) capture_errors.push_back("ToHost while capturing");
     cpu_->ToHost(x, offset, n, host);
   }
   void FromHost(const float* host, int64_t offset, int64_t n, DeviceArray* x) override {
+    if (capturing_) capture_errors.push_back("FromHost while capturing");
     cpu_->FromHost(host, offset, n, x);
     Log("FromHost.x", x->data(), n);
   }
@@ -259,15 +398,32 @@ class FakeGpu : public ModelDevice {
     bool decode_only;
   };
   std::vector<Step> steps;
+  int captures = 0;
+  int replays = 0;
+  std::vector<std::string> capture_errors;
 
  private:
+  // A kernel's array as the kernel was given it: the same memory (a graph keeps addresses).
+  static std::shared_ptr<DeviceArray> View(const DeviceArray& a) {
+    return std::make_shared<DeviceArray>(nullptr, a.data(), a.numel(), a.format(), a.bytes());
+  }
+  // A kernel on the stream.
+  void Run(std::function<void()> kernel) { Enqueue(std::move(kernel)); }
   void Log(const char* op, const void* buffer, int64_t count = 0) {
-    log_->push_back({op, buffer, nullptr, count, cluster::DeviceElementType::kF32, nullptr});
+    Event e{op, buffer, nullptr, count, cluster::DeviceElementType::kF32, nullptr};
+    e.captured = capturing_;
+    log_->push_back(e);
   }
 
   std::unique_ptr<ModelDevice> cpu_;
   std::vector<Event>* const log_;
+  const FakeGraphs graphs_;
   int stream_tag_ = 0;
+  bool capturing_ = false;
+  bool graph_step_ = false;
+  int num_seqs_ = 0;
+  std::vector<std::function<void()>> recording_;
+  std::map<int, std::vector<std::function<void()>>> graphs_by_size_;
 };
 
 StepPlan::Seq Seq(int64_t id, int start, int tokens, bool sample, std::vector<int32_t> table) {
@@ -309,15 +465,18 @@ struct Rank {
 constexpr int kRanks = 2;
 constexpr char kModel[] = "synthetic:tiny";
 
-// Two ranks' models; with device collectives unless `staged`.
-std::vector<std::unique_ptr<Rank>> MakeRanks(ThreadGroup* group, bool staged) {
+// Two ranks' models; with device collectives unless `staged`, on fake GPUs that run decode
+// steps as `graphs` says.
+std::vector<std::unique_ptr<Rank>> MakeRanks(ThreadGroup* group, bool staged,
+                                             const FakeGraphs& graphs = {}) {
   std::vector<std::unique_ptr<Rank>> ranks;
   for (int r = 0; r < kRanks; ++r) {
     auto rank = std::make_unique<Rank>();
     rank->host = std::make_unique<HostGroup>(group, r);
     rank->device_group = std::make_unique<RecordingDeviceGroup>(group, r, &rank->log);
-    auto device = std::make_unique<FakeGpu>(&rank->log);
+    auto device = std::make_unique<FakeGpu>(&rank->log, graphs);
     rank->device = device.get();
+    rank->device_group->set_stream(device.get());
     absl::StatusOr<std::unique_ptr<LlamaWeights>> weights = LoadWeights(kModel, {r, kRanks});
     EXPECT_TRUE(weights.ok()) << weights.status();
     if (!weights.ok()) return {};
@@ -333,8 +492,8 @@ std::vector<std::unique_ptr<Rank>> MakeRanks(ThreadGroup* group, bool staged) {
 }
 
 // Runs every step on both ranks (the follower on its own thread); the leader's logits per step.
-std::vector<std::vector<float>> RunSteps(const std::vector<std::unique_ptr<Rank>>& ranks) {
-  const std::vector<StepPlan> steps = Steps();
+std::vector<std::vector<float>> RunSteps(const std::vector<std::unique_ptr<Rank>>& ranks,
+                                         const std::vector<StepPlan>& steps = Steps()) {
   std::thread follower([&] {
     for (const StepPlan& step : steps) ranks[1]->model->Follow(step);
   });
@@ -510,6 +669,271 @@ TEST(TensorParallelDeviceCollectivesTest, DeviceCollectivesNeedADeviceWithAStrea
   ASSERT_FALSE(model.ok());
   EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(log.empty());
+}
+
+// ---- CUDA graphs over tensor-parallel decode steps
+
+// Hands the leader's steps to the follower's thread as the leader makes them.
+class StepChannel {
+ public:
+  void Push(StepPlan step) {
+    std::lock_guard<std::mutex> lock(mu_);
+    steps_.push_back(std::move(step));
+    cv_.notify_all();
+  }
+  // The i-th step pushed (waits for it); nullopt after Close once every step was taken.
+  std::optional<StepPlan> Get(size_t i) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return closed_ || steps_.size() > i; });
+    if (steps_.size() > i) return steps_[i];
+    return std::nullopt;
+  }
+  void Close() {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<StepPlan> steps_;
+  bool closed_ = false;
+};
+
+size_t Argmax(const float* row, int64_t n) {
+  return static_cast<size_t>(std::max_element(row, row + n) - row);
+}
+
+// A greedy run: three prompts (5, 3 and 2 tokens) prefilled together, then three decode steps
+// of the first two (batch 2, a graph size) and three of all three (batch 3, padded to 4), every
+// token the argmax of the step before's logits. Blocks of 4 tokens.
+struct GreedyRun {
+  std::vector<std::vector<int32_t>> tokens;  // per sequence, the sampled tokens in order
+  std::vector<std::vector<float>> logits;    // per step, the leader's
+};
+
+// `forward` computes one step on the leader (and hands it to the followers).
+GreedyRun Greedy(int64_t vocab,
+                 const std::function<void(const StepPlan&, std::vector<float>*)>& forward) {
+  const std::vector<std::vector<int32_t>> prompts = {{11, 200, 37, 129, 128}, {5, 250, 130},
+                                                     {64, 3}};
+  const std::vector<std::vector<int32_t>> tables = {{0, 1, 6}, {2, 3, 7}, {4, 5}};
+  GreedyRun run;
+  run.tokens.resize(prompts.size());
+  std::vector<int> length(prompts.size(), 0);
+  StepPlan prefill;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    prefill.seqs.push_back(Seq(static_cast<int64_t>(i), 0, static_cast<int>(prompts[i].size()),
+                               true, tables[i]));
+    prefill.token_ids.insert(prefill.token_ids.end(), prompts[i].begin(), prompts[i].end());
+    length[i] = static_cast<int>(prompts[i].size());
+  }
+  std::vector<StepPlan> steps = {prefill};
+  std::vector<std::vector<size_t>> seqs_of = {{0, 1, 2}};
+  for (int k = 0; k < 6; ++k) seqs_of.push_back(k < 3 ? std::vector<size_t>{0, 1}
+                                                       : std::vector<size_t>{0, 1, 2});
+  for (size_t k = 0; k < seqs_of.size(); ++k) {
+    StepPlan step;
+    if (k == 0) {
+      step = prefill;
+    } else {
+      for (size_t i : seqs_of[k]) {
+        step.seqs.push_back(Seq(static_cast<int64_t>(i), length[i], 1, true, tables[i]));
+        step.token_ids.push_back(run.tokens[i].back());
+        ++length[i];
+      }
+    }
+    run.logits.emplace_back();
+    forward(step, &run.logits.back());
+    EXPECT_EQ(run.logits.back().size(), seqs_of[k].size() * vocab) << "step " << k;
+    if (run.logits.back().size() != seqs_of[k].size() * vocab) return run;
+    for (size_t j = 0; j < seqs_of[k].size(); ++j) {
+      run.tokens[seqs_of[k][j]].push_back(
+          static_cast<int32_t>(Argmax(run.logits.back().data() + j * vocab, vocab)));
+    }
+  }
+  return run;
+}
+
+// Greedy over two ranks: the leader here, the follower on its own thread.
+GreedyRun GreedyOverRanks(const std::vector<std::unique_ptr<Rank>>& ranks) {
+  StepChannel channel;
+  std::thread follower([&] {
+    for (size_t i = 0;; ++i) {
+      std::optional<StepPlan> step = channel.Get(i);
+      if (!step.has_value()) return;
+      ranks[1]->model->Follow(*step);
+    }
+  });
+  const int64_t vocab = ranks[0]->model->config().vocab_size;
+  GreedyRun run = Greedy(vocab, [&](const StepPlan& step, std::vector<float>* logits) {
+    channel.Push(step);
+    ranks[0]->model->Forward(step, logits);
+  });
+  channel.Close();
+  follower.join();
+  return run;
+}
+
+bool IsCollective(const Event& e) {
+  return e.op == "all_reduce" || e.op == "all_gather" || e.op == "wait";
+}
+
+// The collectives a rank's stream ran, in order: those called outside a capture and those a
+// replay ran (not the recordings themselves), as "op count" strings.
+std::vector<std::string> Executed(const std::vector<Event>& log) {
+  std::vector<std::string> out;
+  for (const Event& e : log) {
+    if (IsCollective(e) && !e.captured) out.push_back(absl::StrCat(e.op, " ", e.count));
+  }
+  return out;
+}
+
+const FakeGraphs kGraphs = {{1, 2, 4, 8}, /*capture=*/true};
+const FakeGraphs kPaddedOnly = {{1, 2, 4, 8}, /*capture=*/false};
+
+TEST(TensorParallelCudaGraphsTest, CapturedStepsRecordTheCollectivesTheirEagerRunMade) {
+  ThreadGroup group(kRanks);
+  std::vector<std::unique_ptr<Rank>> ranks = MakeRanks(&group, /*staged=*/false, kGraphs);
+  ASSERT_EQ(ranks.size(), static_cast<size_t>(kRanks));
+  const GreedyRun run = GreedyOverRanks(ranks);
+  const ModelConfig& c = ranks[0]->model->config();
+  const int64_t h = c.hidden_size;
+
+  for (int r = 0; r < kRanks; ++r) {
+    const FakeGpu& d = *ranks[r]->device;
+    // Batch 2 and batch 3 (padded to 4): each recorded once, then replayed twice.
+    EXPECT_EQ(d.captures, 2) << "rank " << r;
+    EXPECT_EQ(d.replays, 4) << "rank " << r;
+    EXPECT_TRUE(d.capture_errors.empty()) << "rank " << r << ": " << d.capture_errors[0];
+    const std::vector<Event>& log = ranks[r]->log;
+    size_t step_at = 0;  // the current step's SetStep
+    for (size_t i = 0; i < log.size(); ++i) {
+      if (log[i].op == "step") step_at = i;
+      // No host wait, and no host transfer, while the stream records.
+      if (log[i].captured) {
+        EXPECT_NE(log[i].op, "wait") << "rank " << r << " event " << i;
+        EXPECT_NE(log[i].op, "ToHost.x") << "rank " << r << " event " << i;
+        EXPECT_NE(log[i].op, "FromHost.x") << "rank " << r << " event " << i;
+      }
+      if (log[i].op != "begin_capture") continue;
+      // The eager run of the step (from its SetStep to the capture) against the recording.
+      std::vector<std::string> eager, recorded;
+      for (size_t j = step_at; j < i; ++j) {
+        if (IsCollective(log[j])) eager.push_back(absl::StrCat(log[j].op, " ", log[j].count));
+      }
+      size_t j = i + 1;
+      for (; j < log.size() && log[j].op != "end_capture"; ++j) {
+        if (IsCollective(log[j])) {
+          EXPECT_TRUE(log[j].captured);
+          recorded.push_back(absl::StrCat(log[j].op, " ", log[j].count));
+        }
+      }
+      ASSERT_LT(j, log.size()) << "rank " << r << ": a capture that never ends";
+      const int64_t padded = log[i].count;
+      // The embedding's sum, two per layer, over the padded batch, then the logits' gather.
+      std::vector<std::string> want;
+      for (int k = 0; k < 1 + 2 * c.num_layers; ++k) {
+        want.push_back(absl::StrCat("all_reduce ", padded * h));
+      }
+      want.push_back(absl::StrCat("all_gather ", padded * (c.vocab_size / kRanks)));
+      EXPECT_EQ(recorded, want) << "rank " << r << " capture at event " << i;
+      EXPECT_EQ(eager, want) << "rank " << r << " capture at event " << i;
+      // The host waits for the stream once the step is recorded (and after every replay).
+      size_t k = j + 1;
+      while (k < log.size() && !IsCollective(log[k])) ++k;
+      ASSERT_LT(k, log.size());
+      EXPECT_EQ(log[k].op, "wait");
+      EXPECT_FALSE(log[k].captured);
+    }
+    for (size_t i = 0; i < log.size(); ++i) {
+      if (log[i].op != "replay") continue;
+      // A replay runs the recorded collectives, then the host waits.
+      std::vector<std::string> replayed;
+      size_t k = i + 1;
+      for (; k < log.size() && log[k].replayed; ++k) {
+        replayed.push_back(absl::StrCat(log[k].op, " ", log[k].count));
+      }
+      EXPECT_EQ(replayed.size(), static_cast<size_t>(2 + 2 * c.num_layers)) << "event " << i;
+      ASSERT_LT(k, log.size());
+      EXPECT_EQ(log[k].op, "wait");
+    }
+  }
+  // Every rank's stream ran the same collectives, and so did a padded run without graphs.
+  const std::vector<std::string> leader = Executed(ranks[0]->log);
+  EXPECT_EQ(Executed(ranks[1]->log), leader);
+  ThreadGroup group2(kRanks);
+  std::vector<std::unique_ptr<Rank>> eager = MakeRanks(&group2, /*staged=*/false, kPaddedOnly);
+  ASSERT_EQ(eager.size(), static_cast<size_t>(kRanks));
+  const GreedyRun eager_run = GreedyOverRanks(eager);
+  EXPECT_EQ(eager[0]->device->captures, 0);
+  for (int r = 0; r < kRanks; ++r) EXPECT_EQ(Executed(eager[r]->log), leader) << "rank " << r;
+  // The replays computed what the eager steps did, bit for bit.
+  EXPECT_EQ(run.tokens, eager_run.tokens);
+  EXPECT_EQ(run.logits, eager_run.logits);
+  // The step counters count replayed steps' sums too.
+  EXPECT_EQ(ranks[0]->model->collective_times().all_reduces,
+            eager[0]->model->collective_times().all_reduces);
+  EXPECT_EQ(ranks[0]->model->collective_times().all_reduces, 7 * (1 + 2 * c.num_layers));
+}
+
+TEST(TensorParallelCudaGraphsTest, SameTokensAsWithoutGraphsAndAsOneRank) {
+  ThreadGroup group(kRanks);
+  std::vector<std::unique_ptr<Rank>> graphs = MakeRanks(&group, /*staged=*/false, kGraphs);
+  ASSERT_EQ(graphs.size(), static_cast<size_t>(kRanks));
+  const GreedyRun got = GreedyOverRanks(graphs);
+  EXPECT_GT(graphs[0]->device->replays, 0);
+
+  // No graphs and no padding.
+  std::vector<std::unique_ptr<Rank>> plain = MakeRanks(&group, /*staged=*/false);
+  ASSERT_EQ(plain.size(), static_cast<size_t>(kRanks));
+  const GreedyRun want = GreedyOverRanks(plain);
+  EXPECT_EQ(got.tokens, want.tokens);
+  ASSERT_EQ(got.logits.size(), want.logits.size());
+  for (size_t i = 0; i < want.logits.size(); ++i) {
+    ASSERT_EQ(got.logits[i].size(), want.logits[i].size()) << "step " << i;
+    for (size_t j = 0; j < want.logits[i].size(); ++j) {
+      ASSERT_NEAR(got.logits[i][j], want.logits[i][j], 1e-5) << "step " << i << " value " << j;
+    }
+  }
+
+  // The whole model on the CPU.
+  absl::StatusOr<std::unique_ptr<LlamaWeights>> weights = LoadWeights(kModel);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  absl::StatusOr<std::unique_ptr<LlamaModel>> whole =
+      LlamaModel::Create(std::move(*weights), KvCacheShape{8, 4});
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  const GreedyRun one = Greedy((*whole)->config().vocab_size,
+                               [&](const StepPlan& step, std::vector<float>* logits) {
+                                 (*whole)->Forward(step, logits);
+                               });
+  EXPECT_EQ(got.tokens, one.tokens);
+  for (size_t i = 0; i < one.logits.size(); ++i) {
+    ASSERT_EQ(got.logits[i].size(), one.logits[i].size()) << "step " << i;
+    for (size_t j = 0; j < one.logits[i].size(); ++j) {
+      ASSERT_NEAR(got.logits[i][j], one.logits[i][j], 1e-4) << "step " << i << " value " << j;
+    }
+  }
+}
+
+TEST(TensorParallelCudaGraphsTest, HostStagedStepsAreNeitherPaddedNorRecorded) {
+  ThreadGroup group(kRanks);
+  std::vector<std::unique_ptr<Rank>> staged = MakeRanks(&group, /*staged=*/true, kGraphs);
+  ASSERT_EQ(staged.size(), static_cast<size_t>(kRanks));
+  const GreedyRun got = GreedyOverRanks(staged);
+  for (int r = 0; r < kRanks; ++r) {
+    const FakeGpu& d = *staged[r]->device;
+    EXPECT_EQ(d.captures, 0);
+    EXPECT_EQ(d.replays, 0);
+    ASSERT_EQ(d.steps.size(), 7u);
+    EXPECT_EQ(d.steps[4].tokens, 3);  // batch 3 as it is, not padded to 4
+    for (const Event& e : staged[r]->log) EXPECT_FALSE(IsCollective(e)) << e.op;
+  }
+  ThreadGroup group2(kRanks);
+  std::vector<std::unique_ptr<Rank>> plain = MakeRanks(&group2, /*staged=*/false);
+  ASSERT_EQ(plain.size(), static_cast<size_t>(kRanks));
+  EXPECT_EQ(got.tokens, GreedyOverRanks(plain).tokens);
 }
 
 }  // namespace
