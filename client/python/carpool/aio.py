@@ -14,6 +14,7 @@ import zmq
 import zmq.asyncio
 
 from . import _batch
+from . import _failover
 from . import _requests
 from . import _wire
 from . import errors
@@ -22,6 +23,16 @@ from .client import (DEFAULT_URL, ConnectionWatch, SocketOptions, close_monitor,
 from .sampling import SamplingParams
 from .types import (Batch, BatchList, BatchResults, Chunk, EmbedResult, FileObject,
                     GenerateResult, Stats, TokenizeResult)
+
+
+class _Call(_failover.Call):
+    """One call in flight: the reader task puts what arrives for it in `events`."""
+    __slots__ = ("events",)
+
+    def __init__(self, request_id: str, frame: bytes, resend: bool) -> None:
+        super().__init__(request_id, frame, resend)
+        # ServerMessage (chunk, final, error) or a CarpoolError made in this client.
+        self.events: "asyncio.Queue[Any]" = asyncio.Queue()
 
 
 class AsyncStream:
@@ -39,7 +50,7 @@ class AsyncStream:
         self._frame = request.frame
         self._timeout = request.timeout
         self._deadline = 0.0
-        self._events: Optional["asyncio.Queue[Any]"] = None
+        self._call: Optional[_Call] = None
         self._reader = _requests.StreamReader(request.request_id)
 
     @property
@@ -57,11 +68,11 @@ class AsyncStream:
 
     async def start(self) -> None:
         """Sends the request (once; later calls do nothing)."""
-        if self._events is not None or self._reader.done:
+        if self._call is not None or self._reader.done:
             return
         self._deadline = time.monotonic() + self._timeout
-        self._events = await self._client._start(self._request_id, self._frame, self._deadline,
-                                                 self._timeout)
+        self._call = await self._client._start(self._request_id, self._frame, self._deadline,
+                                               self._timeout)
 
     def __aiter__(self) -> "AsyncStream":
         return self
@@ -70,8 +81,7 @@ class AsyncStream:
         while not self._reader.check_ended():
             try:
                 await self.start()
-                event = await self._client._wait(self._request_id, self._events, self._deadline,
-                                                 self._timeout)
+                event = await self._client._wait(self._call, self._deadline, self._timeout)
             except errors.CarpoolError as e:
                 event = e
             except asyncio.CancelledError:  # the awaiting task was cancelled: so is the request
@@ -98,7 +108,7 @@ class AsyncStream:
     async def aclose(self) -> None:
         """Cancels the request if it has not ended."""
         if not self._reader.done:
-            if self._events is not None:
+            if self._call is not None:
                 await self._client.cancel(self._request_id)
             self._reader.end(errors.Cancelled("the stream was closed",
                                               request_id=self._request_id))
@@ -112,7 +122,7 @@ class AsyncStream:
 
     def __del__(self) -> None:
         try:
-            if not self._reader.done and self._events is not None:
+            if not self._reader.done and self._call is not None:
                 self._client._cancel_nowait(self._request_id)
         except Exception:
             pass
@@ -126,37 +136,45 @@ class AsyncClient:
           async for chunk in client.stream("Once upon a time"):
               print(chunk.text, end="")
 
-    Arguments as for Client, except that url names one router: failover between two routers is
-    Client's only (InvalidArgument for a list). Connecting does not wait for the router.
+      async with carpool.AsyncClient(["tcp://10.0.0.5:5555", "tcp://10.0.0.6:5555"]) as c:
+          ...  # two routers: calls open when one is lost go on at the other
+
+    Arguments as for Client, url and connect_timeout included: one router endpoint, or several
+    (a list, or one string separated by commas), between which the client fails over exactly
+    as Client does (docs/cluster.md, "Two routers"). Connecting does not wait for the router.
     """
 
-    def __init__(self, url: str = DEFAULT_URL, *, timeout: float = 60.0, api_key: str = "",
-                 max_message_bytes: int = 16 << 20, heartbeat_ms: int = 1000,
+    def __init__(self, url: Union[str, Sequence[str]] = DEFAULT_URL, *, timeout: float = 60.0,
+                 api_key: str = "", max_message_bytes: int = 16 << 20, heartbeat_ms: int = 1000,
                  curve_server_key: str = "", curve_public_key: str = "",
                  curve_secret_key: str = "",
-                 context: Optional["zmq.asyncio.Context"] = None) -> None:
-        if not isinstance(url, str) or "," in url:
-            raise errors.InvalidArgument(
-                "AsyncClient takes one router endpoint, not %r: failover between routers is "
-                "carpool.Client's" % (url,))
+                 context: Optional["zmq.asyncio.Context"] = None,
+                 connect_timeout: float = 1.0) -> None:
         self.url = url
+        self._urls = _failover.router_urls(url)
+        self._url = self._urls[0]  # the router in use
         self.timeout = _wire.check_timeout(timeout)
         self.api_key = api_key
+        self._connect_timeout = float(connect_timeout)
+        if self._connect_timeout <= 0:
+            raise ValueError("connect_timeout must be > 0")
         self._ids = _wire.RequestIds()
         options = SocketOptions(max_message_bytes, heartbeat_ms, curve_server_key,
                                 curve_public_key, curve_secret_key)
+        self._options = options
         self._max_message_bytes = options.max_message_bytes
         self._own_context = context is None
         self._context = context if context is not None else zmq.asyncio.Context()
         try:
             self._sock = self._context.socket(zmq.DEALER)
-            self._monitor = configure_socket(self._sock, url, options)
+            self._monitor = configure_socket(self._sock, self._url, options)
         except BaseException:
             if self._own_context:
                 self._context.term()
             raise
+        self._connecting_since = time.monotonic()
         self._watch = ConnectionWatch()
-        self._calls: Dict[str, "asyncio.Queue[Any]"] = {}
+        self._calls: Dict[str, _Call] = {}
         self._stats_calls: Deque["asyncio.Future[Any]"] = collections.deque()
         self._reader: Optional["asyncio.Task[None]"] = None
         self._background: Set["asyncio.Future[Any]"] = set()
@@ -215,10 +233,10 @@ class AsyncClient:
     async def cancel(self, request_id: str) -> bool:
         """Cancels a call of this client in flight: it raises Cancelled and the router frees the
         request's resources. False when no call with that id is in flight."""
-        events = self._calls.pop(request_id, None)
-        if events is None:
+        call = self._calls.pop(request_id, None)
+        if call is None:
             return False
-        events.put_nowait(errors.Cancelled("cancelled by the client", request_id=request_id))
+        call.events.put_nowait(errors.Cancelled("cancelled by the client", request_id=request_id))
         await self._send(_wire.cancel_frame(request_id))
         return True
 
@@ -392,15 +410,17 @@ class AsyncClient:
                           **fields: Any) -> Any:
         req = _batch.call_request(self._ids, self.api_key, self.timeout, op, api_key=api_key,
                                   timeout=timeout, **fields)
-        return await self._one_shot(req, _batch.reply_answer)
+        # A call that may have changed the store is not sent to another router after a loss.
+        return await self._one_shot(req, _batch.reply_answer,
+                                    resend=op in _failover.READ_ONLY_BATCH_OPS)
 
-    async def _one_shot(self, req: _requests.Request, answer: Any) -> Any:
+    async def _one_shot(self, req: _requests.Request, answer: Any, resend: bool = True) -> Any:
         """Sends a one-shot call and waits for the answer `answer` finds in its events."""
         deadline = time.monotonic() + req.timeout
-        events = await self._start(req.request_id, req.frame, deadline, req.timeout)
+        call = await self._start(req.request_id, req.frame, deadline, req.timeout, resend)
         while True:
             try:
-                event = await self._wait(req.request_id, events, deadline, req.timeout)
+                event = await self._wait(call, deadline, req.timeout)
             except asyncio.CancelledError:  # the awaiting task was cancelled: so is the request
                 self._cancel_nowait(req.request_id)
                 raise
@@ -415,8 +435,9 @@ class AsyncClient:
             return
         self._closed = True
         calls, self._calls = self._calls, {}
-        for request_id, events in calls.items():
-            events.put_nowait(errors.Cancelled("the client was closed", request_id=request_id))
+        for request_id, call in calls.items():
+            call.events.put_nowait(errors.Cancelled("the client was closed",
+                                                    request_id=request_id))
         if calls:  # tell the router, allowing the cancels ~200 ms to leave
             sends = [self._send_quietly(_wire.cancel_frame(rid)) for rid in calls]
             try:
@@ -444,6 +465,11 @@ class AsyncClient:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def failover(self) -> bool:
+        """Several routers: calls open when one is lost go to the next."""
+        return len(self._urls) > 1
+
     async def __aenter__(self) -> "AsyncClient":
         return self
 
@@ -458,57 +484,66 @@ class AsyncClient:
         if self._broken is not None:
             raise self._broken
 
-    async def _start(self, request_id: str, frame: bytes, deadline: float,
-                     timeout: float) -> "asyncio.Queue[Any]":
+    async def _start(self, request_id: str, frame: bytes, deadline: float, timeout: float,
+                     resend: bool = True) -> _Call:
+        """Sends `frame` as a new call. resend: with several routers, it may be sent to the
+        next router when its router is lost (not for batch calls that change the store)."""
         self._check_open(request_id)
         if request_id in self._calls:
             raise errors.InvalidArgument(
                 "request_id %r is already in flight on this client" % request_id,
                 code="ALREADY_EXISTS", request_id=request_id)
         self._ensure_reader()
-        events: "asyncio.Queue[Any]" = asyncio.Queue()
-        self._calls[request_id] = events
+        call = _Call(request_id, _failover.seeded(frame, self.failover), resend)
+        self._calls[request_id] = call
+        # The socket of the router in use now: should a failover replace it before the frame
+        # leaves, the failover sends the call to the next router itself.
+        sock = self._sock
         try:
-            await asyncio.wait_for(self._send(frame), max(0.0, deadline - time.monotonic()))
+            await asyncio.wait_for(self._send(call.frame, sock),
+                                   max(0.0, deadline - time.monotonic()))
         except asyncio.TimeoutError:
-            self._forget(request_id, events)
+            self._forget(call)
             raise _wire.timeout_error(request_id, "room to send", timeout) from None
         except BaseException:
-            self._forget(request_id, events)
+            self._forget(call)
             raise
-        return events
+        return call
 
-    async def _wait(self, request_id: str, events: "asyncio.Queue[Any]", deadline: float,
-                    timeout: float) -> Any:
+    async def _wait(self, call: _Call, deadline: float, timeout: float) -> Any:
+        events = call.events
         if not events.empty():
             return events.get_nowait()
         try:
             return await asyncio.wait_for(events.get(), max(0.0, deadline - time.monotonic()))
         except asyncio.TimeoutError:
             pass
-        self._forget(request_id, events)
-        raise _wire.timeout_error(request_id, "answer", timeout, self._problems.suffix())
+        self._forget(call)
+        raise _wire.timeout_error(call.request_id, "answer", timeout, self._problems.suffix())
 
-    def _forget(self, request_id: str, events: "asyncio.Queue[Any]") -> None:
+    def _forget(self, call: _Call) -> None:
         """Drops a call (if still in flight) and tells the router to cancel it."""
-        if self._calls.get(request_id) is events:
-            del self._calls[request_id]
-            self._cancel_frame_soon(request_id)
+        if self._calls.get(call.request_id) is call:
+            del self._calls[call.request_id]
+            self._cancel_frame_soon(call.request_id)
 
     def _cancel_nowait(self, request_id: str) -> None:
         """cancel() without waiting; on the client's loop only (elsewhere, e.g. in a finalizer,
         it does nothing and aclose() cancels the call)."""
         if not self._on_running_loop():
             return
-        events = self._calls.pop(request_id, None)
-        if events is not None:
-            events.put_nowait(errors.Cancelled("cancelled", request_id=request_id))
+        call = self._calls.pop(request_id, None)
+        if call is not None:
+            call.events.put_nowait(errors.Cancelled("cancelled", request_id=request_id))
             self._cancel_frame_soon(request_id)
 
     def _cancel_frame_soon(self, request_id: str) -> None:
         if self._closed or not self._on_running_loop():
             return
-        f = asyncio.ensure_future(self._send_quietly(_wire.cancel_frame(request_id)))
+        self._in_background(self._send_quietly(_wire.cancel_frame(request_id)))
+
+    def _in_background(self, coro: Any) -> None:
+        f = asyncio.ensure_future(coro)
         self._background.add(f)
         f.add_done_callback(self._background.discard)
 
@@ -527,57 +562,129 @@ class AsyncClient:
         except errors.CarpoolError:
             pass
 
-    async def _send(self, frame: bytes) -> None:
+    async def _send(self, frame: bytes, sock: Optional["zmq.asyncio.Socket"] = None) -> None:
+        """Sends `frame` on `sock` (default: the socket in use). A frame for a socket that a
+        failover replaced is not sent (the failover sent its call to the next router)."""
+        if sock is None:
+            sock = self._sock
+        elif sock is not self._sock:
+            return
         try:
-            await self._sock.send(frame)
+            await sock.send(frame)
         except zmq.ZMQError as e:
+            if sock is not self._sock:
+                return  # closed by a failover under the send
             raise errors.CarpoolError("cannot send to the router: %s" % e,
                                       code="UNAVAILABLE") from None
+        except asyncio.CancelledError:
+            # Closing a socket cancels the sends waiting on it: one closed by a failover is not
+            # a cancel of this task (which, if also asked for, still propagates).
+            task = asyncio.current_task()
+            cancelling = getattr(task, "cancelling", None)  # Python 3.11+
+            if sock is not self._sock and not (cancelling is not None and cancelling()):
+                return
+            raise
 
     def _ensure_reader(self) -> None:
         if self._reader is None:
             self._reader = asyncio.ensure_future(self._read_loop())
 
     async def _read_loop(self) -> None:
-        poller = zmq.asyncio.Poller()
-        poller.register(self._sock, zmq.POLLIN)
-        if self._monitor is not None:
-            poller.register(self._monitor, zmq.POLLIN)
         try:
             while True:
-                events = dict(await poller.poll())
-                # Answers that arrived before a disconnect are routed before calls are ended.
-                while True:
-                    try:
-                        frame = await self._sock.recv(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    self._route(frame)
-                if self._monitor is not None and self._monitor in events:
-                    await self._read_monitor()
+                # One socket at a time: a failover replaces it and its monitor.
+                sock, monitor = self._sock, self._monitor
+                poller = zmq.asyncio.Poller()
+                poller.register(sock, zmq.POLLIN)
+                if monitor is not None:
+                    poller.register(monitor, zmq.POLLIN)
+                while sock is self._sock:
+                    events = dict(await poller.poll(self._poll_timeout_ms()))
+                    # Answers that arrived before a disconnect are routed before calls are
+                    # ended.
+                    while True:
+                        try:
+                            frame = await sock.recv(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        self._route(frame)
+                    if monitor is not None and monitor in events:
+                        await self._read_monitor()
+                    if sock is self._sock and self._poll_timeout_ms() == 0:
+                        self._router_lost("no connection to the router at %s within %g s "
+                                          "(connect_timeout)" % (self._url,
+                                                                 self._connect_timeout))
         except asyncio.CancelledError:
             raise
         except Exception as e:  # a broken socket or context: fail every call, never hang them
             self._fail_all(errors.InternalError("the client's reader failed: %r" % (e,)))
 
+    def _poll_timeout_ms(self) -> Optional[int]:
+        """None (no limit), or with several routers while the connection is not up, the ms
+        until it counts as failed (connect_timeout)."""
+        if not self.failover or self._watch.up or self._monitor is None:
+            return None
+        left = self._connecting_since + self._connect_timeout - time.monotonic()
+        return max(0, int(left * 1000))
+
     async def _read_monitor(self) -> None:
+        monitor = self._monitor
         while True:
             try:
-                parts = await self._monitor.recv_multipart(zmq.NOBLOCK)
+                parts = await monitor.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
             if self._watch.lost(parts):
                 self._router_lost()
+                if self.failover:
+                    return  # the monitor was replaced
 
-    def _router_lost(self) -> None:
-        """Ends every call and stats query in flight with RouterLost; the client goes on."""
-        calls, self._calls = self._calls, {}
-        for request_id, events in calls.items():
-            events.put_nowait(router_lost_error(self.url, request_id))
+    def _switch_router(self) -> None:
+        """Closes the connection to the current router and connects to the next."""
+        close_monitor(self._sock, self._monitor)
+        self._sock.close(linger=0)  # what it still holds was for the lost router
+        self._url = _failover.next_url(self._urls, self._url)
+        self._sock = self._context.socket(zmq.DEALER)
+        self._monitor = configure_socket(self._sock, self._url, self._options)
+        self._connecting_since = time.monotonic()
+        self._watch = ConnectionWatch()
+
+    def _router_lost(self, why: str = "") -> None:
+        """Ends every call and stats query in flight with RouterLost; the client goes on. With
+        several routers it first connects to the next, and the calls that may go there are
+        sent again instead, as Client does: a stream resuming after the tokens it received
+        (resume_tokens), any other as it was, at most once per router each."""
+        lost = self._url
+        why = _failover.lost_why(lost, why)
+        if self.failover:
+            self._switch_router()
+            why += "; failing over to %s" % self._url
+        ended = []
+        for request_id, call in list(self._calls.items()):
+            frame = call.failover_frame(len(self._urls))
+            if frame is None:
+                del self._calls[request_id]
+                ended.append(call)
+            else:
+                self._in_background(self._resend(call, frame, self._sock))
+        for call in ended:
+            call.events.put_nowait(router_lost_error(lost, call.request_id, why))
         while self._stats_calls:
             f = self._stats_calls.popleft()
             if not f.done():
-                f.set_result(router_lost_error(self.url))
+                f.set_result(router_lost_error(lost, "", why))
+
+    async def _resend(self, call: _Call, frame: bytes, sock: "zmq.asyncio.Socket") -> None:
+        """Sends an open call to the router that `sock` connects to after a failover (nothing
+        when the call ended meanwhile, or `sock` was replaced: that failover sends it)."""
+        if self._calls.get(call.request_id) is not call:
+            return
+        try:
+            await self._send(frame, sock)
+        except errors.CarpoolError as e:
+            if self._calls.get(call.request_id) is call:
+                del self._calls[call.request_id]
+                call.events.put_nowait(e)
 
     def _route(self, frame: bytes) -> None:
         try:
@@ -602,19 +709,21 @@ class AsyncClient:
                     return
             self._problems.note_unmatched(msg)
             return
-        events = self._calls.get(request_id)
-        if events is not None:
+        call = self._calls.get(request_id)
+        if call is not None:
             if kind != "chunk":
                 del self._calls[request_id]
-            events.put_nowait(msg)
+            if self.failover:
+                call.received(kind, msg)
+            call.events.put_nowait(msg)
         else:
             self._problems.note_unmatched(msg)
 
     def _fail_all(self, error: errors.CarpoolError) -> None:
         self._broken = error
         calls, self._calls = self._calls, {}
-        for events in calls.values():
-            events.put_nowait(error)
+        for call in calls.values():
+            call.events.put_nowait(error)
         while self._stats_calls:
             f = self._stats_calls.popleft()
             if not f.done():

@@ -11,7 +11,6 @@ any thread may call.
 import collections
 import os
 import queue
-import random
 import threading
 import time
 from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence, Union
@@ -20,6 +19,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from . import _batch
+from . import _failover
 from . import _requests
 from . import _wire
 from . import errors
@@ -30,7 +30,7 @@ from .types import (Batch, BatchList, BatchResults, Chunk, EmbedResult, FileObje
 DEFAULT_URL = "tcp://127.0.0.1:5555"
 
 # Batch calls that change nothing: with several routers, sent again after a router is lost.
-_READ_ONLY_BATCH_OPS = frozenset(("get_file", "file_content", "get_batch", "list_batches"))
+_READ_ONLY_BATCH_OPS = _failover.READ_ONLY_BATCH_OPS
 
 
 class SocketOptions:
@@ -141,37 +141,21 @@ class ConnectionWatch:
 
 
 def router_lost_error(url: str, request_id: str = "", why: str = "") -> errors.RouterLost:
-    return errors.RouterLost(
-        why or "lost the connection to the router at %s with the request open (the router "
-        "closed it, died or stopped answering ZMTP heartbeats)" % url, request_id=request_id)
+    return errors.RouterLost(_failover.lost_why(url, why), request_id=request_id)
 
 
-def router_urls(url: Union[str, Sequence[str]]) -> List[str]:
-    """The routers of a Client's `url`: one endpoint, several separated by commas, or a list
-    of them (blanks trimmed). InvalidArgument for an empty one."""
-    parts = url.split(",") if isinstance(url, str) else list(url)
-    urls = [str(u).strip() for u in parts]
-    if not urls or any(not u for u in urls):
-        raise errors.InvalidArgument("url %r has an empty endpoint: give one router endpoint, "
-                                     "several separated by commas, or a list" % (url,))
-    return urls
+router_urls = _failover.router_urls
 
 
-class _Call:
-    """One generate call in flight: the I/O thread appends what arrives for it."""
-    __slots__ = ("request_id", "events", "frame", "resend", "tokens", "failovers")
+class _Call(_failover.Call):
+    """One call in flight: the I/O thread appends what arrives for it. With several routers
+    its failover fields (_failover.Call) are the I/O thread's once started."""
+    __slots__ = ("events",)
 
     def __init__(self, request_id: str, frame: bytes = b"", resend: bool = False) -> None:
-        self.request_id = request_id
+        super().__init__(request_id, frame, resend)
         # ServerMessage (chunk, final, error) or a CarpoolError made in this client.
         self.events: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
-        # With several routers: the request, whether it may be sent to the next one when its
-        # router is lost, the token ids its chunks carried so far and its failovers (all the
-        # I/O thread's once started).
-        self.frame = frame
-        self.resend = resend
-        self.tokens: List[int] = []
-        self.failovers = 0
 
 
 class _StatsCall:
@@ -230,8 +214,7 @@ class _Core:
     def start(self, request_id: str, frame: bytes, resend: bool = True) -> _Call:
         """Sends `frame` as a new call. resend: with several routers, it may be sent to the
         next router when its router is lost (not for batch calls that change the store)."""
-        if self.failover:
-            frame = _wire.seeded_frame(frame, random.getrandbits(64))
+        frame = _failover.seeded(frame, self.failover)
         call = _Call(request_id, frame, resend)
         with self._mu:
             if self._closed:
@@ -391,7 +374,7 @@ class _Core:
         close_monitor(self._sock, self._monitor)
         self._sock.close(linger=0)  # what it still holds was for the lost router
         self._unsent.clear()
-        self._url = self._urls[(self._urls.index(self._url) + 1) % len(self._urls)]
+        self._url = _failover.next_url(self._urls, self._url)
         self._sock = self._context.socket(zmq.DEALER)
         self._monitor = configure_socket(self._sock, self._url, self._options)
         self._connecting_since = time.monotonic()
@@ -416,8 +399,7 @@ class _Core:
         sent again instead: a stream resuming after the tokens it received (resume_tokens),
         any other as it was, at most once per router each."""
         lost = self._url
-        why = why or ("lost the connection to the router at %s with the request open (the "
-                      "router closed it, died or stopped answering ZMTP heartbeats)" % lost)
+        why = _failover.lost_why(lost, why)
         resent = False
         with self._mu:
             if self.failover:
@@ -427,15 +409,11 @@ class _Core:
                 self._outbox.clear()
             ended = []
             for request_id, call in list(self._calls.items()):
-                frame = None
-                if self.failover and call.resend and call.failovers < len(self._urls):
-                    frame = (_wire.resume_frame(call.frame, call.tokens) if call.tokens
-                             else call.frame)
+                frame = call.failover_frame(len(self._urls))
                 if frame is None:
                     del self._calls[request_id]
                     ended.append(call)
                     continue
-                call.failovers += 1
                 self._outbox.append(frame)
                 resent = True
             stats_calls = list(self._stats_calls)
@@ -492,8 +470,8 @@ class _Core:
             if call is not None and kind != "chunk":
                 del self._calls[request_id]
         if call is not None:
-            if kind == "chunk" and self.failover:
-                call.tokens.extend(t.id for t in msg.chunk.tokens)
+            if self.failover:
+                call.received(kind, msg)
             call.events.put(msg)
             return
         with self._mu:
