@@ -1,6 +1,7 @@
 #include "router/embed_kind.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -20,6 +21,22 @@ template <typename Workers>
 bool AnyCanEmbed(const Workers& workers) {
   return std::any_of(workers.begin(), workers.end(),
                      [](const WorkerState* w) { return w->info.embed_queue_size > 0; });
+}
+
+// Why a request of `inputs` inputs can never be placed among workers of which `embedders`
+// embed, the largest embed queue `largest_queue`; nullopt: it can be.
+std::optional<Refusal> Never(int inputs, int embedders, int largest_queue) {
+  if (embedders == 0) {
+    return Refusal{absl::StatusCode::kFailedPrecondition, kReasonUnsupported, kNoEmbedWorker, 0};
+  }
+  if (inputs > largest_queue) {
+    return Refusal{
+        absl::StatusCode::kInvalidArgument, reason::kInvalidArgument,
+        absl::StrCat("inputs has ", inputs, " entries; this cluster's workers embed at most ",
+                     largest_queue, " at once (their embed_queue_size): split the request"),
+        0};
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -84,24 +101,13 @@ PlacementView EmbedKind::Place(const Request& request, const std::vector<WorkerS
                                const PrefixIndex&) {
   const EmbedRequest& r = Of(request);
   PlacementView view;
-  if (!AnyCanEmbed(workers)) {
-    view.never =
-        Refusal{absl::StatusCode::kFailedPrecondition, kReasonUnsupported, kNoEmbedWorker, 0};
-    return view;
-  }
   const int inputs = static_cast<int>(r.tokens.size());
   int largest_queue = 0;
   for (const WorkerState* w : workers) {
     largest_queue = std::max(largest_queue, w->info.embed_queue_size);
   }
-  if (inputs > largest_queue) {
-    view.never = Refusal{
-        absl::StatusCode::kInvalidArgument, reason::kInvalidArgument,
-        absl::StrCat("inputs has ", inputs, " entries; this cluster's workers embed at most ",
-                     largest_queue, " at once (their embed_queue_size): split the request"),
-        0};
-    return view;
-  }
+  view.never = Never(inputs, AnyCanEmbed(workers) ? 1 : 0, largest_queue);
+  if (view.never) return view;
   view.request_tokens = r.total_tokens;
   view.snapshots.resize(workers.size());
   for (size_t i = 0; i < workers.size(); ++i) {
@@ -110,6 +116,37 @@ PlacementView EmbedKind::Place(const Request& request, const std::vector<WorkerS
                          0, 0};
   }
   return view;
+}
+
+Placement EmbedKind::PlaceAmong(const Request& request, const PlacementIndex& model,
+                                const PrefixIndex& prefixes, PlacementPolicy policy,
+                                PlacementInput in) {
+  const int inputs = static_cast<int>(Of(request).tokens.size());
+  Placement p;
+  p.never = Never(inputs, model.embedders(), model.largest_embed_queue());
+  if (p.never) return p;
+  std::optional<int> pick;
+  switch (policy) {
+    case PlacementPolicy::kRoundRobin:
+      pick = model.EmbedRoundRobin(inputs, in.cursor);
+      break;
+    case PlacementPolicy::kPowerOfTwo:
+      pick = model.EmbedPowerOfTwo(inputs, in.random);
+      break;
+    case PlacementPolicy::kPrefixAffinity:
+      // Every score is -weight * load: for a weight >= 0 the least loaded wins (ties: fewer
+      // outstanding tokens, then the lowest position), as under least_loaded.
+      if (!(std::isfinite(in.affinity_load_weight) && in.affinity_load_weight >= 0)) {
+        return RequestKind::PlaceAmong(request, model, prefixes, policy, in);
+      }
+      pick = model.EmbedLeastLoaded(inputs);
+      break;
+    default:
+      pick = model.EmbedLeastLoaded(inputs);
+      break;
+  }
+  if (pick) p.worker = model.workers()[*pick];
+  return p;
 }
 
 RouterMessage EmbedKind::Dispatch(Request& request, WorkerState* w, int64_t) {

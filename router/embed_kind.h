@@ -41,6 +41,12 @@ class EmbedKind final : public RequestKind {
   // queue holds (invalid_argument).
   PlacementView Place(const Request& r, const std::vector<WorkerState*>& workers,
                       const PrefixIndex& prefixes) override;
+  // What router::Place chooses over Place()'s view, by the model's embed lane
+  // (PlacementIndex::Embed*) instead of a snapshot of every worker: O(sqrt(N) log N). On embeds
+  // prefix_affinity is least_loaded (nothing is cached); a negative or non-finite weight takes
+  // the linear way.
+  Placement PlaceAmong(const Request& r, const PlacementIndex& model, const PrefixIndex& prefixes,
+                       PlacementPolicy policy, PlacementInput in) override;
   RouterMessage Dispatch(Request& r, WorkerState* w, int64_t cached_prefix_tokens) override;
   // Checks the answer (one vector per input, each of the worker's hidden_size) and relays it;
   // a malformed one ends the request INTERNAL.

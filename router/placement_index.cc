@@ -1,6 +1,7 @@
 #include "router/placement_index.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "router/worker_registry.h"
 
@@ -22,7 +23,19 @@ uint64_t Mix(uint64_t x) {
 
 PlacementIndex::PlacementIndex(std::vector<WorkerState*> workers)
     : workers_(std::move(workers)), slots_(workers_.size()) {
+  // Blocks of about sqrt(N): a query reads each block's order once and scans one or two blocks.
+  const int n = static_cast<int>(workers_.size());
+  embed_block_size_ = std::max(8, static_cast<int>(std::ceil(std::sqrt(static_cast<double>(n)))));
+  for (int first = 0; first < n; first += embed_block_size_) {
+    EmbedBlock b;
+    b.first = first;
+    b.size = std::min(embed_block_size_, n - first);
+    embed_blocks_.push_back(std::move(b));
+  }
   for (size_t i = 0; i < workers_.size(); ++i) {
+    const int queue = workers_[i]->info.embed_queue_size;
+    if (queue > 0) ++embedders_;
+    largest_embed_queue_ = std::max(largest_embed_queue_, queue);
     positions_[workers_[i]->identity] = static_cast<int>(i);
     const int block_size = workers_[i]->info.block_size;
     if (std::find(block_sizes_.begin(), block_sizes_.end(), block_size) == block_sizes_.end()) {
@@ -79,7 +92,37 @@ void PlacementIndex::Update(int position) {
       lane.by_load.insert({load, position});
     }
   }
+  const int64_t old_load = s.load;
   s.load = load;
+  UpdateEmbed(position, old_load);
+}
+
+void PlacementIndex::UpdateEmbed(int position, int64_t old_load) {
+  Slot& s = slots_[position];
+  const WorkerState& w = *workers_[position];
+  const bool embeds = w.can_embed();
+  const int64_t room = int64_t{w.info.embed_queue_size} - w.embed_inputs;
+  const bool same = embeds == s.embeds && (!embeds || (room == s.embed_room && s.load == old_load));
+  if (same) {
+    s.embed_room = room;
+    return;
+  }
+  EmbedBlock& b = embed_blocks_[position / embed_block_size_];
+  std::vector<int>& order = b.by_room;
+  if (s.embeds) order.erase(std::find(order.begin(), order.end(), position));
+  embed_members_ += static_cast<int>(embeds) - static_cast<int>(s.embeds);
+  s.embeds = embeds;
+  s.embed_room = room;
+  if (embeds) {
+    // After every member with at least this room: the order stays by room, most first.
+    const auto at = std::partition_point(order.begin(), order.end(),
+                                         [&](int p) { return slots_[p].embed_room >= room; });
+    order.insert(at, position);
+  }
+  b.least.resize(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    b.least[i] = i == 0 || LessLoaded(order[i], b.least[i - 1]) ? order[i] : b.least[i - 1];
+  }
 }
 
 int PlacementIndex::Resync() {
@@ -88,7 +131,8 @@ int PlacementIndex::Resync() {
     const WorkerState& w = *workers_[i];
     const Slot& s = slots_[i];
     if (s.load != w.outstanding_tokens || s.in[0] != (w.credit(false) > 0) ||
-        s.in[1] != (w.credit(true) > 0)) {
+        s.in[1] != (w.credit(true) > 0) || s.embeds != w.can_embed() ||
+        s.embed_room != int64_t{w.info.embed_queue_size} - w.embed_inputs) {
       ++stale;
       Update(static_cast<int>(i));
     }
@@ -180,6 +224,88 @@ std::optional<int> PlacementIndex::PrefixAffinity(const Query& q,
     }
   }
   return best;
+}
+
+bool PlacementIndex::LessLoaded(int a, int b) const {
+  const int64_t la = slots_[a].load;
+  const int64_t lb = slots_[b].load;
+  return la != lb ? la < lb : a < b;
+}
+
+bool PlacementIndex::IsEmbedCandidate(int position, int64_t inputs) const {
+  const Slot& s = slots_[position];
+  return s.embeds && s.embed_room >= inputs;
+}
+
+int PlacementIndex::EmbedCandidates(const EmbedBlock& b, int64_t inputs) const {
+  const auto end = std::partition_point(b.by_room.begin(), b.by_room.end(),
+                                        [&](int p) { return slots_[p].embed_room >= inputs; });
+  return static_cast<int>(end - b.by_room.begin());
+}
+
+int PlacementIndex::FirstEmbedCandidate(const EmbedBlock& b, int from, int64_t inputs) const {
+  if (EmbedCandidates(b, inputs) == 0) return -1;
+  for (int p = std::max(from, b.first); p < b.first + b.size; ++p) {
+    if (IsEmbedCandidate(p, inputs)) return p;
+  }
+  return -1;
+}
+
+int PlacementIndex::KthEmbedCandidate(int64_t k, int64_t inputs) const {
+  for (const EmbedBlock& b : embed_blocks_) {
+    const int c = EmbedCandidates(b, inputs);
+    if (k >= c) {
+      k -= c;
+      continue;
+    }
+    for (int p = b.first; p < b.first + b.size; ++p) {
+      if (IsEmbedCandidate(p, inputs) && k-- == 0) return p;
+    }
+  }
+  return -1;
+}
+
+std::optional<int> PlacementIndex::EmbedLeastLoaded(int64_t inputs) const {
+  int best = -1;
+  for (const EmbedBlock& b : embed_blocks_) {
+    const int c = EmbedCandidates(b, inputs);
+    if (c == 0) continue;
+    const int candidate = b.least[c - 1];
+    if (best < 0 || LessLoaded(candidate, best)) best = candidate;
+  }
+  if (best < 0) return std::nullopt;
+  return best;
+}
+
+std::optional<int> PlacementIndex::EmbedRoundRobin(int64_t inputs, uint64_t cursor) const {
+  if (embed_members_ == 0) return std::nullopt;
+  // As Place(): the first candidate at or after cursor mod N, N every worker of the model.
+  const int start = static_cast<int>(cursor % workers_.size());
+  const int nb = static_cast<int>(embed_blocks_.size());
+  const int at = start / embed_block_size_;
+  if (const int p = FirstEmbedCandidate(embed_blocks_[at], start, inputs); p >= 0) return p;
+  for (int k = 1; k < nb; ++k) {
+    const EmbedBlock& b = embed_blocks_[(at + k) % nb];
+    if (const int p = FirstEmbedCandidate(b, b.first, inputs); p >= 0) return p;
+  }
+  // Round to the start's block again: only its candidates before `start` are left.
+  if (const int p = FirstEmbedCandidate(embed_blocks_[at], embed_blocks_[at].first, inputs);
+      p >= 0) {
+    return p;
+  }
+  return std::nullopt;
+}
+
+std::optional<int> PlacementIndex::EmbedPowerOfTwo(int64_t inputs, uint64_t random) const {
+  uint64_t n = 0;
+  for (const EmbedBlock& b : embed_blocks_) n += EmbedCandidates(b, inputs);
+  if (n == 0) return std::nullopt;
+  if (n == 1) return KthEmbedCandidate(0, inputs);
+  // Place()'s two draws among the candidates ordered by position.
+  const int a = KthEmbedCandidate(static_cast<int64_t>(random % n), inputs);
+  const int b = KthEmbedCandidate(
+      static_cast<int64_t>((random % n + 1 + (random / n) % (n - 1)) % n), inputs);
+  return slots_[b].load < slots_[a].load ? b : a;
 }
 
 }  // namespace carpool::router

@@ -17,6 +17,15 @@
 // workers that hold the prompt's first block, or, when many do, a walk from the least loaded
 // that stops where load outweighs the most any worker could have cached.
 //
+// Embed requests (router/embed_kind.h) have a lane of their own: the workers serving with
+// embed_queue_size > 0, each with its free embed room (embed_queue_size - embed_inputs) and load.
+// A request of `inputs` inputs has as candidates the members whose room holds them (Place()'s
+// credit, WorkerState::HasEmbedCredit), and no KV capacity check. The lane is cut by position
+// into blocks of about sqrt(N) workers, each kept sorted by room with the least loaded of every
+// prefix of that order, so that each policy chooses exactly what Place() chooses (power_of_two
+// included: the same two draws among the candidates by position) in O(sqrt(N) log N) at worst
+// for any `inputs`; an update of an embedding worker is O(sqrt(N)).
+//
 // Thread-compatible: owned by the router's event loop.
 #ifndef CARPOOL_ROUTER_PLACEMENT_INDEX_H_
 #define CARPOOL_ROUTER_PLACEMENT_INDEX_H_
@@ -90,6 +99,19 @@ class PlacementIndex {
   // The workers that can take a request of either credit, by load (tests).
   int members(bool batch_job) const { return static_cast<int>(lanes_[batch_job].members.size()); }
 
+  // Embed placement, for a request of `inputs` inputs: what Place() chooses over
+  // EmbedKind::Place's snapshots. O(1): the model's workers that embed at all (draining or
+  // not), and the largest embed_queue_size among them (both fixed until the index is rebuilt).
+  int embedders() const { return embedders_; }
+  int largest_embed_queue() const { return largest_embed_queue_; }
+  // HasEmbedCredit(inputs) of the worker at `position`, from the state last read.
+  bool IsEmbedCandidate(int position, int64_t inputs) const;
+  std::optional<int> EmbedLeastLoaded(int64_t inputs) const;
+  std::optional<int> EmbedRoundRobin(int64_t inputs, uint64_t cursor) const;
+  std::optional<int> EmbedPowerOfTwo(int64_t inputs, uint64_t random) const;
+  // The workers serving with embed_queue_size > 0 (tests).
+  int embed_members() const { return embed_members_; }
+
  private:
   // The workers with credit of one kind (interactive: credit(false) > 0; batch: credit(true) > 0),
   // serving.
@@ -103,6 +125,15 @@ class PlacementIndex {
     int member_at[2] = {-1, -1};
     int64_t load = 0;
     int64_t capacity = 0;  // tokens; 0: unknown
+    bool embeds = false;     // serving with embed_queue_size > 0
+    int64_t embed_room = 0;  // embed_queue_size - embed_inputs
+  };
+  // The embed lane's members among positions [first, first + size), by room (most first).
+  struct EmbedBlock {
+    int first = 0;
+    int size = 0;
+    std::vector<int> by_room;  // positions
+    std::vector<int> least;    // least[i]: the least loaded (then lowest) of by_room[0..i]
   };
 
   void Enter(Lane& lane, int lane_index, int position, int64_t load);
@@ -111,6 +142,17 @@ class PlacementIndex {
   bool PastCapacity(int64_t load, int64_t request_tokens) const;
   // prefix_affinity's order: whether (score, position) beats the best so far.
   bool Better(double score, int position, std::optional<int> best, double best_score) const;
+  // Whether the worker at `a` is less loaded than at `b`, or as loaded and lower.
+  bool LessLoaded(int a, int b) const;
+  // Reads the embed fields of the worker at `position` again (its slot's load already read;
+  // `old_load` the one before).
+  void UpdateEmbed(int position, int64_t old_load);
+  // The block's members with room for `inputs`: a prefix of by_room, this long.
+  int EmbedCandidates(const EmbedBlock& b, int64_t inputs) const;
+  // The block's candidate of lowest position at or after `from`; -1: none.
+  int FirstEmbedCandidate(const EmbedBlock& b, int from, int64_t inputs) const;
+  // The k-th (from 0) candidate by position.
+  int KthEmbedCandidate(int64_t k, int64_t inputs) const;
 
   std::vector<WorkerState*> workers_;
   absl::flat_hash_map<std::string, int> positions_;
@@ -119,6 +161,11 @@ class PlacementIndex {
   Lane lanes_[2];
   int64_t max_capacity_ = 0;   // the largest capacity of the model's workers
   bool any_unknown_ = false;   // whether one has no capacity (takes anything)
+  std::vector<EmbedBlock> embed_blocks_;  // every position in one, in order
+  int embed_block_size_ = 1;
+  int embed_members_ = 0;
+  int embedders_ = 0;
+  int largest_embed_queue_ = 0;
 };
 
 template <typename CachedOf>

@@ -1,6 +1,8 @@
 // The placement index (router/placement_index.h) against the linear placement it replaced:
 // random fleets under random changes, and at every step each policy's choice through
-// GenerateKind::PlaceAmong compared with router::Place over GenerateKind::Place's snapshots.
+// GenerateKind::PlaceAmong compared with router::Place over GenerateKind::Place's snapshots;
+// the same for embed requests, EmbedKind::PlaceAmong against router::Place over
+// EmbedKind::Place's snapshots.
 #include "router/placement_index.h"
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/block_hash.h"
 #include "gtest/gtest.h"
+#include "router/embed_kind.h"
 #include "router/generate_kind.h"
 #include "router/placement.h"
 #include "router/prefix_index.h"
@@ -378,6 +381,216 @@ TEST(PlacementIndexTest, PowerOfTwoDrawsEveryCandidateButNeverTheMostLoaded) {
   for (int i = 0; i < 4; ++i) {
     EXPECT_NEAR(picks[absl::StrCat("w", i)] / 4000.0, (4 - i) / 10.0, 0.03) << i;
   }
+}
+
+// A random fleet of two models whose workers embed (queues of a few sizes) or not, under the
+// changes that embed placement reads: embed inputs dispatched and answered, loads, draining,
+// stalls, registrations (a new queue size, or the other model) and removals.
+class EmbedFleet {
+ public:
+  explicit EmbedFleet(uint64_t seed) : rng_(seed) {
+    // Up to ~150 workers of model "a": blocks of 8 to 13, so queries cross several.
+    const int n = 1 + static_cast<int>(rng_() % (seed % 3 == 0 ? 200 : 40));
+    for (int i = 0; i < n; ++i) Register();
+  }
+
+  WorkerRegistry& registry() { return registry_; }
+  PrefixIndex& prefixes() { return prefixes_; }
+  std::mt19937_64& rng() { return rng_; }
+
+  void Register(std::string identity = "") {
+    if (identity.empty()) {
+      identity = absl::StrCat("e", rng_() % 1000);
+      names_.push_back(identity);
+    }
+    const std::string model = rng_() % 4 == 0 ? "b" : "a";
+    RegisterInfo info = Info(identity, model, 1 + static_cast<int>(rng_() % 4));
+    const int queues[] = {0, 0, 1, 2, 4, 8, 8, 64};
+    info.embed_queue_size = queues[rng_() % 8];
+    std::vector<uint64_t> orphaned;
+    registry_.Register(identity, info, 0, &orphaned);
+  }
+
+  void Mutate() {
+    if (names_.empty()) {
+      Register();
+      return;
+    }
+    const std::string& identity = names_[rng_() % names_.size()];
+    WorkerState* w = registry_.Find(identity);
+    if (w == nullptr) {
+      Register(identity);
+      return;
+    }
+    const int queue = w->info.embed_queue_size;
+    switch (rng_() % 10) {
+      case 0:
+        if (rng_() % 3 == 0) {
+          Register(identity);
+        } else {
+          registry_.Remove(identity);
+        }
+        return;
+      case 1:
+      case 2: {
+        const int64_t loads[] = {0, 0, 10, 20, 20, 40, 100, 500, 1000};
+        w->outstanding_tokens = loads[rng_() % 9];
+        break;
+      }
+      case 3:
+      case 4:
+        // An embed dispatched (only where it fits, as the router dispatches), or a few.
+        w->embed_inputs += 1 + static_cast<int>(rng_() % std::max(1, queue));
+        w->embed_inputs = std::min(w->embed_inputs, std::max(queue, 0));
+        break;
+      case 5:
+        w->embed_inputs = std::max(0, w->embed_inputs - 1 - static_cast<int>(rng_() % 8));
+        break;
+      case 6:
+        w->draining = rng_() % 4 == 0;
+        break;
+      case 7:
+        w->stalled = rng_() % 4 == 0;
+        break;
+      default:
+        w->requests.insert(next_request_++);  // a generate slot: embed placement reads none
+        break;
+    }
+    registry_.Changed(w);
+  }
+
+  // An embed request of a random number of inputs (at times more than any queue holds).
+  EmbedRequest Request() {
+    EmbedRequest r;
+    const int inputs[] = {0, 1, 1, 1, 2, 3, 4, 5, 8, 9, 64, 65};
+    r.tokens.resize(inputs[rng_() % 12], std::vector<int32_t>{1, 2});
+    r.total_tokens = static_cast<int64_t>(rng_() % 300);
+    r.validated = true;
+    r.admission.batch_job = rng_() % 3 == 0;
+    r.input.batch_job = r.admission.batch_job;
+    return r;
+  }
+
+ private:
+  std::mt19937_64 rng_;
+  WorkerRegistry registry_;
+  PrefixIndex prefixes_;
+  std::vector<std::string> names_;
+  uint64_t next_request_ = 1;
+};
+
+// Every policy's embed placement on `fleet` now, against the linear placement: the same worker
+// (power_of_two included), or the same refusal.
+void CheckEmbedPlacements(EmbedFleet& fleet, EmbedKind& kind, int* placed, int* refused) {
+  for (const char* model_name : {"a", "b"}) {
+    const PlacementIndex* model = fleet.registry().Model(model_name);
+    if (model == nullptr) continue;
+    const std::vector<WorkerState*>& workers = model->workers();
+    for (const PlacementPolicy policy : kPolicies) {
+      const EmbedRequest r = fleet.Request();
+      PlacementInput in;
+      in.cursor = fleet.rng()() % 1000;
+      in.random = fleet.rng()();
+      const double weights[] = {1.0, 1.0, 0.5, 0.0, 0.03, -1.0};
+      in.affinity_load_weight = weights[fleet.rng()() % 6];
+      const PlacementView view = kind.Place(r, workers, fleet.prefixes());
+      const Placement got = kind.PlaceAmong(r, *model, fleet.prefixes(), policy, in);
+      const std::string where =
+          absl::StrCat(PlacementPolicyName(policy), " over ", workers.size(), " workers, ",
+                       r.tokens.size(), " inputs, weight ", in.affinity_load_weight);
+      if (view.never) {
+        ASSERT_TRUE(got.never.has_value()) << where;
+        EXPECT_EQ(got.never->code, view.never->code) << where;
+        EXPECT_EQ(got.never->message, view.never->message) << where;
+        ++*refused;
+        continue;
+      }
+      ASSERT_FALSE(got.never.has_value()) << where << ": " << got.never->message;
+      PlacementInput reference_in = in;
+      reference_in.request_tokens = view.request_tokens;
+      const std::optional<int> want = Place(policy, view.snapshots, reference_in);
+      if (!want) {
+        ASSERT_EQ(got.worker, nullptr) << where << ": got " << got.worker->identity;
+        continue;
+      }
+      ASSERT_NE(got.worker, nullptr) << where << ": want " << workers[*want]->identity;
+      ASSERT_EQ(got.worker, workers[*want])
+          << where << ": got " << got.worker->identity << " (load "
+          << got.worker->outstanding_tokens << ", embed inputs " << got.worker->embed_inputs
+          << "), want " << workers[*want]->identity << " (load "
+          << workers[*want]->outstanding_tokens << ", embed inputs "
+          << workers[*want]->embed_inputs << ")";
+      EXPECT_EQ(got.cached_prefix_tokens, 0);
+      ++*placed;
+    }
+  }
+}
+
+TEST(PlacementIndexTest, EmbedChoosesWhatTheLinearPlacementChoosesUnderRandomChanges) {
+  EmbedKind kind(nullptr);
+  int placed = 0;
+  int refused = 0;
+  for (uint64_t seed = 1; seed <= 60; ++seed) {
+    EmbedFleet fleet(seed);
+    for (int step = 0; step < 400; ++step) {
+      fleet.Mutate();
+      ASSERT_EQ(fleet.registry().ResyncPlacement(), 0) << "every change was told";
+      for (const char* model_name : {"a", "b"}) {
+        const PlacementIndex* model = fleet.registry().Model(model_name);
+        if (model == nullptr) continue;
+        int members = 0;
+        for (const WorkerState* w : model->workers()) members += w->can_embed() ? 1 : 0;
+        ASSERT_EQ(model->embed_members(), members);
+      }
+      CheckEmbedPlacements(fleet, kind, &placed, &refused);
+      if (HasFatalFailure()) {
+        ADD_FAILURE() << "seed " << seed << ", step " << step;
+        return;
+      }
+    }
+  }
+  // Most comparisons chose a worker; the refusals (no embedder, too many inputs) ran too.
+  EXPECT_GT(placed, 100000);
+  EXPECT_GT(refused, 10000);
+}
+
+TEST(PlacementIndexTest, EmbedLaneSkipsWorkersWithoutRoomAndResyncSeesEmbedInputs) {
+  WorkerRegistry registry;
+  for (int i = 0; i < 40; ++i) {
+    RegisterInfo info = Info(absl::StrCat("w", 100 + i), "m", 4);
+    info.embed_queue_size = i == 7 ? 0 : 8;
+    std::vector<uint64_t> orphaned;
+    registry.Register(info.worker_id, info, 0, &orphaned);
+    WorkerState* w = registry.Find(info.worker_id);
+    w->outstanding_tokens = 1000 - 10 * i;  // the last is the least loaded
+    w->embed_inputs = i % 8;                // room 8 - i % 8
+    registry.Changed(w);
+  }
+  const PlacementIndex* model = registry.Model("m");
+  ASSERT_EQ(model->embedders(), 39);
+  EXPECT_EQ(model->largest_embed_queue(), 8);
+  EXPECT_EQ(model->embed_members(), 39);
+  // Room for 8: those with no inputs held (i % 8 == 0), w132 the least loaded.
+  EXPECT_EQ(model->workers()[*model->EmbedLeastLoaded(8)]->identity, "w132");
+  EXPECT_EQ(model->workers()[*model->EmbedLeastLoaded(1)]->identity, "w139");
+  EXPECT_EQ(model->workers()[*model->EmbedRoundRobin(8, 33)]->identity, "w100");  // wraps
+  EXPECT_EQ(model->workers()[*model->EmbedRoundRobin(8, 9)]->identity, "w116");
+  EXPECT_EQ(model->workers()[*model->EmbedRoundRobin(7, 9)]->identity, "w109");  // room 7
+  EXPECT_EQ(model->EmbedLeastLoaded(9), std::nullopt);
+  EXPECT_EQ(model->EmbedRoundRobin(9, 0), std::nullopt);
+  EXPECT_EQ(model->EmbedPowerOfTwo(9, 5), std::nullopt);
+  // Of the five with room for 8 (w100, w108, ..., w132), draws 3 and 3 + 1 + 0: w124 and w132.
+  EXPECT_EQ(model->workers()[*model->EmbedPowerOfTwo(8, 3)]->identity, "w132");
+  // embed_inputs changed without Changed: Resync finds it and reads it.
+  WorkerState* w = registry.Find("w132");
+  w->embed_inputs = 1;
+  EXPECT_EQ(registry.ResyncPlacement(), 1);
+  EXPECT_EQ(model->workers()[*model->EmbedLeastLoaded(8)]->identity, "w124");
+  // Draining: out of the lane, still an embedder (a request waits rather than "unsupported").
+  w->draining = true;
+  registry.Changed(w);
+  EXPECT_EQ(model->embed_members(), 38);
+  EXPECT_EQ(model->embedders(), 39);
 }
 
 TEST(PrefixIndexTest, HoldersFollowEveryWorkersSet) {
