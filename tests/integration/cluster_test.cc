@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/checkpoint_writer.h"
+#include "tests/testing/cluster.h"
 #include "tests/testing/command.h"
 #include "tests/testing/subprocess.h"
 #include "text/hf_tokenizer.h"
@@ -22,7 +23,6 @@ namespace {
 
 using testing::RouterEndpoints;
 using testing::Subprocess;
-using testing::WaitForRouterEndpoints;
 
 const std::string kBin = CARPOOL_BIN_DIR;
 
@@ -37,25 +37,18 @@ class ClusterTest : public ::testing::Test {
 
   // Starts the router; with backend_port 0 it picks its own ports.
   void StartRouter(int backend_port = 0) {
-    const std::string backend =
-        backend_port == 0 ? "tcp://127.0.0.1:*" : "tcp://127.0.0.1:" + std::to_string(backend_port);
-    router_ = std::make_unique<Subprocess>(
-        std::vector<std::string>{kBin + "/carpool-router", "--frontend", "tcp://127.0.0.1:*",
-                                 "--backend", backend},
-        Log("router"));
     RouterEndpoints ep;
-    ASSERT_TRUE(WaitForRouterEndpoints(*router_, &ep)) << router_->Log();
+    ASSERT_NO_FATAL_FAILURE(testing::StartRouterProcess(
+        kBin, testing::LoopbackEndpoint(0), testing::LoopbackEndpoint(backend_port), {},
+        Log("router"), &router_, &ep));
     frontend_ = ep.frontend;
     backend_ = ep.backend;
   }
 
   Subprocess* StartWorker(const std::string& name, const std::string& backend,
                           std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv = {kBin + "/carpool-worker", "--router", backend, "--model",
-                                     "synthetic:tiny", "--worker-id", name,
-                                     "--max-model-len", "1024"};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    workers_.push_back(std::make_unique<Subprocess>(argv, Log(name)));
+    workers_.push_back(std::make_unique<Subprocess>(
+        testing::WorkerArgv(kBin, backend, name, /*max_model_len=*/1024, extra), Log(name)));
     return workers_.back().get();
   }
 
@@ -63,19 +56,15 @@ class ClusterTest : public ::testing::Test {
     ClientOptions o;
     o.router_endpoint = frontend_;
     o.default_timeout_ms = 30000;
-    auto c = Client::Connect(o);
-    EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? std::move(*c) : nullptr;
+    return testing::ConnectClient(o);
   }
 
-  // Waits until the router lists `n` workers.
+  // Waits up to 10 s until the router lists `n` workers (or more).
   void WaitForWorkers(Client* c, int n) {
-    for (int i = 0; i < 200; ++i) {
-      auto s = c->Stats(1000);
-      if (s.ok() && static_cast<int>(s->workers.size()) >= n) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    FAIL() << "workers did not register";
+    const int64_t ms = testing::WaitForStats(
+        c, [n](const StatsOut& s) { return static_cast<int>(s.workers.size()) >= n; },
+        /*timeout_ms=*/10000, /*poll_ms=*/50, /*stats_timeout_ms=*/1000);
+    if (ms < 0) FAIL() << "workers did not register";
   }
 
   testing::TestDir dir_{"carpool_cluster_test"};
@@ -93,12 +82,11 @@ struct Prompt {
 
 std::vector<Prompt> MixedPrompts(int n) {
   std::mt19937 rng(17);
-  std::uniform_int_distribution<int> len(1, 60), out(1, 24), tok(0, 255);
+  std::uniform_int_distribution<int> out(1, 24);
   std::vector<Prompt> prompts;
   for (int i = 0; i < n; ++i) {
     Prompt p;
-    p.ids.push_back(256);
-    for (int j = len(rng); j > 0; --j) p.ids.push_back(tok(rng));
+    p.ids = testing::RandomPromptIds(rng, 1, 60);
     p.max_tokens = out(rng);
     p.temperature = i % 2 ? 0.8f : 0.0f;
     p.seed = 500 + i;
@@ -154,11 +142,7 @@ TEST_F(ClusterTest, ConcurrentStreamsEqualInProcessRunsOnBothWorkers) {
     }));
   }
 
-  worker::EngineOptions o;
-  o.model = "synthetic:tiny";
-  o.scheduler.max_model_len = 1024;
-  o.enable_prefix_caching = false;
-  auto engine = worker::Engine::Create(o);
+  auto engine = testing::SyntheticTinyEngine(/*max_model_len=*/1024);
   ASSERT_TRUE(engine.ok());
   for (size_t i = 0; i < prompts.size(); ++i) {
     auto [status, streamed] = results[i].get();

@@ -12,9 +12,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/carpool_client.h"
-#include "common/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/cluster.h"
 #include "tests/testing/command.h"
 #include "tests/testing/subprocess.h"
 #include "worker/engine.h"
@@ -22,13 +22,11 @@
 namespace carpool {
 namespace {
 
+using testing::NowMs;
 using testing::RouterEndpoints;
 using testing::Subprocess;
-using testing::WaitForRouterEndpoints;
 
 const std::string kBin = CARPOOL_BIN_DIR;
-
-int64_t NowMs() { return Clock::Real()->NowMicros() / 1000; }
 
 class FailoverTest : public ::testing::Test {
  protected:
@@ -42,27 +40,18 @@ class FailoverTest : public ::testing::Test {
   // Starts a router; ports 0 let it pick. Returns after it logged its endpoints.
   void StartRouter(std::vector<std::string> extra = {}, int frontend_port = 0,
                    int backend_port = 0, const std::string& log = "router") {
-    const auto endpoint = [](int port) {
-      return port == 0 ? std::string("tcp://127.0.0.1:*")
-                       : absl::StrCat("tcp://127.0.0.1:", port);
-    };
-    std::vector<std::string> argv = {kBin + "/carpool-router", "--frontend",
-                                     endpoint(frontend_port), "--backend",
-                                     endpoint(backend_port)};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    router_ = std::make_unique<Subprocess>(argv, Log(log));
     RouterEndpoints ep;
-    ASSERT_TRUE(WaitForRouterEndpoints(*router_, &ep)) << router_->Log();
+    ASSERT_NO_FATAL_FAILURE(testing::StartRouterProcess(
+        kBin, testing::LoopbackEndpoint(frontend_port), testing::LoopbackEndpoint(backend_port),
+        extra, Log(log), &router_, &ep));
     frontend_ = ep.frontend;
     backend_ = ep.backend;
   }
 
   Subprocess* StartWorker(const std::string& name, std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv = {kBin + "/carpool-worker", "--router", backend_, "--model",
-                                     "synthetic:tiny", "--worker-id", name, "--max-model-len",
-                                     "1024", "--threads", "1"};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    workers_.push_back(std::make_unique<Subprocess>(argv, Log(name)));
+    extra.insert(extra.begin(), {"--threads", "1"});
+    workers_.push_back(std::make_unique<Subprocess>(
+        testing::WorkerArgv(kBin, backend_, name, /*max_model_len=*/1024, extra), Log(name)));
     return workers_.back().get();
   }
 
@@ -71,20 +60,14 @@ class FailoverTest : public ::testing::Test {
     o.router_endpoint = frontend_;
     o.default_timeout_ms = timeout_ms;
     o.max_retries = max_retries;
-    auto c = Client::Connect(o);
-    EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? std::move(*c) : nullptr;
+    return testing::ConnectClient(o);
   }
 
   // Waits until the router lists exactly `n` workers; the time it took, or -1 after timeout_ms.
   static int64_t WaitForWorkers(Client* c, int n, int64_t timeout_ms = 10000) {
-    const int64_t start = NowMs();
-    while (NowMs() - start < timeout_ms) {
-      auto s = c->Stats(500);
-      if (s.ok() && static_cast<int>(s->workers.size()) == n) return NowMs() - start;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return -1;
+    return testing::WaitForStats(
+        c, [n](const StatsOut& s) { return static_cast<int>(s.workers.size()) == n; },
+        timeout_ms, /*poll_ms=*/20, /*stats_timeout_ms=*/500);
   }
 
   testing::TestDir dir_{"carpool_failover_test"};
@@ -100,12 +83,11 @@ struct Prompt {
 
 std::vector<Prompt> GreedyPrompts(int n, int min_tokens, int max_tokens) {
   std::mt19937 rng(29);
-  std::uniform_int_distribution<int> len(4, 40), out(min_tokens, max_tokens), tok(0, 255);
+  std::uniform_int_distribution<int> out(min_tokens, max_tokens);
   std::vector<Prompt> prompts;
   for (int i = 0; i < n; ++i) {
     Prompt p;
-    p.ids.push_back(256);
-    for (int j = len(rng); j > 0; --j) p.ids.push_back(tok(rng));
+    p.ids = testing::RandomPromptIds(rng, 4, 40);
     p.max_tokens = out(rng);
     prompts.push_back(std::move(p));
   }
@@ -125,12 +107,6 @@ GenerateInput ToInput(const Prompt& p, const std::string& id) {
 
 // The no-fault run: every prompt through an in-process engine.
 std::vector<std::vector<int32_t>> Expected(const std::vector<Prompt>& prompts) {
-  worker::EngineOptions o;
-  o.model = "synthetic:tiny";
-  o.scheduler.max_model_len = 1024;
-  o.enable_prefix_caching = false;
-  auto engine = worker::Engine::Create(o);
-  EXPECT_TRUE(engine.ok());
   std::vector<worker::EngineRequest> requests;
   for (const Prompt& p : prompts) {
     worker::EngineRequest r;
@@ -140,12 +116,7 @@ std::vector<std::vector<int32_t>> Expected(const std::vector<Prompt>& prompts) {
     r.sampling.ignore_eos = true;
     requests.push_back(std::move(r));
   }
-  std::vector<std::vector<int32_t>> out;
-  for (auto& c : (*engine)->Generate(std::move(requests))) {
-    EXPECT_TRUE(c.ok());
-    out.push_back(c.ok() ? c->tokens : std::vector<int32_t>());
-  }
-  return out;
+  return testing::InProcessTokens(std::move(requests), /*max_model_len=*/1024);
 }
 
 // What a client saw of one stream.

@@ -18,10 +18,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/carpool_client.h"
-#include "common/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/cluster.h"
 #include "tests/testing/command.h"
 #include "tests/testing/subprocess.h"
 #include "worker/engine.h"
@@ -29,16 +29,14 @@
 namespace carpool {
 namespace {
 
+using testing::NowMs;
 using testing::RouterEndpoints;
 using testing::Subprocess;
-using testing::WaitForRouterEndpoints;
 
 const std::string kBin = CARPOOL_BIN_DIR;
 constexpr int kStreams = 64;
 constexpr int kSeqsPerWorker = 32;  // 2 workers: the 64 streams fill them, the next one queues
 constexpr int kMaxModelLen = 1024;
-
-int64_t NowMs() { return Clock::Real()->NowMicros() / 1000; }
 
 struct Prompt {
   std::vector<int32_t> ids;
@@ -48,12 +46,11 @@ struct Prompt {
 
 std::vector<Prompt> SeededPrompts(int n) {
   std::mt19937 rng(19);
-  std::uniform_int_distribution<int> len(4, 40), out(600, 900), tok(0, 255);
+  std::uniform_int_distribution<int> out(600, 900);
   std::vector<Prompt> prompts;
   for (int i = 0; i < n; ++i) {
     Prompt p;
-    p.ids.push_back(256);
-    for (int j = len(rng); j > 0; --j) p.ids.push_back(tok(rng));
+    p.ids = testing::RandomPromptIds(rng, 4, 40);
     p.max_tokens = out(rng);
     p.seed = 1000 + i;
     prompts.push_back(std::move(p));
@@ -85,13 +82,6 @@ GenerateInput ToInput(const Prompt& p, const std::string& id, bool stream) {
 
 // The no-fault run: every prompt through an in-process engine.
 std::vector<std::vector<int32_t>> Expected(const std::vector<Prompt>& prompts) {
-  worker::EngineOptions o;
-  o.model = "synthetic:tiny";
-  o.scheduler.max_model_len = kMaxModelLen;
-  o.enable_prefix_caching = false;
-  auto engine = worker::Engine::Create(o);
-  EXPECT_TRUE(engine.ok()) << engine.status();
-  if (!engine.ok()) return {};
   std::vector<worker::EngineRequest> requests;
   for (const Prompt& p : prompts) {
     worker::EngineRequest r;
@@ -99,12 +89,7 @@ std::vector<std::vector<int32_t>> Expected(const std::vector<Prompt>& prompts) {
     r.sampling = Sampling(p);
     requests.push_back(std::move(r));
   }
-  std::vector<std::vector<int32_t>> out;
-  for (auto& c : (*engine)->Generate(std::move(requests))) {
-    EXPECT_TRUE(c.ok()) << c.status();
-    out.push_back(c.ok() ? c->tokens : std::vector<int32_t>());
-  }
-  return out;
+  return testing::InProcessTokens(std::move(requests), kMaxModelLen);
 }
 
 // What the client saw of one stream.
@@ -132,20 +117,15 @@ class TwoRoutersTest : public ::testing::Test {
   }
 
   void StartRouter(int i) {
-    routers_[i] = std::make_unique<Subprocess>(
-        std::vector<std::string>{kBin + "/carpool-router", "--frontend", "tcp://127.0.0.1:*",
-                                 "--backend", "tcp://127.0.0.1:*"},
-        dir_.Log(absl::StrCat("router", i)));
-    ASSERT_TRUE(WaitForRouterEndpoints(*routers_[i], &ep_[i])) << routers_[i]->Log();
+    testing::StartRouterProcess(kBin, "tcp://127.0.0.1:*", "tcp://127.0.0.1:*", {},
+                                dir_.Log(absl::StrCat("router", i)), &routers_[i], &ep_[i]);
   }
 
   void StartWorker(const std::string& name) {
     workers_.push_back(std::make_unique<Subprocess>(
-        std::vector<std::string>{kBin + "/carpool-worker", "--router",
-                                 ep_[0].backend + "," + ep_[1].backend, "--router-lost-ms",
-                                 "2000", "--model", "synthetic:tiny", "--worker-id", name,
-                                 "--max-model-len", absl::StrCat(kMaxModelLen), "--max-num-seqs",
-                                 absl::StrCat(kSeqsPerWorker), "--threads", "1"},
+        testing::WorkerArgv(kBin, ep_[0].backend + "," + ep_[1].backend, name, kMaxModelLen,
+                            {"--router-lost-ms", "2000", "--max-num-seqs",
+                             absl::StrCat(kSeqsPerWorker), "--threads", "1"}),
         dir_.Log(name)));
   }
 
@@ -154,25 +134,20 @@ class TwoRoutersTest : public ::testing::Test {
     ClientOptions o;
     o.router_endpoints = std::move(endpoints);
     o.default_timeout_ms = 60000;
-    auto c = Client::Connect(o);
-    EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? std::move(*c) : nullptr;
+    return testing::ConnectClient(o);
   }
 
   // Waits until `c`'s router has `workers` workers, `inflight` requests running and `queued`
   // queued (-1: any). The time it took, or -1 after timeout_ms.
   static int64_t WaitForStats(Client* c, int workers, int inflight, int queued,
                               int64_t timeout_ms = 20000) {
-    const int64_t start = NowMs();
-    while (NowMs() - start < timeout_ms) {
-      absl::StatusOr<StatsOut> s = c->Stats(1000);
-      if (s.ok() && static_cast<int>(s->workers.size()) == workers &&
-          (inflight < 0 || s->inflight == inflight) && (queued < 0 || s->queued == queued)) {
-        return NowMs() - start;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return -1;
+    return testing::WaitForStats(
+        c,
+        [&](const StatsOut& s) {
+          return static_cast<int>(s.workers.size()) == workers &&
+                 (inflight < 0 || s.inflight == inflight) && (queued < 0 || s.queued == queued);
+        },
+        timeout_ms, /*poll_ms=*/10, /*stats_timeout_ms=*/1000);
   }
 
   testing::TestDir dir_{"carpool_two_routers_test"};
