@@ -78,6 +78,33 @@ def test_a_call_not_answered_yet_is_sent_again_as_it_was():
         second.stop()
 
 
+def test_a_call_cancelled_before_the_loss_is_not_sent_again():
+    first, second = FakeRouter(partly), FakeRouter(resuming)
+
+    async def main():
+        async with carpool.AsyncClient([first.url, second.url], timeout=10) as client:
+            sampling = carpool.SamplingParams(max_tokens=10)
+            gone = client.stream(list(range(10)), request_id="gone", sampling=sampling)
+            kept = client.stream(list(range(10)), request_id="kept", sampling=sampling)
+            await gone.__anext__()
+            await kept.__anext__()
+            assert await gone.cancel()
+            first.stop()
+            rest = [c.index async for c in kept]
+            with pytest.raises(carpool.Cancelled):
+                await gone.wait()
+            await asyncio.sleep(0.2)
+            return rest
+
+    try:
+        rest = run(main())
+        assert rest == list(range(1, 10))  # no gap, no duplicate
+        assert not generates(second, "gone")
+        assert len(generates(second, "kept")) == 1
+    finally:
+        second.stop()
+
+
 def test_a_router_down_from_the_start_is_skipped_after_connect_timeout():
     probe = FakeRouter()
     down = probe.url
