@@ -15,16 +15,15 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/random/random.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/codec.h"
+#include "common/endpoint_list.h"
 #include "common/status.h"
 #include "common/transport.h"
 #include "nlohmann/json.hpp"
@@ -573,11 +572,7 @@ absl::Status ClientOptions::Validate() const {
 
 std::vector<std::string> ClientOptions::Endpoints() const {
   if (!router_endpoints.empty()) return router_endpoints;
-  std::vector<std::string> out;
-  for (absl::string_view part : absl::StrSplit(router_endpoint, ',')) {
-    out.emplace_back(absl::StripAsciiWhitespace(part));
-  }
-  return out;
+  return SplitEndpointList(router_endpoint);
 }
 
 std::vector<int32_t> GenerateResult::TokenIds() const {

@@ -8,11 +8,10 @@
 #include <thread>
 #include <utility>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "common/clock.h"
 #include "common/codec.h"
+#include "common/endpoint_list.h"
 #include "common/status.h"
 #include "worker/echo_backend.h"
 #include "worker/engine_loop.h"
@@ -449,11 +448,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(
 WorkerServer::~WorkerServer() = default;
 
 std::vector<std::string> WorkerServer::RouterEndpoints(const std::string& router_endpoint) {
-  std::vector<std::string> out;
-  for (absl::string_view part : absl::StrSplit(router_endpoint, ',')) {
-    out.emplace_back(absl::StripAsciiWhitespace(part));
-  }
-  return out;
+  return SplitEndpointList(router_endpoint);
 }
 
 void WorkerServer::RequestDrain() { drain_requested_.store(true, std::memory_order_relaxed); }
