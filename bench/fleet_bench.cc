@@ -18,8 +18,12 @@
 // with the prefix match against an index of N x --cached-blocks hashes) and, for reference, the
 // linear way it replaced (the worker list, the placement view with every worker's prefix match,
 // the policy's Place over the snapshots); the index's update when a worker's load changes; one
-// admission cycle (Admit, Next, MarkDispatched, Release), in ns per call; the loop's periodic
-// housekeeping pass over the workers; and the prefix index's memory.
+// admission cycle (Admit, Next, MarkDispatched, Release), in ns per call; embed placement the
+// same two ways (EmbedKind::PlaceAmong by the index's embed lane, and the linear default:
+// EmbedKind::Place's snapshot of every worker, then Place) over N workers with
+// embed_queue_size 64 and random embed inputs held, for requests of 1 to 32 inputs, and the
+// index's update when such a worker's load changes; the loop's periodic housekeeping pass over
+// the workers; and the prefix index's memory.
 // Everything runs on one machine: the fleet and the clients share its cores with the router.
 #include <malloc.h>
 #include <unistd.h>
@@ -46,6 +50,7 @@
 #include "common/transport.h"
 #include "nlohmann/json.hpp"
 #include "router/admission.h"
+#include "router/embed_kind.h"
 #include "router/generate_kind.h"
 #include "router/placement.h"
 #include "router/prefix_index.h"
@@ -362,6 +367,12 @@ struct Micro {
   double view_ns = 0;       // GenerateKind::Place: snapshots, and the prefix match
   double place_ns = 0;      // the policy's Place over the snapshots
   double admission_ns = 0;  // Admit + Next + MarkDispatched + Release
+  // Embed placement over a fleet that embeds: the router's way (EmbedKind::PlaceAmong), the
+  // linear way it replaced (RequestKind::PlaceAmong: EmbedKind::Place, then Place), and the
+  // index's update when an embedding worker's load changes.
+  double embed_indexed_ns = 0;
+  double embed_linear_ns = 0;
+  double embed_update_ns = 0;
   // prefix_affinity only: prompts whose blocks Config::hot_holders workers cache, and prompts
   // whose first block every worker caches (a system prompt), the router's way.
   double hot_ns = 0;
@@ -470,6 +481,58 @@ Micro RunMicro(const Config& c, Fixture& f, PlacementPolicy policy) {
       admission.Release(*next, 1, /*completed=*/true);
     }
   });
+  {
+    // A registry of as many workers that embed (queues of 64, random inputs held and loads),
+    // and embed requests of 1 to 32 inputs.
+    router::WorkerRegistry embedders;
+    std::mt19937_64 erng(43);
+    for (size_t i = 0; i < workers.size(); ++i) {
+      RegisterInfo info;
+      info.worker_id = absl::StrCat("sim-", i);
+      info.model = "sim";
+      info.max_num_seqs = c.max_num_seqs;
+      info.num_kv_blocks = c.num_kv_blocks;
+      info.block_size = 16;
+      info.embed_queue_size = 64;
+      std::vector<uint64_t> orphaned;
+      embedders.Register(info.worker_id, info, 0, &orphaned);
+      router::WorkerState* w = embedders.Find(info.worker_id);
+      w->outstanding_tokens = static_cast<int64_t>(erng() % 4096);
+      w->embed_inputs = static_cast<int>(erng() % 65);
+      embedders.Changed(w);
+    }
+    router::EmbedKind embed(nullptr);
+    std::vector<router::EmbedRequest> embeds(64);
+    for (size_t i = 0; i < embeds.size(); ++i) {
+      embeds[i].tokens.assign(size_t{1} << (i % 6), PromptFor(i, 8));
+      embeds[i].total_tokens = static_cast<int64_t>(embeds[i].tokens.size()) * 8;
+      embeds[i].validated = true;
+    }
+    const router::PlacementIndex* embed_model = embedders.Model("sim");
+    const auto embed_in = [&](int i) {
+      router::PlacementInput in;
+      in.cursor = static_cast<uint64_t>(i);
+      in.random = rng();
+      in.affinity_load_weight = options.affinity_load_weight;
+      return in;
+    };
+    m.embed_indexed_ns = NsPerCall(iters, [&](int i) {
+      const router::Placement p = embed.PlaceAmong(embeds[i % embeds.size()],
+                                                   *embedders.Model("sim"), f.index, policy,
+                                                   embed_in(i));
+      sink += p.worker != nullptr ? 1 : 0;
+    });
+    m.embed_linear_ns = NsPerCall(iters, [&](int i) {
+      const router::Placement p = embed.RequestKind::PlaceAmong(
+          embeds[i % embeds.size()], *embedders.Model("sim"), f.index, policy, embed_in(i));
+      sink += p.worker != nullptr ? 1 : 0;
+    });
+    m.embed_update_ns = NsPerCall(iters, [&](int i) {
+      router::WorkerState* w = embed_model->workers()[static_cast<size_t>(i) % workers.size()];
+      w->outstanding_tokens = static_cast<int64_t>(erng() % 4096);
+      embedders.Changed(w);
+    });
+  }
   if (policy == PlacementPolicy::kPrefixAffinity) {
     const int n = static_cast<int>(workers.size());
     std::vector<router::GenerateRequest> hot(requests.size());
@@ -646,6 +709,11 @@ int main(int argc, char** argv) {
                   n, carpool::router::PlacementPolicyName(policy), 100 * e.idle_core_share, e.rps,
                   e.router_us_per_request, e.router_io_us_per_request, e.p50_us, e.p99_us, m.indexed_ns, m.update_ns,
                   m.admission_ns, m.list_ns, m.view_ns, m.place_ns);
+      std::printf("%6s embed placement: %.0f ns the router's way (embed lane), %.0f ns the "
+                  "linear way (x%.1f); the index's update of an embedding worker's load %.0f ns\n",
+                  "", m.embed_indexed_ns, m.embed_linear_ns,
+                  m.embed_indexed_ns > 0 ? m.embed_linear_ns / m.embed_indexed_ns : 0.0,
+                  m.embed_update_ns);
       if (policy == PlacementPolicy::kPrefixAffinity) {
         std::printf("%6s prefix_affinity, the router's way: %.0f ns with the prompt's blocks "
                     "cached on %d workers, %.0f ns with its first block cached on every worker\n",
@@ -693,6 +761,9 @@ int main(int argc, char** argv) {
                          {"placement_view_ns", m.view_ns},
                          {"place_ns", m.place_ns},
                          {"admission_cycle_ns", m.admission_ns},
+                         {"embed_indexed_place_ns", m.embed_indexed_ns},
+                         {"embed_linear_place_ns", m.embed_linear_ns},
+                         {"embed_index_update_ns", m.embed_update_ns},
                          {"index_heap_bytes", index_heap},
                          {"index_table_bytes", index_bytes},
                          {"housekeeping_pass_us", housekeeping_us},

@@ -109,18 +109,24 @@ void PlacementIndex::UpdateEmbed(int position, int64_t old_load) {
   }
   EmbedBlock& b = embed_blocks_[position / embed_block_size_];
   std::vector<int>& order = b.by_room;
-  if (s.embeds) order.erase(std::find(order.begin(), order.end(), position));
-  embed_members_ += static_cast<int>(embeds) - static_cast<int>(s.embeds);
-  s.embeds = embeds;
-  s.embed_room = room;
-  if (embeds) {
-    // After every member with at least this room: the order stays by room, most first.
-    const auto at = std::partition_point(order.begin(), order.end(),
-                                         [&](int p) { return slots_[p].embed_room >= room; });
-    order.insert(at, position);
+  size_t from = 0;  // the least loaded of each prefix from here on changes
+  if (embeds && s.embeds && room == s.embed_room) {
+    // Only its load: its place in the order stays.
+    from = std::find(order.begin(), order.end(), position) - order.begin();
+  } else {
+    if (s.embeds) order.erase(std::find(order.begin(), order.end(), position));
+    embed_members_ += static_cast<int>(embeds) - static_cast<int>(s.embeds);
+    s.embeds = embeds;
+    s.embed_room = room;
+    if (embeds) {
+      // After every member with at least this room: the order stays by room, most first.
+      const auto at = std::partition_point(order.begin(), order.end(),
+                                           [&](int p) { return slots_[p].embed_room >= room; });
+      order.insert(at, position);
+    }
+    b.least.resize(order.size());
   }
-  b.least.resize(order.size());
-  for (size_t i = 0; i < order.size(); ++i) {
+  for (size_t i = from; i < order.size(); ++i) {
     b.least[i] = i == 0 || LessLoaded(order[i], b.least[i - 1]) ? order[i] : b.least[i - 1];
   }
 }
