@@ -12,10 +12,9 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "common/flags.h"
 #include "gtest/gtest.h"
+#include "tests/testing/engine_checks.h"
 #include "worker/engine.h"
-#include "worker/engine_flags.h"
 #include "worker/model/fake_async_device.h"
 #include "worker/model/model_device.h"
 
@@ -132,28 +131,10 @@ std::vector<EngineRequest> MixedRequests(int n, int seed) {
   return requests;
 }
 
+// Request by request, bit for bit (tests/testing/engine_checks.h).
 void ExpectSame(const std::vector<absl::StatusOr<Completion>>& want,
                 const std::vector<absl::StatusOr<Completion>>& got) {
-  ASSERT_EQ(want.size(), got.size());
-  for (size_t i = 0; i < want.size(); ++i) {
-    SCOPED_TRACE("request " + std::to_string(i));
-    ASSERT_TRUE(want[i].ok()) << want[i].status();
-    ASSERT_TRUE(got[i].ok()) << got[i].status();
-    EXPECT_EQ(got[i]->tokens, want[i]->tokens);
-    EXPECT_EQ(got[i]->finish_reason, want[i]->finish_reason);
-    EXPECT_EQ(got[i]->prompt_tokens, want[i]->prompt_tokens);
-    ASSERT_EQ(got[i]->logprobs.size(), want[i]->logprobs.size());
-    for (size_t j = 0; j < want[i]->logprobs.size(); ++j) {
-      const SampleResult& a = want[i]->logprobs[j];
-      const SampleResult& b = got[i]->logprobs[j];
-      EXPECT_EQ(b.token, a.token) << "token " << j;
-      EXPECT_EQ(b.logprob, a.logprob) << "token " << j;
-      ASSERT_EQ(b.top_logprobs.size(), a.top_logprobs.size()) << "token " << j;
-      for (size_t k = 0; k < a.top_logprobs.size(); ++k) {
-        EXPECT_EQ(b.top_logprobs[k].token, a.top_logprobs[k].token) << "token " << j;
-      }
-    }
-  }
+  testing::ExpectSameCompletions(want, got, {.finish_reason_and_prompt_tokens = true});
 }
 
 void ExpectNoViolations(const FakeDeviceLog& log) {
@@ -349,24 +330,16 @@ TEST(EngineAsyncTest, AutoIsSynchronousOnTheCpuAndOnNeedsAnAsyncDevice) {
   EXPECT_FALSE((*off)->steps_async());
 }
 
-absl::Status ParseFlags(std::vector<std::string> args, EngineOptions* options) {
-  FlagParser parser;
-  RegisterEngineFlags(&parser, options);
-  std::vector<char*> argv = {const_cast<char*>("test")};
-  for (std::string& a : args) argv.push_back(a.data());
-  return parser.Parse(static_cast<int>(argv.size()), argv.data(), 1);
-}
-
 TEST(EngineAsyncTest, FlagTakesAutoOnOff) {
   EngineOptions o;
   EXPECT_EQ(o.async_step, AsyncStep::kAuto);
-  ASSERT_TRUE(ParseFlags({"--async-step", "off"}, &o).ok());
+  ASSERT_TRUE(testing::ParseEngineFlags({"--async-step", "off"}, &o).ok());
   EXPECT_EQ(o.async_step, AsyncStep::kOff);
-  ASSERT_TRUE(ParseFlags({"--async-step=on"}, &o).ok());
+  ASSERT_TRUE(testing::ParseEngineFlags({"--async-step=on"}, &o).ok());
   EXPECT_EQ(o.async_step, AsyncStep::kOn);
-  ASSERT_TRUE(ParseFlags({"--async-step", "auto"}, &o).ok());
+  ASSERT_TRUE(testing::ParseEngineFlags({"--async-step", "auto"}, &o).ok());
   EXPECT_EQ(o.async_step, AsyncStep::kAuto);
-  const absl::Status bad = ParseFlags({"--async-step", "yes"}, &o);
+  const absl::Status bad = testing::ParseEngineFlags({"--async-step", "yes"}, &o);
   EXPECT_FALSE(bad.ok());
   EXPECT_NE(bad.message().find("--async-step"), std::string::npos) << bad;
   EXPECT_STREQ(AsyncStepName(AsyncStep::kOn), "on");

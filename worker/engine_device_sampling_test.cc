@@ -13,9 +13,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "common/flags.h"
+#include "tests/testing/engine_checks.h"
 #include "worker/engine.h"
-#include "worker/engine_flags.h"
 #include "worker/model/model_device.h"
 #include "worker/sampler/sampler.h"
 
@@ -276,27 +275,10 @@ std::vector<absl::StatusOr<Completion>> Generate(std::unique_ptr<ModelDevice> de
   return (*engine)->Generate(MixedRequests());
 }
 
+// Request by request, bit for bit (tests/testing/engine_checks.h).
 void ExpectSame(const std::vector<absl::StatusOr<Completion>>& want,
                 const std::vector<absl::StatusOr<Completion>>& got) {
-  ASSERT_EQ(want.size(), got.size());
-  for (size_t i = 0; i < want.size(); ++i) {
-    SCOPED_TRACE("request " + std::to_string(i));
-    ASSERT_TRUE(want[i].ok()) << want[i].status();
-    ASSERT_TRUE(got[i].ok()) << got[i].status();
-    EXPECT_EQ(got[i]->tokens, want[i]->tokens);
-    ASSERT_EQ(got[i]->logprobs.size(), want[i]->logprobs.size());
-    for (size_t j = 0; j < want[i]->logprobs.size(); ++j) {
-      const SampleResult& a = want[i]->logprobs[j];
-      const SampleResult& b = got[i]->logprobs[j];
-      EXPECT_EQ(b.token, a.token) << "token " << j;
-      EXPECT_EQ(b.logprob, a.logprob) << "token " << j;
-      ASSERT_EQ(b.top_logprobs.size(), a.top_logprobs.size()) << "token " << j;
-      for (size_t k = 0; k < a.top_logprobs.size(); ++k) {
-        EXPECT_EQ(b.top_logprobs[k].token, a.top_logprobs[k].token) << "token " << j;
-        EXPECT_EQ(b.top_logprobs[k].logprob, a.top_logprobs[k].logprob) << "token " << j;
-      }
-    }
-  }
+  testing::ExpectSameCompletions(want, got, {.top_logprob_values = true});
 }
 
 TEST(EngineDeviceSamplingTest, DeviceSamplingEqualsHostSamplingForEveryModeInAMixedBatch) {
@@ -357,24 +339,16 @@ TEST(EngineDeviceSamplingTest, OnNeedsADeviceThatSamples) {
   EXPECT_EQ(counts.sampled_rows, 3);
 }
 
-absl::Status ParseFlags(std::vector<std::string> args, EngineOptions* options) {
-  FlagParser parser;
-  RegisterEngineFlags(&parser, options);
-  std::vector<char*> argv = {const_cast<char*>("test")};
-  for (std::string& a : args) argv.push_back(a.data());
-  return parser.Parse(static_cast<int>(argv.size()), argv.data(), 1);
-}
-
 TEST(EngineDeviceSamplingTest, FlagTakesAutoOnOff) {
   EngineOptions o;
   EXPECT_EQ(o.device_sampling, DeviceSampling::kAuto);
-  ASSERT_TRUE(ParseFlags({"--device-sampling", "off"}, &o).ok());
+  ASSERT_TRUE(testing::ParseEngineFlags({"--device-sampling", "off"}, &o).ok());
   EXPECT_EQ(o.device_sampling, DeviceSampling::kOff);
-  ASSERT_TRUE(ParseFlags({"--device-sampling=on"}, &o).ok());
+  ASSERT_TRUE(testing::ParseEngineFlags({"--device-sampling=on"}, &o).ok());
   EXPECT_EQ(o.device_sampling, DeviceSampling::kOn);
-  ASSERT_TRUE(ParseFlags({"--device-sampling", "auto"}, &o).ok());
+  ASSERT_TRUE(testing::ParseEngineFlags({"--device-sampling", "auto"}, &o).ok());
   EXPECT_EQ(o.device_sampling, DeviceSampling::kAuto);
-  const absl::Status bad = ParseFlags({"--device-sampling", "gpu"}, &o);
+  const absl::Status bad = testing::ParseEngineFlags({"--device-sampling", "gpu"}, &o);
   EXPECT_FALSE(bad.ok());
   EXPECT_NE(bad.message().find("--device-sampling"), std::string::npos) << bad;
   EXPECT_STREQ(DeviceSamplingName(DeviceSampling::kOff), "off");

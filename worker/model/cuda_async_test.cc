@@ -11,57 +11,23 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/cuda/device_buffer.h"
-#include "tests/testing/checkpoint_writer.h"
-#include "tests/testing/command.h"
+#include "tests/testing/cuda_test.h"
 #include "worker/engine.h"
 #include "worker/model/cuda_device.h"
 
 namespace carpool::worker {
 namespace {
 
-namespace kc = kernels::cuda;
+// The suite's checkpoint: testing::SmallCudaLlamaConfig() (tests/testing/cuda_test.h).
+class CudaAsyncTest : public testing::CudaCheckpointTest<CudaAsyncTest> {
+ public:
+  static constexpr char kCheckpointPrefix[] = "carpool_cuda_async_test";
+  static constexpr uint64_t kCheckpointSeed = 23;
 
-ModelConfig TestConfig() {
-  ModelConfig c;
-  c.architecture = "LlamaForCausalLM";
-  c.vocab_size = 512;
-  c.hidden_size = 256;
-  c.intermediate_size = 320;
-  c.num_layers = 3;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 64;  // the CUDA attention kernels take head_dim 64, 128 or 256 only
-  c.rms_norm_eps = 1e-5;
-  c.rope_theta = 10000.0;
-  c.max_position_embeddings = 512;
-  c.bos_token_id = 1;
-  c.eos_token_ids = {2};
-  return c;
-}
-
-class CudaAsyncTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new testing::ScratchDir("carpool_cuda_async_test");
-    testing::CheckpointSpec spec;
-    spec.config = TestConfig();
-    spec.seed = 23;
-    absl::StatusOr<testing::CheckpointTensors> t =
-        testing::WriteCheckpoint(dir_->path().string(), spec);
-    ASSERT_TRUE(t.ok()) << t.status();
-  }
-  static void TearDownTestSuite() {
-    delete dir_;
-    dir_ = nullptr;
-  }
-  void SetUp() override {
-    if (kc::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  }
-
   static EngineOptions Options(AsyncStep async) {
     EngineOptions o;
-    o.model = dir_->path().string();
+    o.model = checkpoint();
     o.block_size = 16;
     o.num_kv_blocks = 256;
     o.scheduler.max_num_batched_tokens = 64;
@@ -119,11 +85,7 @@ class CudaAsyncTest : public ::testing::Test {
     *kept = std::move(*e);
     return out;
   }
-
-  static testing::ScratchDir* dir_;
 };
-
-testing::ScratchDir* CudaAsyncTest::dir_ = nullptr;
 
 TEST_F(CudaAsyncTest, AsyncOnEqualsOffTokenForToken) {
   std::unique_ptr<Engine> off_engine, on_engine;

@@ -16,23 +16,14 @@
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/dtype.h"
+#include "tests/testing/cuda_test.h"
 
 namespace carpool::worker {
 namespace {
 
 namespace kc = kernels::cuda;
 
-float RoundTo(StorageType t, float x) {
-  switch (t) {
-    case StorageType::kF32:
-      return x;
-    case StorageType::kBF16:
-      return kc::ToFloat(kc::ToBFloat16(x));
-    case StorageType::kF16:
-      return kc::ToFloat(kc::ToHalf(x));
-  }
-  return x;
-}
+using testing::RoundToStorage;
 
 // Relative + absolute tolerance of one kernel output per storage type.
 double Tolerance(StorageType t) {
@@ -50,13 +41,8 @@ double Tolerance(StorageType t) {
 class CudaDeviceTest : public ::testing::TestWithParam<StorageType> {
  protected:
   void SetUp() override {
-    if (kc::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-    CudaDeviceOptions o;
-    o.storage = GetParam();
-    o.abort_on_error = false;
-    o.max_num_batched_tokens = 64;
-    o.max_num_seqs = 8;
-    o.max_context_len = 512;
+    CARPOOL_SKIP_WITHOUT_CUDA();
+    CudaDeviceOptions o = testing::SmallCudaDeviceOptions(GetParam());
     o.kv_block_size = 16;
     absl::StatusOr<std::unique_ptr<CudaDevice>> d = CreateCudaDevice(o);
     ASSERT_TRUE(d.ok()) << d.status();
@@ -69,7 +55,7 @@ class CudaDeviceTest : public ::testing::TestWithParam<StorageType> {
   std::vector<float> Random(int64_t n, float scale = 1.0f) {
     std::uniform_real_distribution<float> u(-scale, scale);
     std::vector<float> v(n);
-    for (float& x : v) x = RoundTo(storage(), u(rng_));
+    for (float& x : v) x = RoundToStorage(storage(), u(rng_));
     return v;
   }
   DeviceArray Up(const std::vector<float>& v) {
@@ -157,7 +143,7 @@ TEST_P(CudaDeviceTest, Bf16HostWeightsUploadAsTheirValues) {
   std::vector<float> want(n);
   for (int64_t i = 0; i < n; ++i) {
     bits[i] = kc::ToBFloat16(u(rng_)).bits;
-    want[i] = RoundTo(storage(), kc::ToFloat(kc::BFloat16{bits[i]}));
+    want[i] = RoundToStorage(storage(), kc::ToFloat(kc::BFloat16{bits[i]}));
   }
   const Tensor host = Tensor::OwnedBf16(std::move(bits), {n});
   for (CudaDevice* d : {device_.get(), chunked->get()}) {
@@ -438,12 +424,12 @@ void CheckReplayEqualsEager(int window) {
 }
 
 TEST(CudaDeviceGraphs, ReplayEqualsEagerAtOtherContexts) {
-  if (kc::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  CARPOOL_SKIP_WITHOUT_CUDA();
   CheckReplayEqualsEager(/*window=*/0);
 }
 
 TEST(CudaDeviceGraphs, ReplayEqualsEagerWithASlidingWindow) {
-  if (kc::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  CARPOOL_SKIP_WITHOUT_CUDA();
   CheckReplayEqualsEager(/*window=*/16);
 }
 

@@ -14,16 +14,14 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/cuda/device_buffer.h"
 #include "tests/testing/checkpoint_writer.h"
 #include "tests/testing/command.h"
+#include "tests/testing/cuda_test.h"
 #include "worker/engine.h"
 #include "worker/model/cuda_device.h"
 
 namespace carpool::worker {
 namespace {
-
-namespace kc = kernels::cuda;
 
 // |GPU logprob - CPU logprob| of a greedy token with bf16 weights, activations and KV cache.
 constexpr double kBf16LogprobTolerance = 5e-2;
@@ -31,46 +29,16 @@ constexpr double kBf16LogprobTolerance = 5e-2;
 // diverge at a near-tie).
 constexpr int kBf16SameTokens = 3;
 
-ModelConfig TestConfig() {
-  ModelConfig c;
-  c.architecture = "LlamaForCausalLM";
-  c.vocab_size = 512;
-  c.hidden_size = 256;
-  c.intermediate_size = 320;
-  c.num_layers = 3;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 64;  // the CUDA attention kernels take head_dim 64, 128 or 256 only
-  c.rms_norm_eps = 1e-5;
-  c.rope_theta = 10000.0;
-  c.max_position_embeddings = 512;
-  c.bos_token_id = 1;
-  c.eos_token_ids = {2};
-  return c;
-}
+// The suite's checkpoint: testing::SmallCudaLlamaConfig() (tests/testing/cuda_test.h).
+class CudaModelTest : public testing::CudaCheckpointTest<CudaModelTest> {
+ public:
+  static constexpr char kCheckpointPrefix[] = "carpool_cuda_model_test";
+  static constexpr uint64_t kCheckpointSeed = 17;
 
-class CudaModelTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new testing::ScratchDir("carpool_cuda_model_test");
-    testing::CheckpointSpec spec;
-    spec.config = TestConfig();
-    spec.seed = 17;
-    absl::StatusOr<testing::CheckpointTensors> t =
-        testing::WriteCheckpoint(dir_->path().string(), spec);
-    ASSERT_TRUE(t.ok()) << t.status();
-  }
-  static void TearDownTestSuite() {
-    delete dir_;
-    dir_ = nullptr;
-  }
-  void SetUp() override {
-    if (kc::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  }
-
   static EngineOptions Options(DeviceKind kind, StorageType dtype, bool graphs) {
     EngineOptions o;
-    o.model = dir_->path().string();
+    o.model = checkpoint();
     o.block_size = 16;
     o.num_kv_blocks = 256;
     o.scheduler.max_num_batched_tokens = 64;  // longer prompts prefill in chunks (mixed steps)
@@ -110,11 +78,7 @@ class CudaModelTest : public ::testing::Test {
     if (kept != nullptr) *kept = std::move(*e);
     return out;
   }
-
-  static testing::ScratchDir* dir_;
 };
-
-testing::ScratchDir* CudaModelTest::dir_ = nullptr;
 
 TEST_F(CudaModelTest, Fp32GreedyTokensEqualTheCpu) {
   const std::vector<Completion> cpu = Run(Options(DeviceKind::kCpu, StorageType::kF32, false));
@@ -134,7 +98,7 @@ TEST_F(CudaModelTest, Fp32GreedyTokensEqualTheCpu) {
   // The host's fp32 values are gone once the weights are on the device; the shapes and the
   // decode byte count stay.
   EXPECT_EQ(engine->model().weights().ParameterBytes(), 0);
-  EXPECT_EQ(engine->model().weights().embed_tokens.shape()[0], TestConfig().vocab_size);
+  EXPECT_EQ(engine->model().weights().embed_tokens.shape()[0], testing::SmallCudaLlamaConfig().vocab_size);
   EXPECT_GT(engine->model().DecodeWeightBytes(), 0);
 }
 
@@ -177,7 +141,7 @@ TEST_F(CudaModelTest, GraphsOnAndOffGiveTheSameTokens) {
 class CudaFamilyTest : public ::testing::TestWithParam<std::tuple<std::string, int>> {
  protected:
   void SetUp() override {
-    if (kc::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+    CARPOOL_SKIP_WITHOUT_CUDA();
     dir_ = std::make_unique<testing::ScratchDir>("carpool_cuda_family_test");
     testing::CheckpointSpec spec;
     spec.config = SyntheticConfig(std::get<0>(GetParam())).value();
@@ -259,7 +223,7 @@ INSTANTIATE_TEST_SUITE_P(Families, CudaFamilyTest,
                          });
 
 TEST(CudaEngineTest, KvPoolFollowsGpuMemoryUtilization) {
-  if (kc::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  CARPOOL_SKIP_WITHOUT_CUDA();
   const auto blocks_at = [](double utilization) -> int64_t {
     EngineOptions o;
     // Not synthetic:tiny: its head_dim (16) is not one the CUDA attention kernels take.

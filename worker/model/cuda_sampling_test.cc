@@ -13,10 +13,9 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/cuda/device_buffer.h"
-#include "kernels/cuda/dtype.h"
 #include "tests/testing/checkpoint_writer.h"
 #include "tests/testing/command.h"
+#include "tests/testing/cuda_test.h"
 #include "worker/engine.h"
 #include "worker/model/cuda_device.h"
 #include "worker/sampler/sampler.h"
@@ -24,19 +23,7 @@
 namespace carpool::worker {
 namespace {
 
-namespace kc = kernels::cuda;
-
-float RoundTo(StorageType t, float x) {
-  switch (t) {
-    case StorageType::kF32:
-      return x;
-    case StorageType::kBF16:
-      return kc::ToFloat(kc::ToBFloat16(x));
-    case StorageType::kF16:
-      return kc::ToFloat(kc::ToHalf(x));
-  }
-  return x;
-}
+using testing::RoundToStorage;
 
 struct Mode {
   const char* name;
@@ -65,14 +52,9 @@ const Mode kModes[] = {
 class CudaSamplingTest : public ::testing::TestWithParam<StorageType> {
  protected:
   void SetUp() override {
-    if (kc::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-    CudaDeviceOptions o;
-    o.storage = GetParam();
-    o.abort_on_error = false;
-    o.max_num_batched_tokens = 64;
-    o.max_num_seqs = 8;
-    o.max_context_len = 512;
-    absl::StatusOr<std::unique_ptr<CudaDevice>> d = CreateCudaDevice(o);
+    CARPOOL_SKIP_WITHOUT_CUDA();
+    absl::StatusOr<std::unique_ptr<CudaDevice>> d =
+        CreateCudaDevice(testing::SmallCudaDeviceOptions(GetParam()));
     ASSERT_TRUE(d.ok()) << d.status();
     device_ = std::move(*d);
   }
@@ -96,7 +78,7 @@ class CudaSamplingTest : public ::testing::TestWithParam<StorageType> {
       if (r % 37 == 5) row[1] = std::numeric_limits<float>::quiet_NaN();
       if (r % 37 == 6) row[2] = INFINITY;
       if (r % 37 == 7) std::fill(row, row + vocab, -INFINITY);
-      for (int i = 0; i < vocab; ++i) row[i] = RoundTo(GetParam(), row[i]);
+      for (int i = 0; i < vocab; ++i) row[i] = RoundToStorage(GetParam(), row[i]);
       const Mode& m = kModes[r / per_mode];
       SamplingParams& q = params[r];
       q.temperature = m.temperature;
@@ -167,7 +149,7 @@ INSTANTIATE_TEST_SUITE_P(Storage, CudaSamplingTest,
 // small checkpoint written here (not synthetic:tiny, whose head_dim 16 the CUDA attention
 // kernels do not take).
 TEST(CudaEngineSamplingTest, DeviceSamplingEqualsHostSampling) {
-  if (kc::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  CARPOOL_SKIP_WITHOUT_CUDA();
   testing::ScratchDir dir("carpool_cuda_sampling_test");
   testing::CheckpointSpec spec;
   spec.config.architecture = "LlamaForCausalLM";
