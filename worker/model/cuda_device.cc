@@ -307,6 +307,23 @@ class CudaDeviceImpl final : public CudaDevice {
                                   num_samples_, h, stream_));
   }
 
+  void CopyRows(const DeviceArray& src, int64_t src_offset, int64_t src_stride, int64_t rows,
+                int64_t width, int64_t dst_offset, int64_t dst_stride, DeviceArray* dst) override {
+    if (!Ready() || rows <= 0 || width <= 0) return;
+    if (src_offset < 0 || dst_offset < 0 || src_stride < width || dst_stride < width ||
+        src_offset + (rows - 1) * src_stride + width > src.numel() ||
+        dst_offset + (rows - 1) * dst_stride + width > dst->numel()) {
+      Record(absl::InvalidArgumentError("CopyRows: rows outside an array"));
+      return;
+    }
+    // One 2-D copy on the stream (a memcpy node when captured).
+    Record(kc::CudaStatus(
+        cudaMemcpy2DAsync(P(dst) + dst_offset, dst_stride * sizeof(T), P(src) + src_offset,
+                          src_stride * sizeof(T), width * sizeof(T), rows,
+                          cudaMemcpyDeviceToDevice, stream_),
+        "cudaMemcpy2DAsync"));
+  }
+
   // ---- graphs
 
   void* stream() const override { return stream_; }

@@ -4,7 +4,8 @@
 //     mpi): the sharded device model (NCCL refuses two ranks on one device);
 //   - where two GPUs exist, two ranks on GPUs 0 and 1 with NCCL on the devices' streams
 //     (--tp-transport nccl), and there greedy decoding with CUDA graphs on (decode steps
-//     recorded with their NCCL collectives inside, then replayed) against graphs off.
+//     recorded with their NCCL collectives inside, then replayed) against graphs off, and the
+//     leader sampling on its device against the host's argmax.
 // Reports itself skipped without a GPU.
 #include <algorithm>
 #include <condition_variable>
@@ -236,7 +237,10 @@ struct GreedyRun {
 
 // Two ranks on GPUs 0 and 1 over `nccl`: two prompts prefilled, then six greedy decode steps
 // of both (batch 2, a graph size: recorded once, replayed after, where graphs are on).
-GreedyRun ShardedGreedy(const std::vector<cluster::DeviceCommunicator*>& nccl, bool graphs) {
+// With `device_sampling` the leader samples greedily on its device (ForwardAndSample) and
+// only the tokens come back (no logits).
+GreedyRun ShardedGreedy(const std::vector<cluster::DeviceCommunicator*>& nccl, bool graphs,
+                        bool device_sampling = false) {
   ThreadGroup group;
   std::vector<std::unique_ptr<ThreadCommunicator>> hosts;
   std::vector<std::unique_ptr<LlamaModel>> models;
@@ -275,6 +279,25 @@ GreedyRun ShardedGreedy(const std::vector<cluster::DeviceCommunicator*>& nccl, b
       }
     }
     channel.Push(step);
+    if (device_sampling) {
+      SamplingParams greedy;
+      greedy.temperature = 0.0f;
+      std::vector<SampleRequest> requests(2);
+      for (int i = 0; i < 2; ++i) {
+        requests[i].params = &greedy;
+        requests[i].output_tokens = run.tokens[i];
+        requests[i].position = length[i];
+      }
+      EXPECT_TRUE(models[0]->CanSampleOnDevice());
+      std::vector<SampleResult> samples;
+      models[0]->ForwardAndSample(step, requests, &samples);
+      if (samples.size() != 2) {
+        ADD_FAILURE() << "step " << k << ": " << samples.size() << " samples";
+        break;
+      }
+      for (int i = 0; i < 2; ++i) run.tokens[i].push_back(samples[i].token);
+      continue;
+    }
     run.logits.emplace_back();
     models[0]->Forward(step, &run.logits.back());
     if (run.logits.back().size() != static_cast<size_t>(2 * vocab)) {
@@ -334,6 +357,20 @@ TEST_F(CudaTensorParallelTest, TwoGpusOverNcclGraphsOnAndOffGiveTheSameTokens) {
   EXPECT_EQ(graphs.graph_replays, kRanks * 5);
   EXPECT_EQ(graphs.tokens, eager.tokens);
   ExpectNear(graphs.logits, eager.logits);
+}
+
+// The leader samples on its device from the gathered, interleaved logits (graphs on): the
+// same greedy tokens as the host's argmax over the logits it copied.
+TEST_F(CudaTensorParallelTest, TwoGpusOverNcclLeaderSamplesOnItsDevice) {
+  const int gpus = kernels::cuda::DeviceCount();
+  if (gpus < 2) GTEST_SKIP() << "needs 2 GPUs (NCCL refuses two ranks on one), found " << gpus;
+  auto comms = cluster::NcclCommunicator::CreateLocal({0, 1}, absl::Seconds(60));
+  ASSERT_TRUE(comms.ok()) << comms.status();
+  const std::vector<cluster::DeviceCommunicator*> nccl = {(*comms)[0].get(), (*comms)[1].get()};
+  const GreedyRun host = ShardedGreedy(nccl, /*graphs=*/true);
+  const GreedyRun device = ShardedGreedy(nccl, /*graphs=*/true, /*device_sampling=*/true);
+  EXPECT_GT(device.graph_replays, 0);
+  EXPECT_EQ(device.tokens, host.tokens);
 }
 #endif
 

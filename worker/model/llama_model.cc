@@ -275,13 +275,17 @@ void LlamaModel::Forward(const StepPlan& step, std::vector<float>* logits) {
 }
 
 bool LlamaModel::CanSampleOnDevice() const {
-  return group_ == nullptr && device_->SamplesOnDevice();
+  // Under tensor parallelism the leader's device holds the gathered logits only where the
+  // collectives run on the device (device_group_); host staging gathers them on the host.
+  return (group_ == nullptr || device_group_ != nullptr) && device_->SamplesOnDevice();
 }
 
 void LlamaModel::ForwardAndSample(const StepPlan& step, absl::Span<const SampleRequest> requests,
                                   std::vector<SampleResult>* samples) {
   CARPOOL_CHECK(step.kind == StepPlan::Kind::kGenerate);
   CARPOOL_CHECK(CanSampleOnDevice());
+  CARPOOL_CHECK(group_ == nullptr || group_->rank() == 0);
+  Publish(step);
   StepInputs in;
   PrepareInputs(step, &in);
   CARPOOL_CHECK(requests.size() == in.sample_rows.size());
@@ -290,8 +294,11 @@ void LlamaModel::ForwardAndSample(const StepPlan& step, absl::Span<const SampleR
 
 bool LlamaModel::CanStepAsync() const {
   // Where the device's memory is the host's, the head writes into a host vector the next step
-  // reuses, so such a device samples synchronously.
-  return CanSampleOnDevice() && device_->SupportsAsyncStep() && !host_memory_;
+  // reuses, so such a device samples synchronously. Under tensor parallelism the followers
+  // would need the tokens the leader's device sampled (a step's pending ids), which only the
+  // leader has, so tensor-parallel steps are synchronous.
+  return group_ == nullptr && CanSampleOnDevice() && device_->SupportsAsyncStep() &&
+         !host_memory_;
 }
 
 void LlamaModel::StepInputs::Clear() {
@@ -375,8 +382,9 @@ void LlamaModel::Compute(StepInputs* in, std::vector<float>* logits,
   const int64_t s = static_cast<int64_t>(in->sample_rows.size());
   Stage(*in, s);
   if (group_ != nullptr) {
-    ParallelStep(*in, s, whole_step, logits);
-    // The padding's rows come last; they are dropped.
+    CARPOOL_CHECK(!launch_only);
+    ParallelStep(*in, s, whole_step, logits, requests, samples);
+    // The padding's rows come last; they are dropped (and not sampled).
     if (!logits->empty()) logits->resize(wanted * weights_->config.vocab_size);
     return;
   }
@@ -459,7 +467,10 @@ void LlamaModel::Stage(const StepInputs& in, int64_t s) {
   // enqueued: a replayed graph makes its recorded sums without the model's calls.
   times_.all_reduces += 1 + 2 * c.num_layers;
   const int size = group_->size();
-  if (device_group_ != nullptr) d.Reserve(&gathered_logits_, size * s * vocab_);
+  if (device_group_ != nullptr) {
+    d.Reserve(&gathered_logits_, size * s * vocab_);
+    if (group_->rank() == 0) d.Reserve(&full_logits_, s * c.vocab_size);
+  }
   if (group_->rank() == 0 && static_cast<int64_t>(gathered_.size()) < size * s * vocab_) {
     gathered_.resize(size * s * vocab_);
   }
@@ -618,7 +629,9 @@ void LlamaModel::CapLogits(int64_t s, DeviceArray* logits) {
 }
 
 void LlamaModel::ParallelStep(const StepInputs& in, int64_t s, bool whole_step,
-                              std::vector<float>* logits) {
+                              std::vector<float>* logits,
+                              absl::Span<const SampleRequest> requests,
+                              std::vector<SampleResult>* samples) {
   logits->clear();
   if (device_group_ == nullptr) {
     // Host staging (MPI): every sum and the gather wait for their ranks on the host.
@@ -647,10 +660,20 @@ void LlamaModel::ParallelStep(const StepInputs& in, int64_t s, bool whole_step,
     body();
   }
   WaitForDevice();
-  if (s == 0 || group_->rank() != 0) return;
-  const int size = group_->size();
-  device_->ToHost(gathered_logits_, 0, size * s * vocab_, gathered_.data());
-  InterleaveGathered(s, logits);
+  if (group_->rank() != 0) return;
+  const int64_t full_vocab = weights_->config.vocab_size;
+  if (samples != nullptr) {
+    // The leader's device holds the interleaved rows: only ids and logprobs come back.
+    if (s == 0) {
+      samples->clear();
+      return;
+    }
+    device_->Sample(full_logits_, full_vocab, requests, samples);
+    return;
+  }
+  if (s == 0) return;
+  logits->resize(s * full_vocab);
+  device_->ToHost(full_logits_, 0, s * full_vocab, logits->data());
 }
 
 void LlamaModel::DeviceParallelHead(int64_t s) {
@@ -668,6 +691,14 @@ void LlamaModel::DeviceParallelHead(int64_t s) {
     cluster::FailGroup(st);
   }
   times_.gather_micros += Clock::Real()->NowMicros() - start;
+  if (group_->rank() != 0) return;
+  // The leader interleaves [rank][s][vocab_] into [s][vocab_size] on the device (one strided
+  // copy per rank, in stream order, so a recorded step holds them too).
+  const int64_t full_vocab = weights_->config.vocab_size;
+  for (int r = 0; r < group_->size(); ++r) {
+    device_->CopyRows(gathered_logits_, r * s * vocab_, vocab_, s, vocab_, r * vocab_, full_vocab,
+                      &full_logits_);
+  }
 }
 
 void LlamaModel::InterleaveGathered(int64_t s, std::vector<float>* logits) const {

@@ -34,8 +34,11 @@
 // decode-only step is padded and run through RunStep like a whole model's, and a GPU records
 // it as a CUDA graph with the NCCL kernels inside (every rank pads to the same size, so every
 // rank records and replays the same collectives in the same order). The host waits for the
-// stream with the group's timeout only after RunStep, then the leader copies the gathered
-// logits. Step plans always go over `group`.
+// stream with the group's timeout only after RunStep. The leader interleaves the gathered
+// slices into [sampled row][vocab_size] on its device (CopyRows, inside the step), then either
+// copies them to the host (Forward) or samples them there (ForwardAndSample: only ids and
+// logprobs come back). Tensor-parallel steps are never asynchronous (CanStepAsync). Step plans
+// always go over `group`.
 //
 // Decode-only steps are padded to the device's GraphBatchSize with dummy sequences (their
 // logits dropped) and run through ModelDevice::RunStep, so a GPU can replay them as graphs;
@@ -117,19 +120,24 @@ class LlamaModel {
   void Forward(const StepPlan& step, std::vector<float>* logits);
 
   // Whether ForwardAndSample can run: the device samples (ModelDevice::SamplesOnDevice) and the
-  // model is whole (under tensor parallelism the logits are gathered on the leader's host).
+  // model is whole, or tensor-parallel with device collectives (the leader's device then holds
+  // the gathered logits, interleaved into [sampled row][vocab_size]; with host staging they are
+  // gathered on the leader's host).
   bool CanSampleOnDevice() const;
 
   // Forward, but the sampled rows are sampled on the device instead of copied to the host: the
   // i-th sequence of `step` with `sample` set (plan order) is sampled with requests[i]
   // (ModelDevice::Sample) into (*samples)[i]; only ids and logprobs come back. Padding rows of
-  // a graph-sized decode step are not sampled. REQUIRES: CanSampleOnDevice(); requests.size()
-  // is the number of sampled sequences.
+  // a graph-sized decode step are not sampled. Under tensor parallelism only the leader calls it
+  // (it publishes the step, as Forward does; the followers Follow it). REQUIRES:
+  // CanSampleOnDevice(); requests.size() is the number of sampled sequences.
   void ForwardAndSample(const StepPlan& step, absl::Span<const SampleRequest> requests,
                         std::vector<SampleResult>* samples);
 
-  // Whether LaunchStep can run: the model samples on the device (CanSampleOnDevice) and the
-  // device runs steps asynchronously (ModelDevice::SupportsAsyncStep).
+  // Whether LaunchStep can run: the model samples on the device (CanSampleOnDevice), the
+  // device runs steps asynchronously (ModelDevice::SupportsAsyncStep), and there is no tensor
+  // parallelism (followers cannot resolve the pending ids of a step whose tokens only the
+  // leader's device sampled).
   bool CanStepAsync() const;
 
   // An asynchronous ForwardAndSample: enqueues the step and its sampling on the device and
@@ -261,12 +269,16 @@ class LlamaModel {
   // Tensor parallelism: the step's layers and head, the sampled rows' logits gathered on the
   // leader into `logits` ([s, vocab_size]; empty on a follower). With device collectives and
   // `whole_step`, everything after the embedding's host-side masking runs as one RunStep.
+  // With `samples` (the leader's ForwardAndSample, device collectives only) the leader's device
+  // samples the first requests.size() rows into it instead.
   void ParallelStep(const StepInputs& in, int64_t s, bool whole_step,
-                    std::vector<float>* logits);
+                    std::vector<float>* logits, absl::Span<const SampleRequest> requests,
+                    std::vector<SampleResult>* samples);
   // Host staging: this rank's slice of the sampled rows' logits, gathered on the leader.
   void ParallelHead(int64_t s, std::vector<float>* logits);
-  // Device collectives: the head's slice and its all-gather into gathered_logits_, enqueued
-  // on the device's stream (no host wait: it may be recorded).
+  // Device collectives: the head's slice and its all-gather into gathered_logits_, and on the
+  // leader their interleaving into full_logits_, enqueued on the device's stream (no host
+  // wait: it may be recorded).
   void DeviceParallelHead(int64_t s);
   // gathered_ ([rank][s][vocab_]) into `logits` as [s][vocab_size].
   void InterleaveGathered(int64_t s, std::vector<float>* logits) const;
@@ -313,8 +325,9 @@ class LlamaModel {
   std::vector<int32_t> embed_table_;
   // Activation scratch on the device, grown on demand and reused across steps.
   DeviceArray residual_, hidden_, q_, k_, v_, attn_, gate_, up_, out_, sampled_, logits_;
-  // Device collectives: every rank's logits slices, [rank][sampled row][vocab_].
-  DeviceArray gathered_logits_;
+  // Device collectives: every rank's logits slices, [rank][sampled row][vocab_], and on the
+  // leader the same interleaved, [sampled row][vocab_size].
+  DeviceArray gathered_logits_, full_logits_;
   // Host side: token ids as this rank's vocabulary rows (tensor parallelism), collectives'
   // and pooling's copies where the device's memory is not the host's, the gathered logits.
   std::vector<int32_t> local_ids_;

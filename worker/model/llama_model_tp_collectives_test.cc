@@ -30,6 +30,7 @@
 #include "gtest/gtest.h"
 #include "worker/model/llama_model.h"
 #include "worker/model/model_device.h"
+#include "worker/sampler/sampler.h"
 #include "worker/weights/weights.h"
 
 namespace carpool::worker {
@@ -381,6 +382,39 @@ class FakeGpu : public ModelDevice, public FakeStream {
   void GatherRows(const DeviceArray& x, int64_t h, DeviceArray* out) override {
     Run([=, x = View(x), out = View(*out), this] { cpu_->GatherRows(*x, h, out.get()); });
   }
+  void CopyRows(const DeviceArray& src, int64_t src_offset, int64_t src_stride, int64_t rows,
+                int64_t width, int64_t dst_offset, int64_t dst_stride, DeviceArray* dst) override {
+    Log("CopyRows.src", src.data(), rows * width);
+    Run([=, src = View(src), dst = View(*dst), this] {
+      cpu_->CopyRows(*src, src_offset, src_stride, rows, width, dst_offset, dst_stride,
+                     dst.get());
+    });
+    Log("CopyRows.dst", dst->data(), rows * width);
+  }
+  // "The device's sampler": the CPU sampler on the rows the model hands over (so what is
+  // checked is which array, rows, vocabulary and requests the model passes).
+  bool SamplesOnDevice() const override { return true; }
+  void Sample(const DeviceArray& logits, int64_t vocab, absl::Span<const SampleRequest> requests,
+              std::vector<SampleResult>* out) override {
+    const int64_t n = static_cast<int64_t>(requests.size());
+    Log("Sample.logits", logits.data(), n * vocab);
+    if (capturing_) capture_errors.push_back("Sample while capturing");
+    std::vector<float> rows(n * vocab);
+    if (n > 0) cpu_->ToHost(logits, 0, n * vocab, rows.data());
+    if (sampler_ == nullptr || sampler_->vocab_size() != vocab) {
+      sampler_ = std::make_unique<Sampler>(static_cast<int>(vocab));
+    }
+    out->resize(n);
+    for (int64_t i = 0; i < n; ++i) {
+      SampleInput in;
+      in.logits = rows.data() + i * vocab;
+      in.params = requests[i].params;
+      in.prompt_tokens = requests[i].prompt_tokens;
+      in.output_tokens = requests[i].output_tokens;
+      in.position = requests[i].position;
+      (*out)[i] = sampler_->Sample(in);
+    }
+  }
   void* stream() const override { return const_cast<int*>(&stream_tag_); }
   void ToHost(const DeviceArray& x, int64_t offset, int64_t n, float* host) override {
     Log("ToHost.x", x.data(), n);
@@ -424,6 +458,7 @@ class FakeGpu : public ModelDevice, public FakeStream {
   int num_seqs_ = 0;
   std::vector<std::function<void()>> recording_;
   std::map<int, std::vector<std::function<void()>>> graphs_by_size_;
+  std::unique_ptr<Sampler> sampler_;
 };
 
 StepPlan::Seq Seq(int64_t id, int start, int tokens, bool sample, std::vector<int32_t> table) {
@@ -583,15 +618,31 @@ TEST(TensorParallelDeviceCollectivesTest, EveryRankMakesTheSameCallsOnTheArraysI
       } else if (e.op == "all_gather") {
         EXPECT_EQ(log[i - 1].op, "Linear.y");  // the head, on the rank's vocabulary slice
         EXPECT_EQ(log[i - 1].buffer, e.buffer);
-        ASSERT_LT(i + 1, log.size());
-        EXPECT_EQ(log[i + 1].op, "wait");
+        size_t k = i + 1;
         if (r == 0) {
-          ASSERT_LT(i + 2, log.size());
-          EXPECT_EQ(log[i + 2].op, "ToHost.x");
-          EXPECT_EQ(log[i + 2].buffer, e.recv);
-          EXPECT_EQ(log[i + 2].count, kRanks * e.count);
-        } else if (i + 2 < log.size()) {
-          EXPECT_EQ(log[i + 2].op, "step");
+          // The leader interleaves the slices on the device (a copy per rank from the
+          // gathered array into one of [samples][vocab]) before the wait, then copies that.
+          const void* full = nullptr;
+          for (int q = 0; q < kRanks; ++q, k += 2) {
+            ASSERT_LT(k + 1, log.size());
+            EXPECT_EQ(log[k].op, "CopyRows.src");
+            EXPECT_EQ(log[k].buffer, e.recv);
+            EXPECT_EQ(log[k].count, e.count);
+            EXPECT_EQ(log[k + 1].op, "CopyRows.dst");
+            if (q == 0) full = log[k + 1].buffer;
+            EXPECT_EQ(log[k + 1].buffer, full);
+          }
+          ASSERT_LT(k + 1, log.size());
+          EXPECT_EQ(log[k].op, "wait");
+          EXPECT_EQ(log[k + 1].op, "ToHost.x");
+          EXPECT_EQ(log[k + 1].buffer, full);
+          EXPECT_EQ(log[k + 1].count, kRanks * e.count);
+        } else {
+          ASSERT_LT(k, log.size());
+          EXPECT_EQ(log[k].op, "wait");
+          if (k + 1 < log.size()) {
+            EXPECT_EQ(log[k + 1].op, "step");
+          }
         }
       }
     }
@@ -934,6 +985,190 @@ TEST(TensorParallelCudaGraphsTest, HostStagedStepsAreNeitherPaddedNorRecorded) {
   std::vector<std::unique_ptr<Rank>> plain = MakeRanks(&group2, /*staged=*/false);
   ASSERT_EQ(plain.size(), static_cast<size_t>(kRanks));
   EXPECT_EQ(got.tokens, GreedyOverRanks(plain).tokens);
+}
+
+// ---- sampling on the leader's device under tensor parallelism
+
+// Seven steps as Greedy's, each token sampled with `params` by `sample` (given the step and one
+// request per sequence, in plan order); the sampled results per step.
+std::vector<std::vector<SampleResult>> Sampled(
+    const SamplingParams& params,
+    const std::function<void(const StepPlan&, absl::Span<const SampleRequest>,
+                             std::vector<SampleResult>*)>& sample) {
+  const std::vector<std::vector<int32_t>> prompts = {{11, 200, 37, 129, 128}, {5, 250, 130},
+                                                     {64, 3}};
+  const std::vector<std::vector<int32_t>> tables = {{0, 1, 6}, {2, 3, 7}, {4, 5}};
+  std::vector<std::vector<int32_t>> outputs(prompts.size());
+  std::vector<int> length(prompts.size(), 0);
+  std::vector<std::vector<SampleResult>> results;
+  for (int k = 0; k < 7; ++k) {
+    const std::vector<size_t> seqs = k == 0 || k > 3 ? std::vector<size_t>{0, 1, 2}
+                                                     : std::vector<size_t>{0, 1};
+    StepPlan step;
+    std::vector<SampleRequest> requests;
+    for (size_t i : seqs) {
+      if (k == 0) {
+        step.seqs.push_back(Seq(static_cast<int64_t>(i), 0,
+                                static_cast<int>(prompts[i].size()), true, tables[i]));
+        step.token_ids.insert(step.token_ids.end(), prompts[i].begin(), prompts[i].end());
+        length[i] = static_cast<int>(prompts[i].size());
+      } else {
+        step.seqs.push_back(Seq(static_cast<int64_t>(i), length[i], 1, true, tables[i]));
+        step.token_ids.push_back(outputs[i].back());
+        ++length[i];
+      }
+      SampleRequest request;
+      request.params = &params;
+      request.prompt_tokens = prompts[i];
+      request.output_tokens = outputs[i];
+      request.position = length[i];
+      requests.push_back(request);
+    }
+    results.emplace_back();
+    sample(step, requests, &results.back());
+    EXPECT_EQ(results.back().size(), seqs.size()) << "step " << k;
+    if (results.back().size() != seqs.size()) break;
+    for (size_t j = 0; j < seqs.size(); ++j) outputs[seqs[j]].push_back(results.back()[j].token);
+  }
+  return results;
+}
+
+// The leader samples on its device (ForwardAndSample), the follower follows.
+std::vector<std::vector<SampleResult>> SampledOnDevice(
+    const std::vector<std::unique_ptr<Rank>>& ranks, const SamplingParams& params) {
+  StepChannel channel;
+  std::thread follower([&] {
+    for (size_t i = 0;; ++i) {
+      std::optional<StepPlan> step = channel.Get(i);
+      if (!step.has_value()) return;
+      ranks[1]->model->Follow(*step);
+    }
+  });
+  auto results = Sampled(params, [&](const StepPlan& step,
+                                     absl::Span<const SampleRequest> requests,
+                                     std::vector<SampleResult>* out) {
+    channel.Push(step);
+    ranks[0]->model->ForwardAndSample(step, requests, out);
+  });
+  channel.Close();
+  follower.join();
+  return results;
+}
+
+// The leader copies the logits to the host and samples there (the CPU sampler).
+std::vector<std::vector<SampleResult>> SampledOnHost(
+    const std::vector<std::unique_ptr<Rank>>& ranks, const SamplingParams& params) {
+  StepChannel channel;
+  std::thread follower([&] {
+    for (size_t i = 0;; ++i) {
+      std::optional<StepPlan> step = channel.Get(i);
+      if (!step.has_value()) return;
+      ranks[1]->model->Follow(*step);
+    }
+  });
+  const int vocab = ranks[0]->model->config().vocab_size;
+  Sampler sampler(vocab);
+  std::vector<float> logits;
+  auto results = Sampled(params, [&](const StepPlan& step,
+                                     absl::Span<const SampleRequest> requests,
+                                     std::vector<SampleResult>* out) {
+    channel.Push(step);
+    ranks[0]->model->Forward(step, &logits);
+    out->clear();
+    if (logits.size() != requests.size() * vocab) return;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      SampleInput in;
+      in.logits = logits.data() + i * vocab;
+      in.params = requests[i].params;
+      in.prompt_tokens = requests[i].prompt_tokens;
+      in.output_tokens = requests[i].output_tokens;
+      in.position = requests[i].position;
+      out->push_back(sampler.Sample(in));
+    }
+  });
+  channel.Close();
+  follower.join();
+  return results;
+}
+
+void ExpectSameSamples(const std::vector<std::vector<SampleResult>>& got,
+                       const std::vector<std::vector<SampleResult>>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t k = 0; k < want.size(); ++k) {
+    ASSERT_EQ(got[k].size(), want[k].size()) << "step " << k;
+    for (size_t i = 0; i < want[k].size(); ++i) {
+      EXPECT_EQ(got[k][i].token, want[k][i].token) << "step " << k << " row " << i;
+      EXPECT_EQ(got[k][i].logprob, want[k][i].logprob) << "step " << k << " row " << i;
+      ASSERT_EQ(got[k][i].top_logprobs.size(), want[k][i].top_logprobs.size());
+      for (size_t j = 0; j < want[k][i].top_logprobs.size(); ++j) {
+        EXPECT_EQ(got[k][i].top_logprobs[j].token, want[k][i].top_logprobs[j].token);
+      }
+    }
+  }
+}
+
+TEST(TensorParallelDeviceSamplingTest, LeaderSamplesOnItsDeviceAsTheHostWouldForEveryMode) {
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  greedy.logprobs = 2;
+  SamplingParams seeded;
+  seeded.temperature = 0.9f;
+  seeded.top_k = 40;
+  seeded.top_p = 0.95f;
+  seeded.min_p = 0.01f;
+  seeded.repetition_penalty = 1.1f;
+  seeded.frequency_penalty = 0.2f;
+  seeded.has_seed = true;
+  seeded.seed = 1234;
+  seeded.logprobs = 1;
+  for (const FakeGraphs& graphs : {FakeGraphs{}, kGraphs}) {
+    for (const SamplingParams* params : {&greedy, &seeded}) {
+      SCOPED_TRACE(absl::StrCat(graphs.capture ? "graphs" : "no graphs",
+                                params == &greedy ? ", greedy" : ", seeded"));
+      ThreadGroup group(kRanks);
+      std::vector<std::unique_ptr<Rank>> device = MakeRanks(&group, /*staged=*/false, graphs);
+      ASSERT_EQ(device.size(), static_cast<size_t>(kRanks));
+      ASSERT_TRUE(device[0]->model->CanSampleOnDevice());
+      // The followers cannot resolve pending ids: no asynchronous steps under TP.
+      EXPECT_FALSE(device[0]->model->CanStepAsync());
+      const auto got = SampledOnDevice(device, *params);
+      if (graphs.capture) {
+        EXPECT_GT(device[0]->device->replays, 0);
+      }
+      ThreadGroup group2(kRanks);
+      std::vector<std::unique_ptr<Rank>> host = MakeRanks(&group2, /*staged=*/false, graphs);
+      ASSERT_EQ(host.size(), static_cast<size_t>(kRanks));
+      ExpectSameSamples(got, SampledOnHost(host, *params));
+
+      // The leader's sampler read the interleaved logits on the device, one row of the whole
+      // vocabulary per wanted sequence (not the padding's), and no logits came to the host.
+      const int64_t vocab = device[0]->model->config().vocab_size;
+      const std::vector<Event>& log = device[0]->log;
+      std::vector<const void*> sampled;
+      int samples = 0;
+      for (size_t i = 0; i < log.size(); ++i) {
+        if (log[i].op != "Sample.logits") continue;
+        EXPECT_EQ(log[i].count % vocab, 0);
+        EXPECT_EQ(log[i].count / vocab, static_cast<int64_t>(got[samples].size()));
+        ++samples;
+        sampled.push_back(log[i].buffer);
+      }
+      EXPECT_EQ(samples, 7);
+      for (const Event& e : log) {
+        if (e.op != "ToHost.x") continue;
+        for (const void* b : sampled) EXPECT_NE(e.buffer, b);
+      }
+      for (const Event& e : device[1]->log) EXPECT_NE(e.op, "Sample.logits");
+    }
+  }
+}
+
+TEST(TensorParallelDeviceSamplingTest, HostStagingSamplesOnTheHost) {
+  ThreadGroup group(kRanks);
+  std::vector<std::unique_ptr<Rank>> staged = MakeRanks(&group, /*staged=*/true);
+  ASSERT_EQ(staged.size(), static_cast<size_t>(kRanks));
+  EXPECT_FALSE(staged[0]->model->CanSampleOnDevice());
+  EXPECT_FALSE(staged[0]->model->CanStepAsync());
 }
 
 }  // namespace

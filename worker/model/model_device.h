@@ -22,6 +22,7 @@
 #ifndef CARPOOL_WORKER_MODEL_MODEL_DEVICE_H_
 #define CARPOOL_WORKER_MODEL_MODEL_DEVICE_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -229,6 +230,21 @@ class ModelDevice {
                          int num_heads, const AttentionOptions& options, DeviceArray* out) = 0;
   // out[i] = x[sample_rows[i]], rows of width h.
   virtual void GatherRows(const DeviceArray& x, int64_t h, DeviceArray* out) = 0;
+  // Copies `rows` rows of `width` elements: row r of src at src_offset + r * src_stride to
+  // dst_offset + r * dst_stride of dst, enqueued in order with the kernels (a GPU's is a
+  // device-to-device copy that a captured step records). The tensor-parallel leader
+  // interleaves its gathered logits slices with it. Default: through HostData, for a device
+  // whose memory is the host's.
+  virtual void CopyRows(const DeviceArray& src, int64_t src_offset, int64_t src_stride,
+                        int64_t rows, int64_t width, int64_t dst_offset, int64_t dst_stride,
+                        DeviceArray* dst) {
+    const float* from = HostData(src);
+    float* to = HostData(*dst);
+    if (from == nullptr || to == nullptr) return;
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy_n(from + src_offset + r * src_stride, width, to + dst_offset + r * dst_stride);
+    }
+  }
 
   // ---- whole steps and CUDA graphs
 
