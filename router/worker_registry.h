@@ -17,9 +17,9 @@
 namespace carpool::router {
 
 // What placement reads of a worker: serving() (draining, stalled), credit() (requests,
-// batch_jobs, info.max_num_seqs), outstanding_tokens and capacity_tokens(). Whoever changes any
-// of them calls WorkerRegistry::Changed before the next placement, which reads them through the
-// model's PlacementIndex.
+// batch_jobs, info.max_num_seqs), outstanding_tokens, capacity_tokens() and, for embeds,
+// embed_inputs. Whoever changes any of them calls WorkerRegistry::Changed before the next
+// placement, which reads them through the model's PlacementIndex.
 struct WorkerState {
   std::string identity;          // ZeroMQ routing id
   RegisterInfo info;
