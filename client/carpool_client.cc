@@ -23,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/codec.h"
+#include "common/connection_watch.h"
 #include "common/endpoint_list.h"
 #include "common/status.h"
 #include "common/transport.h"
@@ -397,20 +398,13 @@ void Core::IoLoop() {
 }
 
 void Core::ReadMonitor() {
-  for (;;) {
-    absl::StatusOr<std::optional<SocketMonitor::Event>> event = monitor_->Next();
-    if (!event.ok() || !event->has_value()) return;
-    if (**event == SocketMonitor::Event::kHandshakeSucceeded) {
-      handshaken_ = true;
-    } else if (**event == SocketMonitor::Event::kDisconnected && handshaken_) {
-      // Only an established connection counts: a failed handshake (a wrong CURVE key, not a
-      // carpool router) never carried a request, and those calls end at their deadline.
-      handshaken_ = false;
-      RouterLost(absl::StrCat("lost the connection to the router at ", endpoints_[current_],
-                              " with the request open (the router closed it, died or stopped "
-                              "answering ZMTP heartbeats)"));
-      return;  // with several routers the monitor was replaced
-    }
+  // Only an established connection counts: a failed handshake (a wrong CURVE key, not a carpool
+  // router) never carried a request, and those calls end at their deadline.
+  if (EstablishedConnectionDropped(monitor_.get(), &handshaken_)) {
+    // With several routers this replaces the monitor.
+    RouterLost(absl::StrCat("lost the connection to the router at ", endpoints_[current_],
+                            " with the request open (the router closed it, died or stopped "
+                            "answering ZMTP heartbeats)"));
   }
 }
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/codec.h"
+#include "common/connection_watch.h"
 #include "common/endpoint_list.h"
 #include "common/status.h"
 #include "worker/echo_backend.h"
@@ -154,17 +155,10 @@ void IoLoop::NextRouter(const std::string& why) {
 }
 
 void IoLoop::ReadMonitor() {
-  for (;;) {
-    absl::StatusOr<std::optional<SocketMonitor::Event>> event = monitor_->Next();
-    if (!event.ok() || !event->has_value()) return;
-    if (**event == SocketMonitor::Event::kHandshakeSucceeded) {
-      handshaken_ = true;
-    } else if (**event == SocketMonitor::Event::kDisconnected && handshaken_) {
-      // An established connection dropped: the router died, closed it, or stopped answering
-      // ZMTP heartbeats. A connection that never came up is left to the register timeout.
-      NextRouter("its connection dropped");
-      return;  // the monitor was replaced
-    }
+  // An established connection dropped: the router died, closed it, or stopped answering ZMTP
+  // heartbeats. A connection that never came up is left to the register timeout.
+  if (EstablishedConnectionDropped(monitor_.get(), &handshaken_)) {
+    NextRouter("its connection dropped");  // replaces the monitor
   }
 }
 
