@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/container/inlined_vector.h"
 #include "router/worker_registry.h"
 
 namespace carpool::router {
@@ -257,9 +258,11 @@ int PlacementIndex::FirstEmbedCandidate(const EmbedBlock& b, int from, int64_t i
   return -1;
 }
 
-int PlacementIndex::KthEmbedCandidate(int64_t k, int64_t inputs) const {
-  for (const EmbedBlock& b : embed_blocks_) {
-    const int c = EmbedCandidates(b, inputs);
+int PlacementIndex::KthEmbedCandidate(int64_t k, int64_t inputs,
+                                      absl::Span<const int> counts) const {
+  for (size_t i = 0; i < embed_blocks_.size(); ++i) {
+    const EmbedBlock& b = embed_blocks_[i];
+    const int c = counts[i];
     if (k >= c) {
       k -= c;
       continue;
@@ -303,14 +306,19 @@ std::optional<int> PlacementIndex::EmbedRoundRobin(int64_t inputs, uint64_t curs
 }
 
 std::optional<int> PlacementIndex::EmbedPowerOfTwo(int64_t inputs, uint64_t random) const {
+  // Each block's candidates, counted once for the count and both draws.
+  absl::InlinedVector<int, 64> counts(embed_blocks_.size());
   uint64_t n = 0;
-  for (const EmbedBlock& b : embed_blocks_) n += EmbedCandidates(b, inputs);
+  for (size_t i = 0; i < embed_blocks_.size(); ++i) {
+    counts[i] = EmbedCandidates(embed_blocks_[i], inputs);
+    n += counts[i];
+  }
   if (n == 0) return std::nullopt;
-  if (n == 1) return KthEmbedCandidate(0, inputs);
+  if (n == 1) return KthEmbedCandidate(0, inputs, counts);
   // Place()'s two draws among the candidates ordered by position.
-  const int a = KthEmbedCandidate(static_cast<int64_t>(random % n), inputs);
+  const int a = KthEmbedCandidate(static_cast<int64_t>(random % n), inputs, counts);
   const int b = KthEmbedCandidate(
-      static_cast<int64_t>((random % n + 1 + (random / n) % (n - 1)) % n), inputs);
+      static_cast<int64_t>((random % n + 1 + (random / n) % (n - 1)) % n), inputs, counts);
   return slots_[b].load < slots_[a].load ? b : a;
 }
 

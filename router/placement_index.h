@@ -151,8 +151,8 @@ class PlacementIndex {
   int EmbedCandidates(const EmbedBlock& b, int64_t inputs) const;
   // The block's candidate of lowest position at or after `from`; -1: none.
   int FirstEmbedCandidate(const EmbedBlock& b, int from, int64_t inputs) const;
-  // The k-th (from 0) candidate by position.
-  int KthEmbedCandidate(int64_t k, int64_t inputs) const;
+  // The k-th (from 0) candidate by position; counts[i]: EmbedCandidates of block i.
+  int KthEmbedCandidate(int64_t k, int64_t inputs, absl::Span<const int> counts) const;
 
   std::vector<WorkerState*> workers_;
   absl::flat_hash_map<std::string, int> positions_;
