@@ -309,7 +309,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     return absl::FailedPreconditionError(absl::StrCat(
         "--device-sampling on: ", engine->model_->device().name(),
         engine->model_->group() != nullptr ? " under tensor parallelism" : "",
-        " cannot sample on the device (a GPU without tensor parallelism can); use auto or off"));
+        " cannot sample on the device (a GPU can, alone or under --tp-transport nccl); use auto "
+        "or off"));
   }
   engine->samples_on_device_ =
       options.device_sampling != DeviceSampling::kOff && can_sample_on_device;
@@ -319,7 +320,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
         "--async-step on: ", engine->model_->device().name(),
         !engine->samples_on_device_ ? " does not sample on the device here"
                                     : " cannot run steps asynchronously",
-        " (a GPU that samples on the device, without tensor parallelism, can); use auto or off"));
+        " (a GPU that samples on the device, without tensor parallelism, can); use auto or "
+        "off"));
   }
   engine->async_ = options.async_step != AsyncStep::kOff && can_step_async;
   engine->sampler_ = std::make_unique<Sampler>(config.vocab_size);

@@ -67,7 +67,7 @@ void RegisterEngineFlags(FlagParser* p, EngineOptions* o) {
         return absl::OkStatus();
       },
       "auto, on or off: sample on the GPU, copying back only the ids and logprobs (auto: on a "
-      "GPU without tensor parallelism), or copy the logits to the host and sample there",
+      "GPU, alone or under --tp-transport nccl), or copy the logits to the host and sample there",
       DeviceSamplingName(o->device_sampling));
   p->AddCustom(
       "async-step",
