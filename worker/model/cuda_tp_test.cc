@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/device_buffer.h"
 #include "worker/model/cuda_device.h"
+#include "tests/testing/step_channel.h"
 #include "worker/model/llama_model.h"
 #include "worker/weights/weights.h"
 #ifdef CARPOOL_HAVE_NCCL
@@ -201,32 +202,7 @@ void ExpectNear(const std::vector<std::vector<float>>& got,
   }
 }
 
-// Hands the leader's steps to the follower's thread as the leader makes them.
-class StepChannel {
- public:
-  void Push(StepPlan step) {
-    std::lock_guard<std::mutex> lock(mu_);
-    steps_.push_back(std::move(step));
-    cv_.notify_all();
-  }
-  std::optional<StepPlan> Get(size_t i) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return closed_ || steps_.size() > i; });
-    if (steps_.size() > i) return steps_[i];
-    return std::nullopt;
-  }
-  void Close() {
-    std::lock_guard<std::mutex> lock(mu_);
-    closed_ = true;
-    cv_.notify_all();
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<StepPlan> steps_;
-  bool closed_ = false;
-};
+using ::carpool::testing::StepChannel;
 
 struct GreedyRun {
   std::vector<std::vector<int32_t>> tokens;  // per sequence

@@ -28,6 +28,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/testing/step_channel.h"
 #include "worker/model/llama_model.h"
 #include "worker/model/model_device.h"
 #include "worker/sampler/sampler.h"
@@ -724,33 +725,7 @@ TEST(TensorParallelDeviceCollectivesTest, DeviceCollectivesNeedADeviceWithAStrea
 
 // ---- CUDA graphs over tensor-parallel decode steps
 
-// Hands the leader's steps to the follower's thread as the leader makes them.
-class StepChannel {
- public:
-  void Push(StepPlan step) {
-    std::lock_guard<std::mutex> lock(mu_);
-    steps_.push_back(std::move(step));
-    cv_.notify_all();
-  }
-  // The i-th step pushed (waits for it); nullopt after Close once every step was taken.
-  std::optional<StepPlan> Get(size_t i) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return closed_ || steps_.size() > i; });
-    if (steps_.size() > i) return steps_[i];
-    return std::nullopt;
-  }
-  void Close() {
-    std::lock_guard<std::mutex> lock(mu_);
-    closed_ = true;
-    cv_.notify_all();
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<StepPlan> steps_;
-  bool closed_ = false;
-};
+using ::carpool::testing::StepChannel;
 
 size_t Argmax(const float* row, int64_t n) {
   return static_cast<size_t>(std::max_element(row, row + n) - row);
