@@ -20,7 +20,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/device_buffer.h"
 #include "worker/model/cuda_device.h"
-#include "tests/testing/step_channel.h"
+#include "tests/testing/follower_thread.h"
 #include "worker/model/llama_model.h"
 #include "worker/weights/weights.h"
 #ifdef CARPOOL_HAVE_NCCL
@@ -202,7 +202,7 @@ void ExpectNear(const std::vector<std::vector<float>>& got,
   }
 }
 
-using ::carpool::testing::StepChannel;
+using ::carpool::testing::FollowerThread;
 
 struct GreedyRun {
   std::vector<std::vector<int32_t>> tokens;  // per sequence
@@ -229,14 +229,7 @@ GreedyRun ShardedGreedy(const std::vector<cluster::DeviceCommunicator*>& nccl, b
     if (!model.ok()) return {};
     models.push_back(std::move(*model));
   }
-  StepChannel channel;
-  std::thread follower([&] {
-    for (size_t i = 0;; ++i) {
-      std::optional<StepPlan> step = channel.Get(i);
-      if (!step.has_value()) return;
-      models[1]->Follow(*step);
-    }
-  });
+  FollowerThread follower([&](const StepPlan& step) { models[1]->Follow(step); });
   const int64_t vocab = Config().vocab_size;
   const std::vector<std::vector<int32_t>> tables = {{0, 1, 2}, {3, 4, 5}};
   GreedyRun run;
@@ -254,7 +247,7 @@ GreedyRun ShardedGreedy(const std::vector<cluster::DeviceCommunicator*>& nccl, b
         ++length[i];
       }
     }
-    channel.Push(step);
+    follower.Push(step);
     if (device_sampling) {
       SamplingParams greedy;
       greedy.temperature = 0.0f;
@@ -285,8 +278,7 @@ GreedyRun ShardedGreedy(const std::vector<cluster::DeviceCommunicator*>& nccl, b
       run.tokens[i].push_back(static_cast<int32_t>(std::max_element(row, row + vocab) - row));
     }
   }
-  channel.Close();
-  follower.join();
+  follower.Finish();
   for (const auto& m : models) {
     auto& d = static_cast<CudaDevice&>(m->device());
     EXPECT_TRUE(d.status().ok()) << d.status();

@@ -28,7 +28,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "tests/testing/step_channel.h"
+#include "tests/testing/follower_thread.h"
 #include "worker/model/llama_model.h"
 #include "worker/model/model_device.h"
 #include "worker/sampler/sampler.h"
@@ -725,7 +725,7 @@ TEST(TensorParallelDeviceCollectivesTest, DeviceCollectivesNeedADeviceWithAStrea
 
 // ---- CUDA graphs over tensor-parallel decode steps
 
-using ::carpool::testing::StepChannel;
+using ::carpool::testing::FollowerThread;
 
 size_t Argmax(const float* row, int64_t n) {
   return static_cast<size_t>(std::max_element(row, row + n) - row);
@@ -784,21 +784,13 @@ GreedyRun Greedy(int64_t vocab,
 
 // Greedy over two ranks: the leader here, the follower on its own thread.
 GreedyRun GreedyOverRanks(const std::vector<std::unique_ptr<Rank>>& ranks) {
-  StepChannel channel;
-  std::thread follower([&] {
-    for (size_t i = 0;; ++i) {
-      std::optional<StepPlan> step = channel.Get(i);
-      if (!step.has_value()) return;
-      ranks[1]->model->Follow(*step);
-    }
-  });
+  FollowerThread follower([&](const StepPlan& step) { ranks[1]->model->Follow(step); });
   const int64_t vocab = ranks[0]->model->config().vocab_size;
   GreedyRun run = Greedy(vocab, [&](const StepPlan& step, std::vector<float>* logits) {
-    channel.Push(step);
+    follower.Push(step);
     ranks[0]->model->Forward(step, logits);
   });
-  channel.Close();
-  follower.join();
+  follower.Finish();
   return run;
 }
 
@@ -1011,43 +1003,28 @@ std::vector<std::vector<SampleResult>> Sampled(
 // The leader samples on its device (ForwardAndSample), the follower follows.
 std::vector<std::vector<SampleResult>> SampledOnDevice(
     const std::vector<std::unique_ptr<Rank>>& ranks, const SamplingParams& params) {
-  StepChannel channel;
-  std::thread follower([&] {
-    for (size_t i = 0;; ++i) {
-      std::optional<StepPlan> step = channel.Get(i);
-      if (!step.has_value()) return;
-      ranks[1]->model->Follow(*step);
-    }
-  });
+  FollowerThread follower([&](const StepPlan& step) { ranks[1]->model->Follow(step); });
   auto results = Sampled(params, [&](const StepPlan& step,
                                      absl::Span<const SampleRequest> requests,
                                      std::vector<SampleResult>* out) {
-    channel.Push(step);
+    follower.Push(step);
     ranks[0]->model->ForwardAndSample(step, requests, out);
   });
-  channel.Close();
-  follower.join();
+  follower.Finish();
   return results;
 }
 
 // The leader copies the logits to the host and samples there (the CPU sampler).
 std::vector<std::vector<SampleResult>> SampledOnHost(
     const std::vector<std::unique_ptr<Rank>>& ranks, const SamplingParams& params) {
-  StepChannel channel;
-  std::thread follower([&] {
-    for (size_t i = 0;; ++i) {
-      std::optional<StepPlan> step = channel.Get(i);
-      if (!step.has_value()) return;
-      ranks[1]->model->Follow(*step);
-    }
-  });
+  FollowerThread follower([&](const StepPlan& step) { ranks[1]->model->Follow(step); });
   const int vocab = ranks[0]->model->config().vocab_size;
   Sampler sampler(vocab);
   std::vector<float> logits;
   auto results = Sampled(params, [&](const StepPlan& step,
                                      absl::Span<const SampleRequest> requests,
                                      std::vector<SampleResult>* out) {
-    channel.Push(step);
+    follower.Push(step);
     ranks[0]->model->Forward(step, &logits);
     out->clear();
     if (logits.size() != requests.size() * vocab) return;
@@ -1061,8 +1038,7 @@ std::vector<std::vector<SampleResult>> SampledOnHost(
       out->push_back(sampler.Sample(in));
     }
   });
-  channel.Close();
-  follower.join();
+  follower.Finish();
   return results;
 }
 
