@@ -15,12 +15,15 @@
 #include <cstdlib>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "cluster/mpi_job.h"
 #include "common/flags.h"
 #include "worker/engine_flags.h"
+#include "worker/gpu_list.h"
 #include "worker/mpi_worker.h"
 #include "worker/worker_server.h"
 
@@ -83,16 +86,46 @@ int LocalRank() {
 
 // Resolves --device and its GPU into the engine's options; 0 when the worker can go on, else the
 // exit code (2). Every process resolves its own: under mpirun / srun each rank, a tensor-parallel
-// group's leader and followers alike, gets the GPU of its local rank modulo the GPU count (unless
-// --gpu names one), so the ranks of a node spread over its GPUs.
-int ResolveDeviceOrExit(carpool::worker::DeviceOptions* device) {
+// group's leader and followers alike, gets the GPU of its local rank modulo the GPU count, unless
+// --gpu names one or --gpus lists the group's (the rank then takes its local rank's entry). Both
+// are ordinals into the GPUs the process sees (CUDA_VISIBLE_DEVICES as the launcher left it).
+int ResolveDeviceOrExit(carpool::worker::DeviceOptions* device, const std::vector<int>& gpus,
+                        int tp) {
+  std::string chosen_by;  // how --gpus chose, for the error and the log
+  if (!gpus.empty()) {
+    if (device->gpu_index != -1) {
+      std::cerr << "carpool-worker: give --gpu or --gpus, not both\n";
+      return 2;
+    }
+    const int local_rank = LocalRank();
+    absl::StatusOr<int> gpu = carpool::worker::GpuForLocalRank(gpus, tp, local_rank);
+    if (!gpu.ok()) {
+      std::cerr << "carpool-worker: " << gpu.status().message() << "\n";
+      return 2;
+    }
+    device->gpu_index = *gpu;
+    chosen_by =
+        absl::StrCat("--gpus ", absl::StrJoin(gpus, ","), ", local rank ", std::max(local_rank, 0));
+  }
   absl::StatusOr<carpool::worker::DeviceOptions> resolved =
       carpool::worker::ResolveDevice(*device, LocalRank());
   if (!resolved.ok()) {
-    std::cerr << "carpool-worker: " << resolved.status().message() << "\n";
+    std::cerr << "carpool-worker: " << (chosen_by.empty() ? "" : chosen_by + ": ")
+              << resolved.status().message() << "\n";
     return 2;
   }
   *device = *resolved;
+  if (device->kind == carpool::worker::DeviceKind::kCuda) {
+    // Which physical GPU this is, in the node's terms: on a shared node the ordinal and the
+    // node's index differ.
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    std::cerr << "carpool-worker: GPU ordinal " << device->gpu_index
+              << (chosen_by.empty() ? "" : " (" + chosen_by + ")") << ": the node's device "
+              << carpool::worker::VisibleDeviceName(device->gpu_index, visible).value_or("?")
+              << (visible == nullptr ? " (CUDA_VISIBLE_DEVICES unset)"
+                                     : absl::StrCat(" of CUDA_VISIBLE_DEVICES=", visible))
+              << "\n";
+  }
   return 0;
 }
 
@@ -114,6 +147,19 @@ int main(int argc, char** argv) {
                 "the worker registers again, with the next --router endpoint if there are several");
   // With the device flags (--device, --gpu, --dtype, ...) into options.engine.device.
   carpool::worker::RegisterEngineFlags(&parser, &options.engine);
+  std::vector<int> gpus;
+  parser.AddCustom(
+      "gpus",
+      [&gpus](const std::string& v) -> absl::Status {
+        absl::StatusOr<std::vector<int>> parsed = carpool::worker::ParseGpuList(v);
+        if (!parsed.ok()) return parsed.status();
+        gpus = *std::move(parsed);
+        return absl::OkStatus();
+      },
+      "a tensor-parallel group's GPUs, one per rank, e.g. 2,3: the rank of local rank r takes "
+      "the r-th, an ordinal into the GPUs it sees (as --gpu); for a group that is its own "
+      "mpirun job on one host (cluster/launch/plan.py writes it); none: --gpu's choice",
+      "");
   parser.AddString("worker-id", &options.worker_id, "routing id; none: hostname:pid");
   parser.AddInt("heartbeat-ms", &options.heartbeat_ms, "heartbeat interval");
   parser.AddInt("embed-max-batch-size", &options.embed.max_batch_size,
@@ -163,7 +209,7 @@ int main(int argc, char** argv) {
     std::cerr << "carpool-worker: " << s.message() << "\n";
     return 2;
   }
-  if (int code = ResolveDeviceOrExit(&options.engine.device); code != 0) return code;
+  if (int code = ResolveDeviceOrExit(&options.engine.device, gpus, tp); code != 0) return code;
   // Before the model loads, so a SIGTERM during a long load is not lost.
   InstallSignalHandlers();
   if (carpool::cluster::LaunchedByMpi(std::getenv) || tp > 1) {

@@ -119,13 +119,14 @@ else
   pids+=($!)
 fi
 
-# Group g is the plan's g-th worker: `mpirun --host HOST:TP` (no --host without a hostfile),
-# its GPUs visible to a group (CUDA_VISIBLE_DEVICES), a one-rank worker's named by --gpu.
+# Group g is the plan's g-th worker: `mpirun --host HOST:TP` (no --host without a hostfile). Its
+# command names its GPUs (--gpu K, or --gpus for a group: each rank takes its local rank's entry)
+# as ordinals into the GPUs the ranks see; CUDA_VISIBLE_DEVICES stays as the host set it (on a
+# shared node the job's GPUs), so no -x of it here.
 group() {
-  local g=$1 host=$2 gpus=$3 ranks=$4 flags=("${mpi_flags[@]}")
+  local g=$1 host=$2 ranks=$4 flags=("${mpi_flags[@]}")
   shift 4
   [ -n "$hostfile" ] && flags+=(--host "$host:$ranks")
-  [ "$ranks" -gt 1 ] && flags+=(-x "CUDA_VISIBLE_DEVICES=$gpus")
   local left=$restarts child=0 status
   # stop() signals this subshell; pass it on to the group's mpirun (which drains the leader).
   trap 'kill -TERM $child 2>/dev/null; wait $child; exit 0' INT TERM

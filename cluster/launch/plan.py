@@ -14,10 +14,14 @@ launcher's: cluster/launch/mpirun.sh and cluster/slurm/carpool.sbatch start each
 
 --format sh prints one line per process, fields separated by blanks, the command shell-quoted:
   router HOST - 1 CMD...
-  worker HOST GPUS RANKS CMD...      GPUS: the host's local GPU indices, comma-separated
+  worker HOST GPUS RANKS CMD...      GPUS: the worker's slots on HOST, comma-separated
 A worker with RANKS > 1 is a tensor-parallel group: run CMD as RANKS ranks of one mpirun job on
-HOST, with GPUS visible (CUDA_VISIBLE_DEVICES); each rank takes the GPU of its local rank. A
-one-rank worker's CMD names its GPU with --gpu.
+HOST (its own job, so its local ranks are 0..RANKS-1). CMD names the GPUs itself, as ordinals
+into the GPUs a process on HOST sees: `--gpu K` for one rank, `--gpus A,B,...` for a group (the
+rank of local rank r takes the r-th). A launcher leaves CUDA_VISIBLE_DEVICES as it finds it: on a
+node shared between jobs without device cgroups Slurm sets it to the job's GPUs (say 4,5,6,7),
+and slot k is then the k-th of those (slots 2,3 run on the node's GPUs 6 and 7); where nothing
+sets it, slot k is the host's GPU k. GPUS repeats the slots for tables and logs.
 Exit status 2 with a message naming the problem when the hosts cannot hold the plan.
 """
 
@@ -136,8 +140,11 @@ def make_plan(args):
             if args.tp > 1:
                 cmd += ["--tp", str(args.tp)]
             cmd += ["--router", backend, "--model", args.model, "--worker-id", wid]
+            # Ordinals into the GPUs the rank sees, never CUDA_VISIBLE_DEVICES (see the top).
             if args.tp == 1:
                 cmd += ["--gpu", str(first)]
+            else:
+                cmd += ["--gpus", ",".join(map(str, gpus))]
             cmd += shlex.split(args.worker_flags)
             workers.append({"host": host, "gpus": gpus, "ranks": args.tp, "worker_id": wid,
                             "cmd": cmd})

@@ -30,6 +30,15 @@ add_test(NAME carpool_tp_launch_test
 set_tests_properties(carpool_tp_launch_test PROPERTIES
   LABELS mpi RESOURCE_LOCK carpool_mpirun TIMEOUT 180)
 
+# How plan.py, mpirun.sh and carpool.sbatch name a worker's GPUs (ordinals, --gpus for a group,
+# CUDA_VISIBLE_DEVICES left as the job had it) and carpool-worker's refusal of a bad --gpus; fake
+# mpirun and scontrol, no GPU, a few seconds.
+find_program(CARPOOL_LAUNCH_TEST_PYTHON python3)
+add_test(NAME carpool_launch_gpus_test
+  COMMAND ${CARPOOL_LAUNCH_TEST_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/launch_gpus_test.py
+          ${CMAKE_BINARY_DIR}/bin ${PROJECT_SOURCE_DIR})
+set_tests_properties(carpool_launch_gpus_test PROPERTIES LABELS unit TIMEOUT 120)
+
 # Must-show 3: a one-node Slurm cluster (munged, slurmctld, slurmd) runs cluster/slurm/carpool.sbatch;
 # skipped (exit 77) with the reason where the Slurm packages are missing.
 add_test(NAME carpool_slurm_test

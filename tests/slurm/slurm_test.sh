@@ -132,6 +132,23 @@ done
 [ "$(cat "$work/run/router.endpoint")" = "$CARPOOL_FRONTEND" ] || fail "router.endpoint"
 echo "slurm: job $job is $(squeue -h -j "$job" -o %T); its router lists 1 TP-2 worker"
 
+# The group's GPUs: named by --gpus (ordinals into what the ranks see), CUDA_VISIBLE_DEVICES as
+# the job had it (here as this shell has it), not replaced by slot numbers.
+want_cvd="${CUDA_VISIBLE_DEVICES-<unset>}"
+ranks_seen=0
+for p in $(grep -ho "(pid [0-9]*), worker" "$work"/run/worker*.log | tr -dc '0-9\n'); do
+  [ -r "/proc/$p/cmdline" ] || continue
+  tr '\0' ' ' <"/proc/$p/cmdline" | grep -q -- "--gpus 0,1" ||
+    fail "worker rank $p was not started with --gpus 0,1: $(tr '\0' ' ' <"/proc/$p/cmdline")"
+  got_cvd="$(tr '\0' '\n' <"/proc/$p/environ" | sed -n 's/^CUDA_VISIBLE_DEVICES=//p')"
+  grep -q '^CUDA_VISIBLE_DEVICES=' <(tr '\0' '\n' <"/proc/$p/environ") || got_cvd="<unset>"
+  [ "$got_cvd" = "$want_cvd" ] ||
+    fail "worker rank $p sees CUDA_VISIBLE_DEVICES=$got_cvd, the job had $want_cvd"
+  ranks_seen=$((ranks_seen + 1))
+done
+[ "$ranks_seen" -eq 2 ] || fail "found $ranks_seen worker ranks in the logs, want 2"
+echo "slurm: both ranks run with --gpus 0,1 and the job's CUDA_VISIBLE_DEVICES ($want_cvd)"
+
 for prompt in 256,1,2,3 256,72,101,108,108,111 256,200,13; do
   local_tokens=$("$bin/carpool" generate --model synthetic:tiny --max-model-len 1024 \
     --prompt-ids "$prompt" --max-tokens 16 --temperature 0 --ignore-eos --json |
