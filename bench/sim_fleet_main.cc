@@ -39,6 +39,9 @@ int main(int argc, char** argv) {
   flags.AddInt("step-ms", &o.step_ms,
                "one token per running request every step; 0: all tokens at once");
   flags.AddInt("heartbeat-ms", &o.heartbeat_ms, "heartbeat interval");
+  flags.AddInt("router-lost-ms", &o.router_lost_ms,
+               "as carpool-worker's: ZMTP heartbeats every router-lost-ms / 3 on each "
+               "connection; 0: none");
   flags.AddInt("cached-blocks", &o.cached_blocks,
                "random prefix-cache blocks each worker holds from the start");
   flags.AddInt("threads", &o.threads, "threads serving the workers' sockets");

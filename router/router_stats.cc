@@ -45,12 +45,13 @@ bool RouterStats::Healthy(const WorkerState& w, int64_t now_micros) const {
 
 void RouterStats::UpdateGauges(const StatsSources& s) {
   std::vector<WorkerMetricsSnapshot> workers;
-  for (const WorkerState* w : s.workers.All()) {
-    workers.push_back({w->info.worker_id, Healthy(*w, s.now_micros),
-                       static_cast<int>(w->requests.size()), w->load.waiting,
-                       w->load.kv_used_blocks, w->info.num_kv_blocks, w->load.preemptions,
-                       w->load.suspensions, w->info.weight_dtype, w->info.kv_cache_dtype});
-  }
+  // Gauges do not depend on the workers' order: no sort.
+  s.workers.ForEach([&](const WorkerState& w) {
+    workers.push_back({w.info.worker_id, Healthy(w, s.now_micros),
+                       static_cast<int>(w.requests.size()), w.load.waiting, w.load.kv_used_blocks,
+                       w.info.num_kv_blocks, w.load.preemptions, w.load.suspensions,
+                       w.info.weight_dtype, w.info.kv_cache_dtype});
+  });
   const AdmissionCounters& c = s.admission.counters();
   int queued = c.batch_queued;
   for (int q : c.queued) queued += q;

@@ -393,10 +393,19 @@ void Router::Impl::Unstall(WorkerState* w, const char* why) {
 
 void Router::Impl::CheckStalls(int64_t now) {
   if (options_.stall_timeout_ms <= 0) return;
+  const auto limit_of = [&](const WorkerState& w) {
+    return std::max<int64_t>(options_.stall_timeout_ms * 1000,
+                             static_cast<int64_t>(kStallSteps * w.step_micros));
+  };
+  // A first look in no set order; the rare stalled ones are then handled in identity order.
+  bool any = false;
+  registry_.ForEach([&](const WorkerState& w) {
+    any = any || (!w.stalled && w.busy() && now - w.last_progress_micros > limit_of(w));
+  });
+  if (!any) return;
   for (WorkerState* w : registry_.Mutable()) {
     if (w->stalled || !w->busy()) continue;
-    const int64_t limit = std::max<int64_t>(options_.stall_timeout_ms * 1000,
-                                            static_cast<int64_t>(kStallSteps * w->step_micros));
+    const int64_t limit = limit_of(*w);
     const int64_t quiet = now - w->last_progress_micros;
     if (quiet <= limit) continue;
     std::cerr << "carpool-router: worker " << w->info.worker_id << " holds "
@@ -451,13 +460,14 @@ void Router::Impl::UpdateCapacity() {
   int64_t ceiling = 0;
   int64_t largest = 0;
   bool any = false;
-  for (const WorkerState* w : registry_.All()) {
-    ceiling += CapacityTokens(*w);
-    largest = std::max(largest, CapacityTokens(*w));
-    if (w->stalled) continue;
-    tokens += CapacityTokens(*w);
-    any = any || !w->draining;
-  }
+  registry_.ForEach([&](const WorkerState& w) {
+    const int64_t capacity = CapacityTokens(w);
+    ceiling += capacity;
+    largest = std::max(largest, capacity);
+    if (w.stalled) return;
+    tokens += capacity;
+    any = any || !w.draining;
+  });
   admission_->SetCapacityTokens(tokens);
   admission_->SetCeilingTokens(ceiling);
   admission_->SetLargestWorkerTokens(largest);

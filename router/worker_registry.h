@@ -96,6 +96,12 @@ class WorkerRegistry {
   // Every worker, ordered by identity: O(N log N), for the rare passes over all of them.
   std::vector<const WorkerState*> All() const;
   std::vector<WorkerState*> Mutable();
+  // Every worker in no set order: O(N) without the sort, for the periodic passes whose result
+  // does not depend on the order (capacity sums, gauges, the stall check's first look).
+  template <typename F>
+  void ForEach(F&& f) const {
+    for (const auto& [identity, w] : workers_) f(static_cast<const WorkerState&>(*w));
+  }
   bool empty() const { return workers_.empty(); }
   // Whether any registered worker serves embeddings (embed_queue_size > 0, draining or not).
   // O(1): a count kept by Register and Remove, so an embed request's admission does not read

@@ -64,6 +64,7 @@ absl::Status SimFleetOptions::Validate() const {
   if (max_model_len < 1) return bad("max_model_len", max_model_len, ">= 1");
   if (step_ms < 0) return bad("step_ms", step_ms, ">= 0");
   if (heartbeat_ms < 1) return bad("heartbeat_ms", heartbeat_ms, ">= 1");
+  if (router_lost_ms < 0) return bad("router_lost_ms", router_lost_ms, ">= 0");
   if (cached_blocks < 0 || cached_blocks > num_kv_blocks) {
     return bad("cached_blocks", cached_blocks, "in [0, num_kv_blocks]");
   }
@@ -145,6 +146,11 @@ absl::StatusOr<std::unique_ptr<SimFleet>> SimFleet::Start(const SimFleetOptions&
       so.routing_id = fleet->WorkerId(w.index);
       so.reconnect_ivl_ms = 100;
       so.reconnect_ivl_max_ms = 2000;
+      // The worker's own connection watch (worker_server.cc): the router answers these PINGs.
+      if (options.router_lost_ms > 0) {
+        so.zmtp_heartbeat_ms = std::max(1, options.router_lost_ms / 3);
+        so.zmtp_heartbeat_timeout_ms = options.router_lost_ms;
+      }
       auto socket = Socket::Create(&shard.context, zmq::socket_type::dealer, so);
       if (!socket.ok()) return socket.status();
       w.socket = std::move(*socket);

@@ -53,6 +53,10 @@ struct SimFleetOptions {
   int step_ms = 20;
   // Heartbeat interval (the worker's default). Default: 200.
   int heartbeat_ms = 200;
+  // As the worker's --router-lost-ms: ZMTP heartbeats (PING) every router_lost_ms / 3 on each
+  // connection, dropped after router_lost_ms without traffic back; 0: none. Default: 2000 (the
+  // worker's default).
+  int router_lost_ms = 2000;
   // Random block hashes each worker holds from the start (at most num_kv_blocks), so the
   // router's prefix index has a realistic size. Default: 0.
   int cached_blocks = 0;
