@@ -10,7 +10,8 @@
 //            periodic passes over its workers);
 //   load     requests/s through the router from several clients keeping many minimal requests
 //            in flight (a short prompt, max_tokens 1), and router CPU per request (all its
-//            threads, and of it the ZeroMQ I/O threads', /proc/<pid>/task/*/stat);
+//            threads, and of it the ZeroMQ I/O threads', /proc/<pid>/task/*/stat), and this
+//            process's CPU per request in the same run (the fleet and the clients, getrusage);
 //   latency  p50 / p99 round trip of one request at a time (the fleet answers at once with
 //            --step-ms 0, so this is client -> router -> worker -> router -> client);
 // and, in process, without sockets, the router's per-request placement work at N workers, the
@@ -26,6 +27,7 @@
 // the workers; and the prefix index's memory.
 // Everything runs on one machine: the fleet and the clients share its cores with the router.
 #include <malloc.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -76,6 +78,7 @@ struct Config {
   int alt_heartbeat_ms = 2000;  // 0: none
   int step_ms = 0;
   int threads = 2;
+  int router_lost_ms = 2000;  // the fleet's ZMTP heartbeats, as the worker's; 0: none
   double idle_seconds = 5;
   int requests = 20000;
   int clients = 4;
@@ -119,6 +122,14 @@ double StatCpuSeconds(const std::string& path, std::string* comm = nullptr) {
 
 // utime + stime of `pid`, every thread, in seconds; -1 when unreadable.
 double CpuSeconds(pid_t pid) { return StatCpuSeconds(absl::StrCat("/proc/", pid, "/stat")); }
+
+// This process's user + system CPU in seconds (every thread: the fleet's and the clients').
+double SelfCpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
 
 // utime + stime of `pid`'s ZeroMQ I/O threads (named "ZMQbg/IO/<k>"), in seconds: the sockets'
 // own work (TCP reads and writes, ZMTP framing) besides the router's loop.
@@ -183,6 +194,8 @@ struct EndToEnd {
   double rps = 0;
   double router_us_per_request = 0;
   double router_io_us_per_request = 0;  // of it, the ZeroMQ I/O threads'
+  // This process's CPU in the same run (the fleet's workers and the clients), per request.
+  double fleet_clients_us_per_request = 0;
   int64_t refused = 0;             // requests answered with an error under load
   double p50_us = 0, p99_us = 0;
 };
@@ -226,6 +239,7 @@ std::unique_ptr<router::testing::SimFleet> StartFleet(const Config& c, int n, in
   fo.step_ms = c.step_ms;
   fo.heartbeat_ms = heartbeat_ms;
   fo.threads = c.threads;
+  fo.router_lost_ms = c.router_lost_ms;
   const auto t0 = Clock::now();
   auto fleet = router::testing::SimFleet::Start(fo);
   if (!fleet.ok()) {
@@ -290,6 +304,7 @@ EndToEnd RunEndToEnd(const Config& c, int n, PlacementPolicy policy, bool alt_he
   std::atomic<bool> failed{false};
   double cpu0 = CpuSeconds(router.pid());
   const double io0 = ZmqIoCpuSeconds(router.pid());
+  const double self0 = SelfCpuSeconds();
   const auto w0 = Clock::now();
   std::vector<std::thread> clients;
   const int per_client = c.requests / c.clients;
@@ -304,6 +319,7 @@ EndToEnd RunEndToEnd(const Config& c, int n, PlacementPolicy policy, bool alt_he
   const double wall = Seconds(Clock::now() - w0);
   const double cpu = CpuSeconds(router.pid()) - cpu0;
   const double io = ZmqIoCpuSeconds(router.pid()) - io0;
+  const double self = SelfCpuSeconds() - self0;
   if (failed.load()) {
     r.error = "a client got no answer for 10 s";
     return r;
@@ -312,6 +328,7 @@ EndToEnd RunEndToEnd(const Config& c, int n, PlacementPolicy policy, bool alt_he
   r.rps = total / wall;
   r.router_us_per_request = cpu * 1e6 / total;
   r.router_io_us_per_request = io * 1e6 / total;
+  r.fleet_clients_us_per_request = self * 1e6 / total;
   r.refused = refused.load();
 
   zmq::context_t ctx(1);
@@ -614,6 +631,9 @@ absl::Status ParseConfig(int argc, char** argv, Config* c, std::string* json_pat
                "it into a cost per heartbeat and a fixed part; 0: not measured");
   flags.AddInt("step-ms", &c->step_ms, "the fleet's step time; 0: answers at once");
   flags.AddInt("threads", &c->threads, "threads serving the fleet's sockets");
+  flags.AddInt("router-lost-ms", &c->router_lost_ms,
+               "the fleet's ZMTP heartbeats every router-lost-ms / 3 per connection, as "
+               "carpool-worker's default; 0: none");
   flags.AddDouble("idle-seconds", &c->idle_seconds, "how long router CPU is sampled idle");
   flags.AddInt("requests", &c->requests, "requests of the throughput run");
   flags.AddInt("clients", &c->clients, "client sockets of the throughput run");
@@ -675,10 +695,9 @@ int main(int argc, char** argv) {
     c.bin_dir = self.find('/') == std::string::npos ? "." : self.substr(0, self.rfind('/'));
   }
   nlohmann::json results = nlohmann::json::array();
-  std::printf("%6s %-16s %9s %9s %9s %9s %9s %9s | %9s %9s %9s | %9s %9s %9s\n", "N", "policy",
-              "idle %cpu", "req/s", "cpu us/r", "zmq io", "p50 us", "p99 us", "index ns",
-              "update ns",
-              "admit ns", "list ns", "view ns", "place ns");
+  std::printf("%6s %-16s %9s %9s %9s %9s %9s %9s %9s | %9s %9s %9s | %9s %9s %9s\n", "N",
+              "policy", "idle %cpu", "req/s", "cpu us/r", "zmq io", "rest us/r", "p50 us",
+              "p99 us", "index ns", "update ns", "admit ns", "list ns", "view ns", "place ns");
   for (int n : c.workers) {
     const int64_t heap0 = HeapBytes();
     Fixture fixture;
@@ -704,10 +723,11 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "N=%d %s: %s\n", n, carpool::router::PlacementPolicyName(policy),
                      e.error.c_str());
       }
-      std::printf("%6d %-16s %9.2f %9.0f %9.1f %9.1f %9.0f %9.0f | %9.0f %9.0f %9.0f | %9.0f "
-                  "%9.0f %9.0f\n",
+      std::printf("%6d %-16s %9.2f %9.0f %9.1f %9.1f %9.1f %9.0f %9.0f | %9.0f %9.0f %9.0f | "
+                  "%9.0f %9.0f %9.0f\n",
                   n, carpool::router::PlacementPolicyName(policy), 100 * e.idle_core_share, e.rps,
-                  e.router_us_per_request, e.router_io_us_per_request, e.p50_us, e.p99_us, m.indexed_ns, m.update_ns,
+                  e.router_us_per_request, e.router_io_us_per_request,
+                  e.fleet_clients_us_per_request, e.p50_us, e.p99_us, m.indexed_ns, m.update_ns,
                   m.admission_ns, m.list_ns, m.view_ns, m.place_ns);
       std::printf("%6s embed placement: %.0f ns the router's way (embed lane), %.0f ns the "
                   "linear way (x%.1f); the index's update of an embedding worker's load %.0f ns\n",
@@ -743,12 +763,15 @@ int main(int argc, char** argv) {
                          {"idle_router_core_share", e.idle_core_share},
                          {"idle_router_core_share_alt_heartbeat", e.idle_core_share_alt},
                          {"heartbeat_ms", c.heartbeat_ms},
+                         {"router_lost_ms", c.router_lost_ms},
                          {"alt_heartbeat_ms", alt ? c.alt_heartbeat_ms : 0},
                          {"router_us_per_heartbeat", per_heartbeat_us},
                          {"idle_fixed_core_share", fixed_share},
                          {"requests_per_s", e.rps},
                          {"router_cpu_us_per_request", e.router_us_per_request},
                          {"router_zmq_io_cpu_us_per_request", e.router_io_us_per_request},
+                         {"fleet_clients_cpu_us_per_request", e.fleet_clients_us_per_request},
+                         {"cores", static_cast<int>(std::thread::hardware_concurrency())},
                          {"refused_under_load", e.refused},
                          {"latency_p50_us", e.p50_us},
                          {"latency_p99_us", e.p99_us},

@@ -580,9 +580,9 @@ class Suite:
             "(kept as the reference the index is tested against).", "",
             "```", "carpool-bench-fleet --json FILE", "```", "",
             "| workers | policy | placement + admission µs | linear µs | req/s | router CPU µs / "
-            "req | of it ZeroMQ I/O threads | p50 / p99 round trip µs | idle router, share of a "
-            "core |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+            "req | of it ZeroMQ I/O threads | fleet + clients CPU µs / req | p50 / p99 round trip "
+            "µs | idle router, share of a core |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in rows:
             admit = r["admission_cycle_ns"]
             indexed = (r["indexed_place_ns"] + admit) / 1000
@@ -590,6 +590,7 @@ class Suite:
             md.append(f"| {r['workers']} | {r['policy']} | {indexed:.2f} | {linear:.2f} | "
                       f"{r['requests_per_s']:,.0f} | {r['router_cpu_us_per_request']:.1f} | "
                       f"{r.get('router_zmq_io_cpu_us_per_request', 0):.1f} | "
+                      f"{r.get('fleet_clients_cpu_us_per_request', 0):.1f} | "
                       f"{r['latency_p50_us']:.0f} / {r['latency_p99_us']:.0f} | "
                       f"{100 * r['idle_router_core_share']:.1f}% |")
         biggest = max(r["workers"] for r in rows)
@@ -598,11 +599,27 @@ class Suite:
         rps = max(r["requests_per_s"] for r in top)
         idle = max(r["idle_router_core_share"] for r in top)
         t = top[0]
+        # What the machine's cores allow at the biggest fleet: every request costs the router's
+        # CPU plus the fleet's and the clients' (all on this machine), and cores x 1 s is all
+        # there is; and what the router alone would allow with a core per thread (its loop and
+        # ZeroMQ's I/O thread work in parallel, so the busier one limits).
+        cores = t.get("cores", os.cpu_count() or 1)
+        total = min(r["router_cpu_us_per_request"] + r.get("fleet_clients_cpu_us_per_request", 0)
+                    for r in top)
+        router_alone = max(1e6 / max(r["router_cpu_us_per_request"] -
+                                     r.get("router_zmq_io_cpu_us_per_request", 0),
+                                     r.get("router_zmq_io_cpu_us_per_request", 0), 1e-3)
+                           for r in top)
         md += ["",
                f"- Placement + admission at {biggest} workers: at most **{worst:.2f} µs** "
                f"(target <= 5 µs: {verdict(worst <= 5)}; stretch 2 µs: {verdict(worst <= 2)}).",
                f"- Requests/s through one router at {biggest} workers: at most **{rps:,.0f}** "
-               f"(target >= 100,000: {verdict(rps >= 100000)}).",
+               f"(target >= 100,000: {verdict(rps >= 100000)}). Router + fleet + clients take at "
+               f"least {total:.1f} µs of CPU per request here, so this machine's {cores} cores "
+               f"allow at most {cores * 1e6 / total:,.0f} req/s whatever the router does; the "
+               f"router's own CPU per request (its loop and ZeroMQ's I/O thread, on a core each) "
+               f"would allow at most {router_alone:,.0f} req/s (a bound from the measured CPU, "
+               "not a measured rate).",
                f"- Idle router at {biggest} workers, heartbeats every {t['heartbeat_ms']} ms: "
                f"**{100 * idle:.1f}%** of a core (target <= 10%: {verdict(idle <= 0.10)}); its "
                f"50 ms housekeeping pass {t['housekeeping_pass_us'] / 1000:.2f} ms.",
