@@ -572,7 +572,8 @@ class Suite:
         md = [
             "`carpool-bench-fleet` starts one `carpool-router` and, in its own process, a "
             "simulated fleet whose workers (one DEALER socket each, real registration, heartbeats "
-            "with load and KV events, 10,000 cached prefix blocks each) answer at once, so the "
+            "with load and KV events, ZMTP heartbeats as carpool-worker's, 10,000 cached prefix "
+            "blocks each) answer at once, so the "
             "router's own cost is what is measured; the clients, the fleet and the router share "
             "the machine's cores. Placement + admission is timed in process on the router's "
             "structures at the same fleet size (the placement index and the admission cycle); "
