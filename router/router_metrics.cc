@@ -277,6 +277,11 @@ void RouterMetrics::UpdateCluster(int waiting, int running,
     present.insert(w.worker_id);
     WorkerCounts& last = last_counts_[w.worker_id];
     if (last.up == nullptr) {
+      // New, or back after it left: no longer one of the down ones.
+      if (auto it = std::find(down_workers_.begin(), down_workers_.end(), w.worker_id);
+          it != down_workers_.end()) {
+        down_workers_.erase(it);
+      }
       // Series stay where they are until removed, which drops this entry too (below).
       last.up = &worker_up_.With({w.worker_id});
       last.running = &worker_running_.With({w.worker_id});
@@ -310,9 +315,9 @@ void RouterMetrics::UpdateCluster(int waiting, int running,
     if (last.weight_dtype != w.weight_dtype) last.weight_dtype = w.weight_dtype;
     if (last.kv_cache_dtype != w.kv_cache_dtype) last.kv_cache_dtype = w.kv_cache_dtype;
   }
-  for (const std::string& gone : known_workers_) {
+  for (std::string& gone : known_workers_) {
     if (present.contains(gone)) continue;
-    // Left or died: down until it registers again, and no stale load.
+    // Left or died: down until it registers again, and no stale load. Done once, when it goes.
     worker_up_.With({gone}).Set(0);
     worker_running_.Remove({gone});
     worker_waiting_.Remove({gone});
@@ -323,7 +328,11 @@ void RouterMetrics::UpdateCluster(int waiting, int running,
       }
       last_counts_.erase(it);
     }
-    now.push_back(gone);  // keep reporting it as down
+    down_workers_.push_back(std::move(gone));
+  }
+  while (down_workers_.size() > kMaxDownWorkers) {
+    worker_up_.Remove({down_workers_.front()});
+    down_workers_.pop_front();
   }
   known_workers_ = std::move(now);
 }

@@ -6,6 +6,7 @@
 #define CARPOOL_ROUTER_ROUTER_METRICS_H_
 
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -105,6 +106,8 @@ class RouterMetrics {
   metrics::Family<metrics::Counter>& embed_refusals_;
   metrics::Family<metrics::Counter>& embed_inputs_total_;
 
+  static constexpr size_t kMaxDownWorkers = 1024;
+
   absl::Mutex mu_;
   // Cumulative preemptions and suspensions last reported per worker, to count deltas, the
   // dtype labels its carpool_worker_dtype_info sample has, and its series of the per-worker
@@ -121,7 +124,12 @@ class RouterMetrics {
     metrics::Gauge* kv_usage = nullptr;
   };
   absl::flat_hash_map<std::string, WorkerCounts> last_counts_ ABSL_GUARDED_BY(mu_);
+  // The workers of the last update.
   std::vector<std::string> known_workers_ ABSL_GUARDED_BY(mu_);
+  // Workers that left, oldest first, still shown down (carpool_worker_up 0) until they come
+  // back or kMaxDownWorkers newer ones left: ids like hostname:pid are new on every restart,
+  // and keeping them all would grow the page and the pass for as long as the router runs.
+  std::deque<std::string> down_workers_ ABSL_GUARDED_BY(mu_);
   // Each worker's last embedding batcher report, to count deltas.
   absl::flat_hash_map<std::string, EmbedBatcherCounters> last_embed_ ABSL_GUARDED_BY(mu_);
 };

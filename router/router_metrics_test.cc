@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -123,6 +124,31 @@ TEST(RouterMetricsTest, WorkersGaugesPreemptionDeltasAndDeparture) {
   EXPECT_THAT(page, HasSubstr("carpool_worker_up{worker=\"w1\"} 1\n"));
   EXPECT_THAT(page, HasSubstr("carpool_kv_cache_usage_ratio{worker=\"w1\"} 0.75\n"));
   EXPECT_THAT(page, HasSubstr("carpool_worker_requests_running{worker=\"w1\"} 3\n"));
+}
+
+// Workers that left stay on the page as down, but not forever: ids like hostname:pid are new at
+// every restart, so past 1,024 departed ones the oldest series go. One that comes back is up and
+// no longer counted among them.
+TEST(RouterMetricsTest, DepartedWorkersStayDownUpToABound) {
+  RouterMetrics m;
+  m.UpdateCluster(0, 0, {Worker("back", true)});
+  m.UpdateCluster(0, 0, {});  // "back" left first: the oldest down one
+  for (int i = 0; i < 1030; ++i) {
+    m.UpdateCluster(0, 0, {Worker(absl::StrCat("w", i), true)});
+    if (i == 3) m.UpdateCluster(0, 0, {Worker("w3", true), Worker("back", true)});
+  }
+  m.UpdateCluster(0, 0, {Worker("back", true)});
+  const std::string page = m.Render();
+  // Down: w0..w1029 (1,030), "back" is up. Kept: the newest 1,024, so w0..w5 are gone.
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_THAT(page, Not(HasSubstr(absl::StrCat("carpool_worker_up{worker=\"w", i, "\"}"))))
+        << i;
+  }
+  for (int i : {6, 7, 500, 1029}) {
+    EXPECT_THAT(page, HasSubstr(absl::StrCat("carpool_worker_up{worker=\"w", i, "\"} 0\n"))) << i;
+  }
+  EXPECT_THAT(page, HasSubstr("carpool_worker_up{worker=\"back\"} 1\n"));
+  EXPECT_THAT(page, HasSubstr("carpool_workers 1\n"));
 }
 
 // Issue 16's suspensions count by deltas like preemptions; issue 17's dtypes are one labelled
