@@ -260,9 +260,9 @@ def prompts(n, lo, hi, seed):
 
 
 class Run:
-    """Streams prompts at once from threads; what each client saw."""
+    """Streams prompts at once from threads, spread over `clients`; what each stream saw."""
 
-    def __init__(self, client, items, tag):
+    def __init__(self, clients, items, tag):
         import carpool
         self.items = items
         self.seen = [None] * len(items)
@@ -270,6 +270,7 @@ class Run:
         self.lock = threading.Lock()
         self.threads = []
         for i, (ids, n) in enumerate(items):
+            client = clients[i % len(clients)]
             t = threading.Thread(target=self._one, args=(carpool, client, i, ids, n, tag),
                                  daemon=True)
             t.start()
@@ -436,19 +437,23 @@ def scenario(bin_dir, src, work, net, procs):
         procs.start(h, net.exec_argv(h, cmd))
         worker_of[h] = w["worker_id"]
 
-    client = carpool.Client(router["frontend"], timeout=60)
-    # The stats on a connection of their own: on the streams' connection a stats answer waits
-    # behind every token chunk the router has queued for this (slow, Python) client, and could
+    # Streams spread over four connections: the router bounds what it queues for one client that
+    # reads slowly (1,024 messages: client_too_slow past it), and one Python client reading 64
+    # streams on a loaded 2-core machine fell behind that in CI.
+    clients = [carpool.Client(router["frontend"], timeout=60) for _ in range(4)]
+    # The stats on a connection of their own: on a streams' connection a stats answer waits
+    # behind every token chunk the router has queued for that (slow, Python) client, and could
     # show a worker still holding streams that it had finished tens of milliseconds before.
     watch = carpool.Client(router["frontend"], timeout=60)
     try:
-        return drive(bin_dir, net, procs, relays, worker_of, client, watch)
+        return drive(bin_dir, net, procs, relays, worker_of, clients, watch)
     finally:
-        client.close()
+        for c in clients:
+            c.close()
         watch.close()
 
 
-def drive(bin_dir, net, procs, relays, worker_of, client, watch):
+def drive(bin_dir, net, procs, relays, worker_of, clients, watch):
     import carpool
     # Registered workers (a dead one is removed); `healthy` in the stats means heard from within
     # half the heartbeat timeout, so it is not what "dead" means.
@@ -476,7 +481,7 @@ def drive(bin_dir, net, procs, relays, worker_of, client, watch):
     lossy = prompts(40, 150, 300, seed=1)
     cut = prompts(24, 600, 900, seed=2)
     t = time.monotonic()
-    base = Run(client, lossy + cut, "base").join(60)
+    base = Run(clients, lossy + cut, "base").join(60)
     check_streams("baseline", base, None)
     expected = [got for got, _, _ in base]
     figures["baseline_s"] = round(time.monotonic() - t, 2)
@@ -506,7 +511,7 @@ def drive(bin_dir, net, procs, relays, worker_of, client, watch):
             ("resets", [("w2", {"reset": True}), ("w1", {"reset": True}),
                         ("w2", {"reset": True}), ("w1", {"reset": True})])):
         t = time.monotonic()
-        run = Run(client, lossy, what)
+        run = Run(clients, lossy, what)
         total = run.total()
         for k, (h, fault) in enumerate(faults):
             run.wait_tokens(total * (k + 1) // (len(faults) + 2), 20)
@@ -539,7 +544,7 @@ def drive(bin_dir, net, procs, relays, worker_of, client, watch):
     for cut_attempt in range(3):
         migrations_before = watch.stats(timeout=2).migrations
         for attempt in range(3):
-            run = Run(client, cut, f"cut{cut_attempt}.{attempt}-")
+            run = Run(clients, cut, f"cut{cut_attempt}.{attempt}-")
             held = 0
             while run.alive() and (run.tokens < run.total() // 8 or held == 0):
                 st = listed()
@@ -619,7 +624,7 @@ def drive(bin_dir, net, procs, relays, worker_of, client, watch):
     for rc in relays.values():
         rc(delay_ms=0, jitter_ms=0, blackhole=False)
     served = {k: v.requests_served for k, v in ws.items()}
-    check_streams("restored", Run(client, lossy, "again").join(60), exp_lossy)
+    check_streams("restored", Run(clients, lossy, "again").join(60), exp_lossy)
     after = workers()
     if after[victim_id].requests_served <= served[victim_id]:
         raise Fail(f"{victim_id} served nothing after it rejoined")
