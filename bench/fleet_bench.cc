@@ -401,25 +401,33 @@ struct Fixture {
   router::PrefixIndex index;
 };
 
+// Registers simulated worker `i` (its id "sim-<i>", model "sim", the configured capacity) with
+// `registry`; `embed_queue_size` 0: it does not embed.
+router::WorkerState* RegisterSim(const Config& c, size_t i, int embed_queue_size,
+                                 router::WorkerRegistry* registry) {
+  RegisterInfo info;
+  info.worker_id = absl::StrCat("sim-", i);
+  info.model = "sim";
+  info.max_num_seqs = c.max_num_seqs;
+  info.num_kv_blocks = c.num_kv_blocks;
+  info.block_size = 16;
+  info.embed_queue_size = embed_queue_size;
+  std::vector<uint64_t> orphaned;
+  registry->Register(info.worker_id, info, 0, &orphaned);
+  return registry->Find(info.worker_id);
+}
+
 // A registry of n workers with random load and an index holding `cached` random hashes each.
 void Populate(const Config& c, int n, Fixture* f) {
   std::mt19937_64 rng(42);
   for (int i = 0; i < n; ++i) {
-    RegisterInfo info;
-    info.worker_id = absl::StrCat("sim-", i);
-    info.model = "sim";
-    info.max_num_seqs = c.max_num_seqs;
-    info.num_kv_blocks = c.num_kv_blocks;
-    info.block_size = 16;
-    std::vector<uint64_t> orphaned;
-    f->registry.Register(info.worker_id, info, 0, &orphaned);
-    router::WorkerState* w = f->registry.Find(info.worker_id);
+    router::WorkerState* w = RegisterSim(c, static_cast<size_t>(i), 0, &f->registry);
     w->outstanding_tokens = static_cast<int64_t>(rng() % 4096);
     f->registry.Changed(w);
     KvEventsInfo k;
     k.reset = true;
     for (int b = 0; b < c.cached_blocks; ++b) k.stored.push_back(rng() | 1);
-    f->index.Apply(info.worker_id, k, c.num_kv_blocks);
+    f->index.Apply(w->identity, k, c.num_kv_blocks);
   }
 }
 
@@ -504,16 +512,7 @@ Micro RunMicro(const Config& c, Fixture& f, PlacementPolicy policy) {
     router::WorkerRegistry embedders;
     std::mt19937_64 erng(43);
     for (size_t i = 0; i < workers.size(); ++i) {
-      RegisterInfo info;
-      info.worker_id = absl::StrCat("sim-", i);
-      info.model = "sim";
-      info.max_num_seqs = c.max_num_seqs;
-      info.num_kv_blocks = c.num_kv_blocks;
-      info.block_size = 16;
-      info.embed_queue_size = 64;
-      std::vector<uint64_t> orphaned;
-      embedders.Register(info.worker_id, info, 0, &orphaned);
-      router::WorkerState* w = embedders.Find(info.worker_id);
+      router::WorkerState* w = RegisterSim(c, i, 64, &embedders);
       w->outstanding_tokens = static_cast<int64_t>(erng() % 4096);
       w->embed_inputs = static_cast<int>(erng() % 65);
       embedders.Changed(w);
